@@ -1,0 +1,43 @@
+"""``hubgrpo config validate|show|fields``: check and print configs without running anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+config_app = typer.Typer(help="Validate and show config files.", no_args_is_help=True)
+
+SET_HELP = "Override a field, e.g. --set params.learning_rate=1e-4 (repeatable; value parsed as YAML)."
+
+
+@config_app.command("validate")
+def validate(file: Path = typer.Argument(..., help="YAML config file."),
+             set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
+    """Exit 0 when FILE is a valid config; otherwise print every problem with its key path and line."""
+    from hubgrpo.config import load_config
+
+    cfg = load_config(file, overrides=set_)
+    typer.echo(f"{file}: ok (project {cfg.project_name}, base model {cfg.base_model}, data {cfg.data.path})")
+
+
+@config_app.command("show")
+def show(file: Path = typer.Argument(..., help="YAML config file."),
+         set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
+    """Print the resolved config (defaults filled, ${VAR} expanded, overrides applied, secrets redacted)."""
+    from hubgrpo.config import load_config, to_yaml
+
+    typer.echo(to_yaml(load_config(file, overrides=set_)), nl=False)
+
+
+@config_app.command("fields")
+def fields() -> None:
+    """List every config key with its default and meaning."""
+    from hubgrpo.config import field_docs
+
+    for key, default, doc in field_docs():
+        typer.echo(f"{key:38s} {default:24s} {doc}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config")

@@ -1,0 +1,317 @@
+"""The hubgrpo config tree: AutoTrain-style YAML, validated on load (no torch import).
+
+A config file looks like::
+
+    task: llm-grpo
+    base_model: builtin:tiny
+    project_name: tiny-addition
+    data: {path: "builtin:addition", options: {digits: 1}}
+    rewards: [{function: "builtin:exact_answer"}]
+    params: {learning_rate: 2.0e-2, steps_per_round: 4, versions: 3}
+    hub: {repo_id: "${HF_USER:-me}/tiny-run", token: "${HF_TOKEN}"}
+
+``${VAR}`` and ``${VAR:-default}`` are expanded in string values; ``--set params.learning_rate=1e-4`` overrides
+any field (the value is parsed as YAML). Unknown keys are refused. A bad config raises ``ConfigError`` naming
+the key path, the bad value, what is allowed and the YAML line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from hubgrpo.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    """Where prompts come from."""
+
+    path: str = Field("builtin:addition", description="Hub dataset id, local .jsonl/.csv/.parquet file, or builtin:<task>.")
+    name: str | None = Field(None, description="Dataset configuration name (the 2nd argument of load_dataset).")
+    train_split: str = Field("train", description="Split used for training prompts.")
+    eval_split: str | None = Field(None, description="Split for held-out evaluation; None = carve `eval_fraction` out of train.")
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="Share of train held out when no eval_split exists.")
+    column_mapping: dict[str, str] = Field(
+        default_factory=lambda: {"prompt": "prompt", "answer": "answer"},
+        description="Maps hubgrpo's columns (prompt, answer, system) to the dataset's column names.")
+    system_prompt: str | None = Field(None, description="System message prepended to every chat prompt.")
+    chat_template: bool = Field(True, description="Send prompts as chat messages (True) or as plain text (False).")
+    max_samples: int | None = Field(None, gt=0, description="Use only the first N training rows.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Options for builtin tasks, e.g. {digits: 2, size: 5000}.")
+
+
+class RewardConfig(_Section):
+    """One reward function; several are summed with their weights."""
+
+    function: str = Field(description="builtin:<name>, package.module:function, or path/to/file.py:function.")
+    weight: float = Field(1.0, description="Weight of this reward in the sum.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
+
+
+class ParamsConfig(_Section):
+    """GRPO hyper-parameters (passed to TRL's GRPOConfig) and the round schedule."""
+
+    learning_rate: float = Field(1e-5, gt=0, description="Inner (worker) AdamW learning rate.")
+    lr_scheduler_type: str = Field("constant", description="transformers scheduler name for each round.")
+    warmup_steps: int = Field(0, ge=0, description="Warm-up steps at the start of each round.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    per_device_train_batch_size: int = Field(8, gt=0, description="Completions per optimizer step (prompts × generations).")
+    gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    num_generations: int = Field(4, ge=2, description="Completions sampled per prompt (the GRPO group size).")
+    max_prompt_length: int | None = Field(256, gt=0, description="Prompts are truncated (left) to this many tokens.")
+    max_completion_length: int = Field(64, gt=0, description="Maximum generated tokens per completion.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    beta: float = Field(0.0, ge=0, description="KL coefficient; 0 = no reference model.")
+    epsilon: float = Field(0.2, gt=0, description="Lower PPO clip range.")
+    epsilon_high: float | None = Field(None, gt=0, description="Upper clip range (DAPO clip-higher: 0.28); None = epsilon.")
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"] = Field("dapo", description="TRL loss type.")
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="Advantage normalisation.")
+    num_iterations: int = Field(1, gt=0, description="Optimisation passes per generation batch (μ).")
+    mask_truncated_completions: bool = Field(False, description="Exclude truncated completions from the loss.")
+    steps_per_round: int = Field(8, gt=0, description="GRPO optimizer steps a worker runs per lease.")
+    versions: int = Field(10, gt=0, description="Stop the run after this many merged global versions.")
+    reset_optimizer: bool = Field(True, description="Fresh AdamW moments at every round (False keeps them).")
+    seed: int = Field(0, description="Seed for prompts, shards and sampling.")
+    device: str = Field("auto", description="auto (cuda if available), cpu, cuda, cuda:1, mps.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU.")
+    num_threads: int | None = Field(None, gt=0, description="torch threads per worker; None = cores // local workers.")
+
+
+class LoraSection(_Section):
+    """The LoRA adapter every worker trains (peft LoraConfig)."""
+
+    r: int = Field(16, gt=0, description="LoRA rank of the global adapter.")
+    alpha: float = Field(32, gt=0, description="lora_alpha; scaling is alpha/r (alpha/sqrt(r) with use_rslora).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    target_modules: list[str] | str = Field("all-linear", description="Module names, or 'all-linear'.")
+    use_rslora: bool = Field(False, description="Rank-stabilised scaling alpha/sqrt(r).")
+
+
+class MergeSection(_Section):
+    """How the coordinator turns submissions into the next global adapter."""
+
+    method: Literal["svd", "stack", "ffa", "naive"] = Field("svd", description="Merge method (see DESIGN.md).")
+    outer_lr: float = Field(1.0, gt=0, description="Outer learning rate applied to the mean update (DiLoCo: 0.7).")
+    outer_momentum: float = Field(0.0, ge=0, lt=1, description="Outer momentum (DiLoCo: 0.9); 0 = none.")
+    nesterov: bool = Field(False, description="Nesterov form of the outer momentum.")
+    max_staleness: int = Field(4, ge=0, description="Submissions more than this many versions old are refused.")
+    staleness_decay: float = Field(0.5, ge=0, description="Weight ∝ samples · (1+τ)^(−decay).")
+    quorum: int = Field(2, gt=0, description="Merge as soon as this many admitted submissions are in.")
+    clip_factor: float | None = Field(None, gt=0, description="Clip each update norm to clip_factor × median; None = off.")
+    trim_fraction: float = Field(0.0, ge=0, lt=0.5, description="Drop this share of largest-norm updates before the mean.")
+    max_rank: int | None = Field(None, gt=0, description="stack: rank cap before falling back to svd.")
+    svd_algorithm: Literal["auto", "exact", "randomized"] = Field("auto", description="Re-factorisation algorithm.")
+    max_submission_mb: float = Field(512, gt=0, description="Submissions larger than this are refused.")
+
+
+class CoordinatorSection(_Section):
+    """The coordinator (a Gradio app, usually a Space) that leases rounds and merges."""
+
+    url: str | None = Field(None, description="Coordinator URL or Space id; None = embedded (hubgrpo run).")
+    lease_timeout_s: float = Field(600, gt=0, description="A lease with no heartbeat for this long expires.")
+    heartbeat_interval_s: float = Field(30, gt=0, description="How often workers heartbeat.")
+    round_timeout_s: float = Field(900, gt=0, description="Merge at this deadline when at least one submission is in.")
+    allowed_users: list[str] = Field(default_factory=list, description="Users/orgs allowed to work; empty = repo owner.")
+    commit_budget_per_hour: int = Field(60, gt=0, description="Keep repo commits per hour under this.")
+    rate_limit_per_minute: int = Field(120, gt=0, description="API calls per worker per minute.")
+    secret: SecretStr | None = Field(None, description="HMAC secret that signs leases; usually ${HUBGRPO_SECRET}.")
+
+
+class HubSection(_Section):
+    """The run repo (the bucket)."""
+
+    repo_id: str | None = Field(None, description="user/name on the Hub, or a local path; None = runs/<project_name>.")
+    token: SecretStr | None = Field(None, description="Hub token; use ${HF_TOKEN}, never a literal.")
+    private: bool = Field(True, description="Create the Hub repo as private.")
+    push_to_hub: bool = Field(False, description="hubgrpo train/run: push the final adapter to hub.repo_id.")
+
+
+class Config(_Section):
+    """A whole hubgrpo run."""
+
+    task: Literal["llm-grpo"] = Field("llm-grpo", description="Always llm-grpo.")
+    base_model: str = Field(description="Hub id, local path, GGUF file, or builtin:tiny / builtin:smollm2-135m-instruct.")
+    gguf_file: str | None = Field(None, description="GGUF file name inside base_model (a repo or folder).")
+    project_name: str = Field(description="Run name: letters, digits, '-', '_' and '.'.")
+    log: Literal["none", "trackio", "tensorboard"] = Field("none", description="Metrics tracker.")
+    data: DataConfig = Field(default_factory=DataConfig)
+    rewards: list[RewardConfig] = Field(default_factory=lambda: [RewardConfig(function="builtin:exact_answer")])
+    params: ParamsConfig = Field(default_factory=ParamsConfig)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    merge: MergeSection = Field(default_factory=MergeSection)
+    coordinator: CoordinatorSection = Field(default_factory=CoordinatorSection)
+    hub: HubSection = Field(default_factory=HubSection)
+
+    @field_validator("project_name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}", v):
+            raise ValueError("use 1-96 letters, digits, '-', '_' or '.', starting with a letter or digit")
+        return v
+
+    @field_validator("rewards")
+    @classmethod
+    def _some_reward(cls, v: list[RewardConfig]) -> list[RewardConfig]:
+        if not v:
+            raise ValueError("at least one reward function is required")
+        return v
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+def expand_env(value: Any, path: str = "", env: dict[str, str] | None = None) -> Any:
+    """Expand ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree."""
+    env = os.environ if env is None else env
+    if isinstance(value, dict):
+        return {k: expand_env(v, f"{path}.{k}" if path else str(k), env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env and env[name] != "":
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{path}: environment variable {name} is not set (value {value!r})",
+                          hint=f"export {name}=... or write ${{{name}:-default}}")
+
+    return _VAR.sub(sub, value)
+
+
+def apply_overrides(raw: dict, overrides: list[str] | None) -> dict:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a raw config dict."""
+    for item in overrides or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key.path=value",
+                              hint="e.g. --set params.learning_rate=1e-4")
+        node = raw
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            if not isinstance(node.setdefault(p, {}), dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+            node = node[p]
+        try:
+            node[parts[-1]] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+    return raw
+
+
+def _line_index(text: str) -> dict[tuple, int]:
+    """Map key paths (tuples of keys / list indices) to 1-based YAML line numbers."""
+    out: dict[tuple, int] = {}
+
+    def walk(node: Any, path: tuple) -> None:
+        out[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                out[path + (k.value,)] = k.start_mark.line + 1
+                walk(v, path + (k.value,))
+                out[path + (k.value,)] = k.start_mark.line + 1  # the key's line, not its value's
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, path + (i,))
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return out
+    if root is not None:
+        walk(root, ())
+    return out
+
+
+def _describe(err: dict, source: str | None, lines: dict[tuple, int]) -> str:
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[") or "(root)"
+    line = None
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in lines:
+            line = lines[loc[:n]]
+            break
+    where = f" ({source}, line {line})" if source and line else (f" ({source})" if source else "")
+    value = err.get("input")
+    shown = "" if err["type"] == "missing" else f": got {value!r}"
+    allowed = err["msg"]
+    if err["type"] == "extra_forbidden":
+        allowed = "unknown key (check the spelling; `hubgrpo config show` prints every valid key)"
+    return f"{path}{where}{shown} — {allowed}"
+
+
+def validate(raw: Any, *, source: str | None = None, text: str | None = None) -> Config:
+    """Validate a raw dict into ``Config``; every problem named with its key path and YAML line."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source or 'config'}: the top level must be a mapping of keys, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        lines = _line_index(text) if text else {}
+        problems = [_describe(err, source, lines) for err in e.errors()]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems),
+                          hint="fix the keys above; see configs/tiny.yaml for a complete example") from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, env: dict[str, str] | None = None) -> Config:
+    """Load, expand, override and validate a YAML config file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {p}: {e.strerror}", hint="check the path") from None
+    return loads(text, overrides=overrides, env=env, source=str(p))
+
+
+def loads(text: str, *, overrides: list[str] | None = None, env: dict[str, str] | None = None,
+          source: str | None = None) -> Config:
+    """Parse a YAML config from a string (see ``load_config``)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{source or 'config'}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    raw = {} if raw is None else raw
+    if isinstance(raw, dict):
+        raw = apply_overrides(expand_env(raw, env=env), overrides)
+    return validate(raw, source=source, text=text)
+
+
+def to_yaml(cfg: Config, *, redact: bool = True) -> str:
+    """The resolved config as YAML; secrets are shown as '***' unless ``redact=False``."""
+    data = cfg.model_dump(mode="python")
+    for section, key in (("hub", "token"), ("coordinator", "secret")):
+        secret = getattr(getattr(cfg, section), key)
+        data[section][key] = None if secret is None else ("***" if redact else secret.get_secret_value())
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def field_docs(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key path, default, description) for every field: the one place fields are documented."""
+    rows = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        key = f"{prefix}{name}"
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += field_docs(ann, key + ".")
+            continue
+        default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+        rows.append((key, default, f.description or ""))
+    return rows
