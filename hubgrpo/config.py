@@ -31,6 +31,15 @@ from hubgrpo.errors import ConfigError
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v: Any, info) -> Any:
+        """``${VAR:-}`` expands to ''; for optional fields that means "not set"."""
+        f = cls.model_fields.get(info.field_name)
+        if v == "" and f is not None and not f.is_required() and f.get_default() is None:
+            return None
+        return v
+
 
 class DataConfig(_Section):
     """Where prompts come from."""
@@ -145,13 +154,14 @@ class Config(_Section):
     gguf_file: str | None = Field(None, description="GGUF file name inside base_model (a repo or folder).")
     project_name: str = Field(description="Run name: letters, digits, '-', '_' and '.'.")
     log: Literal["none", "trackio", "tensorboard"] = Field("none", description="Metrics tracker.")
-    data: DataConfig = Field(default_factory=DataConfig)
-    rewards: list[RewardConfig] = Field(default_factory=lambda: [RewardConfig(function="builtin:exact_answer")])
-    params: ParamsConfig = Field(default_factory=ParamsConfig)
-    lora: LoraSection = Field(default_factory=LoraSection)
-    merge: MergeSection = Field(default_factory=MergeSection)
-    coordinator: CoordinatorSection = Field(default_factory=CoordinatorSection)
-    hub: HubSection = Field(default_factory=HubSection)
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompts.")
+    rewards: list[RewardConfig] = Field(default_factory=lambda: [RewardConfig(function="builtin:exact_answer")],
+                                        description="Reward functions, summed with their weights.")
+    params: ParamsConfig = Field(default_factory=ParamsConfig, description="GRPO and round parameters.")
+    lora: LoraSection = Field(default_factory=LoraSection, description="The LoRA adapter.")
+    merge: MergeSection = Field(default_factory=MergeSection, description="Merging submissions.")
+    coordinator: CoordinatorSection = Field(default_factory=CoordinatorSection, description="The coordinator.")
+    hub: HubSection = Field(default_factory=HubSection, description="The run repo.")
 
     @field_validator("project_name")
     @classmethod
