@@ -304,12 +304,16 @@ def loads(text: str, *, overrides: list[str] | None = None, env: dict[str, str] 
     return validate(raw, source=source, text=text)
 
 
-def to_yaml(cfg: Config, *, redact: bool = True) -> str:
-    """The resolved config as YAML; secrets are shown as '***' unless ``redact=False``."""
+def to_yaml(cfg: Config, *, redact: bool = True, drop_secrets: bool = False) -> str:
+    """The resolved config as YAML; secrets are shown as '***' unless ``redact=False``, or left out (null) with
+    ``drop_secrets=True`` (the copy stored in the run repo, which must load back as a valid config)."""
     data = cfg.model_dump(mode="python")
     for section, key in (("hub", "token"), ("coordinator", "secret")):
         secret = getattr(getattr(cfg, section), key)
-        data[section][key] = None if secret is None else ("***" if redact else secret.get_secret_value())
+        if secret is None or drop_secrets:
+            data[section][key] = None
+        else:
+            data[section][key] = "***" if redact else secret.get_secret_value()
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 

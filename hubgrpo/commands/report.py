@@ -1,0 +1,100 @@
+"""Printing run status and reports, and publishing an adapter (``hubgrpo status``, ``run``, ``push``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from hubgrpo import layout, runrepo
+from hubgrpo.store.base import Store
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_versions(status: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{status['project']}: reward per version")
+    for col in ("version", "reward", "submissions", "samples", "max τ", "residual", "contributors"):
+        t.add_column(col)
+    for v in status["versions"]:
+        t.add_row(str(v["version"]), _fmt(v["reward"]), str(v["submissions"]), str(v["samples"]),
+                  str(v["max_staleness"]), _fmt(v["residual"], ".2e"), ", ".join(v["contributors"]))
+    Console().print(t)
+
+
+def print_leaderboard(status: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="leaderboard")
+    for col in ("worker", "user", "accepted", "refused", "samples", "mean reward", "gain", "last seen"):
+        t.add_column(col)
+    now = time.time()
+    for r in status["leaderboard"]:
+        t.add_row(r["worker"], r["user"] or "-", str(r["accepted"]), str(r["refused"]), str(r["samples"]),
+                  _fmt(r["mean_reward"]), _fmt(r["reward_gain"], "+.3f"), f"{now - r['last_seen']:.0f} s ago")
+    Console().print(t)
+
+
+def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
+    """Status from a live coordinator when given, else from the repo's state.json."""
+    from hubgrpo.status import state_status
+
+    if coordinator:
+        from hubgrpo.client import CoordinatorClient
+
+        status = CoordinatorClient(coordinator).status()
+    else:
+        cfg = runrepo.read_config(store)
+        status = state_status(runrepo.read_state(store), cfg.params.versions)
+        hour_ago = time.time() - 3600
+        status["commits_last_hour"] = sum(c.created_at > hour_ago for c in store.history(limit=500))
+        status["commit_budget_per_hour"] = cfg.coordinator.commit_budget_per_hour
+    if as_json:
+        print(json.dumps(status, indent=1, default=str))
+        return
+    print_versions(status)
+    print_leaderboard(status)
+    leases = status.get("leases")
+    extra = f", live leases {len(leases)}" if leases is not None else " (no live coordinator asked)"
+    print(f"commits in the last hour: {status['commits_last_hour']} / budget {status['commit_budget_per_hour']}"
+          f"{extra}; finished: {status['finished']}")
+
+
+def print_run_report(status: dict, store: Store, cfg) -> None:
+    """After ``hubgrpo run``: where the adapter is, reward per version, the plot."""
+    from pathlib import Path
+
+    from hubgrpo.run import plot
+
+    print_versions(status)
+    print_leaderboard(status)
+    root = Path(store.location)
+    png = plot(status, (root if root.exists() else Path("runs") / cfg.project_name) / "reward.png")
+    first = next((v["reward"] for v in status["versions"] if v["reward"] is not None), None)
+    last = status["versions"][-1]["reward"] if status["versions"] else None
+    print(f"final adapter: {store.location} (version {status['version']}, tag "
+          f"{layout.version_tag(status['version'])}; load with PeftModel.from_pretrained)\n"
+          f"reward: first merged round {_fmt(first)} → last {_fmt(last)}; wall {status.get('wall_s', 0):.0f} s\n"
+          f"plot: {png}")
+
+
+def push_adapter(src: Store, dst: Store, *, version: int | None = None, private: bool = False) -> str:
+    """Copy a version's adapter to ``dst`` with a model card (library_name peft, base_model, reward table)."""
+    from hubgrpo.errors import NotFound
+
+    cfg = runrepo.read_config(src)
+    shas = runrepo.version_shas(src)
+    version = max(shas) if version is None else version
+    if version not in shas:
+        raise NotFound(f"version {version} does not exist in {src.location}", hint=f"versions: {sorted(shas)}")
+    state = runrepo.read_state(src, shas[version])
+    dst.create(exist_ok=True, private=private)
+    adds = {f: src.read(f, shas[version]) for f in layout.ADAPTER_FILES}
+    adds[layout.MODEL_CARD] = runrepo.render_card(cfg, state).encode()
+    sha = dst.commit(adds, message=f"hubgrpo: {cfg.project_name} version {version}")
+    return sha

@@ -1,0 +1,153 @@
+"""``hubgrpo init | coordinator | worker | run | status | push``: the distributed run from the command line."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import typer
+
+SET_HELP = "Override a config field, e.g. --set params.versions=5 (repeatable)."
+REPO_HELP = "Run repo: user/name on the Hub (honours HF_ENDPOINT, HF_TOKEN), or a local path / file://path."
+
+
+def _store(repo: str):
+    from hubgrpo.store.base import open_store
+
+    return open_store(repo, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"))
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def init(config: Path = typer.Argument(..., help="YAML config file."),
+         repo: str = typer.Option(None, "--repo", help=REPO_HELP + " Default: hub.repo_id, else runs/<project>."),
+         set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+         force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run.")) -> None:
+    """Create the run repo: config, version-0 adapter (equal to the base model), state and model card."""
+    from hubgrpo.config import load_config
+    from hubgrpo.run import ensure_repo
+
+    cfg = load_config(config, overrides=set_)
+    repo = repo or cfg.hub.repo_id or f"./runs/{cfg.project_name}"
+    store = _store(repo)
+    if store.exists() and store.head() and store.exists_file("state.json") and not force:
+        from hubgrpo.errors import StoreError
+
+        raise StoreError(f"{repo} already holds a hubgrpo run", hint="pass --force to start over, or use a new repo")
+    ensure_repo(store, cfg, force=force)
+    typer.echo(f"initialised {store.location} (version 0)\nnext:\n"
+               f"  hubgrpo coordinator --repo {repo}\n  hubgrpo worker --repo {repo} --coordinator URL\n"
+               f"  or, all on this machine: hubgrpo run {config} --repo {repo}")
+
+
+def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+                host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+                port: int = typer.Option(7860, help="Port (0 = any free port)."),
+                verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
+    """Serve the coordinator API (lease, heartbeat, release, submit, status) for a run repo."""
+    import time
+
+    from hubgrpo.coordinator import Coordinator
+    from hubgrpo.run import coordinator_secret
+    from hubgrpo.server import serve
+
+    _logging(verbose)
+    store = _store(repo)
+    coord = Coordinator(store, coordinator_secret(store))
+    app, url = serve(coord, host=host, port=port)
+    typer.echo(f"coordinator for {store.location} at {url}")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        app.close()
+
+
+def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+           coordinator: str = typer.Option(None, "--coordinator", help="Coordinator URL or Space id "
+                                           "(default: coordinator.url of the run's config)."),
+           name: str = typer.Option(None, "--name", help="Worker name (default: host name)."),
+           max_rounds: int = typer.Option(None, "--max-rounds", help="Stop after this many rounds."),
+           threads: int = typer.Option(None, "--threads", help="torch threads (default: all cores)."),
+           verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
+    """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes."""
+    import socket
+
+    from hubgrpo import runrepo
+    from hubgrpo.client import CoordinatorClient
+    from hubgrpo.errors import ConfigError
+    from hubgrpo.worker import Worker
+
+    _logging(verbose)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    store = _store(repo)
+    url = coordinator or runrepo.read_config(store).coordinator.url
+    if not url:
+        raise ConfigError("no coordinator given", hint="pass --coordinator URL_OR_SPACE or set coordinator.url")
+    name = name or "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40]
+    client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"))
+    results = Worker(store, client, name=name, max_rounds=max_rounds).run()
+    typer.echo(f"{name}: {len(results)} rounds submitted")
+
+
+def run(config: Path = typer.Argument(..., help="YAML config file."),
+        workers: int = typer.Option(2, "--workers", "-n", help="Worker processes on this machine."),
+        repo: str = typer.Option(None, "--repo", help=REPO_HELP + " Default: ./runs/<project_name>."),
+        set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+        force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run."),
+        max_wall_s: float = typer.Option(None, "--max-wall-s", help="Stop after this many seconds.")) -> None:
+    """A whole run on this machine: coordinator on 127.0.0.1 + N workers, until params.versions versions."""
+    from hubgrpo.commands.report import print_run_report
+    from hubgrpo.config import load_config
+    from hubgrpo.run import run as run_all
+
+    _logging(False)
+    cfg = load_config(config, overrides=set_)
+    repo = repo or f"./runs/{cfg.project_name}"
+    store = _store(repo)
+    typer.echo(f"hubgrpo run {cfg.project_name}: {workers} workers, bucket {store.location}, "
+               f"target {cfg.params.versions} versions")
+    status = run_all(cfg, store, workers=workers, repo_arg=repo, force=force, max_wall_s=max_wall_s,
+                     on_status=_live_line)
+    print_run_report(status, store, cfg)
+
+
+def _live_line(status: dict, procs: list) -> None:
+    last = status["versions"][-1] if status["versions"] else {}
+    alive = sum(p.poll() is None for p in procs)
+    reward = last.get("reward")
+    typer.echo(f"  version {status['version']}/{status['target_versions']}  reward "
+               f"{'-' if reward is None else f'{reward:.3f}'}  pending {len(status.get('pending', []))}  "
+               f"leases {len(status.get('leases', []))}  workers alive {alive}", err=True)
+
+
+def status(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+           coordinator: str = typer.Option(None, "--coordinator", help="Also ask a live coordinator."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Versions, leaderboard, live leases and commits per hour of a run."""
+    from hubgrpo.commands.report import print_status
+
+    print_status(_store(repo), coordinator, as_json)
+
+
+def push(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+         to: str = typer.Option(..., "--to", help="Destination Hub repo user/name (or a local path)."),
+         version: int = typer.Option(None, "--version", help="Version to push (default: the latest)."),
+         private: bool = typer.Option(False, "--private/--public")) -> None:
+    """Publish a version's adapter as a standalone PEFT repo with a model card."""
+    from hubgrpo.commands.report import push_adapter
+
+    sha = push_adapter(_store(repo), _store(to), version=version, private=private)
+    typer.echo(f"pushed to {to} ({sha[:12]})")
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (init, coordinator, worker, run, status, push):
+        app.command(fn.__name__)(fn)

@@ -1,0 +1,134 @@
+"""``hubgrpo run``: a whole run on one machine — coordinator API on 127.0.0.1 and N worker processes that use the
+same HTTP path as remote workers, with a local directory (or a Hub repo) as the bucket."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hubgrpo import runrepo
+from hubgrpo.config import Config
+from hubgrpo.errors import StoreError
+from hubgrpo.store.base import Store
+
+log = logging.getLogger("hubgrpo.run")
+
+
+def ensure_repo(store: Store, cfg: Config, *, force: bool = False) -> None:
+    """Initialise the run repo with a version-0 adapter unless it already is a run (then it is resumed)."""
+    head = store.head() if store.exists() else None
+    if head is not None and store.exists_file("state.json", head) and not force:
+        return
+    import tempfile
+
+    from hubgrpo.engine import RoundEngine
+
+    with tempfile.TemporaryDirectory(prefix="hubgrpo-init-") as tmp:
+        adapter = RoundEngine(cfg, worker="init").init_adapter(Path(tmp) / "v0")
+        runrepo.init_repo(store, cfg, adapter, force=force)
+
+
+def coordinator_secret(store: Store) -> bytes:
+    """HUBGRPO_SECRET, or a random secret kept beside the local cache (never in the repo)."""
+    env = os.environ.get("HUBGRPO_SECRET")
+    if env:
+        return env.encode()
+    path = runrepo.cache_root() / "secrets" / ("".join(c if c.isalnum() else "_" for c in store.location)[-100:])
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+    return path.read_text().strip().encode()
+
+
+def spawn_workers(repo: str, url: str, n: int, *, log_dir: Path, threads: int | None = None) -> list:
+    """Start N ``hubgrpo worker`` processes with torch threads split between them (cores // N each)."""
+    threads = threads or max(1, (os.cpu_count() or 1) // n)
+    procs = []
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                   HUBGRPO_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+        cmd = [sys.executable, "-m", "hubgrpo.cli", "worker", "--repo", repo, "--coordinator", url,
+               "--name", f"worker{i}", "--threads", str(threads)]
+        out = open(log_dir / f"worker{i}.log", "ab")
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+    return procs
+
+
+def stop_workers(procs: list, timeout: float = 20.0) -> None:
+    """SIGINT first (a worker gives its lease back), then SIGKILL whatever is left."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    end = time.time() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, end - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int = 0, on_status=None,
+        max_wall_s: float | None = None, force: bool = False) -> dict:
+    """Run until ``params.versions`` versions exist (or Ctrl-C / max_wall_s); return the final status."""
+    from hubgrpo.client import CoordinatorClient
+    from hubgrpo.coordinator import Coordinator
+    from hubgrpo.server import serve
+
+    ensure_repo(store, cfg, force=force)
+    coord = Coordinator(store, coordinator_secret(store), workdir=runrepo.cache_root() / "coordinator"
+                        / cfg.project_name)
+    app, url = serve(coord, port=port)
+    client = CoordinatorClient(url)
+    procs = spawn_workers(repo_arg, url, workers, log_dir=runrepo.cache_root() / "logs" / cfg.project_name)
+    start = time.time()
+    status = client.status()
+    try:
+        while not status["finished"]:
+            time.sleep(1.0)
+            status = client.status()
+            if on_status:
+                on_status(status, procs)
+            if all(p.poll() is not None for p in procs):
+                raise StoreError("every worker process exited before the run finished",
+                                 hint=f"see the logs in {runrepo.cache_root() / 'logs' / cfg.project_name}")
+            if max_wall_s and time.time() - start > max_wall_s:
+                log.warning("stopping after max_wall_s=%s", max_wall_s)
+                break
+    finally:
+        stop_workers(procs)
+        app.close()
+    status["wall_s"] = time.time() - start
+    return status
+
+
+def plot(status: dict, path: Path) -> Path:
+    """PNG: reward per version, against version and against wall-clock."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [v for v in status["versions"] if v["reward"] is not None]
+    t0 = status["versions"][0]["created_at"] if status["versions"] else 0.0
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot([r["version"] for r in rows], [r["reward"] for r in rows], marker="o")
+    a.set_xlabel("version")
+    a.set_ylabel("mean training reward of merged rounds")
+    b.plot([(r["created_at"] - t0) / 60 for r in rows], [r["reward"] for r in rows], marker="o")
+    b.set_xlabel("wall-clock (minutes)")
+    fig.suptitle(f"hubgrpo run {status['project']}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,48 @@
+"""Run status as plain JSON: what `hubgrpo status`, the coordinator API and the Space UI show."""
+
+from __future__ import annotations
+
+from hubgrpo.layout import RunState
+
+
+def leaderboard(state: RunState) -> list[dict]:
+    """One row per worker, best mean reward first."""
+    rows = []
+    for w in state.workers.values():
+        mean = w.reward_sum / w.accepted if w.accepted else None
+        gain = None if w.reward_first is None or w.reward_last is None else w.reward_last - w.reward_first
+        rows.append({"worker": w.worker, "user": w.user, "accepted": w.accepted, "refused": w.refused,
+                     "samples": w.samples, "mean_reward": mean, "reward_gain": gain, "last_seen": w.last_seen})
+    rows.sort(key=lambda r: (r["mean_reward"] is None, -(r["mean_reward"] or 0.0)))
+    return rows
+
+
+def versions_table(state: RunState) -> list[dict]:
+    return [{"version": v.version, "tag": v.tag, "created_at": v.created_at, "reward": v.reward_mean,
+             "samples": v.samples, "submissions": len(v.merged), "residual": v.residual,
+             "max_staleness": max((m.staleness for m in v.merged), default=0), "method": v.method,
+             "algorithm": v.algorithm, "contributors": sorted({m.worker for m in v.merged})}
+            for v in state.versions]
+
+
+def state_status(state: RunState, target_versions: int | None = None) -> dict:
+    """Status computed from state.json alone (no live coordinator): for `hubgrpo status` on a repo."""
+    return {"project": state.project_name, "run_id": state.run_id, "version": state.version,
+            "target_versions": target_versions, "finished": state.finished, "samples_total": state.samples_total,
+            "leaderboard": leaderboard(state), "versions": versions_table(state),
+            "refusals": [r.model_dump() for r in state.refused[-50:]]}
+
+
+def run_status(c) -> dict:
+    """Live status of a Coordinator: state plus leases, pending submissions and the commit budget."""
+    now = c.clock()
+    out = state_status(c.state, c.cfg.params.versions)
+    out["refusals"] = [r.model_dump() for r in (c.state.refused + c.new_refusals)[-50:]]
+    out["leases"] = [{"lease_id": lid, "worker": l.worker, "user": l.user, "base_version": l.base_version,
+                      "expires_in_s": round(l.deadline - now, 1)} for lid, l in c.active.items()]
+    out["pending"] = sorted(c.pending)
+    out["commits_last_hour"] = len([t for t in c.commit_times if t > now - 3600])
+    out["commit_budget_per_hour"] = c.cfg.coordinator.commit_budget_per_hour
+    out["prompts_returned"] = c.pool.returned
+    out["head"] = c.head
+    return out

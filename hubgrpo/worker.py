@@ -1,0 +1,179 @@
+"""The worker loop behind ``hubgrpo worker``: lease → download → train a round → commit → submit.
+
+A worker writes only its own submission folder and never pins ``parent_commit``. It heartbeats while training,
+gives its lease back on Ctrl-C, and loses nothing when the coordinator or the store is briefly unreachable: it
+backs off and resumes (a submission already committed is found again by a restarted coordinator).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from hubgrpo import layout, runrepo
+from hubgrpo.errors import CoordinatorError, LeaseError, RateLimited, Refused, StoreUnavailable
+from hubgrpo.layout import Lease
+from hubgrpo.store.base import Store
+
+log = logging.getLogger("hubgrpo.worker")
+
+
+class Heartbeat:
+    """Background heartbeats for one lease; ``lease`` is always the latest re-signed copy."""
+
+    def __init__(self, client, lease: Lease, interval: float):
+        self.client, self.lease, self.interval = client, lease, interval
+        self.lost: Exception | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hubgrpo-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.lease = self.client.heartbeat(self.lease)
+            except LeaseError as e:  # expired or refused: finish the round anyway, the submit will say
+                self.lost = e
+                return
+            except CoordinatorError as e:  # unreachable: keep trying at the next beat
+                log.warning("heartbeat failed: %s", e.message)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class Worker:
+    """Runs rounds until the run finishes or ``max_rounds`` is reached."""
+
+    def __init__(self, store: Store, client, *, name: str, user: str | None = None, engine=None,
+                 max_rounds: int | None = None, workdir: Path | None = None, sleep=time.sleep,
+                 progress: bool = True):
+        self.store, self.client, self.name, self.user = store, client, layout.check_name(name), user
+        self.cfg = runrepo.read_config(store)
+        self.engine = engine
+        self.max_rounds, self.sleep, self.progress = max_rounds, sleep, progress
+        self.workdir = Path(workdir or runrepo.cache_root() / "worker" / name)
+        self.results: list[dict] = []
+
+    def run(self) -> list[dict]:
+        """The loop. Returns the coordinator's answer for every submitted round."""
+        if self.engine is None:
+            from hubgrpo.engine import RoundEngine
+
+            self.engine = RoundEngine(self.cfg, worker=self.name)
+        while self.max_rounds is None or len(self.results) < self.max_rounds:
+            lease = self._lease()
+            if lease is None:
+                break
+            try:
+                self.results.append(self.round(lease))
+            except KeyboardInterrupt:
+                self._release(lease)
+                raise
+        return self.results
+
+    def _lease(self) -> Lease | None:
+        """A lease, waiting out budget refusals and outages; None when the run is finished."""
+        delay = 1.0
+        while True:
+            try:
+                return self.client.lease(self.name, self.user)
+            except Refused as e:
+                if e.code == "finished":
+                    log.info("run finished: %s", e.message)
+                    return None
+                if e.code not in ("budget", "rate"):
+                    raise
+                wait = _wait_hint(e, default=30.0)
+                log.info("coordinator asks to wait %.0f s: %s", wait, e.message)
+                self.sleep(wait)
+            except CoordinatorError as e:
+                if isinstance(e, Refused):
+                    raise
+                log.warning("coordinator unreachable (%s); retrying in %.0f s", e.message, delay)
+                self.sleep(delay)
+                delay = min(delay * 2, 60.0)
+
+    def round(self, lease: Lease) -> dict:
+        """Train one leased round and submit it."""
+        t0 = time.time()
+        adapter_dir = runrepo.adapter_at(self.store, lease.base_sha, self.workdir / "adapters")
+        t_download = time.time() - t0
+        sub_id = layout.submission_id(lease.worker, lease.lease_id)
+        out = self.workdir / "rounds" / sub_id
+        with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
+            sub = self.engine.run_round(adapter_dir, lease, out, on_step=self._progress(lease))
+        t1 = time.time()
+        commit = self._commit(out, lease, sub_id)
+        t_upload = time.time() - t1
+        t2 = time.time()
+        answer = self._submit(hb.lease, commit)
+        answer.update(submission_id=sub_id, reward_mean=sub.reward_mean, download_s=t_download,
+                      train_s=t1 - t0 - t_download, upload_s=t_upload, submit_s=time.time() - t2,
+                      round_s=time.time() - t0)
+        log.info("round %s: reward %.3f, %s", sub_id, sub.reward_mean, answer.get("status"))
+        return answer
+
+    def _commit(self, out: Path, lease: Lease, sub_id: str) -> str:
+        """Push the submission folder in one commit (no parent: workers write disjoint paths)."""
+        adds = {layout.submission_path(lease.base_version, sub_id, f): out / f
+                for f in (*layout.ADAPTER_FILES, layout.SUBMISSION_FILE)}
+        msg = f"hubgrpo: submission {sub_id} (base v{lease.base_version})"
+        delay = 2.0
+        for attempt in range(10):
+            try:
+                return self.store.commit(adds, message=msg)
+            except RateLimited as e:
+                log.warning("store rate-limited; waiting %.0f s", e.wait_s)
+                self.sleep(e.wait_s)
+            except StoreUnavailable as e:
+                log.warning("store unavailable (%s); retrying in %.0f s", e.message, delay)
+                self.sleep(delay)
+                delay = min(delay * 2, 120.0)
+        return self.store.commit(adds, message=msg)
+
+    def _submit(self, lease: Lease, commit: str) -> dict:
+        delay = 2.0
+        for attempt in range(6):
+            try:
+                return self.client.submit(lease, commit)
+            except CoordinatorError as e:
+                if isinstance(e, Refused):
+                    raise
+                log.warning("submit failed (%s); retrying in %.0f s", e.message, delay)
+                self.sleep(delay)
+                delay = min(delay * 2, 60.0)
+        return self.client.submit(lease, commit)
+
+    def _release(self, lease: Lease) -> None:
+        try:
+            self.client.release(lease)
+            log.info("gave lease %s back", lease.lease_id)
+        except Exception as e:  # best effort on the way out; the lease expires anyway
+            log.warning("could not give the lease back: %s", e)
+
+    def _progress(self, lease: Lease):
+        if not self.progress:
+            return None
+        from hubgrpo.progress import round_progress
+
+        return round_progress(self.name, lease)
+
+
+def _wait_hint(err: Exception, default: float) -> float:
+    """Seconds to wait, from a RateLimited error or a refusal's 'wait_s=N' hint."""
+    if isinstance(err, RateLimited):
+        return err.wait_s
+    hint = getattr(err, "hint", "") or ""
+    if "wait_s=" in hint:
+        try:
+            return float(hint.split("wait_s=")[1].split()[0])
+        except ValueError:
+            pass
+    return default

@@ -1,0 +1,80 @@
+"""Helpers for coordinator tests: synthetic PEFT adapters (no model), a fake clock, a simulated worker."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from hubgrpo import layout
+from hubgrpo.config import loads
+from hubgrpo.layout import Lease, StepMetrics, Submission
+
+MODULES = ("q_proj", "v_proj")
+D_IN, D_OUT, R = 16, 16, 4
+
+
+class FakeClock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
+
+
+def make_config(**overrides):
+    text = ("base_model: builtin:tiny\nproject_name: coordtest\n"
+            "params: {steps_per_round: 2, per_device_train_batch_size: 4, num_generations: 2, versions: 5}\n"
+            f"lora: {{r: {R}, alpha: 8, target_modules: [q_proj, v_proj]}}\n")
+    return loads(text, overrides=[f"{k}={v}" for k, v in overrides.items()])
+
+
+def adapter_config() -> dict:
+    from peft import LoraConfig
+
+    cfg = LoraConfig(r=R, lora_alpha=8, target_modules=list(MODULES), task_type="CAUSAL_LM",
+                     base_model_name_or_path="builtin:tiny")
+    d = cfg.to_dict()
+    return json.loads(json.dumps(d, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+
+
+def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2) -> Path:
+    """A PEFT-format adapter folder; b_scale=0 gives B=0 (equal to the base model), like version 0."""
+    g = torch.Generator().manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {}
+    for i in range(layers):
+        for m in MODULES:
+            p = f"base_model.model.model.layers.{i}.self_attn.{m}"
+            sd[f"{p}.lora_A.weight"] = torch.randn(R, D_IN, generator=torch.Generator().manual_seed(1000 + i))
+            sd[f"{p}.lora_B.weight"] = b_scale * torch.randn(D_OUT, R, generator=g)
+    save_file(sd, str(folder / layout.ADAPTER_WEIGHTS))
+    (folder / layout.ADAPTER_CONFIG).write_text(json.dumps(adapter_config()))
+    return folder
+
+
+def submission_record(lease: Lease, reward: float = 0.5, samples: int = 8) -> Submission:
+    return Submission(
+        submission_id=layout.submission_id(lease.worker, lease.lease_id), worker=lease.worker, lease=lease,
+        base_version=lease.base_version, base_sha=lease.base_sha, base_model="builtin:tiny", steps=lease.steps,
+        samples=samples, prompts=len(lease.prompt_indices), tokens=samples * 10, reward_mean=reward,
+        reward_first=reward, reward_last=reward, step_metrics=[StepMetrics(step=1, reward=reward)],
+        timings={"total": 1.0}, versions={"hubgrpo": "test"}, device="cpu", created_at=time.time())
+
+
+def push_submission(store, lease: Lease, tmp: Path, *, seed: int, reward: float = 0.5, b_scale: float = 0.1,
+                    mutate=None) -> str:
+    """What a worker does after training: one commit with its submission folder. Returns the commit sha."""
+    sub_id = layout.submission_id(lease.worker, lease.lease_id)
+    folder = write_adapter(tmp / sub_id, seed, b_scale)
+    (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease, reward).to_json())
+    if mutate:
+        mutate(folder)
+    adds = {layout.submission_path(lease.base_version, sub_id, f.name): f for f in folder.iterdir()}
+    return store.commit(adds, message=f"hubgrpo: submission {sub_id}")

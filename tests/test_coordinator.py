@@ -1,0 +1,190 @@
+"""Coordinator logic on a LocalStore with synthetic adapters and a fake clock (no model, no network)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hubgrpo import layout, runrepo
+from hubgrpo.coordinator import Coordinator
+from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
+from hubgrpo.store.local import LocalStore
+from tests.coord_helpers import FakeClock, make_config, push_submission, write_adapter
+
+SECRET = b"test-secret"
+pytestmark = pytest.mark.timeout(120)
+
+
+def _setup(tmp_path, **overrides):
+    cfg = make_config(**overrides)
+    store = LocalStore(tmp_path / "repo")
+    runrepo.init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0))
+    clock = FakeClock()
+    return store, Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work"), clock
+
+
+def test_quorum_merge_writes_one_commit_and_a_tag(tmp_path):
+    store, c, _ = _setup(tmp_path)
+    l1, l2 = c.lease("w1"), c.lease("w2")
+    assert l1.base_version == 0 and set(l1.prompt_indices).isdisjoint(l2.prompt_indices)
+    assert c.submit(l1, push_submission(store, l1, tmp_path, seed=1, reward=0.2))["status"] == "admitted"
+    before = len(store.history())
+    assert c.submit(l2, push_submission(store, l2, tmp_path, seed=2, reward=0.4))["status"] == "merged"
+    assert len(store.history()) == before + 2  # w2's submission commit + ONE merge commit
+    state = runrepo.read_state(store)
+    assert state.version == 1 and sorted(state.merged_ids) == sorted(c.state.merged_ids)
+    v1 = state.versions[1]
+    assert len(v1.merged) == 2 and math.isclose(sum(m.weight for m in v1.merged), 1.0)
+    assert math.isclose(v1.reward_mean, 0.3, rel_tol=1e-6)
+    assert store.tags()[layout.version_tag(1)] == store.history()[0].sha
+    root = load_file(str(store.local_path(layout.ADAPTER_WEIGHTS)))
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in root.items())
+
+
+def test_duplicate_submit_is_not_merged_twice(tmp_path):
+    store, c, _ = _setup(tmp_path)
+    l1, l2 = c.lease("w1"), c.lease("w2")
+    sha1 = push_submission(store, l1, tmp_path, seed=1)
+    c.submit(l1, sha1)
+    assert c.submit(l1, sha1)["status"] == "duplicate"
+    c.submit(l2, push_submission(store, l2, tmp_path, seed=2))
+    assert c.submit(l1, sha1)["status"] == "duplicate"
+    assert runrepo.read_state(store).merged_ids.count(layout.submission_id("w1", l1.lease_id)) == 1
+
+
+def test_stale_submission_is_refused_with_reason(tmp_path):
+    store, c, _ = _setup(tmp_path, **{"merge.max_staleness": 0})
+    old = c.lease("slow")
+    for w, seed in (("w1", 1), ("w2", 2)):
+        lease = c.lease(w)
+        c.submit(lease, push_submission(store, lease, tmp_path, seed=seed))
+    assert c.state.version == 1
+    with pytest.raises(InvalidSubmission) as ei:
+        c.submit(old, push_submission(store, old, tmp_path, seed=3))
+    assert ei.value.code == "stale" and "1 versions old" in ei.value.message
+    assert c.status()["refusals"][-1]["code"] == "stale"
+
+
+def test_stale_but_allowed_submission_uses_its_own_base(tmp_path):
+    store, c, _ = _setup(tmp_path, **{"merge.max_staleness": 2, "merge.quorum": 1})
+    old = c.lease("slow")
+    lease = c.lease("w1")
+    c.submit(lease, push_submission(store, lease, tmp_path, seed=1))
+    assert c.state.version == 1
+    c.submit(old, push_submission(store, old, tmp_path, seed=2))
+    v2 = runrepo.read_state(store).versions[2]
+    assert v2.merged[0].staleness == 1 and v2.merged[0].base_version == 0
+    assert v2.merged[0].weight == pytest.approx(1.0)
+
+
+def test_expired_lease_returns_its_prompts(tmp_path):
+    store, c, clock = _setup(tmp_path)
+    lease = c.lease("w1")
+    clock.advance(c.cfg.coordinator.lease_timeout_s + 1)
+    c.tick()
+    assert c.active == {}
+    again = c.lease("w2")
+    assert again.prompt_indices == lease.prompt_indices
+    with pytest.raises(LeaseError, match="expired"):
+        c.heartbeat(lease)
+
+
+def test_heartbeat_extends_and_forged_lease_is_refused(tmp_path):
+    store, c, clock = _setup(tmp_path)
+    lease = c.lease("w1")
+    clock.advance(c.cfg.coordinator.lease_timeout_s - 1)
+    renewed = c.heartbeat(lease)
+    assert renewed.deadline > lease.deadline
+    clock.advance(10)
+    c.heartbeat(renewed)
+    forged = renewed.model_copy(update={"base_version": 0, "steps": 999})
+    with pytest.raises(LeaseError, match="invalid signature"):
+        c.heartbeat(forged)
+    other = Coordinator(store, b"another-secret", clock=clock, workdir=tmp_path / "w2")
+    with pytest.raises(LeaseError):
+        other.heartbeat(renewed)
+
+
+def test_round_deadline_merges_a_single_submission(tmp_path):
+    store, c, clock = _setup(tmp_path, **{"merge.quorum": 3})
+    lease = c.lease("w1")
+    assert c.submit(lease, push_submission(store, lease, tmp_path, seed=1))["status"] == "admitted"
+    c.tick()
+    assert c.state.version == 0
+    clock.advance(c.cfg.coordinator.round_timeout_s + 1)
+    c.tick()
+    assert c.state.version == 1 and runrepo.read_state(store).version == 1
+
+
+def test_restarted_coordinator_loses_nothing_and_merges_nothing_twice(tmp_path):
+    store, c, clock = _setup(tmp_path)
+    l1, l2 = c.lease("w1"), c.lease("w2")
+    c.submit(l1, push_submission(store, l1, tmp_path, seed=1))
+    sha2 = push_submission(store, l2, tmp_path, seed=2)  # pushed, but the coordinator dies before submit
+    c2 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work2")
+    assert sorted(c2.pending) == sorted([layout.submission_id("w1", l1.lease_id),
+                                         layout.submission_id("w2", l2.lease_id)])
+    assert c2.maybe_merge() and c2.state.version == 1
+    assert c2.submit(l2, sha2)["status"] == "duplicate"
+    c3 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work3")
+    assert c3.pending == {} and c3.state.version == 1
+    assert len(c3.state.merged_ids) == len(set(c3.state.merged_ids)) == 2
+
+
+def test_missing_tag_after_crash_is_reconciled(tmp_path):
+    store, c, clock = _setup(tmp_path, **{"merge.quorum": 1})
+    lease = c.lease("w1")
+    c.submit(lease, push_submission(store, lease, tmp_path, seed=1))
+    tags = store.tags()
+    sha = tags.pop(layout.version_tag(1))
+    # simulate a crash between the merge commit and its tag: a fresh store without that tag
+    import json
+
+    (store.meta / "tags.json").write_text(json.dumps(tags))
+    c2 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "w2")
+    assert store.tags()[layout.version_tag(1)] == sha and c2.state.version == 1
+
+
+def test_commit_budget_refuses_leases_with_a_wait(tmp_path):
+    store, c, _ = _setup(tmp_path, **{"coordinator.commit_budget_per_hour": 4})
+    c.lease("w1")
+    with pytest.raises(Refused) as ei:
+        c.lease("w2")
+    assert ei.value.code == "budget" and "wait_s=" in ei.value.hint
+    assert c.status()["commits_last_hour"] >= 1
+
+
+def _nan(folder):
+    sd = load_file(str(folder / layout.ADAPTER_WEIGHTS))
+    k = sorted(sd)[0]
+    sd[k][0, 0] = float("nan")
+    save_file(sd, str(folder / layout.ADAPTER_WEIGHTS))
+
+
+def test_hostile_submission_refused_and_recorded(tmp_path):
+    store, c, _ = _setup(tmp_path)
+    bad, l1, l2 = c.lease("evil"), c.lease("w1"), c.lease("w2")
+    with pytest.raises(InvalidSubmission) as ei:
+        c.submit(bad, push_submission(store, bad, tmp_path, seed=9, mutate=_nan))
+    assert ei.value.code == "nonfinite"
+    for lease, seed in ((l1, 1), (l2, 2)):
+        c.submit(lease, push_submission(store, lease, tmp_path, seed=seed))
+    state = runrepo.read_state(store)
+    assert state.version == 1 and [r.code for r in state.refused] == ["nonfinite"]
+    assert state.workers["evil"].refused == 1 and state.workers["w1"].accepted == 1
+    assert torch.isfinite(load_file(str(store.local_path(layout.ADAPTER_WEIGHTS)))[
+        sorted(load_file(str(store.local_path(layout.ADAPTER_WEIGHTS))))[0]]).all()
+
+
+def test_run_finishes_at_target_versions(tmp_path):
+    store, c, _ = _setup(tmp_path, **{"params.versions": 2, "merge.quorum": 1})
+    for i in range(2):
+        lease = c.lease(f"w{i}")
+        c.submit(lease, push_submission(store, lease, tmp_path, seed=i + 1))
+    assert c.state.finished and runrepo.read_state(store).finished
+    with pytest.raises(Refused) as ei:
+        c.lease("late")
+    assert ei.value.code == "finished"
