@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
+
+# Keep downloads of the Hub emulator's files out of the user's cache (set before huggingface_hub is imported).
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hubgrpo-test-hf-")
+os.environ.setdefault("HUBGRPO_CACHE", tempfile.mkdtemp(prefix="hubgrpo-test-cache-"))
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
