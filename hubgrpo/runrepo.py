@@ -53,14 +53,12 @@ def version_shas(store: Store) -> dict[int, str]:
 
 def fetch_dir(store: Store, files: dict[str, str], revision: str, dest: Path) -> Path:
     """Copy repo files (repo path → local file name) at ``revision`` into ``dest`` (cached per revision)."""
-    done = dest / ".complete"
-    if done.exists():
+    if dest.is_dir():  # only ever created by the atomic rename below, so it is complete
         return dest
     tmp = dest.with_name(dest.name + f".tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True, exist_ok=True)
     for repo_path, name in files.items():
         shutil.copyfile(store.local_path(repo_path, revision), tmp / name)
-    (tmp / ".complete").write_text(revision)
     try:
         tmp.rename(dest)
     except OSError:  # another process won the race: use its copy

@@ -18,8 +18,8 @@ D_IN, D_OUT, R = 16, 16, 4
 
 
 class FakeClock:
-    def __init__(self, t: float = 1_000_000.0):
-        self.t = t
+    def __init__(self, t: float | None = None):
+        self.t = time.time() if t is None else t
 
     def __call__(self) -> float:
         return self.t

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.timeout(120)
 def _setup(tmp_path, **overrides):
     cfg = make_config(**overrides)
     store = LocalStore(tmp_path / "repo")
-    runrepo.init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0))
     clock = FakeClock()
+    runrepo.init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0), clock=clock)
     return store, Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work"), clock
 
 
@@ -149,7 +149,8 @@ def test_missing_tag_after_crash_is_reconciled(tmp_path):
 
 
 def test_commit_budget_refuses_leases_with_a_wait(tmp_path):
-    store, c, _ = _setup(tmp_path, **{"coordinator.commit_budget_per_hour": 4})
+    # the init commit + 1 live lease + its merge share = 3 planned commits; a second lease would make 4
+    store, c, _ = _setup(tmp_path, **{"coordinator.commit_budget_per_hour": 3})
     c.lease("w1")
     with pytest.raises(Refused) as ei:
         c.lease("w2")
