@@ -53,9 +53,11 @@ class Worker:
 
     def __init__(self, store: Store, client, *, name: str, user: str | None = None, engine=None,
                  max_rounds: int | None = None, workdir: Path | None = None, sleep=time.sleep,
-                 progress: bool = True):
+                 progress: bool = True, threads: int | None = None):
         self.store, self.client, self.name, self.user = store, client, layout.check_name(name), user
         self.cfg = runrepo.read_config(store)
+        if threads:  # this machine's share of cores wins over the run config
+            self.cfg.params.num_threads = threads
         self.engine = engine
         self.max_rounds, self.sleep, self.progress = max_rounds, sleep, progress
         self.workdir = Path(workdir or runrepo.cache_root() / "worker" / name)

@@ -83,17 +83,13 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     from hubgrpo.worker import Worker
 
     _logging(verbose)
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
     store = _store(repo)
     url = coordinator or runrepo.read_config(store).coordinator.url
     if not url:
         raise ConfigError("no coordinator given", hint="pass --coordinator URL_OR_SPACE or set coordinator.url")
     name = name or "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40]
     client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"))
-    results = Worker(store, client, name=name, max_rounds=max_rounds).run()
+    results = Worker(store, client, name=name, max_rounds=max_rounds, threads=threads).run()
     typer.echo(f"{name}: {len(results)} rounds submitted")
 
 
