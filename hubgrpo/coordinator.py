@@ -120,8 +120,10 @@ class Coordinator:
                 self._drop_lease(lid)
         wait = self._budget_wait(now)
         if wait > 0:
-            raise Refused("budget", f"commit budget reached ({self.cfg.coordinator.commit_budget_per_hour}/hour); "
+            err = Refused("budget", f"commit budget reached ({self.cfg.coordinator.commit_budget_per_hour}/hour); "
                           f"retry in {wait:.0f} s", hint=f"wait_s={wait:.0f}")
+            err.wait_s = wait  # carried over the wire by the server
+            raise err
         lease = Lease(
             lease_id=leases.new_lease_id(), run_id=self.state.run_id, round_id=len(self.state.merged_ids)
             + len(self.pending) + len(self.active), worker=worker, user=user, base_version=self.state.version,

@@ -170,8 +170,8 @@ class Worker:
 
 def _wait_hint(err: Exception, default: float) -> float:
     """Seconds to wait, from a RateLimited error or a refusal's 'wait_s=N' hint."""
-    if isinstance(err, RateLimited):
-        return err.wait_s
+    if isinstance(err, RateLimited) or getattr(err, "wait_s", None):
+        return float(err.wait_s)
     hint = getattr(err, "hint", "") or ""
     if "wait_s=" in hint:
         try:

@@ -1,0 +1,285 @@
+"""The worker's side of the coordinator API (see ``hubgrpo.server`` for the wire format).
+
+``CoordinatorClient`` mirrors the coordinator: ``lease``, ``heartbeat``, ``release``, ``submit``, ``status``.
+Two transports carry the same JSON envelopes:
+
+- ``http``: raw HTTP with one persistent ``httpx.Client``: ``POST {url}/gradio_api/run/<name>`` (one round trip;
+  the server's endpoints skip Gradio's queue), falling back to the queued ``POST /gradio_api/call/<name>`` +
+  SSE ``GET`` when ``/run`` answers 404/405. Milliseconds per call.
+- ``gradio``: ``gradio_client.Client`` (a URL or a Space id ``user/space``; resolves Spaces through the Hub and
+  sends the token for private ones). Its 0.05 s polling puts a floor of ~75 ms on every call.
+
+``transport="auto"`` picks ``http`` for http(s) URLs and ``gradio`` for Space ids. Refusals arrive as the typed
+errors the coordinator raised (``hubgrpo.errors.from_dict``) and are never retried here; a ``Refused`` with a
+wait (codes ``budget``/``rate``) carries ``wait_s`` for the worker loop to honour. Connection failures, timeouts
+and 5xx answers are retried with bounded exponential backoff and jitter, then become ``CoordinatorError``
+(code ``unreachable``). Nothing connects until the first call, so a client may be made before the app is up.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+from typing import Any, Callable
+
+import httpx
+
+from hubgrpo import errors
+from hubgrpo.errors import CoordinatorError
+from hubgrpo.layout import Lease
+
+API_PREFIX = "/gradio_api"
+_SPACE_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+class Unavailable(Exception):
+    """Internal: the coordinator did not answer (connection, timeout, 5xx); the caller may retry."""
+
+
+def space_url(space_id: str) -> str:
+    """Direct URL of a Space's app: ``user/my_space`` → ``https://user-my-space.hf.space``."""
+    return "https://" + re.sub(r"[/_.]", "-", space_id.lower()) + ".hf.space"
+
+
+def _http_failure(e: BaseException, where: str) -> Exception:
+    """Classify a transport-library exception as ``Unavailable`` (retry) or ``CoordinatorError`` (give up)."""
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if status is not None:
+        if status >= 500 or status in (408, 429):
+            return Unavailable(f"HTTP {status}")
+        code = "auth" if status in (401, 403) else "protocol"
+        return CoordinatorError(f"the coordinator at {where} answered HTTP {status}", code=code,
+                                hint="check the URL or Space id, and the token for a private Space")
+    if isinstance(e, (httpx.TransportError, TimeoutError, ConnectionError)):
+        return Unavailable(f"{type(e).__name__}: {e}")
+    return CoordinatorError(f"unexpected answer from the coordinator at {where}: {type(e).__name__}: {e}",
+                            code="protocol", hint="client and coordinator versions may differ")
+
+
+class HttpTransport:
+    """Raw HTTP to a Gradio app's call API, over one persistent (thread-safe) ``httpx.Client``."""
+
+    def __init__(self, url: str, *, token: str | None, timeout: float, route: str = "run"):
+        self.url = url.rstrip("/")
+        self.route = route
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = timeout
+        self._http: httpx.Client | None = None
+        self._lock = threading.Lock()
+
+    def _client(self) -> httpx.Client:
+        with self._lock:
+            if self._http is None:
+                self._http = httpx.Client(base_url=self.url + API_PREFIX, headers=self._headers,
+                                          timeout=self._timeout, follow_redirects=True)
+            return self._http
+
+    def _check(self, resp: httpx.Response) -> httpx.Response:
+        if resp.status_code >= 500 or resp.status_code in (408, 429):
+            raise Unavailable(f"HTTP {resp.status_code}")
+        if not resp.is_success:
+            code = "auth" if resp.status_code in (401, 403) else "protocol"
+            raise CoordinatorError(f"the coordinator at {self.url} answered HTTP {resp.status_code} "
+                                   f"for {resp.request.url.path}: {resp.text[:200]}", code=code,
+                                   hint="check the URL, the token, and that the app is a hubgrpo coordinator")
+        return resp
+
+    def call(self, name: str, args: list) -> Any:
+        """POST ``args`` to endpoint ``name`` and return its (enveloped) answer."""
+        try:
+            if self.route == "run":
+                resp = self._client().post(f"/run/{name}", json={"data": args})
+                if resp.status_code not in (404, 405):
+                    return self._check(resp).json()["data"][0]
+                self.route = "call"  # endpoint queued (e.g. on a Space): use the queue's call API
+            return self._queued(name, args)
+        except httpx.HTTPError as e:
+            raise _http_failure(e, self.url) from None
+        except (ValueError, KeyError, IndexError, TypeError) as e:  # body not the JSON we expect
+            raise CoordinatorError(f"unexpected answer from the coordinator at {self.url}: {e}",
+                                   code="protocol", hint="is this URL a hubgrpo coordinator?") from None
+
+    def _queued(self, name: str, args: list) -> Any:
+        """The queued path: POST /call/<name> → event id, then GET the SSE stream until ``complete``."""
+        http = self._client()
+        event_id = self._check(http.post(f"/call/{name}", json={"data": args})).json()["event_id"]
+        text = self._check(http.get(f"/call/{name}/{event_id}")).text
+        event = None
+        for line in text.splitlines():
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:") and event == "complete":
+                return json.loads(line[5:])[0]
+            elif line.startswith("data:") and event == "error":
+                raise CoordinatorError(f"the app at {self.url} failed on {name!r}: {line[5:].strip()[:200]}",
+                                       code="protocol", hint="client and coordinator versions may differ")
+        raise Unavailable("the event stream ended without a result")
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        with self._lock:
+            if self._http is not None:
+                self._http.close()
+                self._http = None
+
+
+class GradioTransport:
+    """``gradio_client.Client`` (URL or Space id), created on first use and re-created after a failure."""
+
+    def __init__(self, src: str, *, token: str | None, timeout: float):
+        self.src, self._token, self._timeout = src, token, timeout
+        self._gc = None
+        self._lock = threading.Lock()
+
+    def _client(self):
+        with self._lock:
+            if self._gc is None:
+                from gradio_client import Client
+
+                self._gc = Client(self.src, token=self._token, verbose=False, analytics_enabled=False,
+                                  download_files=False, httpx_kwargs={"timeout": self._timeout})
+            return self._gc
+
+    def call(self, name: str, args: list) -> Any:
+        """Submit a job to endpoint ``name`` and wait for its answer (at most ``timeout`` seconds)."""
+        from gradio_client.exceptions import AppError
+        from gradio_client.utils import QueueError, TooManyRequestsError
+
+        try:
+            return self._client().submit(*args, api_name=f"/{name}").result(timeout=self._timeout)
+        except (QueueError, TooManyRequestsError) as e:
+            raise Unavailable(f"{type(e).__name__}: {e}") from None
+        except AppError as e:
+            raise CoordinatorError(f"the app at {self.src} failed on {name!r}: {e}", code="protocol",
+                                   hint="client and coordinator versions may differ") from None
+        except Exception as e:  # deliberate: gradio_client raises many types; classify, reconnect next time
+            failure = _http_failure(e, self.src)
+            if isinstance(failure, Unavailable):
+                self.close()
+            raise failure from None
+
+    def close(self) -> None:
+        """Stop gradio_client's heartbeat thread and forget the connection."""
+        with self._lock:
+            if self._gc is not None:
+                self._gc.close()
+                self._gc = None
+
+
+def unwrap(answer: Any) -> Any:
+    """The ``result`` of an ``{"ok": ...}`` envelope, or raise the typed error it carries."""
+    if not isinstance(answer, dict) or "ok" not in answer:
+        raise CoordinatorError(f"unexpected answer from the coordinator: {str(answer)[:200]}", code="protocol",
+                               hint="client and coordinator versions may differ")
+    if answer["ok"]:
+        return answer.get("result")
+    detail = answer.get("error") if isinstance(answer.get("error"), dict) else {}
+    err = errors.from_dict(detail)
+    if "wait_s" in detail and not hasattr(err, "wait_s"):
+        err.wait_s = float(detail["wait_s"])
+    raise err
+
+
+def _lease_dict(lease: Lease | dict) -> dict:
+    return lease.model_dump(mode="json") if isinstance(lease, Lease) else dict(lease)
+
+
+def _as_lease(result: Any) -> Lease:
+    try:
+        return Lease.model_validate(result)
+    except ValueError as e:
+        raise CoordinatorError(f"the coordinator returned a malformed lease: {e}", code="protocol",
+                               hint="client and coordinator versions may differ") from None
+
+
+class CoordinatorClient:
+    """Talk to a hubgrpo coordinator at an http(s) URL or a Space id (``user/space``).
+
+    ``token`` authenticates to the coordinator (sent as the endpoints' ``token`` argument, and as the HTTP
+    credential for a private Space). ``retries`` failed attempts are retried after sleeping
+    ``min(max_backoff, backoff·2^i)·U(0.5, 1)`` seconds via ``sleep``; ``timeout`` bounds each attempt.
+    Thread-safe: one client may be shared by a worker's training and heartbeat threads.
+    """
+
+    def __init__(self, url_or_space: str, *, token: str | None = None, timeout: float = 60, retries: int = 8,
+                 sleep: Callable[[float], None] = time.sleep, transport: str = "auto", backoff: float = 0.5,
+                 max_backoff: float = 30.0, http_route: str = "run"):
+        is_url = url_or_space.startswith(("http://", "https://"))
+        if not is_url and not _SPACE_ID.fullmatch(url_or_space):
+            raise CoordinatorError(f"{url_or_space!r} is neither an http(s) URL nor a Space id", code="config",
+                                   hint="pass e.g. https://host:7860 or user/space")
+        if transport == "auto":
+            transport = "http" if is_url else "gradio"
+        if transport not in ("http", "gradio"):
+            raise CoordinatorError(f"unknown transport {transport!r}", code="config",
+                                   hint="use 'auto', 'http' or 'gradio'")
+        self.target, self.transport_name, self.token = url_or_space, transport, token
+        self.retries, self.backoff, self.max_backoff, self.sleep = int(retries), backoff, max_backoff, sleep
+        if transport == "http":
+            url = url_or_space if is_url else space_url(url_or_space)
+            self._transport = HttpTransport(url, token=token, timeout=timeout, route=http_route)
+        else:
+            self._transport = GradioTransport(url_or_space, token=token, timeout=timeout)
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"CoordinatorClient({self.target!r}, transport={self.transport_name!r})"
+
+    def _delay(self, attempt: int) -> float:
+        return min(self.max_backoff, self.backoff * 2 ** attempt) * random.uniform(0.5, 1.0)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """Call endpoint ``name`` (the token appended), retrying only while the coordinator is unreachable."""
+        last = "no attempt made"
+        for attempt in range(self.retries + 1):
+            try:
+                answer = self._transport.call(name, [*args, self.token])
+            except Unavailable as e:
+                last = str(e)
+                if attempt < self.retries:
+                    self.sleep(self._delay(attempt))
+                continue
+            return unwrap(answer)
+        raise CoordinatorError(
+            f"coordinator at {self.target} unreachable after {self.retries + 1} attempts ({name}): {last}",
+            code="unreachable",
+            hint="check that the coordinator app / Space is running and the URL or Space id is right; "
+                 "a Space that is starting up can take minutes")
+
+    def lease(self, worker: str, user: str | None = None) -> Lease:
+        """Lease a round for ``worker``; raises ``Refused`` (e.g. ``budget`` with ``wait_s``, ``finished``)."""
+        return _as_lease(self._call("lease", worker, user))
+
+    def heartbeat(self, lease: Lease | dict) -> Lease:
+        """Extend ``lease``; returns the re-signed lease to use from now on. Raises ``LeaseError``."""
+        return _as_lease(self._call("heartbeat", _lease_dict(lease)))
+
+    def release(self, lease: Lease | dict) -> None:
+        """Give ``lease`` back (the worker stops without submitting)."""
+        self._call("release", _lease_dict(lease))
+
+    def submit(self, lease: Lease | dict, commit: str) -> dict:
+        """Report the commit with this round's submission: ``{"status": "admitted"|"merged"|"duplicate", ...}``."""
+        result = self._call("submit", _lease_dict(lease), commit)
+        if not isinstance(result, dict):
+            raise CoordinatorError(f"the coordinator answered submit with {str(result)[:100]}", code="protocol")
+        return result
+
+    def status(self) -> dict:
+        """The run's public status."""
+        result = self._call("status")
+        if not isinstance(result, dict):
+            raise CoordinatorError(f"the coordinator answered status with {str(result)[:100]}", code="protocol")
+        return result
+
+    def close(self) -> None:
+        """Close connections (the client reconnects if used again)."""
+        self._transport.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
