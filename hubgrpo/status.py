@@ -8,7 +8,7 @@ from hubgrpo.layout import RunState
 def leaderboard(state: RunState) -> list[dict]:
     """One row per worker, best mean reward first."""
     rows = []
-    for w in state.workers.values():
+    for w in list(state.workers.values()):  # copies: status runs unlocked
         mean = w.reward_sum / w.accepted if w.accepted else None
         gain = None if w.reward_first is None or w.reward_last is None else w.reward_last - w.reward_first
         rows.append({"worker": w.worker, "user": w.user, "accepted": w.accepted, "refused": w.refused,
@@ -39,9 +39,9 @@ def run_status(c) -> dict:
     out = state_status(c.state, c.cfg.params.versions)
     out["refusals"] = [r.model_dump() for r in (c.state.refused + c.new_refusals)[-50:]]
     out["leases"] = [{"lease_id": lid, "worker": l.worker, "user": l.user, "base_version": l.base_version,
-                      "expires_in_s": round(l.deadline - now, 1)} for lid, l in c.active.items()]
-    out["pending"] = sorted(c.pending)
-    out["commits_last_hour"] = len([t for t in c.commit_times if t > now - 3600])
+                      "expires_in_s": round(l.deadline - now, 1)} for lid, l in list(c.active.items())]
+    out["pending"] = sorted(list(c.pending))
+    out["commits_last_hour"] = len([t for t in list(c.commit_times) if t > now - 3600])
     out["commit_budget_per_hour"] = c.cfg.coordinator.commit_budget_per_hour
     out["prompts_returned"] = c.pool.returned
     out["head"] = c.head
