@@ -53,7 +53,12 @@ class Worker:
 
     def __init__(self, store: Store, client, *, name: str, user: str | None = None, engine=None,
                  max_rounds: int | None = None, workdir: Path | None = None, sleep=time.sleep,
-                 progress: bool = True, threads: int | None = None):
+                 progress: bool = True, threads: int | None = None, upload_via: str = "store"):
+        """``upload_via="coordinator"``: send submissions to the coordinator's ``upload`` endpoint instead of
+        committing them (for workers without write access to the run repo; see ``hubgrpo.space_upload``)."""
+        if upload_via not in ("store", "coordinator"):
+            raise ValueError(f"upload_via must be 'store' or 'coordinator', not {upload_via!r}")
+        self.upload_via = upload_via
         self.store, self.client, self.name, self.user = store, client, layout.check_name(name), user
         self.cfg = runrepo.read_config(store)
         if threads:  # this machine's share of cores wins over the run config
@@ -70,15 +75,28 @@ class Worker:
 
             self.engine = RoundEngine(self.cfg, worker=self.name)
         while self.max_rounds is None or len(self.results) < self.max_rounds:
+            t0 = time.time()
             lease = self._lease()
             if lease is None:
                 break
+            lease_s = time.time() - t0
             try:
-                self.results.append(self.round(lease))
+                answer = self.round(lease)
             except KeyboardInterrupt:
                 self._release(lease)
                 raise
+            answer["lease_s"] = lease_s
+            self.results.append(answer)
+            self._record(answer)
         return self.results
+
+    def _record(self, answer: dict) -> None:
+        """Append the round's answer and timings to <workdir>/rounds.jsonl (read by benchmarks/overhead.py)."""
+        import json
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.workdir / "rounds.jsonl", "a") as f:
+            f.write(json.dumps({"worker": self.name, "at": time.time(), **answer}, default=str) + "\n")
 
     def _lease(self) -> Lease | None:
         """A lease, waiting out budget refusals and outages; None when the run is finished."""
@@ -112,10 +130,14 @@ class Worker:
         with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
             sub = self.engine.run_round(adapter_dir, lease, out, on_step=self._progress(lease))
         t1 = time.time()
-        commit = self._commit(out, lease, sub_id)
-        t_upload = time.time() - t1
-        t2 = time.time()
-        answer = self._submit(hb.lease, commit)
+        if self.upload_via == "coordinator":  # the coordinator checks, commits (batched) and submits it
+            answer = self._submit(hb.lease, None, folder=out)
+            t_upload, t2 = time.time() - t1, time.time()
+        else:
+            commit = self._commit(out, lease, sub_id)
+            t_upload = time.time() - t1
+            t2 = time.time()
+            answer = self._submit(hb.lease, commit)
         answer.update(submission_id=sub_id, reward_mean=sub.reward_mean, download_s=t_download,
                       train_s=t1 - t0 - t_download, upload_s=t_upload, submit_s=time.time() - t2,
                       round_s=time.time() - t0)
@@ -140,18 +162,23 @@ class Worker:
                 delay = min(delay * 2, 120.0)
         return self.store.commit(adds, message=msg)
 
-    def _submit(self, lease: Lease, commit: str) -> dict:
+    def _submit(self, lease: Lease, commit: str | None, folder: Path | None = None) -> dict:
+        """``submit(lease, commit)``, or ``upload(lease, folder)`` when a folder is given; retried while the
+        coordinator is unreachable."""
+        def send() -> dict:
+            return self.client.upload(lease, folder) if folder is not None else self.client.submit(lease, commit)
+
         delay = 2.0
         for attempt in range(6):
             try:
-                return self.client.submit(lease, commit)
+                return send()
             except CoordinatorError as e:
                 if isinstance(e, Refused):
                     raise
                 log.warning("submit failed (%s); retrying in %.0f s", e.message, delay)
                 self.sleep(delay)
                 delay = min(delay * 2, 60.0)
-        return self.client.submit(lease, commit)
+        return send()
 
     def _release(self, lease: Lease) -> None:
         try:
