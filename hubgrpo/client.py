@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import httpx
 
-from hubgrpo import errors
+from hubgrpo import errors, layout
 from hubgrpo.errors import CoordinatorError
 from hubgrpo.layout import Lease
 
@@ -265,6 +265,23 @@ class CoordinatorClient:
         result = self._call("submit", _lease_dict(lease), commit)
         if not isinstance(result, dict):
             raise CoordinatorError(f"the coordinator answered submit with {str(result)[:100]}", code="protocol")
+        return result
+
+    def upload(self, lease: Lease | dict, folder) -> dict:
+        """Send a round's submission folder to the coordinator instead of committing it (no write access needed).
+
+        The coordinator checks it, commits it together with other uploads, submits it, and answers like ``submit``
+        (plus ``commit`` and ``batch``). Retrying is safe: a repeated upload joins its batch or answers duplicate.
+        """
+        import base64
+        from pathlib import Path
+
+        files = {name: base64.b64encode((Path(folder) / name).read_bytes()).decode("ascii")
+                 for name in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG, layout.SUBMISSION_FILE)
+                 if (Path(folder) / name).is_file()}
+        result = self._call("upload", _lease_dict(lease), files)
+        if not isinstance(result, dict):
+            raise CoordinatorError(f"the coordinator answered upload with {str(result)[:100]}", code="protocol")
         return result
 
     def status(self) -> dict:

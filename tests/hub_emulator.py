@@ -3,7 +3,8 @@
 It serves what ``HfApi``/``hf_hub_download``/``snapshot_download`` use (HUB_PROTOCOL.md section 2): repo create and
 delete, repo info, validate-yaml, preupload (always ``regular``, so content arrives base64 in the commit NDJSON),
 the NDJSON commit (412 on a stale ``parentCommit``, 409 while another commit on the repo is being applied), tree,
-paths-info, refs, commits, branches, tags, ``/resolve/`` and ``whoami-v2``. Endpoint code lives in
+paths-info, refs, commits, branches, tags, ``/resolve/``, ``whoami-v2`` (orgs from ``api.orgs``) and Space
+variables/secrets (``hub_emulator_spaces``). Endpoint code lives in
 ``hub_emulator_api``, the data model in ``hub_emulator_state``; this module is the server, the fault injector and
 the command line::
 

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode
 
 import yaml
 
+from tests.hub_emulator_spaces import SpaceSettings
 from tests.hub_emulator_state import HubError, HubState, Repo, iso, tree_items
 
 BUSY_MESSAGE = "Another commit operation is in progress for this repository. Please try again later."
@@ -76,6 +77,9 @@ class HubApi:
         self.initial_commit = initial_commit
         self.tree_page_size, self.commits_page_size = tree_page_size, commits_page_size
         self.latency_s = 0.0
+        self.orgs: dict[str, list[str]] = {}  # user -> org names, reported by whoami-v2
+        self.spaces = SpaceSettings()  # Space variables and secrets (hub_emulator_spaces)
+        self.space_sdks: dict[str, str | None] = {}  # Space id -> the sdk it was created with
         self.counts = {"commits_applied": 0, "busy_409": 0}
         self._count_lock = threading.Lock()
 
@@ -132,7 +136,8 @@ class HubApi:
             ("POST", "tag"): ("tag", lambda: self.create_tag(req, t, rid, arg)),
             ("DELETE", "tag"): ("tag", lambda: self.delete_ref(req, t, rid, arg, "tags")),
         }
-        return table.get((m, op), ("unknown", lambda: _raise(HubError(404, f"Unknown endpoint {req.path}"))))
+        found = table.get((m, op)) or (self.spaces.route(self, req, rid, rest) if t == "space" else None)
+        return found or ("unknown", lambda: _raise(HubError(404, f"Unknown endpoint {req.path}")))
 
     # -- auth ----------------------------------------------------------------------------------------------
     def _repo(self, req: Request, t: str, rid: str, *, write: bool = False) -> Repo:
@@ -155,7 +160,9 @@ class HubApi:
     def whoami(self, req: Request) -> Resp:
         if req.user is None:
             raise HubError(401, "Invalid credentials in Authorization header")
-        return json_resp({"type": "user", "id": req.user, "name": req.user, "fullname": req.user, "orgs": [],
+        orgs = [{"type": "org", "name": o, "fullname": o, "roleInOrg": "contributor"}
+                for o in self.orgs.get(req.user, [])]
+        return json_resp({"type": "user", "id": req.user, "name": req.user, "fullname": req.user, "orgs": orgs,
                           "auth": {"type": "access_token", "accessToken": {"displayName": "emulator",
                                                                            "role": "write"}}})
 
@@ -189,6 +196,8 @@ class HubApi:
                 raise HubError(409, f"You already created this {t} repo", url=self.repo_url(req, t, rid))
             private = body.get("visibility") == "private" or bool(body.get("private"))
             self.state.create_repo(t, rid, private=private, author=req.user, initial_commit=self.initial_commit)
+            if t == "space":
+                self.space_sdks[rid] = body.get("sdk")
         return json_resp({"url": self.repo_url(req, t, rid), "name": rid, "id": rid})
 
     def delete_repo(self, req: Request) -> Resp:

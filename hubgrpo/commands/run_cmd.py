@@ -73,6 +73,8 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
            name: str = typer.Option(None, "--name", help="Worker name (default: host name)."),
            max_rounds: int = typer.Option(None, "--max-rounds", help="Stop after this many rounds."),
            threads: int = typer.Option(None, "--threads", help="torch threads (default: all cores)."),
+           upload_via: str = typer.Option("store", "--upload-via", help="store: commit submissions to the run "
+                                          "repo; coordinator: upload them to the coordinator (no write access)."),
            verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
     """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes."""
     import socket
@@ -89,7 +91,7 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
         raise ConfigError("no coordinator given", hint="pass --coordinator URL_OR_SPACE or set coordinator.url")
     name = name or "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40]
     client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"))
-    results = Worker(store, client, name=name, max_rounds=max_rounds, threads=threads).run()
+    results = Worker(store, client, name=name, max_rounds=max_rounds, threads=threads, upload_via=upload_via).run()
     typer.echo(f"{name}: {len(results)} rounds submitted")
 
 

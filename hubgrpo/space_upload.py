@@ -1,0 +1,232 @@
+"""Submissions through the coordinator, for workers without write access to the run repo (no gradio here).
+
+A worker calls the ``upload`` endpoint with its lease and its submission folder as ``{file name: base64}``
+(``CoordinatorClient.upload``). The coordinator then
+
+1. checks the lease (signature, run, deadline, staleness) and the upload (only ``adapter_model.safetensors``,
+   ``adapter_config.json`` and ``submission.json``; at most ``merge.max_submission_mb`` decoded) and runs every
+   ``hubgrpo.admission`` check and the submission-record check on a temporary copy — BEFORE anything is
+   committed, so junk never reaches the repo (a refusal is recorded like any other, with its reason);
+2. queues it in a ``SubmissionBatcher``, which commits every queued submission in ONE commit (no parent:
+   submission paths are disjoint) when ``batch_size`` are waiting or ``batch_wait_s`` after the first arrived;
+3. calls ``Coordinator.submit(lease, <batch commit>)`` for each, under the API lock, and answers the worker with
+   that result (``admitted`` / ``merged`` / ``duplicate``) plus ``commit`` and ``batch`` (submissions in it).
+
+The call blocks until its batch is committed and submitted (≈ ``batch_wait_s`` at most, plus the commit). A retry
+of an upload still in its batch joins it; a retry after it was submitted answers ``duplicate``. The batch commit
+is made with the coordinator's own token. Budget: ``Coordinator.submit`` still counts one commit per submission in
+its live ``commit_times`` (conservative); after a restart the count comes from the repo history, which holds one
+commit per batch.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hubgrpo import layout
+from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission
+from hubgrpo.layout import Lease
+
+log = logging.getLogger("hubgrpo.space")
+
+UPLOAD_FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG, layout.SUBMISSION_FILE)
+
+
+@dataclass
+class QueuedSubmission:
+    """One checked submission waiting for its batch commit; ``done`` is set with ``result`` or ``error``."""
+
+    lease: Lease
+    sub_id: str
+    folder: Path
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict | None = None
+    error: BaseException | None = None
+
+
+class SubmissionBatcher:
+    """Commits queued submissions in batches (one commit each), then submits every one to the coordinator."""
+
+    def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0):
+        if batch_size < 1 or batch_wait_s < 0:
+            raise ValueError("batch_size must be >= 1 and batch_wait_s >= 0")
+        self.coord, self.lock = coord, lock
+        self.batch_size, self.batch_wait_s = int(batch_size), float(batch_wait_s)
+        self.commits: list[tuple[str, int]] = []  # (sha, submissions in it), for the status page and tests
+        self._queue: list[QueuedSubmission] = []
+        self._by_id: dict[str, QueuedSubmission] = {}  # queued or being committed
+        self._first_at: float | None = None
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def add(self, item: QueuedSubmission) -> QueuedSubmission:
+        """Queue ``item`` (or return the one already queued for the same submission id)."""
+        with self._cond:
+            if self._closed:
+                raise CoordinatorError("the coordinator is shutting down", code="closing", hint="retry in a minute")
+            known = self._by_id.get(item.sub_id)
+            if known is not None:
+                shutil.rmtree(item.folder, ignore_errors=True)
+                return known
+            self._by_id[item.sub_id] = item
+            self._queue.append(item)
+            self._first_at = self._first_at or time.monotonic()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="hubgrpo-upload-batcher", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return item
+
+    def wait(self, item: QueuedSubmission, timeout: float) -> dict:
+        """Block until ``item``'s batch is committed and submitted; its result or its error."""
+        if not item.done.wait(timeout):
+            raise CoordinatorError(f"submission {item.sub_id} is still being committed after {timeout:.0f} s",
+                                   code="upload_timeout", hint="retry the upload: it joins the pending batch")
+        if item.error is not None:
+            raise item.error
+        return dict(item.result or {})
+
+    def _run(self) -> None:
+        """The flusher thread: waits until a batch is full or old enough, then flushes it."""
+        while True:
+            with self._cond:
+                while not self._due():
+                    if self._closed and not self._queue:
+                        return
+                    timeout = None if self._first_at is None else \
+                        max(0.0, self._first_at + self.batch_wait_s - time.monotonic())
+                    self._cond.wait(timeout if timeout is not None else 1.0)
+                batch, self._queue, self._first_at = self._queue[: self.batch_size], self._queue[self.batch_size:], None
+                if self._queue:
+                    self._first_at = time.monotonic()
+            self.flush(batch)
+
+    def _due(self) -> bool:
+        if not self._queue:
+            return False
+        full = len(self._queue) >= self.batch_size
+        return full or self._closed or time.monotonic() >= (self._first_at or 0.0) + self.batch_wait_s
+
+    def flush(self, batch: list[QueuedSubmission]) -> None:
+        """One commit with every submission folder of ``batch``, then ``coord.submit`` for each (under the lock)."""
+        adds = {layout.submission_path(it.lease.base_version, it.sub_id, f.name): f
+                for it in batch for f in sorted(it.folder.iterdir())}
+        try:
+            sha = self.coord.store.commit(adds, message=f"hubgrpo: {len(batch)} submission(s) via the coordinator")
+            self.commits.append((sha, len(batch)))
+        except HubGrpoError as e:
+            log.warning("batch commit of %d submissions failed: %s", len(batch), e.message)
+            return self._finish(batch, error=e)
+        except Exception as e:  # deliberate: every waiting worker must get an answer
+            log.exception("batch commit failed")
+            return self._finish(batch, error=CoordinatorError(f"the batch commit failed: {type(e).__name__}",
+                                                              code="internal", hint="retry the upload"))
+        for it in batch:
+            try:
+                with self.lock:
+                    it.result = {**self.coord.submit(it.lease, sha), "commit": sha, "batch": len(batch)}
+            except Exception as e:  # deliberate: the error goes back to that worker only
+                it.error = e
+        self._finish(batch)
+
+    def _finish(self, batch: list[QueuedSubmission], error: BaseException | None = None) -> None:
+        with self._cond:
+            for it in batch:
+                self._by_id.pop(it.sub_id, None)
+        for it in batch:
+            if error is not None:
+                it.error = error
+            shutil.rmtree(it.folder, ignore_errors=True)
+            it.done.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush what is queued and stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+
+# ------------------------------------------------------------------------------------------------ the endpoint
+
+
+def decode_files(files, limit_bytes: int, dest: Path) -> Path:
+    """Write the uploaded ``{name: base64}`` into ``dest``; only the three submission files, at most
+    ``limit_bytes`` decoded. Raises ``InvalidSubmission`` (``bad_upload`` / ``unexpected_file`` / ``too_large``)."""
+    if not isinstance(files, dict) or not files:
+        raise InvalidSubmission("bad_upload", "the upload holds no files",
+                                hint=f"send {{file name: base64}} for {', '.join(UPLOAD_FILES)}")
+    for name, data in files.items():
+        if name not in UPLOAD_FILES:
+            raise InvalidSubmission("unexpected_file", f"{str(name)[:80]!r} may not be uploaded (allowed: "
+                                    f"{', '.join(UPLOAD_FILES)})", hint="upload only the submission's files")
+        if not isinstance(data, str):
+            raise InvalidSubmission("bad_upload", f"{name} is not a base64 string")
+    encoded = sum(len(v) for v in files.values())
+    if encoded * 3 // 4 > limit_bytes:
+        raise InvalidSubmission("too_large", f"the upload holds about {encoded * 3 // 4:,} bytes, more than the "
+                                f"limit of {limit_bytes:,} (merge.max_submission_mb)",
+                                hint="submit only the LoRA adapter at the run's rank")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        try:
+            (dest / name).write_bytes(base64.b64decode(data, validate=True))
+        except (binascii.Error, ValueError):
+            raise InvalidSubmission("bad_upload", f"{name} is not valid base64", hint="encode with base64.b64encode")
+    return dest
+
+
+class Uploads:
+    """The ``upload`` endpoint's logic: check before committing, then hand over to the batcher and wait."""
+
+    def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
+                 workdir: Path | None = None, wait_timeout_s: float = 300.0):
+        self.coord, self.lock = coord, lock
+        self.batcher = SubmissionBatcher(coord, lock, batch_size=batch_size, batch_wait_s=batch_wait_s)
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-uploads-"))
+        self.wait_timeout_s = float(wait_timeout_s)
+
+    def handle(self, lease: Lease, files) -> dict:
+        """Check ``files`` for ``lease`` (already authenticated and parsed), queue, wait for the batch's answer."""
+        c = self.coord
+        sub_id = layout.submission_id(lease.worker, lease.lease_id)
+        with self.lock:
+            c._verify(lease, c.clock())
+            if sub_id in c.state.merged_ids or sub_id in c.pending:
+                return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
+            facts = {"global_": c._global(), "known_versions": set(c.shas), "current_version": c.state.version,
+                     "max_staleness": c.cfg.merge.max_staleness}
+            limit = int(c.cfg.merge.max_submission_mb * 2**20)
+        folder = self.workdir / f"{sub_id}-{time.monotonic_ns()}"
+        try:
+            self._check(lease, sub_id, files, limit, folder, facts)
+        except InvalidSubmission as e:
+            shutil.rmtree(folder, ignore_errors=True)
+            with self.lock:
+                c._refuse(sub_id, lease.worker, e, c.clock())
+            raise
+        item = self.batcher.add(QueuedSubmission(lease=lease, sub_id=sub_id, folder=folder))
+        return self.batcher.wait(item, self.wait_timeout_s)
+
+    def _check(self, lease: Lease, sub_id: str, files, limit: int, folder: Path, facts: dict) -> None:
+        """Decode, then the record check and every admission check (no lock: pure reads of local files)."""
+        from hubgrpo.admission import check_submission
+
+        decode_files(files, limit, folder)
+        self.coord._read_record(folder, lease, sub_id)
+        check_submission(folder, facts.pop("global_"), max_bytes=limit, base_version=lease.base_version, **facts)
+
+    def close(self) -> None:
+        """Flush queued submissions and stop the batcher."""
+        self.batcher.close()

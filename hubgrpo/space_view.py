@@ -1,0 +1,145 @@
+"""What the Space shows, as plain tables: pure functions of ``Coordinator.status()`` and the run state.
+
+No gradio here (``hubgrpo.space`` puts these tables into components); pandas only for the plots' data frames.
+Everything reads the coordinator without its lock: ``status()`` copies what it iterates, and ``state`` is replaced
+whole by a merge, never mutated in place while being read here.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from datetime import datetime, timezone
+
+LEADERBOARD_COLUMNS = ["worker", "user", "rounds accepted", "rounds refused", "samples", "mean reward",
+                       "reward gain", "last seen"]
+VERSION_COLUMNS = ["version", "created (UTC)", "reward", "submissions", "samples", "merge residual",
+                   "max staleness", "method", "contributors", "commit"]
+LEASE_COLUMNS = ["lease", "worker", "user", "base version", "expires in (s)"]
+REFUSAL_COLUMNS = ["when (UTC)", "worker", "submission", "code", "reason"]
+
+
+def _num(x, digits: int = 4):
+    return None if x is None else round(float(x), digits)
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    """'12 s ago', '3 min ago', '2.0 h ago' ('-' for never)."""
+    if not ts:
+        return "-"
+    dt = max(0.0, (now if now is not None else time.time()) - ts)
+    if dt < 90:
+        return f"{dt:.0f} s ago"
+    if dt < 5400:
+        return f"{dt / 60:.0f} min ago"
+    return f"{dt / 3600:.1f} h ago"
+
+
+def utc(ts: float | None) -> str:
+    """``2025-01-31 12:00:05`` (UTC), '-' for None."""
+    return "-" if not ts else datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def commit_url(store, sha: str) -> str | None:
+    """``{endpoint}/{repo_id}/commit/{sha}`` for a Hub repo (with ``datasets/``/``spaces/`` prefixes); None for a
+    local store."""
+    endpoint, repo_id = getattr(store, "endpoint", None), getattr(store, "repo_id", None)
+    if not endpoint or not repo_id:
+        return None
+    repo_type = getattr(store, "repo_type", "model")
+    prefix = "" if repo_type == "model" else f"{repo_type}s/"
+    return f"{endpoint.rstrip('/')}/{prefix}{repo_id}/commit/{sha}"
+
+
+def repo_url(store) -> str | None:
+    """The run repo's page on the Hub (None for a local store)."""
+    url = commit_url(store, "x")
+    return url[: -len("/commit/x")] if url else None
+
+
+def commit_cell(store, sha: str | None) -> str:
+    """A markdown cell: a link to the commit on the Hub, or the short sha for a local store."""
+    if not sha:
+        return "-"
+    url = commit_url(store, sha)
+    return f"[{sha[:10]}]({url})" if url else f"`{sha[:12]}`"
+
+
+def leaderboard_rows(status: dict, now: float | None = None) -> list[list]:
+    """One row per worker (best mean reward first), columns ``LEADERBOARD_COLUMNS``."""
+    return [[r["worker"], r.get("user") or "-", r["accepted"], r["refused"], r["samples"], _num(r["mean_reward"]),
+             _num(r["reward_gain"]), ago(r.get("last_seen"), now)] for r in status.get("leaderboard", [])]
+
+
+def version_rows(status: dict, shas: dict[int, str], store) -> list[list]:
+    """One row per global version, newest first, columns ``VERSION_COLUMNS``."""
+    rows = []
+    for v in reversed(status.get("versions", [])):
+        rows.append([v["version"], utc(v["created_at"]), _num(v["reward"]), v["submissions"], v["samples"],
+                     _num(v["residual"], 6), v["max_staleness"], v["method"], ", ".join(v["contributors"]) or "-",
+                     commit_cell(store, shas.get(v["version"]))])
+    return rows
+
+
+def lease_rows(status: dict) -> list[list]:
+    """Live leases, columns ``LEASE_COLUMNS``."""
+    return [[l["lease_id"], l["worker"], l.get("user") or "-", l["base_version"], l["expires_in_s"]]
+            for l in status.get("leases", [])]
+
+
+def refusal_rows(status: dict) -> list[list]:
+    """Refused submissions, newest first, columns ``REFUSAL_COLUMNS``."""
+    return [[utc(r["at"]), r["worker"], r["submission_id"], r["code"], r["message"]]
+            for r in reversed(status.get("refusals", []))]
+
+
+def reward_curve(status: dict):
+    """DataFrame(version, reward): the merged rounds' mean training reward per global version."""
+    import pandas as pd
+
+    rows = [(v["version"], float(v["reward"])) for v in status.get("versions", []) if v["reward"] is not None]
+    return pd.DataFrame(rows, columns=["version", "reward"])
+
+
+def worker_curves(state):
+    """DataFrame(version, worker, reward): each merged round's reward, from ``state.versions[].merged[]``."""
+    import pandas as pd
+
+    rows = [(v.version, m.worker, float(m.reward_mean)) for v in list(state.versions) for m in list(v.merged)]
+    return pd.DataFrame(rows, columns=["version", "worker", "reward"])
+
+
+def summary_html(status: dict, store) -> str:
+    """The header cards: version, samples, workers, leases, pending, commits in the last hour."""
+    target = status.get("target_versions")
+    state = "finished" if status.get("finished") else "running"
+    cards = [("version", f"{status['version']}" + (f" / {target}" if target else "")), ("state", state),
+             ("samples", f"{status.get('samples_total', 0):,}"), ("workers", str(len(status.get("leaderboard", [])))),
+             ("live leases", str(len(status.get("leases", [])))), ("pending", str(len(status.get("pending", [])))),
+             ("commits / hour", f"{status.get('commits_last_hour', 0)} / {status.get('commit_budget_per_hour', '-')}")]
+    body = "".join(f'<div class="hg-card"><div class="hg-k">{html.escape(k)}</div>'
+                   f'<div class="hg-v">{html.escape(v)}</div></div>' for k, v in cards)
+    url = repo_url(store)
+    where = (f'<a href="{html.escape(url)}" target="_blank">{html.escape(url)}</a>' if url
+             else f"<code>{html.escape(str(store.location))}</code>")
+    return (f'<div class="hg-head"><h1>{html.escape(status.get("project") or "hubgrpo run")}</h1>'
+            f'<div class="hg-sub">asynchronous GRPO + LoRA · run <code>{html.escape(status.get("run_id", "")[:12])}'
+            f"</code> · bucket {where}</div></div><div class=\"hg-cards\">{body}</div>")
+
+
+def snapshot(coord, now: float | None = None) -> dict:
+    """Everything the UI shows, computed once per refresh from ``coord.status()`` (no lock taken)."""
+    from hubgrpo.config import to_yaml
+
+    status = coord.status()
+    return {
+        "summary": summary_html(status, coord.store),
+        "leaderboard": leaderboard_rows(status, now),
+        "reward": reward_curve(status),
+        "workers": worker_curves(coord.state),
+        "versions": version_rows(status, dict(coord.shas), coord.store),
+        "leases": lease_rows(status),
+        "refusals": refusal_rows(status),
+        "config": to_yaml(coord.cfg),  # secrets shown as '***'
+        "status": status,
+    }

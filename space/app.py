@@ -1,0 +1,19 @@
+"""hubgrpo coordinator Space: the run's API (lease / heartbeat / release / submit / upload / status) and its web UI.
+
+Set by `hubgrpo space deploy`: variable HUBGRPO_REPO (the run repo, user/name), secrets HF_TOKEN (writes the run
+repo) and HUBGRPO_SECRET (signs leases). The hubgrpo package is deployed beside this file.
+"""
+
+import os
+
+from hubgrpo.auth import make_auth
+from hubgrpo.coordinator import Coordinator
+from hubgrpo.space import build_space, launch_kwargs
+from hubgrpo.store.base import open_store
+
+store = open_store(os.environ["HUBGRPO_REPO"], token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"))
+coord = Coordinator(store, os.environ["HUBGRPO_SECRET"].encode())
+demo = build_space(coord, auth=make_auth(coord))
+
+if __name__ == "__main__":
+    demo.launch(**launch_kwargs())
