@@ -178,15 +178,18 @@ class Coordinator:
 
     # ----------------------------------------------------------------------------------------- submissions
 
-    def submit(self, lease: Lease, commit: str) -> dict:
-        """Admit the submission the worker committed at ``commit``; merge when the quorum is reached."""
+    def submit(self, lease: Lease, commit: str, *, count_commit: bool = True) -> dict:
+        """Admit the submission the worker committed at ``commit``; merge when the quorum is reached.
+
+        ``count_commit=False`` for the 2nd..Nth submission of a batch commit made by the coordinator itself."""
         now = self.clock()
         self._verify(lease, now)
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         if sub_id in self.state.merged_ids or sub_id in self.pending:
             return {"status": "duplicate", "submission_id": sub_id, "version": self.state.version}
         self.active.pop(lease.lease_id, None)
-        self.commit_times.append(now)
+        if count_commit:
+            self.commit_times.append(now)
         try:
             pending = self._admit(lease, commit)
         except InvalidSubmission as e:
@@ -219,6 +222,24 @@ class Coordinator:
         pending = Pending(sub=sub, adapter=adapter, commit=commit)
         self.pending[sub_id] = pending
         return pending
+
+    def upload_facts(self, lease: Lease) -> dict | None:
+        """For uploads through the coordinator: verify the lease; None when this submission is already in,
+        else what ``admission.check_submission`` needs (so the upload is checked before anything is committed)."""
+        self._verify(lease, self.clock())
+        sub_id = layout.submission_id(lease.worker, lease.lease_id)
+        if sub_id in self.state.merged_ids or sub_id in self.pending:
+            return None
+        return {"global_": self._global(), "known_versions": set(self.shas), "current_version": self.state.version,
+                "max_staleness": self.cfg.merge.max_staleness}
+
+    def record_refusal(self, lease: Lease, err: InvalidSubmission) -> None:
+        """Keep a refusal decided outside ``submit`` (an upload refused before commit) for the leaderboard."""
+        self._refuse(layout.submission_id(lease.worker, lease.lease_id), lease.worker, err, self.clock())
+
+    def check_record(self, folder: Path, lease: Lease) -> Submission:
+        """The submission.json in ``folder``, checked against its lease."""
+        return self._read_record(folder, lease, layout.submission_id(lease.worker, lease.lease_id))
 
     def _read_record(self, folder: Path, lease: Lease, sub_id: str) -> Submission:
         try:

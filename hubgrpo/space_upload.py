@@ -130,10 +130,11 @@ class SubmissionBatcher:
             log.exception("batch commit failed")
             return self._finish(batch, error=CoordinatorError(f"the batch commit failed: {type(e).__name__}",
                                                               code="internal", hint="retry the upload"))
-        for it in batch:
+        for i, it in enumerate(batch):
             try:
-                with self.lock:
-                    it.result = {**self.coord.submit(it.lease, sha), "commit": sha, "batch": len(batch)}
+                with self.lock:  # one commit for the whole batch: count it once in the commit budget
+                    answer = self.coord.submit(it.lease, sha, count_commit=i == 0)
+                    it.result = {**answer, "commit": sha, "batch": len(batch)}
             except Exception as e:  # deliberate: the error goes back to that worker only
                 it.error = e
         self._finish(batch)
@@ -202,11 +203,9 @@ class Uploads:
         c = self.coord
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         with self.lock:
-            c._verify(lease, c.clock())
-            if sub_id in c.state.merged_ids or sub_id in c.pending:
+            facts = c.upload_facts(lease)
+            if facts is None:
                 return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
-            facts = {"global_": c._global(), "known_versions": set(c.shas), "current_version": c.state.version,
-                     "max_staleness": c.cfg.merge.max_staleness}
             limit = int(c.cfg.merge.max_submission_mb * 2**20)
         folder = self.workdir / f"{sub_id}-{time.monotonic_ns()}"
         try:
@@ -214,7 +213,7 @@ class Uploads:
         except InvalidSubmission as e:
             shutil.rmtree(folder, ignore_errors=True)
             with self.lock:
-                c._refuse(sub_id, lease.worker, e, c.clock())
+                c.record_refusal(lease, e)
             raise
         item = self.batcher.add(QueuedSubmission(lease=lease, sub_id=sub_id, folder=folder))
         return self.batcher.wait(item, self.wait_timeout_s)
@@ -224,7 +223,7 @@ class Uploads:
         from hubgrpo.admission import check_submission
 
         decode_files(files, limit, folder)
-        self.coord._read_record(folder, lease, sub_id)
+        self.coord.check_record(folder, lease)
         check_submission(folder, facts.pop("global_"), max_bytes=limit, base_version=lease.base_version, **facts)
 
     def close(self) -> None:
