@@ -49,7 +49,11 @@ class Coordinator:
         self.new_refusals: list[Refusal] = []
         self.commit_times: list[float] = []
         self._adapters: dict[int, object] = {}
+        self.tracker = None
         self.reload()
+        from hubgrpo.tracking import make_tracker
+
+        self.tracker = make_tracker(self.cfg.log, project=self.cfg.project_name, name="coordinator")
         self._rediscover()
 
     # ------------------------------------------------------------------------------------------ loading state

@@ -150,5 +150,11 @@ def _adopt(c, sha: str, state: RunState, result) -> None:
     c.new_refusals = []
     c.last_merge_at = state.versions[-1].created_at
     c.commit_times.append(state.versions[-1].created_at)
+    v = state.versions[-1]
+    if c.tracker is not None:
+        c.tracker.log({"version/reward": v.reward_mean, "version/residual": v.residual, "version/samples": v.samples,
+                       "version/submissions": len(v.merged), "version/update_norm": v.update_norm,
+                       "version/max_staleness": max((m.staleness for m in v.merged), default=0),
+                       "run/samples_total": state.samples_total}, step=v.version)
 
 

@@ -67,6 +67,8 @@ class Worker:
         self.max_rounds, self.sleep, self.progress = max_rounds, sleep, progress
         self.workdir = Path(workdir or runrepo.cache_root() / "worker" / name)
         self.results: list[dict] = []
+        self.tracker = None  # hubgrpo.tracking.Tracker, made in run()
+        self.steps_done = 0
 
     def run(self) -> list[dict]:
         """The loop. Returns the coordinator's answer for every submitted round."""
@@ -74,6 +76,10 @@ class Worker:
             from hubgrpo.engine import RoundEngine
 
             self.engine = RoundEngine(self.cfg, worker=self.name)
+        if self.tracker is None:
+            from hubgrpo.tracking import make_tracker
+
+            self.tracker = make_tracker(self.cfg.log, project=self.cfg.project_name, name=self.name)
         while self.max_rounds is None or len(self.results) < self.max_rounds:
             t0 = time.time()
             lease = self._lease()
@@ -88,6 +94,8 @@ class Worker:
             answer["lease_s"] = lease_s
             self.results.append(answer)
             self._record(answer)
+            self.tracker.log({f"round/{k}": v for k, v in answer.items()}, step=self.steps_done)
+        self.tracker.close()
         return self.results
 
     def _record(self, answer: dict) -> None:
@@ -188,11 +196,21 @@ class Worker:
             log.warning("could not give the lease back: %s", e)
 
     def _progress(self, lease: Lease):
-        if not self.progress:
-            return None
-        from hubgrpo.progress import round_progress
+        """on_step: the progress line (when enabled) and the tracker's per-step GRPO metrics."""
+        show = None
+        if self.progress:
+            from hubgrpo.progress import round_progress
 
-        return round_progress(self.name, lease)
+            show = round_progress(self.name, lease)
+
+        def on_step(step: int, metrics: dict) -> None:
+            self.steps_done += 1
+            if self.tracker is not None:
+                self.tracker.log({f"train/{k}": v for k, v in metrics.items()}, step=self.steps_done)
+            if show:
+                show(step, metrics)
+
+        return on_step
 
 
 def _wait_hint(err: Exception, default: float) -> float:
