@@ -155,7 +155,12 @@ class Coordinator:
         self._drop_lease(lease.lease_id)
 
     def _verify(self, lease: Lease, now: float, check_deadline: bool = True) -> Lease:
-        return leases.verify(lease, self.secret, run_id=self.state.run_id, now=now, check_deadline=check_deadline)
+        """Signature and run always; the deadline with a grace of one round: a lease whose heartbeats were lost
+        while the coordinator was down (its prompts may already be re-leased) is still honoured, a lease that
+        expired longer ago than ``round_timeout_s`` is refused."""
+        grace = self.cfg.coordinator.round_timeout_s
+        return leases.verify(lease, self.secret, run_id=self.state.run_id, now=now - grace,
+                             check_deadline=check_deadline)
 
     def _drop_lease(self, lease_id: str) -> None:
         old = self.active.pop(lease_id, None)

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
-from hubgrpo.errors import CoordinatorError, LeaseError, RateLimited, Refused, StoreUnavailable
+from hubgrpo.errors import (CoordinatorError, InvalidSubmission, LeaseError, RateLimited, Refused,
+                            StoreUnavailable)
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
 
@@ -91,6 +92,9 @@ class Worker:
             except KeyboardInterrupt:
                 self._release(lease)
                 raise
+            except (LeaseError, InvalidSubmission) as e:  # this round is refused; the next one may not be
+                log.warning("round refused (%s): %s", e.code, e.message)
+                answer = {"status": "refused", "code": e.code, "message": e.message}
             answer["lease_s"] = lease_s
             self.results.append(answer)
             self._record(answer)

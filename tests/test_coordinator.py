@@ -88,6 +88,10 @@ def test_expired_lease_returns_its_prompts(tmp_path):
     assert c.active == {}
     again = c.lease("w2")
     assert again.prompt_indices == lease.prompt_indices
+    # heartbeats lost while the coordinator was unreachable: honoured within one round of grace ...
+    assert c.heartbeat(lease).deadline > clock()
+    # ... refused when the lease expired longer ago than round_timeout_s
+    clock.advance(c.cfg.coordinator.lease_timeout_s + c.cfg.coordinator.round_timeout_s + 1)
     with pytest.raises(LeaseError, match="expired"):
         c.heartbeat(lease)
 

@@ -51,21 +51,25 @@ def test_cli_run_two_workers_three_versions_local(tmp_path, capsys):
     assert "final adapter" in out and (repo / "reward.png").exists()
 
 
-def _start_coordinator(repo: Path, port_file: Path, env: dict) -> subprocess.Popen:
-    code = ("import sys; from hubgrpo.coordinator import Coordinator; from hubgrpo.server import serve; "
+def _start_coordinator(repo: Path, port: int, env: dict) -> subprocess.Popen:
+    code = ("from hubgrpo.coordinator import Coordinator; from hubgrpo.server import serve; "
             "from hubgrpo.store.local import LocalStore; import time, pathlib; "
             f"c = Coordinator(LocalStore({str(repo)!r}), b'secret', workdir=pathlib.Path({str(repo)!r} + '-w')); "
-            f"app, url = serve(c); pathlib.Path({str(port_file)!r}).write_text(url); time.sleep(3600)")
+            f"app, url = serve(c, port={port}); time.sleep(3600)")
     return subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
 
 
-def _wait_url(port_file: Path, timeout: float = 60) -> str:
+def _wait(pred, timeout: float, what: str):
     end = time.time() + timeout
     while time.time() < end:
-        if port_file.exists() and port_file.read_text():
-            return port_file.read_text()
-        time.sleep(0.2)
-    raise AssertionError("coordinator did not start")
+        try:
+            value = pred()
+        except Exception:  # the coordinator may not be up yet
+            value = None
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _worker(repo: Path, url: str, name: str, env: dict, rounds: int | None = None) -> subprocess.Popen:
@@ -78,8 +82,10 @@ def _worker(repo: Path, url: str, name: str, env: dict, rounds: int | None = Non
 
 @pytest.mark.timeout(600)
 def test_killed_worker_and_restarted_coordinator_lose_nothing(tmp_path):
+    from hubgrpo.client import CoordinatorClient
     from hubgrpo.config import load_config
     from hubgrpo.run import ensure_repo
+    from hubgrpo.server import free_port
 
     repo = tmp_path / "run"
     cfg = load_config(TINY, overrides=["params.steps_per_round=2", "params.versions=3", "merge.quorum=2",
@@ -87,28 +93,30 @@ def test_killed_worker_and_restarted_coordinator_lose_nothing(tmp_path):
     store = LocalStore(repo)
     ensure_repo(store, cfg)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    coord = _start_coordinator(repo, tmp_path / "url1", env)
-    procs = [coord]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    client = CoordinatorClient(url, retries=1, sleep=lambda s: None)
+    procs = [_start_coordinator(repo, port, env)]
     try:
-        url = _wait_url(tmp_path / "url1")
         victim = _worker(repo, url, "victim", env)
         procs.append(victim)
-        time.sleep(8)  # it holds a lease (model load + first steps)
-        os.killpg(victim.pid, signal.SIGKILL)
-        os.killpg(coord.pid, signal.SIGKILL)  # and the coordinator dies too
-        coord2 = _start_coordinator(repo, tmp_path / "url2", env)
-        procs.append(coord2)
-        url2 = _wait_url(tmp_path / "url2")
-        good = [_worker(repo, url2, f"good{i}", env) for i in range(2)]
-        procs += good
-        end = time.time() + 400
-        while time.time() < end and not runrepo.read_state(store).finished:
-            time.sleep(1)
+        _wait(lambda: any(l["worker"] == "victim" for l in client.status()["leases"]), 120, "the victim's lease")
+        os.killpg(victim.pid, signal.SIGKILL)  # mid-round: its lease must expire and its prompts return
+        _wait(lambda: client.status()["prompts_returned"] > 0, 30, "the expired lease's prompts to return")
+        procs += [_worker(repo, url, f"good{i}", env) for i in range(2)]
+        _wait(lambda: client.status()["prompts_returned"] == 0, 60, "the returned prompts to be re-leased")
+        _wait(lambda: runrepo.read_state(store).version >= 1, 300, "version 1")
+        os.killpg(procs[0].pid, signal.SIGKILL)  # the coordinator dies mid-run ...
+        procs[0].wait()
+        procs.append(_start_coordinator(repo, port, env))  # ... and comes back on the same address
+        _wait(lambda: runrepo.read_state(store).finished, 400, "the run to finish")
         state = runrepo.read_state(store)
-        assert state.finished and state.version == 3
+        assert state.version == 3
         assert len(state.merged_ids) == len(set(state.merged_ids))
-        assert all(not sid.startswith("victim-") or sid in state.merged_ids
-                   for sid in _submitted_ids(store))
+        refused = {r.submission_id for r in state.refused}
+        lost = _submitted_ids(store) - set(state.merged_ids) - refused
+        assert all(s.startswith("good") for s in lost)  # only rounds pushed after the last merge may be left
+        assert not any(s.startswith("victim-") for s in _submitted_ids(store))  # killed before it pushed
     finally:
         for p in procs:
             if p.poll() is None:
@@ -123,3 +131,31 @@ def _submitted_ids(store) -> set[str]:
         if parsed:
             out.add(parsed[1])
     return out
+
+
+@pytest.mark.timeout(600)
+def test_cli_run_on_hub_emulator_then_status_and_push(tmp_path, hub_emulator, monkeypatch, capsys):
+    from hubgrpo.store.hub import HubStore
+    from tests.conftest import TEST_TOKEN
+
+    monkeypatch.setenv("HF_ENDPOINT", hub_emulator.url)
+    monkeypatch.setenv("HF_TOKEN", TEST_TOKEN)
+    monkeypatch.chdir(tmp_path)  # the reward plot of a Hub run goes to ./runs/<project>/
+    assert main(["run", str(TINY), "--workers", "2", "--repo", "alice/tinyrun", *FAST]) == 0
+    store = HubStore("alice/tinyrun", token=TEST_TOKEN, endpoint=hub_emulator.url)
+    state = runrepo.read_state(store)
+    assert state.version == 3 and len(set(state.merged_ids)) == len(state.merged_ids)
+    assert sorted(runrepo.version_shas(store)) == [0, 1, 2, 3]
+    _loads_with_peft(str(runrepo.adapter_at(store, store.tags()["v000003"], tmp_path / "c")))
+    capsys.readouterr()
+    assert main(["status", "--repo", "alice/tinyrun"]) == 0
+    out = capsys.readouterr().out
+    assert "leaderboard" in out and "worker0" in out
+    assert main(["push", "--repo", "alice/tinyrun", "--to", "alice/tiny-adapter"]) == 0
+    pushed = HubStore("alice/tiny-adapter", token=TEST_TOKEN, endpoint=hub_emulator.url)
+    card = pushed.read("README.md").decode()
+    assert "library_name: peft" in card and "hubgrpo" in card and TEST_TOKEN not in card
+    assert pushed.read("adapter_model.safetensors") == store.read("adapter_model.safetensors", store.tags()["v000003"])
+    # init refuses to overwrite a run that has versions
+    assert main(["init", str(TINY), "--repo", "alice/tinyrun"]) != 0
+    assert "already holds a hubgrpo run" in capsys.readouterr().err
