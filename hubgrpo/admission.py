@@ -1,0 +1,265 @@
+"""Admission checks for submitted adapter folders (untrusted input, see DESIGN.md "Submissions are untrusted input").
+
+``check_submission(sub_dir, global_, max_bytes=…)`` returns the loaded ``Adapter`` or raises
+``InvalidSubmission(code, sentence, hint=…)``. Nothing is ever unpickled: weights are read only as safetensors,
+whose header is bounds-checked by hand before the bytes reach ``safetensors.torch.load``. Checks run cheapest
+first; the stable codes are:
+
+=====================  ================================================================================
+``missing_file``       the folder, adapter_model.safetensors or adapter_config.json is missing
+``symlink``            the folder or a file in it is a symbolic link
+``nested_dir``         the folder contains a directory
+``not_safetensors``    a pickle-based weight file (.bin, .pt, .pth, .pkl, .ckpt, …) is present
+``unexpected_file``    any other file than adapter_model.safetensors, adapter_config.json, submission.json,
+                       README.md
+``empty_file``         a zero-byte file
+``too_large``          the files together exceed ``max_bytes``
+``unknown_base``       the claimed base version is not one of ``known_versions``
+``stale``              the base version is more than ``max_staleness`` versions behind ``current_version``
+``bad_config``         adapter_config.json is not a JSON object
+``config_mismatch``    a field that matters differs from the global adapter_config.json (``CONFIG_FIELDS``)
+``corrupt``            adapter_model.safetensors is truncated, has an absurd header, or does not parse
+``missing_keys``       tensors of the global adapter are missing
+``extra_keys``         tensors the global adapter does not have
+``shape`` / ``dtype``  a tensor's shape or dtype differs from the global adapter's
+``nonfinite``          a tensor holds NaN or ±Inf
+``modified_base_weight``  a frozen base weight saved with the adapter differs from the global's
+``norm_outlier``       ‖ΔW_sub − ΔW_base‖ exceeds ``norm_limit``
+=====================  ================================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import struct
+from pathlib import Path
+
+from hubgrpo.errors import InvalidSubmission
+
+WEIGHTS_NAME = "adapter_model.safetensors"
+CONFIG_NAME = "adapter_config.json"
+ALLOWED_FILES = {WEIGHTS_NAME, CONFIG_NAME, "submission.json", "README.md"}
+PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz", ".h5", ".msgpack"}
+MAX_CONFIG_BYTES = 1 << 20
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                      "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+# adapter_config.json fields that change what the weights mean; compared with the global adapter's
+CONFIG_FIELDS = (
+    "peft_type", "r", "lora_alpha", "target_modules", "exclude_modules", "use_rslora", "use_dora", "rank_pattern",
+    "alpha_pattern", "modules_to_save", "base_model_name_or_path", "revision", "task_type", "bias", "lora_bias",
+    "fan_in_fan_out", "layers_to_transform", "layers_pattern", "layer_replication", "target_parameters",
+    "trainable_token_indices", "use_qalora", "qalora_group_size", "use_bdlora", "alora_invocation_tokens",
+    "kasa_config", "velora_config", "monteclora_config", "arrow_config",
+)
+_HINT_RETRAIN = "train from the global adapter (download it at your lease's base version) and submit what PEFT saves"
+
+
+def check_submission(sub_dir: str | os.PathLike, global_, *, max_bytes: int, known_versions=None,
+                     base_version=None, norm_limit: float | None = None, base=None, current_version: int | None = None,
+                     max_staleness: int | None = None):
+    """Run every admission check on the local folder ``sub_dir`` against the global ``Adapter``; return the
+    submission as an ``Adapter``. ``base`` (default ``global_``) is the adapter the submission was trained from,
+    used by the norm check; ``known_versions`` / ``base_version`` / ``current_version`` / ``max_staleness`` are
+    plain caller-supplied facts (the caller owns submission.json)."""
+    folder = Path(sub_dir)
+    sizes = _check_folder(folder, max_bytes)
+    _check_base(known_versions, base_version, current_version, max_staleness)
+    config = _read_config(folder / CONFIG_NAME, sizes[CONFIG_NAME])
+    compare_configs(config, global_.config)
+    weights = read_safetensors(folder / WEIGHTS_NAME, sizes[WEIGHTS_NAME])
+    check_tensors(weights, global_.weights)
+    from hubgrpo.merge import Adapter
+
+    adapter = Adapter(weights=weights, config=config)
+    if norm_limit is not None:
+        _check_norm(adapter, base if base is not None else global_, norm_limit)
+    return adapter
+
+
+def _refuse(code: str, message: str, hint: str | None = _HINT_RETRAIN):
+    raise InvalidSubmission(code, message, hint=hint)
+
+
+def _check_folder(folder: Path, max_bytes: int) -> dict[str, int]:
+    """File-level checks with ``lstat`` only (nothing is opened); returns {file name: size}."""
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        _refuse("missing_file", f"the submission folder {folder} does not exist")
+    if stat.S_ISLNK(st.st_mode):
+        _refuse("symlink", f"the submission folder {folder.name} is a symbolic link", hint="upload plain files")
+    if not stat.S_ISDIR(st.st_mode):
+        _refuse("missing_file", f"the submission {folder.name} is not a folder")
+    sizes, total = {}, 0
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        est = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(est.st_mode):
+            _refuse("symlink", f"{entry.name} is a symbolic link; submissions must hold plain files",
+                    hint="upload the files themselves, not links")
+        if stat.S_ISDIR(est.st_mode):
+            _refuse("nested_dir", f"{entry.name}/ is a folder; a submission holds only {sorted(ALLOWED_FILES)}",
+                    hint="save with save_pretrained(dir, selected_adapters=['default']) and upload only its files")
+        if Path(entry.name).suffix.lower() in PICKLE_SUFFIXES:
+            _refuse("not_safetensors", f"{entry.name} is a pickle-based weight file, which is never loaded",
+                    hint="save the adapter as adapter_model.safetensors (save_pretrained's default)")
+        if entry.name not in ALLOWED_FILES or not stat.S_ISREG(est.st_mode):
+            _refuse("unexpected_file", f"{entry.name} is not allowed in a submission (allowed: "
+                    f"{', '.join(sorted(ALLOWED_FILES))})", hint="upload only the adapter files and submission.json")
+        if est.st_size == 0:
+            _refuse("empty_file", f"{entry.name} is empty (0 bytes)", hint="the upload was probably interrupted")
+        sizes[entry.name] = est.st_size
+        total += est.st_size
+    if total > max_bytes:
+        _refuse("too_large", f"the submission holds {total:,} bytes, more than the limit of {max_bytes:,}",
+                hint="submit only the LoRA adapter at the run's rank")
+    for name in (WEIGHTS_NAME, CONFIG_NAME):
+        if name not in sizes:
+            _refuse("missing_file", f"the submission has no {name}")
+    return sizes
+
+
+def _check_base(known_versions, base_version, current_version, max_staleness) -> None:
+    if known_versions is not None and (base_version is None or base_version not in known_versions):
+        _refuse("unknown_base", f"base version {base_version!r} is not a version of this run",
+                hint="train from a version you leased")
+    if None not in (current_version, max_staleness, base_version):
+        tau = int(current_version) - int(base_version)
+        if tau > max_staleness:
+            _refuse("stale", f"the submission is {tau} versions behind the current version {current_version}; at "
+                    f"most {max_staleness} are accepted", hint="lease a new round to train from the current version")
+
+
+def _read_bytes(path: Path, size: int, limit: int) -> bytes:
+    """Read a regular file without following a symlink swapped in after the listing, at most ``limit`` bytes."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        _refuse("symlink", f"{path.name} could not be opened as a plain file ({exc.strerror})")
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(min(size, limit) + 1)
+    if len(data) != size:
+        _refuse("corrupt", f"{path.name} changed size while it was read")
+    return data
+
+
+def _read_config(path: Path, size: int) -> dict:
+    if size > MAX_CONFIG_BYTES:
+        _refuse("bad_config", f"{CONFIG_NAME} is {size:,} bytes; more than {MAX_CONFIG_BYTES:,} is not a config")
+    try:
+        config = json.loads(_read_bytes(path, size, MAX_CONFIG_BYTES).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        _refuse("bad_config", f"{CONFIG_NAME} is not valid JSON ({exc})")
+    if not isinstance(config, dict):
+        _refuse("bad_config", f"{CONFIG_NAME} is a JSON {type(config).__name__}, not an object")
+    return config
+
+
+def _norm_field(name: str, value):
+    """Compare-equal form: PEFT writes unordered target lists, and None / False / {} / [] all mean "unset"."""
+    if name == "bias":
+        return value or "none"
+    if value in (None, False, "", [], {}):
+        return None
+    if isinstance(value, list):
+        return sorted(map(str, value)) if name in ("target_modules", "exclude_modules") else value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def compare_configs(config: dict, reference: dict) -> None:
+    """Refuse when any of ``CONFIG_FIELDS`` differs between ``config`` and the global ``reference``."""
+    for name in CONFIG_FIELDS:
+        got, want = _norm_field(name, config.get(name)), _norm_field(name, reference.get(name))
+        if got != want:
+            _refuse("config_mismatch", f"{CONFIG_NAME} has {name}={config.get(name)!r} but the run's adapter has "
+                    f"{name}={reference.get(name)!r}", hint="keep the LoRA config of the global adapter unchanged")
+
+
+def _parse_header(data: bytes) -> dict:
+    """Validate the safetensors layout: u64 header length, JSON header, dtype/shape/offsets tiling the data."""
+    if len(data) < 8:
+        _refuse("corrupt", f"{WEIGHTS_NAME} is {len(data)} bytes, shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > min(len(data) - 8, MAX_HEADER_BYTES):
+        _refuse("corrupt", f"{WEIGHTS_NAME} claims a {n:,}-byte header in a {len(data):,}-byte file (truncated, or "
+                "not a safetensors file)")
+    try:
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        _refuse("corrupt", f"the header of {WEIGHTS_NAME} is not JSON; the file is not a safetensors file")
+    if not isinstance(header, dict):
+        _refuse("corrupt", f"the header of {WEIGHTS_NAME} is not a JSON object")
+    header.pop("__metadata__", None)
+    spans = []
+    for key, info in header.items():
+        try:
+            width = SAFETENSORS_DTYPES[info["dtype"]]
+            numel = math.prod(int(d) for d in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            _refuse("corrupt", f"tensor {key!r} has an invalid entry in the header of {WEIGHTS_NAME}")
+        if end - begin != numel * width or begin < 0:
+            _refuse("corrupt", f"tensor {key!r} declares {end - begin} bytes for {numel} {info['dtype']} values")
+        spans.append((begin, end))
+    spans.sort()
+    pos = 0
+    for begin, end in spans:
+        if begin != pos:
+            _refuse("corrupt", f"the tensors of {WEIGHTS_NAME} overlap or leave gaps")
+        pos = end
+    if 8 + n + pos != len(data):
+        _refuse("corrupt", f"{WEIGHTS_NAME} holds {len(data) - 8 - n:,} data bytes but its header describes {pos:,} "
+                "(truncated or padded)")
+    return header
+
+
+def read_safetensors(path: Path, size: int) -> dict:
+    """Tensors of an untrusted safetensors file (bounds-checked header, then ``safetensors.torch.load``)."""
+    data = _read_bytes(path, size, size)
+    _parse_header(data)
+    from safetensors.torch import load
+
+    try:
+        return load(data)
+    except Exception as exc:  # any parser failure of untrusted bytes is a refusal, not a crash
+        _refuse("corrupt", f"{WEIGHTS_NAME} does not parse as safetensors ({type(exc).__name__}: {exc})")
+
+
+def check_tensors(weights: dict, reference: dict) -> None:
+    """Exact key set, shapes, dtypes; all values finite; frozen base weights equal to the global's."""
+    import torch
+
+    missing, extra = sorted(reference.keys() - weights.keys()), sorted(weights.keys() - reference.keys())
+    if missing:
+        _refuse("missing_keys", f"{len(missing)} tensor(s) of the run's adapter are missing, e.g. {missing[0]}")
+    if extra:
+        _refuse("extra_keys", f"{len(extra)} tensor(s) are not in the run's adapter, e.g. {extra[0]}")
+    for key, want in reference.items():
+        got = weights[key]
+        if tuple(got.shape) != tuple(want.shape):
+            _refuse("shape", f"{key} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+        if got.dtype != want.dtype:
+            _refuse("dtype", f"{key} is {got.dtype}, expected {want.dtype}")
+        if got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            _refuse("nonfinite", f"{key} contains NaN or infinite values", hint="the training run diverged")
+        if key.endswith(".base_layer.weight") and not torch.equal(got, want):
+            _refuse("modified_base_weight", f"{key} is a frozen base weight but differs from the run's")
+
+
+def _check_norm(adapter, base, norm_limit: float) -> None:
+    from hubgrpo.errors import MergeError
+    from hubgrpo.merge import parse_modules, update_norm
+
+    try:
+        norm = update_norm(adapter, parse_modules(adapter)[0], base, parse_modules(base)[0])
+    except MergeError as exc:
+        _refuse("config_mismatch", f"the adapter cannot be merged: {exc.message}")
+    if not norm <= norm_limit:
+        _refuse("norm_outlier", f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} exceeds the limit {norm_limit:.4g}",
+                hint="lower the learning rate or the number of steps per round")
