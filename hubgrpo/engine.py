@@ -1,0 +1,366 @@
+"""One worker's round: GRPO steps with TRL's GRPOTrainer on a PeftModel, from a given adapter to a submission.
+
+``RoundEngine`` keeps ONE GRPOTrainer across rounds (the long-lived worker pattern of LIBRARY_NOTES §4): each
+round loads the round's adapter into the trainer's PeftModel with ``set_peft_model_state_dict`` (after a strict
+key/shape check), swaps in the round's prompts and step count, resets AdamW unless ``params.reset_optimizer`` is
+false, trains, and saves only the "default" adapter. A lease whose ``params`` change something fixed at trainer
+construction (batch shape, sampling, loss, KL…) rebuilds the trainer on a freshly loaded base model.
+
+The KL reference (``beta > 0``) is the base model (the adapter disabled), as TRL does when it gets a peft_config.
+
+Timing breakdown of a round (``Submission.timings``, seconds): ``load`` (adapter into the model), ``generate``
+(TRL's ``_generate``: tokenising, sampling, decoding — measured by wrapping that method), ``reward`` (time inside
+the reward functions), ``train`` (the rest of ``trainer.train()``: log-prob forward passes, backward, optimizer),
+``save`` (adapter + submission.json), ``setup`` (trainer (re)build, when it happened this round), ``total``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from datasets import Dataset
+from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
+from transformers import GenerationConfig, PrinterCallback, TrainerCallback, set_seed
+from trl import GRPOConfig, GRPOTrainer
+
+from hubgrpo import __version__
+from hubgrpo.adapter_io import check_adapter, save_adapter
+from hubgrpo.config import Config, ParamsConfig
+from hubgrpo.data import PromptSource, truncate_prompt
+from hubgrpo.errors import ConfigError, DataError, LeaseError, ModelError
+from hubgrpo.layout import SUBMISSION_FILE, Lease, StepMetrics, Submission, check_name, submission_id
+from hubgrpo.models import load_model, resolve_device
+from hubgrpo.rewards import load_rewards, weighted_rewards
+
+StepCallback = Callable[[int, dict], None]  # (optimizer step, StepMetrics fields as a dict)
+
+# params a running trainer picks up at the next train() call; any other change rebuilds the trainer
+ROUND_PARAMS = {"learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
+                "steps_per_round", "versions", "reset_optimizer", "seed", "num_threads", "max_prompt_length"}
+# worker-local settings: a lease cannot change them (the worker's own config wins)
+WORKER_PARAMS = {"device", "dtype", "num_threads"}
+# ParamsConfig fields passed to GRPOConfig as they are
+_GRPO_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
+                "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+                "max_completion_length", "temperature", "top_p", "beta", "epsilon", "epsilon_high", "loss_type",
+                "scale_rewards", "num_iterations", "mask_truncated_completions")
+
+
+def _opt(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def library_versions() -> dict[str, str]:
+    """Versions recorded in every submission."""
+    import platform
+
+    import peft
+    import transformers
+    import trl
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
+            "peft": peft.__version__, "hubgrpo": __version__, "python": platform.python_version()}
+
+
+class _StepRecorder(TrainerCallback):
+    """Turns TRL's per-step logs into ``StepMetrics`` and calls the round's ``on_step``."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepMetrics] = []
+        self.on_step: StepCallback | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs:  # the end-of-train summary has no reward
+            return
+        m = StepMetrics(
+            step=int(state.global_step), reward=float(logs["reward"] or 0.0),  # None: no completion was scorable
+            reward_std=_opt(logs.get("reward_std")), loss=_opt(logs.get("loss")), kl=_opt(logs.get("kl")),
+            clip_ratio=_opt(logs.get("clip_ratio/region_mean")), entropy=_opt(logs.get("entropy")),
+            grad_norm=_opt(logs.get("grad_norm")), completion_length=_opt(logs.get("completions/mean_length")),
+            step_time=_opt(logs.get("step_time")))
+        self.steps.append(m)
+        if self.on_step is not None:
+            self.on_step(m.step, m.model_dump())
+
+
+@dataclass
+class TrainResult:
+    """What ``RoundEngine.train_steps`` did: per-step metrics, counts and seconds."""
+
+    step_metrics: list[StepMetrics]
+    samples: int = 0  # completions generated
+    prompts: int = 0  # prompt rows sampled (samples / num_generations)
+    tokens: int = 0  # prompt + completion tokens of the generated samples
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class RoundEngine:
+    """Base model + prompts + rewards + one GRPOTrainer, reused for every round a worker trains."""
+
+    def __init__(self, cfg: Config, *, worker: str = "local", device: str | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.cfg = cfg
+        self.worker = check_name(worker)
+        self.log = log or (lambda msg: None)
+        self.device = resolve_device(device or cfg.params.device)
+        start = time.perf_counter()
+        self._set_threads(cfg.params.num_threads)
+        self.model, self.tokenizer = load_model(cfg.base_model, gguf_file=cfg.gguf_file, device=self.device,
+                                                dtype=cfg.params.dtype)
+        if cfg.data.chat_template and self.tokenizer.chat_template is None:
+            raise ModelError(f"{cfg.base_model} has no chat template, but data.chat_template is true",
+                             hint="set data.chat_template: false to send plain-text prompts")
+        self.source = PromptSource.from_config(cfg)
+        self.rewards = load_rewards(cfg.rewards)
+        self._recorder = _StepRecorder()
+        self._workdir = tempfile.TemporaryDirectory(prefix="hubgrpo-trainer-")
+        self._counts = {"generate": 0.0, "samples": 0, "tokens": 0}
+        self._params = self._merge_params({})
+        self.trainer = self._build_trainer(self._params)
+        self._init_state = {k: v.detach().clone() for k, v in self._adapter_state().items()}
+        self._fresh_optimizer = True
+        self.setup_seconds = time.perf_counter() - start
+        self.log(f"engine ready in {self.setup_seconds:.1f}s: {cfg.base_model} on {self.device_name}")
+
+    # -------------------------------------------------------------------------------------- construction
+
+    @staticmethod
+    def _set_threads(n: int | None) -> None:
+        if n:
+            torch.set_num_threads(n)
+
+    @property
+    def device_name(self) -> str:
+        """The device in words, e.g. ``cpu (2 threads)`` or ``cuda:0 (NVIDIA H200)``."""
+        if self.device.startswith("cuda"):
+            return f"{self.device} ({torch.cuda.get_device_name(torch.device(self.device))})"
+        return f"{self.device} ({torch.get_num_threads()} threads)"
+
+    def _merge_params(self, overrides: dict) -> dict:
+        """cfg.params with a lease's overrides (except WORKER_PARAMS), validated like the config itself."""
+        overrides = {k: v for k, v in overrides.items() if k not in WORKER_PARAMS}
+        try:
+            return ParamsConfig.model_validate({**self.cfg.params.model_dump(), **overrides}).model_dump()
+        except ValueError as e:  # pydantic ValidationError
+            raise LeaseError(f"lease params {overrides} are not valid hyper-parameters: {e}",
+                             hint="the coordinator's params must be fields of the config's params section") from None
+
+    def _grpo_args(self, params: dict, max_steps: int) -> GRPOConfig:
+        dtype = self.model.dtype
+        cuda = self.device.startswith("cuda")
+        try:
+            return GRPOConfig(
+                output_dir=self._workdir.name, use_cpu=self.device == "cpu", bf16=cuda and dtype == torch.bfloat16,
+                fp16=cuda and dtype == torch.float16, activation_checkpointing=False, report_to="none",
+                save_strategy="no", disable_tqdm=True, logging_steps=1, log_completions=False,
+                max_steps=max(1, max_steps), seed=params["seed"], reward_weights=[r.weight for r in self.rewards],
+                dataloader_num_workers=0, **{k: params[k] for k in _GRPO_FIELDS})
+        except ValueError as e:
+            raise ConfigError(f"TRL refused the GRPO parameters: {e}",
+                              hint="per_device_train_batch_size × gradient_accumulation_steps must be a multiple "
+                                   "of num_generations") from None
+
+    def _build_trainer(self, params: dict) -> GRPOTrainer:
+        lc = self.cfg.lora
+        lora = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=lc.target_modules,
+                          use_rslora=lc.use_rslora, task_type="CAUSAL_LM")
+        torch.manual_seed(params["seed"])  # LoRA A is drawn inside get_peft_model: version 0 follows params.seed
+        placeholder = Dataset.from_list(self.prompt_rows([0]))
+        trainer = GRPOTrainer(model=self.model, reward_funcs=list(self.rewards), args=self._grpo_args(params, 1),
+                              train_dataset=placeholder, processing_class=self.tokenizer, peft_config=lora,
+                              callbacks=[self._recorder])
+        trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
+        trainer.model.peft_config["default"].base_model_name_or_path = self.cfg.base_model
+        generate = trainer._generate
+
+        def timed_generate(prompts):
+            t = time.perf_counter()
+            out = generate(prompts)
+            self._counts["generate"] += time.perf_counter() - t
+            prompt_ids, completion_ids = out[0], out[1]
+            self._counts["samples"] += len(completion_ids)
+            self._counts["tokens"] += sum(map(len, prompt_ids)) + sum(map(len, completion_ids))
+            return out
+
+        trainer._generate = timed_generate  # instance attribute: TRL calls self._generate(prompts)
+        return trainer
+
+    def _ensure_trainer(self, params: dict) -> float:
+        """Rebuild the trainer (fresh base model) when a structural param changed; returns seconds spent."""
+        changed = {k for k in params if k not in ROUND_PARAMS and params[k] != self._params[k]}
+        self._set_threads(params["num_threads"])
+        if not changed:
+            self._params = params
+            return 0.0
+        start = time.perf_counter()
+        self.log(f"rebuilding the trainer: lease changes {sorted(changed)}")
+        state = {k: v.detach().clone() for k, v in self._adapter_state().items()}
+        self.model, self.tokenizer = load_model(self.cfg.base_model, gguf_file=self.cfg.gguf_file,
+                                                device=self.device, dtype=params["dtype"])
+        self._params = params
+        self.trainer = self._build_trainer(params)
+        set_peft_model_state_dict(self.trainer.model, state)
+        self._fresh_optimizer = True
+        return time.perf_counter() - start
+
+    # -------------------------------------------------------------------------------------- adapters
+
+    def _adapter_state(self) -> dict[str, torch.Tensor]:
+        # save_embedding_layers=False: no full embeddings are trained, and "auto" looks up the base model on the Hub
+        return get_peft_model_state_dict(self.trainer.model, adapter_name="default", save_embedding_layers=False)
+
+    def load_adapter(self, adapter_dir: str | Path) -> None:
+        """Load a PEFT adapter folder into the model; ``ModelError`` unless its config, keys and shapes fit."""
+        state = check_adapter(Path(adapter_dir), self._adapter_state(), self.cfg.lora)
+        result = set_peft_model_state_dict(self.trainer.model, state, adapter_name="default")
+        if result.unexpected_keys:
+            raise ModelError(f"{adapter_dir}: peft did not place {sorted(result.unexpected_keys)[:3]}")
+
+    def save_adapter(self, out_dir: str | Path) -> Path:
+        """Write the current "default" adapter (adapter_model.safetensors + adapter_config.json) to ``out_dir``."""
+        return save_adapter(self.trainer.model, Path(out_dir))
+
+    def init_adapter(self, out_dir: str | Path) -> Path:
+        """Write the version-0 adapter: LoRA B = 0 (equal to the base model), A as PEFT draws it from params.seed."""
+        set_peft_model_state_dict(self.trainer.model, self._init_state)
+        return self.save_adapter(out_dir)
+
+    # -------------------------------------------------------------------------------------- training
+
+    def prompt_rows(self, indices, max_prompt_length: int | None = None) -> list[dict]:
+        """The shard's rows, prompts left-truncated to max_prompt_length (default: the config's)."""
+        rows = self.source.rows(indices)
+        limit = max_prompt_length or self.cfg.params.max_prompt_length
+        for r in rows:
+            r["prompt"] = truncate_prompt(r["prompt"], self.tokenizer, limit)
+        return rows
+
+    def _prepare_optimizer(self, params: dict) -> None:
+        tr = self.trainer
+        if params["reset_optimizer"] or self._fresh_optimizer or tr.optimizer is None:
+            tr.optimizer = None
+        else:  # keep Adam moments; the new round's learning rate still applies
+            for group in tr.optimizer.param_groups:
+                group["lr"] = group["initial_lr"] = params["learning_rate"]
+        tr.lr_scheduler = None
+        self._fresh_optimizer = False
+
+    def train_steps(self, rows: list[dict], steps: int, *, seed: int, params: dict | None = None,
+                    on_step: StepCallback | None = None) -> TrainResult:
+        """Run ``steps`` GRPO optimizer steps on ``rows`` from the adapter currently in the model."""
+        params = params or self._params
+        if steps > 0 and not rows:
+            raise DataError("a round with steps > 0 got no prompts", hint="lease.prompt_indices must not be empty")
+        tr = self.trainer
+        for key in ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm"):
+            setattr(tr.args, key, params[key])
+        tr.args.max_steps, tr.args.seed = max(1, steps), seed
+        tr.train_dataset = Dataset.from_list(rows) if rows else tr.train_dataset
+        self._prepare_optimizer(params)
+        tr._step, tr._buffered_inputs = 0, None  # GRPO's generation buffer must not leak across rounds
+        for metrics in tr._metrics.values():
+            metrics.clear()
+        self._counts.update(generate=0.0, samples=0, tokens=0)
+        reward_before = sum(r.seconds for r in self.rewards)
+        self._recorder.steps, self._recorder.on_step = [], on_step
+        start = time.perf_counter()
+        if steps > 0:
+            set_seed(seed)
+            tr.train()
+        wall = time.perf_counter() - start
+        reward_s = sum(r.seconds for r in self.rewards) - reward_before
+        gen_s = self._counts["generate"]
+        samples = int(self._counts["samples"])
+        return TrainResult(step_metrics=list(self._recorder.steps), samples=samples,
+                           prompts=samples // params["num_generations"], tokens=int(self._counts["tokens"]),
+                           timings={"generate": gen_s, "reward": reward_s, "train": max(0.0, wall - gen_s - reward_s)})
+
+    def run_round(self, adapter_dir: Path, lease: Lease, out_dir: Path, *,
+                  on_step: StepCallback | None = None) -> Submission:
+        """Train ``lease.steps`` steps from ``adapter_dir`` on the lease's prompts; write the submission folder.
+
+        ``out_dir`` receives adapter_model.safetensors, adapter_config.json and submission.json (worker and
+        submission id from the lease). ``on_step(step, metrics_dict)`` is called after every optimizer step.
+        """
+        t0 = time.perf_counter()
+        params = self._merge_params(dict(lease.params))
+        setup = self._ensure_trainer(params)
+        t1 = time.perf_counter()
+        self.load_adapter(adapter_dir)
+        t2 = time.perf_counter()
+        rows = self.prompt_rows(lease.prompt_indices, params["max_prompt_length"])
+        result = self.train_steps(rows, lease.steps, seed=lease.seed, params=params,
+                                  on_step=on_step)
+        t3 = time.perf_counter()
+        out_dir = Path(out_dir)
+        self.save_adapter(out_dir)
+        sub = self._submission(lease, result)
+        sub.timings.update(setup=setup, load=t2 - t1)
+        sub.timings["save"] = time.perf_counter() - t3  # the JSON write below is part of it too (≈ ms)
+        sub.timings["total"] = time.perf_counter() - t0
+        tmp = out_dir / f".{SUBMISSION_FILE}.tmp"
+        tmp.write_bytes(sub.to_json())
+        os.replace(tmp, out_dir / SUBMISSION_FILE)
+        rewards = [m.reward for m in result.step_metrics]
+        self.log(f"round {lease.round_id}: {len(rewards)} steps, reward {sub.reward_first:.3f} → "
+                 f"{sub.reward_last:.3f} in {sub.timings['total']:.1f}s")
+        return sub
+
+    def _submission(self, lease: Lease, result: TrainResult) -> Submission:
+        rewards = [m.reward for m in result.step_metrics]
+        return Submission(
+            submission_id=submission_id(lease.worker, lease.lease_id), worker=lease.worker, user=lease.user,
+            lease=lease, base_version=lease.base_version, base_sha=lease.base_sha, base_model=self.cfg.base_model,
+            steps=len(result.step_metrics), samples=result.samples, prompts=result.prompts, tokens=result.tokens,
+            reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+            reward_first=rewards[0] if rewards else 0.0, reward_last=rewards[-1] if rewards else 0.0,
+            step_metrics=result.step_metrics, timings=dict(result.timings), versions=library_versions(),
+            device=self.device_name, created_at=time.time())
+
+    # -------------------------------------------------------------------------------------- evaluation
+
+    @torch.no_grad()
+    def evaluate(self, adapter_dir: str | Path | None = None, n: int = 16, batch_size: int = 16) -> float:
+        """Mean weighted reward of greedy completions on the first ``n`` held-out prompts.
+
+        Uses ``adapter_dir`` when given, else the adapter currently in the model.
+        """
+        if adapter_dir is not None:
+            self.load_adapter(adapter_dir)
+        rows = [dict(r, prompt=truncate_prompt(r["prompt"], self.tokenizer, self.cfg.params.max_prompt_length))
+                for r in self.source.eval_rows(n)]
+        if not rows:
+            raise DataError("there are no held-out prompts to evaluate on",
+                            hint="set data.eval_fraction > 0 or data.eval_split")
+        model = self.trainer.model
+        was_training = model.training
+        model.eval()
+        try:
+            totals = []
+            for i in range(0, len(rows), batch_size):
+                totals += self._score_greedy(model, rows[i:i + batch_size])
+        finally:
+            model.train(was_training)
+        return sum(totals) / len(totals)
+
+    def _score_greedy(self, model, rows: list[dict]) -> list[float]:
+        tok = self.tokenizer
+        prompts = [r["prompt"] for r in rows]
+        chat = isinstance(prompts[0], list)
+        texts = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts] \
+            if chat else prompts
+        enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
+                  add_special_tokens=not chat).to(model.device)
+        gen = GenerationConfig(max_new_tokens=self._params["max_completion_length"], do_sample=False,
+                               eos_token_id=self.trainer.eos_token_ids, pad_token_id=tok.pad_token_id)
+        out = model.generate(**enc, generation_config=gen)
+        texts_out = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        completions = [[{"role": "assistant", "content": t}] for t in texts_out] if chat else texts_out
+        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+        return weighted_rewards(self.rewards, prompts, completions, **columns)

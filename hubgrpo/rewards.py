@@ -1,0 +1,306 @@
+"""Reward functions with TRL's signature: ``f(prompts, completions, **kwargs) -> list[float | None]``.
+
+Dataset columns other than the prompt (``answer``, ``numbers``…) arrive as keyword arguments, one value per
+completion; ``RewardConfig.kwargs`` (e.g. ``{char: "a"}``) are added on top. Completions are strings, or lists of
+message dicts for chat prompts (``completion_text`` handles both).
+
+Built-ins (``builtin:<name>``):
+
+- ``exact_answer``: 1 when the number in ``<answer>…</answer>`` (else the last number) equals the ``answer``
+  column's number (after ``####`` when present, GSM8K style), else 0.
+- ``answer_format``: 1 for a non-empty ``<answer>…</answer>``, 0.5 for an opened or closed tag only, else 0.
+- ``length_penalty``: 0 up to ``target_chars`` (default 100) characters, falling linearly to -1 at twice that.
+- ``char_fraction``: share of the completion's characters equal to ``char`` (default "a"); a dense toy reward
+  that a random tiny model improves within tens of steps (tests, CI).
+- ``countdown``: 1 when the answer is an expression of + - * ( ) over the row's ``numbers`` (each used at most as
+  often as given) that equals ``target``.
+
+User functions: ``package.module:function`` or ``path/to/file.py:function``. A function without ``**kwargs``
+gets only the keyword arguments it names. ``None`` (or NaN) means "no opinion": as in TRL, it becomes NaN and
+is left out of the weighted sum (a completion every function skips gets no advantage). A function that raises,
+returns the wrong number of values, a non-number or an infinity fails with ``RewardError`` naming the function
+and the prompt index within the batch.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import math
+import numbers
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from hubgrpo.config import RewardConfig
+from hubgrpo.errors import HubGrpoError, RewardError
+
+_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a string, or the contents of chat messages (TRL's conversational form)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, (list, tuple)):
+        parts = []
+        for m in completion:
+            content = m.get("content", "") if isinstance(m, dict) else m
+            parts.append(content if isinstance(content, str) else str(content))
+        return "".join(parts)
+    return "" if completion is None else str(completion)
+
+
+def extract_answer(text: str) -> str | None:
+    """The stripped content of the last ``<answer>…</answer>``, or None."""
+    found = _TAG.findall(text)
+    return found[-1].strip() if found else None
+
+
+def _last_number(text: str) -> float | None:
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def parse_number(text: str) -> float | None:
+    """The number a completion answers: inside ``<answer>`` when tagged, else the last number in the text."""
+    tagged = extract_answer(text)
+    return _last_number(tagged if tagged is not None else text)
+
+
+def reference_number(answer: Any) -> float | None:
+    """The number of a reference answer (the part after ``####`` when present, GSM8K style)."""
+    text = str(answer)
+    return _last_number(text.split("####")[-1])
+
+
+def _need(column: str, values: Any, name: str) -> Sequence:
+    if values is None:
+        raise RewardError(f"reward builtin:{name} needs a {column!r} column in the data",
+                          hint=f"map it with data.column_mapping.{column}, or choose another reward")
+    return values
+
+
+# ------------------------------------------------------------------------------------------ built-ins
+
+
+def exact_answer(prompts, completions, answer=None, **kwargs) -> list[float]:
+    """1.0 when the completion's number equals the reference ``answer``'s number, else 0.0."""
+    answer = _need("answer", answer, "exact_answer")
+    out = []
+    for c, ref in zip(completions, answer):
+        got, want = parse_number(completion_text(c)), reference_number(ref)
+        out.append(1.0 if got is not None and want is not None and abs(got - want) < 1e-6 else 0.0)
+    return out
+
+
+def answer_format(prompts, completions, **kwargs) -> list[float]:
+    """1.0 for a non-empty ``<answer>…</answer>``, 0.5 when only one of the tags is there, else 0.0."""
+    out = []
+    for c in completions:
+        text = completion_text(c)
+        tagged = extract_answer(text)
+        if tagged:
+            out.append(1.0)
+        else:
+            out.append(0.5 if ("<answer>" in text) != ("</answer>" in text) else 0.0)
+    return out
+
+
+def length_penalty(prompts, completions, target_chars: int = 100, **kwargs) -> list[float]:
+    """0.0 up to ``target_chars`` characters, then linearly down to -1.0 at twice that length."""
+    return [-min(1.0, max(0, len(completion_text(c)) - target_chars) / target_chars) for c in completions]
+
+
+def char_fraction(prompts, completions, char: str = "a", **kwargs) -> list[float]:
+    """Share of the completion's characters equal to ``char`` (0.0 for an empty completion)."""
+    out = []
+    for c in completions:
+        text = completion_text(c)
+        out.append(text.count(char) / len(text) if text else 0.0)
+    return out
+
+
+def _eval_expr(node: ast.AST, used: list[int]) -> int:
+    """Evaluate + - * over integer literals only, recording the literals used."""
+    if isinstance(node, ast.Expression):
+        return _eval_expr(node.body, used)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        used.append(node.value)
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        a, b = _eval_expr(node.left, used), _eval_expr(node.right, used)
+        return a + b if isinstance(node.op, ast.Add) else a - b if isinstance(node.op, ast.Sub) else a * b
+    raise ValueError("only integers, + - * and parentheses are allowed")
+
+
+def countdown(prompts, completions, numbers=None, target=None, **kwargs) -> list[float]:
+    """1.0 when the answer is an expression over the row's ``numbers`` (each at most once) equal to ``target``."""
+    numbers, target = _need("numbers", numbers, "countdown"), _need("target", target, "countdown")
+    out = []
+    for c, nums, tgt in zip(completions, numbers, target):
+        expr = extract_answer(completion_text(c))
+        used: list[int] = []
+        try:
+            value = _eval_expr(ast.parse(expr or "", mode="eval"), used) if expr and len(expr) < 200 else None
+        except (SyntaxError, ValueError, RecursionError):
+            value = None
+        fits = not (Counter(used) - Counter(int(n) for n in nums))
+        out.append(1.0 if value is not None and fits and value == int(tgt) else 0.0)
+    return out
+
+
+BUILTIN_REWARDS: dict[str, Callable[..., list]] = {f.__name__: f for f in (
+    exact_answer, answer_format, length_penalty, char_fraction, countdown)}
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+def load_function(spec: str) -> Callable:
+    """``builtin:<name>``, ``package.module:function`` or ``path/to/file.py:function`` → the function."""
+    if spec.startswith("builtin:"):
+        name = spec.removeprefix("builtin:")
+        if name not in BUILTIN_REWARDS:
+            raise RewardError(f"unknown built-in reward {spec!r}",
+                              hint=f"use one of {', '.join('builtin:' + n for n in BUILTIN_REWARDS)}")
+        return BUILTIN_REWARDS[name]
+    target, _, fn_name = spec.rpartition(":")
+    if not target or not fn_name.isidentifier():
+        raise RewardError(f"reward function {spec!r} is not of the form module:function or file.py:function",
+                          hint="e.g. my_pkg.rewards:score or rewards/score.py:score")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        module = _import_file(Path(target).expanduser(), spec)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            hint = "install the package or put it on PYTHONPATH; or use path/to/file.py:function"
+            raise RewardError(f"cannot import module {target!r} for reward {spec!r}: {e}", hint=hint) from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise RewardError(f"{target} has no function {fn_name!r} (reward {spec!r})",
+                          hint=f"define def {fn_name}(prompts, completions, **kwargs) -> list[float]")
+    return fn
+
+
+def _import_file(path: Path, spec: str):
+    if not path.is_file():
+        raise RewardError(f"reward file {path} does not exist (reward {spec!r})", hint="paths are relative to the "
+                          "current directory")
+    name = f"hubgrpo_user_reward_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # the user's file: any error at import is reported as a RewardError
+        raise RewardError(f"importing reward file {path} failed: {type(e).__name__}: {e}") from e
+    sys.modules[name] = module
+    return module
+
+
+class Reward:
+    """A reward function bound to its config kwargs, checked on every call; TRL sees it by ``__name__``."""
+
+    def __init__(self, fn: Callable, *, name: str, weight: float = 1.0, kwargs: dict | None = None):
+        self.fn, self.__name__, self.weight, self.kwargs = fn, name, weight, dict(kwargs or {})
+        params = inspect.signature(fn).parameters.values()
+        self._accepts_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        self._names = {p.name for p in params}
+        self.seconds = 0.0  # total time spent in this function
+
+    def _call(self, prompts, completions, kwargs: dict):
+        kwargs = {"prompts": prompts, "completions": completions, **kwargs}
+        if not self._accepts_all:
+            kwargs = {k: v for k, v in kwargs.items() if k in self._names}
+        return self.fn(**kwargs)
+
+    def __call__(self, prompts, completions, **kwargs) -> list[float | None]:
+        kwargs = {**kwargs, **self.kwargs}
+        start = time.perf_counter()
+        try:
+            out = self._call(prompts, completions, kwargs)
+        except HubGrpoError:
+            raise
+        except Exception as e:  # a user function: report which one, and on which prompt
+            idx = self._failing_index(prompts, completions, kwargs)
+            where = f" on prompt index {idx} ({_short(prompts[idx])})" if idx is not None else ""
+            raise RewardError(f"reward function {self.__name__} raised {type(e).__name__}: {e}{where}",
+                              hint="fix the function; return None for completions it cannot score") from e
+        finally:
+            self.seconds += time.perf_counter() - start
+        return self._check(out, len(completions))
+
+    def _failing_index(self, prompts, completions, kwargs: dict) -> int | None:
+        """Re-run the function one completion at a time to find the first that raises."""
+        n = len(completions)
+        for i in range(n):
+            one = {k: ([v[i]] if isinstance(v, (list, tuple)) and len(v) == n else v) for k, v in kwargs.items()}
+            try:
+                self._call([prompts[i]], [completions[i]], one)
+            except Exception:  # the failure we are looking for
+                return i
+        return None
+
+    def _check(self, out: Any, n: int) -> list[float | None]:
+        if hasattr(out, "tolist"):  # numpy arrays, torch tensors
+            out = out.tolist()
+        if not isinstance(out, (list, tuple)):
+            raise RewardError(f"reward function {self.__name__} returned {type(out).__name__}, not a list",
+                              hint="return one float (or None) per completion")
+        if len(out) != n:
+            raise RewardError(f"reward function {self.__name__} returned {len(out)} values for {n} completions",
+                              hint="return exactly one float (or None) per completion, in order")
+        clean: list[float | None] = []
+        for i, x in enumerate(out):
+            if x is None or (isinstance(x, numbers.Real) and math.isnan(x)):
+                clean.append(None)
+            elif isinstance(x, numbers.Real) and math.isfinite(x):
+                clean.append(float(x))
+            else:
+                raise RewardError(f"reward function {self.__name__} returned {x!r} for prompt index {i}",
+                                  hint="rewards must be finite numbers, or None to skip a completion")
+        return clean
+
+
+def _short(x: Any, n: int = 80) -> str:
+    s = repr(x)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def load_rewards(configs: Sequence[RewardConfig]) -> list[Reward]:
+    """The checked, named reward functions of a config (names made unique for TRL's per-reward metrics)."""
+    out, seen = [], Counter()
+    for rc in configs:
+        fn = load_function(rc.function)
+        base = rc.function.removeprefix("builtin:").rpartition(":")[2]
+        seen[base] += 1
+        out.append(Reward(fn, name=base if seen[base] == 1 else f"{base}_{seen[base]}", weight=rc.weight,
+                          kwargs=rc.kwargs))
+    return out
+
+
+def weighted_rewards(rewards: Sequence[Reward], prompts, completions, **kwargs) -> list[float]:
+    """Σ weight·reward per completion, skipping None like TRL's nansum (0.0 when every function skips)."""
+    totals = [0.0] * len(completions)
+    for r in rewards:
+        for i, v in enumerate(r(prompts, completions, **kwargs)):
+            if v is not None:
+                totals[i] += r.weight * v
+    return totals

@@ -1,0 +1,171 @@
+"""The round engine on the tiny model: real TRL GRPOTrainer + PEFT on CPU, a few steps per round."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import get_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+
+from hubgrpo.engine import RoundEngine
+from hubgrpo.errors import ModelError, RewardError
+from hubgrpo.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, SUBMISSION_FILE, Submission
+from tests.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_cache):
+    return RoundEngine(tiny_config(), worker="w1")
+
+
+@pytest.fixture(scope="module")
+def v0(engine, tmp_path_factory):
+    return engine.init_adapter(tmp_path_factory.mktemp("v0"))
+
+
+def _base_weights(engine) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in engine.trainer.model.named_parameters() if "lora_" not in k}
+
+
+def test_init_adapter_is_the_base_model(engine, v0):
+    state = load_file(v0 / ADAPTER_WEIGHTS)
+    assert sorted(p.name for p in v0.iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
+    assert len(state) == 4 * 7 * 2 and all(".default" not in k for k in state)
+    assert all(float(v.abs().max()) == 0.0 for k, v in state.items() if "lora_B" in k)
+    assert all(float(v.abs().max()) > 0.0 for k, v in state.items() if "lora_A" in k)
+    conf = json.loads((v0 / ADAPTER_CONFIG).read_text())
+    assert conf["r"] == 4 and conf["lora_alpha"] == 8 and conf["base_model_name_or_path"] == "builtin:tiny"
+
+
+def test_init_adapter_follows_params_seed(engine, v0, tmp_path):
+    same = load_file(RoundEngine(tiny_config()).init_adapter(tmp_path / "same") / ADAPTER_WEIGHTS)
+    other = load_file(RoundEngine(tiny_config(["params.seed=1"])).init_adapter(tmp_path / "other") / ADAPTER_WEIGHTS)
+    ours = load_file(v0 / ADAPTER_WEIGHTS)
+    assert all(torch.equal(ours[k], same[k]) for k in ours)
+    assert all(not torch.equal(ours[k], other[k]) for k in ours if "lora_A" in k)
+
+
+def test_round_trains_lora_only_and_writes_a_valid_submission(engine, v0, tmp_path):
+    before = _base_weights(engine)
+    seen = []
+    lease = make_lease(steps=3)
+    sub = engine.run_round(v0, lease, tmp_path, on_step=lambda step, m: seen.append((step, m["reward"])))
+    assert [s for s, _ in seen] == [1, 2, 3]
+    after = _base_weights(engine)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    start, end = load_file(v0 / ADAPTER_WEIGHTS), load_file(tmp_path / ADAPTER_WEIGHTS)
+    assert start.keys() == end.keys()
+    assert any(float(end[k].abs().max()) > 0 for k in end if "lora_B" in k)  # B left zero: training happened
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS, SUBMISSION_FILE]
+    on_disk = Submission.from_json((tmp_path / SUBMISSION_FILE).read_text())
+    assert on_disk == sub
+    assert sub.lease == lease and sub.base_sha == lease.base_sha and sub.worker == "w1"
+    assert sub.submission_id == "w1-l1" and sub.steps == 3 and len(sub.step_metrics) == 3
+    assert sub.samples == 3 * 8 and sub.prompts == 6 and sub.tokens > sub.samples
+    assert [m.reward for m in sub.step_metrics] == [r for _, r in seen]
+    assert sub.reward_first == seen[0][1] and sub.reward_last == seen[-1][1]
+    assert {"load", "generate", "reward", "train", "save", "total"} <= sub.timings.keys()
+    assert sub.timings["total"] >= sub.timings["generate"] + sub.timings["train"]
+    assert {"torch", "transformers", "trl", "peft", "hubgrpo"} <= sub.versions.keys()
+    assert sub.device.startswith("cpu") and sub.step_metrics[0].grad_norm is not None
+
+
+def test_round_starts_from_exactly_the_given_adapter(engine, v0, tmp_path):
+    first = engine.run_round(v0, make_lease(steps=2, lease_id="a"), tmp_path / "a")
+    assert first.steps == 2
+    engine.load_adapter(tmp_path / "a")
+    in_model = get_peft_model_state_dict(engine.trainer.model, save_embedding_layers=False)
+    on_disk = load_file(tmp_path / "a" / ADAPTER_WEIGHTS)
+    assert all(torch.equal(in_model[k], on_disk[k]) for k in on_disk)
+    engine.run_round(tmp_path / "a", make_lease(steps=0, lease_id="b"), tmp_path / "b")  # 0 steps: a pure copy
+    copied = load_file(tmp_path / "b" / ADAPTER_WEIGHTS)
+    assert all(torch.equal(copied[k], on_disk[k]) for k in on_disk)
+
+
+def test_rounds_are_deterministic_and_reset_adam(engine, v0, tmp_path):
+    for name in ("x", "y"):
+        engine.run_round(v0, make_lease(steps=2, lease_id=name, seed=5), tmp_path / name)
+    x, y = load_file(tmp_path / "x" / ADAPTER_WEIGHTS), load_file(tmp_path / "y" / ADAPTER_WEIGHTS)
+    assert all(torch.equal(x[k], y[k]) for k in x)  # same adapter + lease → same result (fresh AdamW each round)
+    keep = {"reset_optimizer": False}
+    engine.run_round(v0, make_lease(steps=2, lease_id="z", seed=5, params=keep), tmp_path / "z")
+    z = load_file(tmp_path / "z" / ADAPTER_WEIGHTS)
+    assert any(not torch.equal(x[k], z[k]) for k in x)  # Adam moments carried over from the previous round
+
+
+def test_lease_params_override_and_beta_rebuilds_without_saving_ref(engine, v0, tmp_path):
+    sub = engine.run_round(v0, make_lease(steps=1, lease_id="lr", params={"learning_rate": 1e-3}), tmp_path / "lr")
+    assert sub.timings["setup"] == 0.0 and engine.trainer.args.learning_rate == 1e-3
+    sub = engine.run_round(v0, make_lease(steps=2, lease_id="kl", params={"beta": 0.05}), tmp_path / "kl")
+    assert sub.timings["setup"] > 0.0 and engine.trainer.beta == 0.05
+    assert sub.step_metrics[-1].kl is not None
+    assert sorted(p.name for p in (tmp_path / "kl").iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS, SUBMISSION_FILE]
+    assert load_file(tmp_path / "kl" / ADAPTER_WEIGHTS).keys() == load_file(v0 / ADAPTER_WEIGHTS).keys()
+    engine.run_round(v0, make_lease(steps=1, lease_id="back"), tmp_path / "back")  # and back to the config
+    assert engine.trainer.beta == 0.0
+
+
+def test_adapters_that_do_not_fit_are_model_errors(engine, v0, tmp_path):
+    state = load_file(v0 / ADAPTER_WEIGHTS)
+    conf = json.loads((v0 / ADAPTER_CONFIG).read_text())
+
+    def write(name, tensors, config=conf):
+        d = tmp_path / name
+        d.mkdir()
+        save_file(tensors, str(d / ADAPTER_WEIGHTS))
+        (d / ADAPTER_CONFIG).write_text(json.dumps(config))
+        return d
+
+    key = next(iter(state))
+    cases = {
+        "missing": ({k: v for k, v in state.items() if k != key}, conf, "missing base_model"),
+        "extra": ({**state, "base_model.model.lm_head.lora_A.weight": state[key].clone()}, conf,
+                  "unexpected base_model"),
+        "shape": ({k: torch.zeros(2, *v.shape[1:]) if "lora_A" in k else v for k, v in state.items()}, conf,
+                  "wrong shape"),
+        "rank": ({k: (v[:2] if "lora_A" in k else v[:, :2]).contiguous() for k, v in state.items()}, {**conf, "r": 2},
+                 "adapter has"),
+        "alpha": (state, {**conf, "lora_alpha": 32}, "adapter has"),
+    }
+    for name, (tensors, config, message) in cases.items():
+        with pytest.raises(ModelError, match=message):
+            engine.load_adapter(write(name, tensors, config))
+    with pytest.raises(ModelError, match="does not exist"):
+        engine.run_round(tmp_path / "nowhere", make_lease(), tmp_path / "out")
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / ADAPTER_WEIGHTS).write_bytes(b"not safetensors")
+    (tmp_path / "garbage" / ADAPTER_CONFIG).write_text(json.dumps(conf))
+    with pytest.raises(ModelError, match="cannot read"):
+        engine.load_adapter(tmp_path / "garbage")
+
+
+def test_evaluate_scores_greedy_completions(engine, v0):
+    score = engine.evaluate(v0, n=4)
+    assert 0.0 <= score <= 1.0
+    assert engine.evaluate(v0, n=4) == score  # greedy: deterministic
+
+
+def test_a_failing_reward_stops_the_round_with_a_reward_error(tiny_cache, tmp_path):
+    f = tmp_path / "bad.py"
+    f.write_text("def bad(prompts, completions, **kw):\n    return [1.0] * (len(completions) - 1)\n")
+    eng = RoundEngine(tiny_config([f"rewards=[{{function: '{f}:bad'}}]"]))
+    v = eng.init_adapter(tmp_path / "v0")
+    with pytest.raises(RewardError, match="bad returned 7 values for 8 completions"):
+        eng.run_round(v, make_lease(steps=1), tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_smollm2_round(tmp_path):
+    """SmolLM2-135M-Instruct (downloaded once into the user cache): one 2-step round on the demo config."""
+    from pathlib import Path
+
+    from hubgrpo.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml", overrides=["params.device=cpu"])
+    eng = RoundEngine(cfg)
+    sub = eng.run_round(eng.init_adapter(tmp_path / "v0"), make_lease(steps=2), tmp_path / "r1")
+    assert sub.steps == 2 and sub.samples == 2 * cfg.params.per_device_train_batch_size
+    assert Submission.from_json((tmp_path / "r1" / SUBMISSION_FILE).read_text()) == sub
+    assert (tmp_path / "r1" / ADAPTER_WEIGHTS).stat().st_size > 1_000_000

@@ -1,0 +1,69 @@
+"""``hubgrpo train`` (single-process baseline) through the CLI, the model card, and light imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from peft import PeftModel, get_peft_model_state_dict
+from safetensors.torch import load_file
+
+from hubgrpo.card import render_model_card
+from hubgrpo.cli import main
+from hubgrpo.config import loads
+from hubgrpo.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG_FILE, MODEL_CARD, StepMetrics
+from hubgrpo.train import METRICS_FILE, reward_windows
+from tests.models_fixture import tiny_cache  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_train_cli_writes_a_loadable_adapter(tiny_cache, tmp_path, capsys):
+    out = tmp_path / "adapter"
+    rc = main(["train", str(ROOT / "configs" / "tiny.yaml"), "--steps", "4", "--output", str(out),
+               "--eval-samples", "4", "--set", "params.max_completion_length=8"])
+    assert rc == 0
+    assert "adapter written to" in capsys.readouterr().out
+    assert {ADAPTER_WEIGHTS, ADAPTER_CONFIG, MODEL_CARD, METRICS_FILE, CONFIG_FILE} <= {p.name for p in out.iterdir()}
+    metrics = json.loads((out / METRICS_FILE).read_text())
+    assert [m["step"] for m in metrics["step_metrics"]] == [1, 2, 3, 4]
+    assert metrics["samples"] == 4 * 16 and metrics["eval"]["before"] is not None
+    assert all(StepMetrics.model_validate(m) for m in metrics["step_metrics"])
+
+    from hubgrpo.models import load_model
+
+    base, _ = load_model("builtin:tiny")
+    model = PeftModel.from_pretrained(base, str(out))
+    on_disk = load_file(out / ADAPTER_WEIGHTS)
+    loaded = get_peft_model_state_dict(model, save_embedding_layers=False)
+    assert loaded.keys() == on_disk.keys() and all(torch.equal(loaded[k], on_disk[k]) for k in on_disk)
+    card = (out / MODEL_CARD).read_text()
+    assert "library_name: peft" in card and "- grpo" in card and "reward (train, sampled)" in card
+
+
+def test_model_card_metadata_and_no_secrets():
+    cfg = loads("base_model: builtin:smollm2-135m-instruct\nproject_name: demo\n"
+                "hub: {token: hf_supersecret}\ncoordinator: {secret: s3cr3t}")
+    card = render_model_card(cfg, title="Demo", reward_rows=[{"version": 1, "reward": 0.123456}], body="Body.")
+    assert card.startswith("---\n") and "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card
+    assert "library_name: peft" in card and all(f"- {t}" in card for t in ("hubgrpo", "grpo", "lora"))
+    assert "| 1 | 0.1235 |" in card and "# Demo" in card and "Body." in card
+    assert "hf_supersecret" not in card and "s3cr3t" not in card
+    tiny = render_model_card(loads("base_model: builtin:tiny\nproject_name: t"), title="T", reward_rows=[])
+    assert "base_model:" not in tiny.split("---")[1]  # a random model has no Hub base model
+
+
+def test_reward_windows():
+    steps = [StepMetrics(step=i, reward=float(i)) for i in range(1, 13)]
+    rows = reward_windows(steps, n_windows=4)
+    assert [r["steps"] for r in rows] == ["1–3", "4–6", "7–9", "10–12"]
+    assert rows[0]["reward (train, sampled)"] == 2.0
+
+
+def test_cli_and_card_do_not_import_torch():
+    code = ("import sys, hubgrpo.cli, hubgrpo.card, hubgrpo.commands.train_cmd\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
