@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hubgrpo import layout, leases, runrepo
 from hubgrpo.config import Config
-from hubgrpo.errors import CommitConflict, InvalidSubmission, NotFound, Refused
+from hubgrpo.errors import CommitConflict, InvalidSubmission, LeaseError, NotFound, Refused
 from hubgrpo.layout import Lease, Refusal, RunState, Submission, WorkerStats
 from hubgrpo.store.base import Store
 
@@ -177,7 +177,9 @@ class Coordinator:
     def _budget_wait(self, now: float) -> float:
         """Seconds until one more round (a submission commit + a share of a merge) fits in the hourly budget."""
         self.commit_times = [t for t in self.commit_times if t > now - 3600]
-        planned = len(self.commit_times) + len(self.active) + 1 + 1  # + this round + the next merge
+        rounds = len(self.active) + len(self.pending) + 1  # rounds still to be merged, this one included
+        merges = -(-rounds // self.cfg.merge.quorum)  # one merge commit per quorum of them (ceil)
+        planned = len(self.commit_times) + len(self.active) + 1 + merges  # + this round's commit + merges
         if planned <= self.cfg.coordinator.commit_budget_per_hour:
             return 0.0
         excess = planned - self.cfg.coordinator.commit_budget_per_hour
@@ -192,7 +194,7 @@ class Coordinator:
 
         ``count_commit=False`` for the 2nd..Nth submission of a batch commit made by the coordinator itself."""
         now = self.clock()
-        self._verify(lease, now)
+        self._verify(lease, now, check_deadline=False)  # a genuine lease: its commit is in the repo, count it
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         if sub_id in self.state.merged_ids or sub_id in self.pending:
             return {"status": "duplicate", "submission_id": sub_id, "version": self.state.version}
@@ -200,8 +202,8 @@ class Coordinator:
         if count_commit:
             self.commit_times.append(now)
         try:
-            pending = self._admit(lease, commit)
-        except InvalidSubmission as e:
+            pending = self._admit(lease, commit)  # deadline (with grace), staleness, every admission check
+        except (InvalidSubmission, LeaseError) as e:
             self._refuse(sub_id, lease.worker, e, now)
             raise
         merged = self.maybe_merge()
@@ -264,7 +266,7 @@ class Coordinator:
             raise InvalidSubmission("no_samples", f"submission {sub_id} reports no samples")
         return sub
 
-    def _refuse(self, sub_id: str, worker: str, err: InvalidSubmission, now: float) -> None:
+    def _refuse(self, sub_id: str, worker: str, err: InvalidSubmission | LeaseError, now: float) -> None:
         self.new_refusals.append(Refusal(submission_id=sub_id, worker=worker, code=err.code, message=err.message,
                                          at=now, version=self.state.version))
         self._touch(worker, None, now).refused += 1
