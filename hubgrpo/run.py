@@ -80,11 +80,26 @@ def stop_workers(procs: list, timeout: float = 20.0) -> None:
 def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int = 0, on_status=None,
         max_wall_s: float | None = None, force: bool = False) -> dict:
     """Run until ``params.versions`` versions exist (or Ctrl-C / max_wall_s); return the final status."""
+    import torch
+
+    ensure_repo(store, cfg, force=force)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers own the cores; an oversubscribed merge stalls every submit (LIBRARY_NOTES §8)
+    try:
+        return _serve_and_watch(cfg, store, workers=workers, repo_arg=repo_arg, port=port, on_status=on_status,
+                                max_wall_s=max_wall_s)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, port: int, on_status,
+                     max_wall_s: float | None) -> dict:
+    """The coordinator API in this process, N worker processes, and a status loop until the run finishes."""
     from hubgrpo.client import CoordinatorClient
     from hubgrpo.coordinator import Coordinator
     from hubgrpo.server import serve
 
-    ensure_repo(store, cfg, force=force)
     coord = Coordinator(store, coordinator_secret(store), workdir=runrepo.cache_root() / "coordinator"
                         / cfg.project_name)
     app, url = serve(coord, port=port)
