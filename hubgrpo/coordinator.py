@@ -50,6 +50,8 @@ class Coordinator:
         self.commit_times: list[float] = []
         self._adapters: dict[int, object] = {}
         self.tracker = None
+        self.merging: int | None = None  # the version a merge is computing right now
+        self.background_merges = False  # set by the server: submit/tick leave merges to plan_merge/finish_merge
         self.reload()
         from hubgrpo.tracking import make_tracker
 
@@ -122,6 +124,11 @@ class Coordinator:
         for lid, old in list(self.active.items()):
             if old.worker == worker:  # a worker asking again lost its lease: give the shard back first
                 self._drop_lease(lid)
+        if self.merging is not None and self.cfg.merge.max_staleness == 0:  # synchronous: wait for the version
+            err = Refused("merging", f"version {self.merging} is being merged; with max_staleness 0 a lease on "
+                          f"version {self.state.version} could not be submitted", hint="wait_s=0.5")
+            err.wait_s = 0.5
+            raise err
         wait = self._budget_wait(now)
         if wait > 0:
             err = Refused("budget", f"commit budget reached ({self.cfg.coordinator.commit_budget_per_hour}/hour); "
@@ -190,7 +197,8 @@ class Coordinator:
     # ----------------------------------------------------------------------------------------- submissions
 
     def submit(self, lease: Lease, commit: str, *, count_commit: bool = True) -> dict:
-        """Admit the submission the worker committed at ``commit``; merge when the quorum is reached.
+        """Admit the submission the worker committed at ``commit``; merge when the quorum is reached (unless
+        ``background_merges``: then the answer says ``merge_due`` and the server's merge thread does it).
 
         ``count_commit=False`` for the 2nd..Nth submission of a batch commit made by the coordinator itself."""
         now = self.clock()
@@ -206,10 +214,11 @@ class Coordinator:
         except (InvalidSubmission, LeaseError) as e:
             self._refuse(sub_id, lease.worker, e, now)
             raise
-        merged = self.maybe_merge()
+        merged = False if self.background_merges else self.maybe_merge()
         status = "merged" if merged else "admitted"
         return {"status": status, "submission_id": sub_id, "version": self.state.version,
-                "staleness": self.state.version - pending.sub.base_version if not merged else None}
+                "staleness": self.state.version - pending.sub.base_version if not merged else None,
+                "merge_due": not merged and self.merge_due()}
 
     def _admit(self, lease: Lease, commit: str, *, verify_deadline: bool = True) -> Pending:
         """Run every admission check on a committed submission folder; keep it pending on success."""
@@ -289,25 +298,49 @@ class Coordinator:
         return self._adapters[version]
 
     def tick(self) -> None:
-        """Housekeeping: expire leases (their prompts go back to the pool), merge at the round deadline."""
+        """Housekeeping: expire leases (their prompts go back to the pool), merge at the round deadline (unless
+        ``background_merges``)."""
         now = self.clock()
         for lid, lease in list(self.active.items()):
             if now > lease.deadline:
                 log.info("lease %s of %s expired", lid, lease.worker)
                 self._drop_lease(lid)
-        self.maybe_merge()
+        if not self.background_merges:
+            self.maybe_merge()
 
-    def maybe_merge(self) -> bool:
-        """Merge when ``quorum`` submissions are in, or at the round deadline with at least one."""
-        if not self.pending or self.state.finished:
+    def merge_due(self) -> bool:
+        """``quorum`` submissions are in, or the round deadline passed with at least one (and none merging)."""
+        if not self.pending or self.state.finished or self.merging is not None:
             return False
         deadline = self.last_merge_at + self.cfg.coordinator.round_timeout_s
-        if len(self.pending) < self.cfg.merge.quorum and self.clock() < deadline:
+        return len(self.pending) >= self.cfg.merge.quorum or self.clock() >= deadline
+
+    def maybe_merge(self) -> bool:
+        """Merge now (plan, compute, commit) when a merge is due."""
+        if not self.merge_due():
             return False
         from hubgrpo.merge_step import merge_version
 
-        merge_version(self)
-        return True
+        return merge_version(self)
+
+    def plan_merge(self):
+        """A ``merge_step.MergePlan`` when a merge is due, else None. Call under the lock, then run
+        ``plan.compute()`` without it and ``finish_merge`` under it again."""
+        if not self.merge_due():
+            return None
+        from hubgrpo.merge_step import plan_merge
+
+        return plan_merge(self)
+
+    def finish_merge(self, plan, result) -> bool:
+        """Commit and adopt the merge computed from ``plan``; False if the run moved on meanwhile."""
+        from hubgrpo.merge_step import finish_merge
+
+        return finish_merge(self, plan, result)
+
+    def abort_merge(self, plan) -> None:
+        """Forget a plan whose compute failed; its submissions stay pending."""
+        self.merging = None
 
     # ---------------------------------------------------------------------------------------------- status
 

@@ -1,9 +1,20 @@
-"""One merge of the coordinator: pending submissions → the next global version, in one CAS commit + a tag."""
+"""One merge of the coordinator: pending submissions → the next global version, in one CAS commit + a tag.
+
+A merge has three phases so that a server can run the tensor work without holding its API lock:
+
+- ``plan_merge(c)`` (under the lock): pick the pending submissions, refuse the ones grown too stale, snapshot
+  the global adapter, their base adapters and the outer momentum;
+- ``MergePlan.compute()`` (no lock: pure tensor functions over the snapshot);
+- ``finish_merge(c, plan, result)`` (under the lock): the next ``state.json`` from the coordinator's state *now*
+  (so heartbeats, refusals and leases made during the compute are kept), one CAS commit, the tag, adoption.
+Submissions admitted while a merge computes stay pending for the next one.
+"""
 
 from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
@@ -14,25 +25,69 @@ log = logging.getLogger("hubgrpo.coordinator")
 MAX_CAS_RETRIES = 20
 
 
+@dataclass
+class MergePlan:
+    """Everything one merge needs, snapshotted from the coordinator; ``compute()`` touches nothing else."""
+
+    version: int  # the version this merge produces
+    global_: object
+    items: list
+    entries: list[MergedEntry]
+    options: object
+    momentum: object = None
+    submission_ids: list[str] = field(default_factory=list)
+
+    def compute(self):
+        """The merge itself (``hubgrpo.merge.merge``); safe to run without the coordinator's lock."""
+        from hubgrpo.merge import merge
+
+        return merge(self.global_, self.items, self.options, momentum=self.momentum)
+
+
 def merge_version(c) -> bool:
     """Merge ``c.pending`` (a Coordinator) into version ``c.state.version + 1``. False if nothing was merged."""
-    from hubgrpo.merge import MergeOptions, merge
+    plan = plan_merge(c)
+    if plan is None:
+        return False
+    try:
+        result = plan.compute()
+    except BaseException:
+        c.merging = None
+        raise
+    return finish_merge(c, plan, result)
+
+
+def plan_merge(c) -> MergePlan | None:
+    """Snapshot the pending submissions for a merge and mark the coordinator as merging; None if none is left."""
+    from hubgrpo.merge import MergeOptions
 
     items, entries = _weighted_items(c)
     if not items:
         c.pending.clear()
-        return False
+        return None
     m = c.cfg.merge
     opts = MergeOptions(method=m.method, outer_lr=m.outer_lr, outer_momentum=m.outer_momentum, nesterov=m.nesterov,
                         rank=c.cfg.lora.r, max_rank=m.max_rank, clip_factor=m.clip_factor,
                         trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm)
-    result = merge(c._global(), items, opts, momentum=_momentum(c))
-    state = _next_state(c, entries, result.report)
-    sha = _commit(c, result, state)
-    if sha is None:
-        return False
-    _adopt(c, sha, state, result)
-    log.info("version %d merged from %d submissions (residual %s)", state.version, len(entries),
+    c.merging = c.state.version + 1
+    return MergePlan(version=c.state.version + 1, global_=c._global(), items=items, entries=entries, options=opts,
+                     momentum=_momentum(c), submission_ids=[e.submission_id for e in entries])
+
+
+def finish_merge(c, plan: MergePlan, result) -> bool:
+    """Commit and adopt a computed merge; False (nothing changed) if the run moved on meanwhile."""
+    try:
+        if c.state.version + 1 != plan.version or c.state.finished:
+            log.warning("dropping the merge for version %d: the run is at version %d", plan.version, c.state.version)
+            return False
+        state = _next_state(c, plan.entries, result.report)
+        sha = _commit(c, result, state)
+        if sha is None:
+            return False
+        _adopt(c, sha, state, result)
+    finally:
+        c.merging = None
+    log.info("version %d merged from %d submissions (residual %s)", state.version, len(plan.entries),
              result.report.get("residual"))
     return True
 

@@ -14,6 +14,13 @@ Thread safety lives here, not in the coordinator: one lock serialises ``lease``/
 ``submit``/``tick``; ``status`` runs unlocked. A daemon thread calls ``coord.tick()`` every ``tick_interval``
 seconds while the app runs (started by the app's startup event, so ``blocks.launch()`` on a Space ticks too).
 
+Merges run in that same thread, off the request path: ``submit`` only admits (the answer says ``merge_due``) and
+wakes the thread, which plans the merge under the lock, computes it WITHOUT the lock (leases, heartbeats and
+other submissions go on meanwhile) and commits it under the lock again. A worker is never kept waiting for a
+merge; its next lease is on the newest committed version (one version staler while a merge is computing, which
+the staleness rule accounts for; with ``max_staleness: 0`` the lease is refused with ``merging`` and a short
+wait instead).
+
 The endpoints are registered with ``queue=False``: on this machine that made no difference to gradio_client
 latency but lets the raw-HTTP client use ``POST /gradio_api/run/<name>`` (one round trip, ~4x faster than the
 queued ``/call`` POST + SSE GET), which Gradio serves even on Spaces (where ``api_open`` is off) because the
@@ -27,7 +34,6 @@ import math
 import os
 import socket
 import threading
-import time
 import traceback
 from typing import Any, Callable, Protocol
 
@@ -56,6 +62,9 @@ class CoordinatorLike(Protocol):
     def submit(self, lease: Lease, commit: str) -> dict: ...
     def status(self) -> dict: ...
     def tick(self) -> None: ...
+    def plan_merge(self) -> Any: ...  # None when no merge is due; else an object with compute()
+    def finish_merge(self, plan: Any, result: Any) -> bool: ...
+    def abort_merge(self, plan: Any) -> None: ...
 
 
 # ------------------------------------------------------------------------------------------------ wire helpers
@@ -113,6 +122,7 @@ class CoordinatorApi:
         self.coord = coord
         self.auth = auth
         self.lock = threading.Lock()
+        self.merge_wanted = threading.Event()  # set by submit when a merge is due: wakes the tick thread
 
     def _answer(self, name: str, token: str | None, fn: Callable[[], Any]) -> dict:
         """Run ``fn`` and wrap its result or error in the wire envelope; never raises."""
@@ -181,7 +191,10 @@ class CoordinatorApi:
                 raise InvalidSubmission("bad_commit", f"commit {str(commit)[:80]!r} is not a commit id",
                                         hint="send the commit sha returned by the upload")
             with self.lock:
-                return self.coord.submit(parsed, commit)
+                answer = self.coord.submit(parsed, commit)
+            if isinstance(answer, dict) and answer.get("merge_due"):
+                self.merge_wanted.set()
+            return answer
         return self._answer("submit", token, run)
 
     def status(self, token: str | None = None, request: gr.Request = None) -> dict:
@@ -193,7 +206,8 @@ class CoordinatorApi:
 
 
 class Ticker:
-    """Calls ``coord.tick()`` under the API lock every ``interval`` seconds while ``blocks`` is running."""
+    """Calls ``coord.tick()`` under the API lock every ``interval`` seconds while ``blocks`` is running, and runs
+    due merges (woken at once by a submit that completes a quorum) with the lock released during the compute."""
 
     def __init__(self, api: CoordinatorApi, blocks: gr.Blocks, interval: float):
         self.api, self.blocks, self.interval = api, blocks, float(interval)
@@ -210,14 +224,31 @@ class Ticker:
 
     def _run(self) -> None:
         while True:
-            time.sleep(self.interval)
+            self.api.merge_wanted.wait(self.interval)
+            self.api.merge_wanted.clear()
             if not self.blocks.is_running:
                 return
             try:
-                with self.api.lock:
-                    self.api.coord.tick()
+                self.step()
             except Exception:  # deliberate: housekeeping must survive one bad tick
                 log.exception("coordinator tick failed")
+
+    def step(self) -> bool:
+        """One tick, then the due merge if any (compute outside the lock). True when a version was merged."""
+        coord = self.api.coord
+        with self.api.lock:
+            coord.tick()
+            plan = coord.plan_merge()
+        if plan is None:
+            return False
+        try:
+            result = plan.compute()
+        except BaseException:
+            with self.api.lock:
+                coord.abort_merge(plan)
+            raise
+        with self.api.lock:
+            return coord.finish_merge(plan, result)
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread to end (it ends within one interval of the app closing)."""
@@ -237,6 +268,7 @@ def build_app(coord: CoordinatorLike, *, tick_interval: float = 1.0, blocks: gr.
     ``queue=True`` routes calls through Gradio's queue instead (kept for benchmarks).
     """
     api = CoordinatorApi(coord, auth=auth)
+    coord.background_merges = True  # merges run in the tick thread, off the request path
     blocks = blocks if blocks is not None else gr.Blocks(title="hubgrpo coordinator")
     with blocks:
         for name in ENDPOINTS:

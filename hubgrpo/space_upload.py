@@ -55,10 +55,12 @@ class QueuedSubmission:
 class SubmissionBatcher:
     """Commits queued submissions in batches (one commit each), then submits every one to the coordinator."""
 
-    def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0):
+    def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
+                 merge_wanted: threading.Event | None = None):
+        """``merge_wanted`` is set when a submit makes a merge due (the server's tick thread then merges)."""
         if batch_size < 1 or batch_wait_s < 0:
             raise ValueError("batch_size must be >= 1 and batch_wait_s >= 0")
-        self.coord, self.lock = coord, lock
+        self.coord, self.lock, self.merge_wanted = coord, lock, merge_wanted
         self.batch_size, self.batch_wait_s = int(batch_size), float(batch_wait_s)
         self.commits: list[tuple[str, int]] = []  # (sha, submissions in it), for the status page and tests
         self._queue: list[QueuedSubmission] = []
@@ -135,6 +137,8 @@ class SubmissionBatcher:
                 with self.lock:  # one commit for the whole batch: count it once in the commit budget
                     answer = self.coord.submit(it.lease, sha, count_commit=i == 0)
                     it.result = {**answer, "commit": sha, "batch": len(batch)}
+                if answer.get("merge_due") and self.merge_wanted is not None:
+                    self.merge_wanted.set()
             except Exception as e:  # deliberate: the error goes back to that worker only
                 it.error = e
         self._finish(batch)
@@ -192,9 +196,11 @@ class Uploads:
     """The ``upload`` endpoint's logic: check before committing, then hand over to the batcher and wait."""
 
     def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
-                 workdir: Path | None = None, wait_timeout_s: float = 300.0):
+                 workdir: Path | None = None, wait_timeout_s: float = 300.0,
+                 merge_wanted: threading.Event | None = None):
         self.coord, self.lock = coord, lock
-        self.batcher = SubmissionBatcher(coord, lock, batch_size=batch_size, batch_wait_s=batch_wait_s)
+        self.batcher = SubmissionBatcher(coord, lock, batch_size=batch_size, batch_wait_s=batch_wait_s,
+                                         merge_wanted=merge_wanted)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-uploads-"))
         self.wait_timeout_s = float(wait_timeout_s)
 

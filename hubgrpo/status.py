@@ -41,6 +41,7 @@ def run_status(c) -> dict:
     out["leases"] = [{"lease_id": lid, "worker": l.worker, "user": l.user, "base_version": l.base_version,
                       "expires_in_s": round(l.deadline - now, 1)} for lid, l in list(c.active.items())]
     out["pending"] = sorted(list(c.pending))
+    out["merging"] = c.merging
     out["commits_last_hour"] = len([t for t in list(c.commit_times) if t > now - 3600])
     out["commit_budget_per_hour"] = c.cfg.coordinator.commit_budget_per_hour
     out["prompts_returned"] = c.pool.returned

@@ -120,7 +120,7 @@ class Worker:
                 if e.code == "finished":
                     log.info("run finished: %s", e.message)
                     return None
-                if e.code not in ("budget", "rate"):
+                if e.code not in ("budget", "rate", "merging"):
                     raise
                 wait = _wait_hint(e, default=30.0)
                 log.info("coordinator asks to wait %.0f s: %s", wait, e.message)

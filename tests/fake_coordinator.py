@@ -151,3 +151,13 @@ class FakeCoordinator:
         for lease_id in [k for k, v in self.active.items() if now > v.deadline]:
             del self.active[lease_id]
             self.expired += 1
+
+    def plan_merge(self):
+        """This fake merges inside ``submit``; nothing is ever left for the tick thread."""
+        return None
+
+    def finish_merge(self, plan, result) -> bool:
+        return False
+
+    def abort_merge(self, plan) -> None:
+        pass

@@ -20,6 +20,7 @@ from hubgrpo.cli import main
 from hubgrpo.errors import InvalidSubmission
 from tests.chaos_helpers import (audit, chaos_env, kill, start_coordinator, start_worker, wait_for)
 from tests.conftest import TEST_TOKEN
+from tests.test_space_support import wait_for_version
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -239,8 +240,8 @@ def test_worker_on_wrong_base_model_is_refused_run_unaffected(live, tmp_path, va
     err = _hostile(store, client, tmp_path, f"wrongbase-{variant}", mutate, seed=3)
     assert err.code in codes, (err.code, err.message)
     assert _honest(store, client, tmp_path, 1)["status"] == "admitted"
-    assert _honest(store, client, tmp_path, 2)["status"] == "merged"
-    status = client.status()
+    assert _honest(store, client, tmp_path, 2)["merge_due"]
+    status = wait_for_version(client, 1)
     assert status["version"] == 1 and [r["code"] for r in status["refusals"]] == [err.code]
 
 
@@ -256,7 +257,9 @@ def test_flood_of_hostile_submissions_interleaved_with_honest_ones(live, tmp_pat
         got[name] = (_hostile(store, client, tmp_path, name, mutate, seed=100 + i).code, code)
         if i % 5 == 4:  # two honest rounds after every five hostile ones: one version each time
             _honest(store, client, tmp_path, 2 * i)
-            honest_merged += _honest(store, client, tmp_path, 2 * i + 1)["status"] == "merged"
+            if _honest(store, client, tmp_path, 2 * i + 1)["merge_due"]:
+                honest_merged += 1
+                wait_for_version(client, honest_merged)
     wrong = {n: g for n, g in got.items() if g[0] != g[1]}
     assert not wrong, wrong  # every hostile submission refused with its own reason
     status = client.status()

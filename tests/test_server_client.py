@@ -30,7 +30,7 @@ class Swappable:
     target: FakeCoordinator | None = None
 
     def __getattr__(self, name: str):
-        if self.target is None and name == "tick":
+        if self.target is None and name in ("tick", "plan_merge"):
             return lambda: None
         return getattr(self.target, name)
 

@@ -23,7 +23,7 @@ from hubgrpo.store.local import LocalStore
 from hubgrpo.worker import Worker
 from tests.coord_helpers import FakeClock, make_config, submission_record
 from tests.test_space_support import (ALICE, BOB, MALLORY, SimWorker, make_run, new_coordinator, run_versions,
-                                      start_emulator, submission_folder, write_adapter)
+                                      start_emulator, submission_folder, wait_for_version, write_adapter)
 
 PUBLIC_API = {"lease", "heartbeat", "release", "submit", "status", "upload"}
 
@@ -82,7 +82,9 @@ def test_two_workers_two_versions_through_the_space(emu, tmp_path, launch):
         answers.append(alice.finish(alice.lease(), reward=0.2 + 0.1 * v))
         bob.results = []
         answers += bob.run()
-    assert [a["status"] for a in answers] == ["admitted", "merged"] * 2
+        wait_for_version(bob_client, v + 1)  # the merge runs in the server's tick thread, off the submit path
+    assert [a["status"] for a in answers] == ["admitted"] * 4
+    assert [a["merge_due"] for a in answers] == [False, True] * 2
     assert all(a["batch"] == 1 and len(a["commit"]) == 40 for a in answers[1::2])
     state = runrepo.read_state(store)
     assert state.version == 2 and state.finished and len(set(state.merged_ids)) == 4
@@ -183,7 +185,8 @@ def test_uploads_are_checked_then_committed_in_batches(emu, tmp_path, launch):
     for t in threads:
         t.join(30)
     assert answers[0]["commit"] == answers[1]["commit"] and answers[0]["batch"] == 2
-    assert sorted(a["status"] for a in answers.values()) == ["admitted", "merged"]
+    assert sorted(a["merge_due"] for a in answers.values()) == [False, True]
+    wait_for_version(workers[0].client, 1)
     assert emu.stats["commits_applied"] - before == 2  # ONE commit for two submissions, plus the merge
     assert sum("via the coordinator" in c.message for c in store.history()) == 1
     bad = submission_folder(leases[2], tmp_path / "bad", seed=9, reward=0.1, mutate=_poison)
@@ -229,7 +232,8 @@ def test_restarted_space_resumes_the_run(emu, tmp_path, launch):
     alice2 = SimWorker(url2, "alice-box", ALICE, tmp_path, store=own)
     assert alice2.client.heartbeat(lease).lease_id == lease.lease_id  # leases survive (signed)
     bob2 = SimWorker(url2, "bob-box", BOB, tmp_path, transport="gradio")
-    assert bob2.finish(bob2.lease(), 0.7)["status"] == "merged"
+    assert bob2.finish(bob2.lease(), 0.7)["merge_due"]
+    wait_for_version(bob2.client, 2)
     state = runrepo.read_state(store)
     assert state.version == 2 and state.finished and len(state.merged_ids) == len(set(state.merged_ids)) == 4
     with pytest.raises(Refused, match="finished"):

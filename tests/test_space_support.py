@@ -111,10 +111,26 @@ class SimWorker:
 
 
 def run_versions(workers: list[SimWorker], versions: int, rewards=(0.2, 0.4)) -> list[dict]:
-    """Each version: every worker leases, then each delivers (quorum = len(workers)). Returns all answers."""
+    """Each version: every worker leases, then each delivers (quorum = len(workers)), then the background merge
+    is waited for. Returns all answers."""
     answers = []
     for v in range(versions):
+        target = workers[0].client.status()["version"] + 1
         leases = [w.lease() for w in workers]
         for i, (w, lease) in enumerate(zip(workers, leases)):
             answers.append(w.finish(lease, reward=rewards[i % len(rewards)] + 0.1 * v))
+        wait_for_version(workers[0].client, target)
     return answers
+
+
+def wait_for_version(client, version: int, timeout: float = 30.0) -> dict:
+    """Poll ``status`` until the run reaches ``version`` (merges run in the server's background thread)."""
+    deadline = time.time() + timeout
+    while True:
+        status = client.status()
+        if status["version"] >= version:
+            return status
+        if time.time() > deadline:
+            raise AssertionError(f"version {version} not reached in {timeout} s: {status['version']}, "
+                                 f"pending {status.get('pending')}, merging {status.get('merging')}")
+        time.sleep(0.05)

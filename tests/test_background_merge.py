@@ -1,0 +1,122 @@
+"""Merges run in the server's tick thread with the API lock released: a slow merge keeps no caller waiting."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from hubgrpo import runrepo
+from hubgrpo.client import CoordinatorClient
+from hubgrpo.coordinator import Coordinator
+from hubgrpo.errors import Refused
+from hubgrpo.merge_step import MergePlan
+from hubgrpo.server import serve
+from hubgrpo.store.local import LocalStore
+from tests.coord_helpers import make_config, push_submission, write_adapter
+from tests.test_space_support import wait_for_version
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def slow_run(tmp_path, monkeypatch):
+    """A served real coordinator whose merge compute blocks until the test releases it."""
+    gate, started = threading.Event(), threading.Event()
+    compute = MergePlan.compute
+
+    def slow_compute(plan):
+        started.set()
+        assert gate.wait(30), "the test never released the merge"
+        return compute(plan)
+
+    monkeypatch.setattr(MergePlan, "compute", slow_compute)
+
+    def start(**overrides):
+        cfg = make_config(**overrides)
+        store = LocalStore(tmp_path / "repo")
+        runrepo.init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0))
+        coord = Coordinator(store, b"secret", workdir=tmp_path / "work")
+        app, url = serve(coord, tick_interval=0.2)
+        apps.append(app)
+        return store, coord, CoordinatorClient(url, retries=1)
+
+    apps: list = []
+    yield start, gate, started
+    gate.set()
+    for app in apps:
+        app.close(verbose=False)
+
+
+def test_submit_answers_before_the_merge_and_the_api_stays_responsive(slow_run, tmp_path):
+    start, gate, started = slow_run
+    store, coord, client = start(**{"merge.max_staleness": 2})
+    l1, l2, l3 = client.lease("w1"), client.lease("w2"), client.lease("w3")
+    assert client.submit(l1, push_submission(store, l1, tmp_path, seed=1))["merge_due"] is False
+    t0 = time.time()
+    answer = client.submit(l2, push_submission(store, l2, tmp_path, seed=2))
+    assert answer["status"] == "admitted" and answer["merge_due"] is True
+    assert started.wait(10)  # the tick thread is computing the merge, and will until the gate opens
+    assert client.heartbeat(l3).lease_id == l3.lease_id  # not blocked behind the merge
+    l4 = client.lease("w4")
+    assert l4.base_version == 0  # the newest committed version: the merge is still computing
+    status = client.status()
+    assert status["merging"] == 1 and status["version"] == 0 and len(status["pending"]) == 2
+    assert time.time() - t0 < 8
+    l3 = client.heartbeat(l3)
+    third = client.submit(l3, push_submission(store, l3, tmp_path, seed=3))  # admitted during the compute
+    assert third["status"] == "admitted"
+    gate.set()
+    status = wait_for_version(client, 1)
+    assert status["merging"] is None and status["pending"] == [third["submission_id"]]  # kept for the next merge
+    state = runrepo.read_state(store)
+    assert sorted(m.worker for m in state.versions[1].merged) == ["w1", "w2"]
+    assert state.workers["w4"].last_seen is not None  # a lease taken during the compute survives the adoption
+    l4 = client.heartbeat(l4)
+    client.submit(l4, push_submission(store, l4, tmp_path, seed=4))  # stale by one version: admitted, merged
+    status = wait_for_version(client, 2)
+    merged = runrepo.read_state(store).versions[2].merged
+    assert {m.worker: m.staleness for m in merged} == {"w3": 1, "w4": 1}
+
+
+def test_max_staleness_zero_waits_for_the_running_merge(slow_run, tmp_path):
+    start, gate, started = slow_run
+    store, coord, client = start(**{"merge.max_staleness": 0})
+    l1, l2 = client.lease("w1"), client.lease("w2")
+    client.submit(l1, push_submission(store, l1, tmp_path, seed=1))
+    client.submit(l2, push_submission(store, l2, tmp_path, seed=2))
+    assert started.wait(10)
+    with pytest.raises(Refused) as e:
+        client.lease("w1")
+    assert e.value.code == "merging" and e.value.wait_s == 0.5
+    gate.set()
+    wait_for_version(client, 1)
+    assert client.lease("w1").base_version == 1
+
+
+def test_a_failing_merge_keeps_its_submissions_pending(tmp_path, monkeypatch):
+    cfg = make_config()
+    store = LocalStore(tmp_path / "repo")
+    runrepo.init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0))
+    coord = Coordinator(store, b"secret", workdir=tmp_path / "work")
+    compute = MergePlan.compute
+    fail = {"left": 1}
+
+    def flaky(plan):
+        if fail["left"]:
+            fail["left"] -= 1
+            raise RuntimeError("out of memory (simulated)")
+        return compute(plan)
+
+    monkeypatch.setattr(MergePlan, "compute", flaky)
+    app, url = serve(coord, tick_interval=0.2)
+    try:
+        client = CoordinatorClient(url, retries=1)
+        leases = [client.lease(f"w{i}") for i in range(2)]
+        for i, lease in enumerate(leases):
+            client.submit(lease, push_submission(store, lease, tmp_path, seed=i + 1))
+        status = wait_for_version(client, 1)  # the first compute failed; the next tick merged both
+        assert fail["left"] == 0 and status["pending"] == [] and len(status["versions"][1]["contributors"]) == 2
+    finally:
+        app.close(verbose=False)
