@@ -131,6 +131,9 @@ class CoordinatorSection(_Section):
     lease_timeout_s: float = Field(600, gt=0, description="A lease with no heartbeat for this long expires.")
     heartbeat_interval_s: float = Field(30, gt=0, description="How often workers heartbeat.")
     round_timeout_s: float = Field(900, gt=0, description="Merge at this deadline when at least one submission is in.")
+    lease_waits_for_merge_s: float = Field(
+        30, ge=0, description="A lease asked while a merge is due or running waits up to this long for the new "
+        "version (0 = lease the current one at once, one version staler).")
     allowed_users: list[str] = Field(default_factory=list, description="Users/orgs allowed to work; empty = repo owner.")
     commit_budget_per_hour: int = Field(60, gt=0, description="Keep repo commits per hour under this.")
     rate_limit_per_minute: int = Field(120, gt=0, description="API calls per worker per minute.")

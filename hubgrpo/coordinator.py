@@ -308,6 +308,11 @@ class Coordinator:
         if not self.background_merges:
             self.maybe_merge()
 
+    @property
+    def merge_wait_s(self) -> float:
+        """How long the server lets a lease wait for a due or running merge (``lease_waits_for_merge_s``)."""
+        return self.cfg.coordinator.lease_waits_for_merge_s
+
     def merge_due(self) -> bool:
         """``quorum`` submissions are in, or the round deadline passed with at least one (and none merging)."""
         if not self.pending or self.state.finished or self.merging is not None:

@@ -326,8 +326,11 @@ class RoundEngine:
     # -------------------------------------------------------------------------------------- evaluation
 
     @torch.no_grad()
-    def evaluate(self, adapter_dir: str | Path | None = None, n: int = 16, batch_size: int = 16) -> float:
-        """Mean weighted reward of greedy completions on the first ``n`` held-out prompts.
+    def evaluate(self, adapter_dir: str | Path | None = None, n: int = 16, batch_size: int = 16, *,
+                 greedy: bool = True, seed: int = 0) -> float:
+        """Mean weighted reward of completions on the first ``n`` held-out prompts: greedy, or (``greedy=False``)
+        one sample per prompt at the training temperature with a fixed ``seed`` (the policy's expected reward,
+        smoother than greedy for small models, and identical for identical adapters).
 
         Uses ``adapter_dir`` when given, else the adapter currently in the model.
         """
@@ -343,13 +346,15 @@ class RoundEngine:
         model.eval()
         try:
             totals = []
+            if not greedy:
+                torch.manual_seed(seed)
             for i in range(0, len(rows), batch_size):
-                totals += self._score_greedy(model, rows[i:i + batch_size])
+                totals += self._score(model, rows[i:i + batch_size], greedy)
         finally:
             model.train(was_training)
         return sum(totals) / len(totals)
 
-    def _score_greedy(self, model, rows: list[dict]) -> list[float]:
+    def _score(self, model, rows: list[dict], greedy: bool = True) -> list[float]:
         tok = self.tokenizer
         prompts = [r["prompt"] for r in rows]
         chat = isinstance(prompts[0], list)
@@ -357,8 +362,9 @@ class RoundEngine:
             if chat else prompts
         enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
                   add_special_tokens=not chat).to(model.device)
-        gen = GenerationConfig(max_new_tokens=self._params["max_completion_length"], do_sample=False,
-                               eos_token_id=self.trainer.eos_token_ids, pad_token_id=tok.pad_token_id)
+        sampling = {} if greedy else {"temperature": self.cfg.params.temperature, "top_p": 1.0, "top_k": 0}
+        gen = GenerationConfig(max_new_tokens=self._params["max_completion_length"], do_sample=not greedy,
+                               eos_token_id=self.trainer.eos_token_ids, pad_token_id=tok.pad_token_id, **sampling)
         out = model.generate(**enc, generation_config=gen)
         texts_out = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         completions = [[{"role": "assistant", "content": t}] for t in texts_out] if chat else texts_out

@@ -15,11 +15,11 @@ Thread safety lives here, not in the coordinator: one lock serialises ``lease``/
 seconds while the app runs (started by the app's startup event, so ``blocks.launch()`` on a Space ticks too).
 
 Merges run in that same thread, off the request path: ``submit`` only admits (the answer says ``merge_due``) and
-wakes the thread, which plans the merge under the lock, computes it WITHOUT the lock (leases, heartbeats and
-other submissions go on meanwhile) and commits it under the lock again. A worker is never kept waiting for a
-merge; its next lease is on the newest committed version (one version staler while a merge is computing, which
-the staleness rule accounts for; with ``max_staleness: 0`` the lease is refused with ``merging`` and a short
-wait instead).
+wakes the thread, which plans the merge under the lock, computes it WITHOUT the lock (heartbeats and other
+submissions go on meanwhile) and commits it under the lock again. A ``lease`` asked while a merge is due or
+running waits for it, up to ``coordinator.lease_waits_for_merge_s`` (``merge_wait_s``), so that a worker does
+not start a round on a version about to be replaced (a staleness the merge would then have to discount); past
+that wait it gets the current version (with ``max_staleness: 0``: a ``merging`` refusal with a short wait).
 
 The endpoints are registered with ``queue=False``: on this machine that made no difference to gradio_client
 latency but lets the raw-HTTP client use ``POST /gradio_api/run/<name>`` (one round trip, ~4x faster than the
@@ -65,6 +65,7 @@ class CoordinatorLike(Protocol):
     def plan_merge(self) -> Any: ...  # None when no merge is due; else an object with compute()
     def finish_merge(self, plan: Any, result: Any) -> bool: ...
     def abort_merge(self, plan: Any) -> None: ...
+    merge_wait_s: float  # how long a lease may wait for a due or running merge
 
 
 # ------------------------------------------------------------------------------------------------ wire helpers
@@ -123,6 +124,8 @@ class CoordinatorApi:
         self.auth = auth
         self.lock = threading.Lock()
         self.merge_wanted = threading.Event()  # set by submit when a merge is due: wakes the tick thread
+        self.merge_busy = False  # a merge is due or running (guarded by merge_done)
+        self.merge_done = threading.Condition()
 
     def _answer(self, name: str, token: str | None, fn: Callable[[], Any]) -> dict:
         """Run ``fn`` and wrap its result or error in the wire envelope; never raises."""
@@ -163,9 +166,26 @@ class CoordinatorApi:
         """Lease a round to ``worker``. With an auth hook the authenticated name replaces ``user``."""
         def run():
             who = self._user(token, request) if self.auth is not None else user
+            self.wait_for_merge()
             with self.lock:
                 return self.coord.lease(worker, who)
         return self._answer("lease", token, run)
+
+    def wait_for_merge(self) -> bool:
+        """Block (lock released) while a merge is due or running, up to ``coord.merge_wait_s``; True if none is."""
+        with self.merge_done:
+            return self.merge_done.wait_for(lambda: not self.merge_busy, timeout=self.coord.merge_wait_s)
+
+    def merge_is_due(self) -> None:
+        """A submit completed a quorum: leases wait from now on, and the tick thread wakes up to merge."""
+        self.set_merge_busy(True)
+        self.merge_wanted.set()
+
+    def set_merge_busy(self, busy: bool) -> None:
+        with self.merge_done:
+            self.merge_busy = busy
+            if not busy:
+                self.merge_done.notify_all()
 
     def heartbeat(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
         """Extend a lease's deadline; the answer is the re-signed lease."""
@@ -193,7 +213,7 @@ class CoordinatorApi:
             with self.lock:
                 answer = self.coord.submit(parsed, commit)
             if isinstance(answer, dict) and answer.get("merge_due"):
-                self.merge_wanted.set()
+                self.merge_is_due()
             return answer
         return self._answer("submit", token, run)
 
@@ -235,20 +255,25 @@ class Ticker:
 
     def step(self) -> bool:
         """One tick, then the due merge if any (compute outside the lock). True when a version was merged."""
-        coord = self.api.coord
-        with self.api.lock:
+        api, coord = self.api, self.api.coord
+        with api.lock:
             coord.tick()
             plan = coord.plan_merge()
+            api.set_merge_busy(plan is not None)  # under the lock: a submit cannot make one due in between
         if plan is None:
             return False
         try:
             result = plan.compute()
         except BaseException:
-            with self.api.lock:
+            with api.lock:
                 coord.abort_merge(plan)
+            api.set_merge_busy(False)
             raise
-        with self.api.lock:
-            return coord.finish_merge(plan, result)
+        try:
+            with api.lock:
+                return coord.finish_merge(plan, result)
+        finally:
+            api.set_merge_busy(False)
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread to end (it ends within one interval of the app closing)."""

@@ -104,7 +104,7 @@ def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, 
     build_app(coord, blocks=blocks, auth=auth, tick_interval=tick_interval)
     api = blocks.hubgrpo_ticker.api  # the server's endpoint object: its lock and its auth hook
     uploads = Uploads(coord, api.lock, batch_size=batch_size, batch_wait_s=batch_wait_s,
-                      merge_wanted=api.merge_wanted)
+                      on_merge_due=api.merge_is_due)
 
     def upload(lease: dict, files: dict, token: str | None = None, request: gr.Request = None) -> dict:
         """Upload a round's submission ({file name: base64} of adapter_model.safetensors, adapter_config.json and

@@ -56,11 +56,11 @@ class SubmissionBatcher:
     """Commits queued submissions in batches (one commit each), then submits every one to the coordinator."""
 
     def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
-                 merge_wanted: threading.Event | None = None):
-        """``merge_wanted`` is set when a submit makes a merge due (the server's tick thread then merges)."""
+                 on_merge_due=None):
+        """``on_merge_due()`` is called when a submit makes a merge due (the server's tick thread then merges)."""
         if batch_size < 1 or batch_wait_s < 0:
             raise ValueError("batch_size must be >= 1 and batch_wait_s >= 0")
-        self.coord, self.lock, self.merge_wanted = coord, lock, merge_wanted
+        self.coord, self.lock, self.on_merge_due = coord, lock, on_merge_due
         self.batch_size, self.batch_wait_s = int(batch_size), float(batch_wait_s)
         self.commits: list[tuple[str, int]] = []  # (sha, submissions in it), for the status page and tests
         self._queue: list[QueuedSubmission] = []
@@ -137,8 +137,8 @@ class SubmissionBatcher:
                 with self.lock:  # one commit for the whole batch: count it once in the commit budget
                     answer = self.coord.submit(it.lease, sha, count_commit=i == 0)
                     it.result = {**answer, "commit": sha, "batch": len(batch)}
-                if answer.get("merge_due") and self.merge_wanted is not None:
-                    self.merge_wanted.set()
+                if answer.get("merge_due") and self.on_merge_due is not None:
+                    self.on_merge_due()
             except Exception as e:  # deliberate: the error goes back to that worker only
                 it.error = e
         self._finish(batch)
@@ -197,10 +197,10 @@ class Uploads:
 
     def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
                  workdir: Path | None = None, wait_timeout_s: float = 300.0,
-                 merge_wanted: threading.Event | None = None):
+                 on_merge_due=None):
         self.coord, self.lock = coord, lock
         self.batcher = SubmissionBatcher(coord, lock, batch_size=batch_size, batch_wait_s=batch_wait_s,
-                                         merge_wanted=merge_wanted)
+                                         on_merge_due=on_merge_due)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-uploads-"))
         self.wait_timeout_s = float(wait_timeout_s)
 

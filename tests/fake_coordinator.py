@@ -51,6 +51,7 @@ class FakeCoordinator:
         self.expired = 0
         self.finished = False
         self.fail_with: BaseException | None = None
+        self.merge_wait_s = 0.0  # merges happen inside submit: nothing for a lease to wait for
 
     # -------------------------------------------------------------------------------------------- helpers
 

@@ -51,7 +51,7 @@ def slow_run(tmp_path, monkeypatch):
 
 def test_submit_answers_before_the_merge_and_the_api_stays_responsive(slow_run, tmp_path):
     start, gate, started = slow_run
-    store, coord, client = start(**{"merge.max_staleness": 2})
+    store, coord, client = start(**{"merge.max_staleness": 2, "coordinator.lease_waits_for_merge_s": 0})
     l1, l2, l3 = client.lease("w1"), client.lease("w2"), client.lease("w3")
     assert client.submit(l1, push_submission(store, l1, tmp_path, seed=1))["merge_due"] is False
     t0 = time.time()
@@ -59,7 +59,7 @@ def test_submit_answers_before_the_merge_and_the_api_stays_responsive(slow_run, 
     assert answer["status"] == "admitted" and answer["merge_due"] is True
     assert started.wait(10)  # the tick thread is computing the merge, and will until the gate opens
     assert client.heartbeat(l3).lease_id == l3.lease_id  # not blocked behind the merge
-    l4 = client.lease("w4")
+    l4 = client.lease("w4")  # lease_waits_for_merge_s 0: no waiting for the running merge
     assert l4.base_version == 0  # the newest committed version: the merge is still computing
     status = client.status()
     assert status["merging"] == 1 and status["version"] == 0 and len(status["pending"]) == 2
@@ -80,9 +80,26 @@ def test_submit_answers_before_the_merge_and_the_api_stays_responsive(slow_run, 
     assert {m.worker: m.staleness for m in merged} == {"w3": 1, "w4": 1}
 
 
-def test_max_staleness_zero_waits_for_the_running_merge(slow_run, tmp_path):
+def test_a_lease_waits_for_the_due_merge_and_gets_the_new_version(slow_run, tmp_path):
     start, gate, started = slow_run
-    store, coord, client = start(**{"merge.max_staleness": 0})
+    store, coord, client = start()  # lease_waits_for_merge_s: 30 (the default)
+    l1, l2 = client.lease("w1"), client.lease("w2")
+    client.submit(l1, push_submission(store, l1, tmp_path, seed=1))
+    client.submit(l2, push_submission(store, l2, tmp_path, seed=2))
+    got = {}
+    asker = threading.Thread(target=lambda: got.setdefault("lease", client.lease("w2")))
+    asker.start()
+    assert started.wait(10)
+    asker.join(0.5)
+    assert asker.is_alive() and client.status()["merging"] == 1  # waiting, while status still answers
+    gate.set()
+    asker.join(20)
+    assert got["lease"].base_version == 1
+
+
+def test_max_staleness_zero_refuses_leases_while_merging(slow_run, tmp_path):
+    start, gate, started = slow_run
+    store, coord, client = start(**{"merge.max_staleness": 0, "coordinator.lease_waits_for_merge_s": 0})
     l1, l2 = client.lease("w1"), client.lease("w2")
     client.submit(l1, push_submission(store, l1, tmp_path, seed=1))
     client.submit(l2, push_submission(store, l2, tmp_path, seed=2))

@@ -1,0 +1,278 @@
+"""Does asynchronous hubgrpo learn as well as single-process GRPO? Equal samples, same task, model, seeds.
+
+    .venv/bin/python benchmarks/learning.py            # quick: builtin:tiny on its toy reward (a few minutes)
+    .venv/bin/python benchmarks/learning.py --full     # SmolLM2-135M on addition, the demo task (~1 hour, 2 cores)
+    .venv/bin/python benchmarks/learning.py --variants baseline,async-4w   # a subset
+
+Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local directory, svd merge unless named):
+
+    baseline     ``hubgrpo train --steps T``: TRL GRPO in one process, T steps (the synchronous reference)
+    async-Nw     N workers (1, 2, 4), quorum 1 (every admitted round becomes a version), max_staleness 4
+    naive-4w     as async-4w with factor averaging (``merge.method: naive``) instead of the exact ΔW merge
+    stale0-4w    as async-4w with ``max_staleness: 0`` (a round trained on an old version is refused)
+    quorum4-4w   4 workers, quorum 4: each version averages 4 rounds (DiLoCo-style), outer_lr 1
+
+Equal samples: every hubgrpo run stops after T / steps_per_round merged rounds (quorum4: T / (4·steps_per_round)
+versions of 4 rounds), i.e. the baseline's T·batch completions merged into the global adapter. Rounds trained
+but refused or cut off at the end are reported as "samples generated".
+
+Reward: the held-out reward of the version-0 adapter (identical for all variants of one training seed) and of
+each final adapter, evaluated in this process (quick: 8 sampled completions per held-out prompt at the training
+temperature, fixed eval seeds; full: greedy). gain = final − initial, averaged over training seeds (quick: 0, 1,
+2 — the tiny model's gain varies by 2-3x between seeds, so one seed says little); ratio = mean gain / baseline's
+mean gain. Curves: the training reward of merged rounds against samples and wall-clock. Writes
+benchmarks/results/learning[-full].{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+
+MODES = {  # config, total GRPO steps T, eval prompts, greedy eval
+    "quick": {"config": "configs/tiny.yaml", "steps": 48, "eval": 100, "greedy": False, "repeats": 8,
+              "set": ["params.steps_per_round=4"]},
+    "full": {"config": "configs/demo.yaml", "steps": 40, "eval": 100, "greedy": True, "repeats": 1,
+             "set": ["params.steps_per_round=5"]},
+}
+VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
+    "async-1w": (1, []),
+    "async-2w": (2, []),
+    "async-4w": (4, []),
+    "naive-4w": (4, ["merge.method=naive"]),
+    "stale0-4w": (4, ["merge.max_staleness=0"]),
+    "quorum4-4w": (4, ["merge.quorum=4"]),
+}
+DEFAULT = ["baseline", *VARIANTS]
+
+
+def hubgrpo(*args: str) -> float:
+    """Run the CLI (as a user would); seconds of wall time."""
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "hubgrpo.cli", *args], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL if os.environ.get("QUIET") else None)
+    return time.time() - t0
+
+
+def sets(overrides: list[str]) -> list[str]:
+    return [x for o in overrides for x in ("--set", o)]
+
+
+def run_baseline(mode: dict, tmp: Path, seed: int) -> dict:
+    out = tmp / f"baseline-s{seed}"
+    wall = hubgrpo("train", mode["config"], "--steps", str(mode["steps"]), "--output", str(out),
+                   "--eval-samples", "0", *sets([*mode["set"], f"params.seed={seed}"]))
+    m = json.loads((out / "metrics.json").read_text())
+    batch = m["samples"] // max(1, m["steps"])
+    t, curve = m["timings"].get("setup", 0.0), []
+    for s in m["step_metrics"]:
+        t += s.get("step_time") or 0.0
+        curve.append({"samples": s["step"] * batch, "reward": s["reward"], "t": t})
+    return {"name": "baseline", "seed": seed, "workers": 1, "wall_s": wall, "adapter": str(out), "samples_merged": m["samples"],
+            "samples_generated": m["samples"], "curve": curve, "rounds_refused": 0}
+
+
+def run_variant(name: str, mode: dict, tmp: Path, steps_per_round: int, seed: int) -> dict:
+    from hubgrpo import runrepo
+    from hubgrpo.store.local import LocalStore
+
+    workers, extra = VARIANTS[name]
+    quorum = 4 if "merge.quorum=4" in extra else 1
+    versions = mode["steps"] // (steps_per_round * quorum)
+    repo = tmp / f"{name}-s{seed}"
+    overrides = [*mode["set"], "merge.quorum=1", "merge.max_staleness=4", *mode.get("extra", []), *extra,
+                 f"params.versions={versions}", f"params.seed={seed}",
+                 f"project_name=learning-{name}-s{seed}", "coordinator.round_timeout_s=3600"]
+    since = time.time()
+    wall = hubgrpo("run", mode["config"], "--workers", str(workers), "--repo", str(repo), *sets(overrides))
+    store = LocalStore(repo)
+    state = runrepo.read_state(store)
+    t0, samples, curve = state.started_at or since, 0, []
+    for v in state.versions[1:]:
+        samples += v.samples
+        curve.append({"samples": samples, "reward": v.reward_mean, "t": v.created_at - t0, "version": v.version})
+    rounds = _rounds(since)
+    final = runrepo.adapter_at(store, runrepo.version_shas(store)[state.version], tmp / f"{name}-s{seed}-final")
+    return {"name": name, "seed": seed, "workers": workers, "wall_s": wall, "adapter": str(final), "versions": state.version,
+            "samples_merged": samples, "rounds_submitted": len(rounds), "rounds_refused": sum(r.get("status") == "refused" for r in rounds),
+            "refusal_codes": sorted({r.get("code") for r in rounds if r.get("status") == "refused"}),
+            "max_staleness_merged": max((m.staleness for v in state.versions for m in v.merged), default=0),
+            "curve": curve, "overhead": _overhead(rounds)}
+
+
+def _rounds(since: float) -> list[dict]:
+    from hubgrpo import runrepo
+
+    rows = []
+    for f in sorted((runrepo.cache_root() / "worker").glob("*/rounds.jsonl")):
+        rows += [r for r in map(json.loads, f.read_text().splitlines()) if r["at"] >= since]
+    return rows
+
+
+def _overhead(rounds: list[dict]) -> float | None:
+    wall = sum(r.get("lease_s", 0.0) + r.get("round_s", 0.0) for r in rounds)
+    coord = sum(r.get(k, 0.0) for r in rounds for k in ("lease_s", "download_s", "upload_s", "submit_s"))
+    return coord / wall if wall else None
+
+
+def evaluate(results: list[dict], mode: dict, tmp: Path) -> dict[int, float]:
+    """Held-out reward of each seed's version-0 adapter and of every final adapter, in this process."""
+    from hubgrpo.config import load_config
+    from hubgrpo.engine import RoundEngine
+
+    initial = {}
+    for seed in sorted({r["seed"] for r in results}):
+        cfg = load_config(ROOT / mode["config"], overrides=[*mode["set"], f"params.seed={seed}"])
+        engine = RoundEngine(cfg, worker="eval")
+
+        def score(path) -> float:
+            reps = mode["repeats"]
+            return sum(engine.evaluate(path, n=mode["eval"], greedy=mode["greedy"], seed=1234 + i)
+                       for i in range(reps)) / reps
+
+        initial[seed] = score(engine.init_adapter(tmp / f"v0-s{seed}"))
+        for r in (r for r in results if r["seed"] == seed):
+            r["reward_final"] = score(r["adapter"])
+            r["gain"] = r["reward_final"] - initial[seed]
+        del engine
+    return initial
+
+
+def summarise(results: list[dict]) -> list[dict]:
+    """One row per variant: means over seeds, the gain's standard deviation, the ratio of mean gains."""
+    import statistics
+
+    rows = []
+    for name in dict.fromkeys(r["name"] for r in results):
+        runs = [r for r in results if r["name"] == name]
+        gains = [r["gain"] for r in runs]
+        ov = [r["overhead"] for r in runs if r.get("overhead") is not None]
+        rows.append({"name": name, "workers": runs[0]["workers"], "seeds": len(runs),
+                     "reward_final": statistics.mean(r["reward_final"] for r in runs),
+                     "gain": statistics.mean(gains), "gain_std": statistics.stdev(gains) if len(gains) > 1 else 0.0,
+                     "samples_merged": statistics.mean(r["samples_merged"] for r in runs),
+                     "samples_generated": statistics.mean(r.get("samples_generated") or 0 for r in runs),
+                     "rounds_refused": sum(r.get("rounds_refused", 0) for r in runs),
+                     "max_staleness_merged": max(r.get("max_staleness_merged", 0) for r in runs),
+                     "wall_s": statistics.mean(r["wall_s"] for r in runs),
+                     "overhead": statistics.mean(ov) if ov else None})
+    base = next((r["gain"] for r in rows if r["name"] == "baseline"), None)
+    for r in rows:
+        r["gain_ratio"] = r["gain"] / base if base else None
+    return rows
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = {n: f"C{i}" for i, n in enumerate(dict.fromkeys(r["name"] for r in results))}
+    for r in results:
+        xs = [c["samples"] for c in r["curve"]]
+        ys = [c["reward"] for c in r["curve"]]
+        first = r["seed"] == min(x["seed"] for x in results if x["name"] == r["name"])
+        style = {"linewidth": 2.0 if r["name"] == "baseline" else 1.0, "color": "black" if r["name"] == "baseline"
+                 else colors[r["name"]], "label": r["name"] if first else None, "alpha": 0.8}
+        a.plot(xs, ys, **style)
+        b.plot([c["t"] / 60 for c in r["curve"]], ys, **style)
+    a.set_xlabel("completions merged (samples)")
+    a.set_ylabel("training reward (baseline: per step; hubgrpo: per version)")
+    b.set_xlabel("wall-clock (minutes)")
+    a.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def to_markdown(r: dict) -> str:
+    lines = [f"# Learning at equal samples — {r['mode']} mode ({r['config']}), {r['date']}", "",
+             f"Machine: {r['machine']}; load average at the end {r['load']}. {r['steps']} GRPO steps of "
+             f"{r['batch']} completions = {r['steps'] * r['batch']} samples per variant; held-out reward on "
+             f"{r['eval']} prompts ({'greedy' if r['greedy'] else str(r['repeats']) + ' samples each at the training temperature, fixed seeds'}); "
+             f"training seeds {r['seeds']}; version-0 reward per seed "
+             + ", ".join(f"{v:.4f}" for v in r["initial"].values()) + ".", "",
+             "| variant | workers | seeds | reward final | gain (mean ± sd over seeds) | gain vs baseline "
+             "| samples merged | samples generated | rounds refused | max τ merged | wall s | coord. overhead |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in r["summary"]:
+        ratio = "-" if x.get("gain_ratio") is None else f"{100 * x['gain_ratio']:.0f} %"
+        ov = "-" if x.get("overhead") is None else f"{100 * x['overhead']:.1f} %"
+        lines.append(f"| {x['name']} | {x['workers']} | {x['seeds']} | {x['reward_final']:.4f} | {x['gain']:+.4f} ± "
+                     f"{x['gain_std']:.4f} | {ratio} | {x['samples_merged']:.0f} | {x['samples_generated']:.0f} | "
+                     f"{x['rounds_refused']} | {x['max_staleness_merged']} | {x['wall_s']:.0f} | {ov} |")
+    lines += ["", "Per seed (gain): " + "; ".join(f"{x['name']} s{x['seed']} {x['gain']:+.4f}" for x in r["results"])]
+    lines += ["", "Wall time includes process start, model load and (hubgrpo) the coordinator; workers share the "
+              "same cores, so more workers on one machine do not mean more compute. Plot: "
+              f"`{r['png']}`."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--full", action="store_true", help="SmolLM2-135M on addition instead of the tiny model")
+    ap.add_argument("--variants", default=",".join(DEFAULT), help=f"comma-separated subset of {DEFAULT}")
+    ap.add_argument("--steps", type=int, help="total GRPO steps per variant (default: 48 quick, 40 full)")
+    ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--set", action="append", default=[], help="extra config override for every hubgrpo variant")
+    ap.add_argument("--seeds", default=None, help="comma-separated training seeds (default: 0,1,2 quick, 0 full)")
+    args = ap.parse_args()
+    mode_name = "full" if args.full else "quick"
+    mode = dict(MODES[mode_name])
+    if args.steps:
+        mode["steps"] = args.steps
+    mode["extra"] = args.set
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = set(names) - set(DEFAULT)
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}; choose from {DEFAULT}")
+    steps_per_round = int(mode["set"][0].split("=")[1])
+    tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-learning-"))
+    seeds = [int(x) for x in (args.seeds or ("0" if args.full else "0,1,2")).split(",")]
+    results = []
+    for seed in seeds:
+        for name in names:
+            print(f"== {name} seed {seed}", flush=True)
+            results.append(run_baseline(mode, tmp, seed) if name == "baseline"
+                           else run_variant(name, mode, tmp, steps_per_round, seed))
+    initial = evaluate(results, mode, tmp)
+    from hubgrpo.config import load_config
+
+    cfg = load_config(ROOT / mode["config"], overrides=mode["set"])
+    batch = cfg.params.per_device_train_batch_size * cfg.params.gradient_accumulation_steps
+    for r in results:
+        if r.get("rounds_submitted"):
+            r["samples_generated"] = r["rounds_submitted"] * steps_per_round * batch
+    out = Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "learning" if mode_name == "quick" else "learning-full"
+    report = {"mode": mode_name, "config": mode["config"], "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                   time.gmtime()),
+              "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}",
+              "load": [round(x, 1) for x in os.getloadavg()], "steps": mode["steps"], "batch": batch,
+              "eval": mode["eval"], "greedy": mode["greedy"], "repeats": mode["repeats"], "seeds": seeds,
+              "initial": initial, "png": f"results/{stem}.png", "summary": summarise(results), "results": results}
+    plot(results, out / f"{stem}.png", f"hubgrpo vs single-process GRPO at equal samples ({mode['config']})")
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / f"{stem}.md").write_text(to_markdown(report))
+    print(to_markdown(report))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
