@@ -11,6 +11,8 @@ Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local director
     naive-4w     as async-4w with factor averaging (``merge.method: naive``) instead of the exact ΔW merge
     stale0-4w    as async-4w with ``max_staleness: 0`` (a round trained on an old version is refused)
     quorum4-4w   4 workers, quorum 4: each version averages 4 rounds (DiLoCo-style), outer_lr 1
+    ffa-Nw       N workers (1, 4) with FFA-LoRA (``merge.method: ffa``: lora_A frozen at the version-0 draw, B
+                 merged exactly — no truncation whatever the staleness); not in the default set
 
 Equal samples: every hubgrpo run stops after T / steps_per_round merged rounds (quorum4: T / (4·steps_per_round)
 versions of 4 rounds), i.e. the baseline's T·batch completions merged into the global adapter. Rounds trained
@@ -54,8 +56,11 @@ VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
     "naive-4w": (4, ["merge.method=naive"]),
     "stale0-4w": (4, ["merge.max_staleness=0"]),
     "quorum4-4w": (4, ["merge.quorum=4"]),
+    "ffa-1w": (1, ["merge.method=ffa"]),
+    "ffa-4w": (4, ["merge.method=ffa"]),
 }
-DEFAULT = ["baseline", *VARIANTS]
+ALL = ["baseline", *VARIANTS]
+DEFAULT = [n for n in ALL if not n.startswith("ffa")]
 
 
 def hubgrpo(*args: str) -> float:
@@ -226,7 +231,8 @@ def to_markdown(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="SmolLM2-135M on addition instead of the tiny model")
-    ap.add_argument("--variants", default=",".join(DEFAULT), help=f"comma-separated subset of {DEFAULT}")
+    ap.add_argument("--variants", default=",".join(DEFAULT), help=f"comma-separated subset of {ALL}")
+    ap.add_argument("--name", default=None, help="results file stem (default: learning, or learning-full)")
     ap.add_argument("--steps", type=int, help="total GRPO steps per variant (default: 48 quick, 40 full)")
     ap.add_argument("--results", default=str(RESULTS))
     ap.add_argument("--set", action="append", default=[], help="extra config override for every hubgrpo variant")
@@ -238,9 +244,9 @@ def main() -> None:
         mode["steps"] = args.steps
     mode["extra"] = args.set
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
-    unknown = set(names) - set(DEFAULT)
+    unknown = set(names) - set(ALL)
     if unknown:
-        ap.error(f"unknown variants {sorted(unknown)}; choose from {DEFAULT}")
+        ap.error(f"unknown variants {sorted(unknown)}; choose from {ALL}")
     steps_per_round = int(mode["set"][0].split("=")[1])
     tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-learning-"))
     seeds = [int(x) for x in (args.seeds or ("0" if args.full else "0,1,2")).split(",")]
@@ -260,7 +266,7 @@ def main() -> None:
             r["samples_generated"] = r["rounds_submitted"] * steps_per_round * batch
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "learning" if mode_name == "quick" else "learning-full"
+    stem = args.name or ("learning" if mode_name == "quick" else "learning-full")
     report = {"mode": mode_name, "config": mode["config"], "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                    time.gmtime()),
               "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}",

@@ -261,7 +261,8 @@ class CoordinatorClient:
         self._call("release", _lease_dict(lease))
 
     def submit(self, lease: Lease | dict, commit: str) -> dict:
-        """Report the commit with this round's submission: ``{"status": "admitted"|"merged"|"duplicate", ...}``."""
+        """Report the commit with this round's submission: ``{"status": "admitted"|"merged"|"duplicate",
+        "merge_due": bool, ...}`` (a served coordinator answers ``admitted`` and merges in the background)."""
         result = self._call("submit", _lease_dict(lease), commit)
         if not isinstance(result, dict):
             raise CoordinatorError(f"the coordinator answered submit with {str(result)[:100]}", code="protocol")

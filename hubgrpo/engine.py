@@ -177,6 +177,10 @@ class RoundEngine:
                               callbacks=[self._recorder])
         trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
         trainer.model.peft_config["default"].base_model_name_or_path = self.cfg.base_model
+        if self.cfg.merge.method == "ffa":  # FFA-LoRA: A stays the version-0 draw everywhere, only B trains
+            for name, param in trainer.model.named_parameters():
+                if "lora_A" in name:
+                    param.requires_grad_(False)
         generate = trainer._generate
 
         def timed_generate(prompts):

@@ -177,3 +177,21 @@ def test_sampled_evaluate_is_reproducible_per_seed(engine, v0):
     assert engine.evaluate(v0, n=8, greedy=False, seed=7) == first  # same seed, same adapter: same samples
     others = {engine.evaluate(v0, n=8, greedy=False, seed=s) for s in range(8, 12)}
     assert others != {first}  # other seeds draw other completions
+
+
+@pytest.mark.timeout(120)
+def test_ffa_merge_freezes_lora_a_so_rounds_merge_exactly(tiny_cache, tmp_path):
+    from hubgrpo.merge import MergeOptions, load_adapter_dir, merge
+
+    eng = RoundEngine(tiny_config(["merge.method=ffa"]), worker="w1")
+    v0 = eng.init_adapter(tmp_path / "v0")
+    before = load_file(str(v0 / ADAPTER_WEIGHTS))
+    for i in range(2):
+        eng.run_round(v0, make_lease(steps=2, lease_id=f"l{i}", seed=i), tmp_path / f"s{i}")
+        after = load_file(str(tmp_path / f"s{i}" / ADAPTER_WEIGHTS))
+        assert all(torch.equal(after[k], v) for k, v in before.items() if "lora_A" in k)  # A never trains
+        assert any(not torch.equal(after[k], v) for k, v in before.items() if "lora_B" in k)  # B does
+    g = load_adapter_dir(v0)
+    subs = [load_adapter_dir(tmp_path / f"s{i}") for i in range(2)]
+    result = merge(g, [(subs[0], g, 0.5), (subs[1], g, 0.5)], MergeOptions(method="ffa"))
+    assert result.report["method"] == "ffa"  # accepted: the merge refuses adapters whose A moved
