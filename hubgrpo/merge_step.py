@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
@@ -35,7 +35,6 @@ class MergePlan:
     entries: list[MergedEntry]
     options: object
     momentum: object = None
-    submission_ids: list[str] = field(default_factory=list)
 
     def compute(self):
         """The merge itself (``hubgrpo.merge.merge``); safe to run without the coordinator's lock."""
@@ -52,7 +51,7 @@ def merge_version(c) -> bool:
     try:
         result = plan.compute()
     except BaseException:
-        c.merging = None
+        c.abort_merge(plan)
         raise
     return finish_merge(c, plan, result)
 
@@ -71,7 +70,7 @@ def plan_merge(c) -> MergePlan | None:
                         trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm)
     c.merging = c.state.version + 1
     return MergePlan(version=c.state.version + 1, global_=c._global(), items=items, entries=entries, options=opts,
-                     momentum=_momentum(c), submission_ids=[e.submission_id for e in entries])
+                     momentum=_momentum(c))
 
 
 def finish_merge(c, plan: MergePlan, result) -> bool:

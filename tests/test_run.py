@@ -6,14 +6,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from hubgrpo import layout, runrepo
+from hubgrpo import runrepo
 from hubgrpo.cli import main
 from hubgrpo.store.local import LocalStore
+from tests.chaos_helpers import submitted_ids, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -59,19 +59,6 @@ def _start_coordinator(repo: Path, port: int, env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
 
 
-def _wait(pred, timeout: float, what: str):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            value = pred()
-        except Exception:  # the coordinator may not be up yet
-            value = None
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _worker(repo: Path, url: str, name: str, env: dict, rounds: int | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "hubgrpo.cli", "worker", "--repo", str(repo), "--coordinator", url,
            "--name", name, "--threads", "1", "--quiet"]
@@ -100,37 +87,28 @@ def test_killed_worker_and_restarted_coordinator_lose_nothing(tmp_path):
     try:
         victim = _worker(repo, url, "victim", env)
         procs.append(victim)
-        _wait(lambda: any(l["worker"] == "victim" for l in client.status()["leases"]), 120, "the victim's lease")
+        wait_for(lambda: any(l["worker"] == "victim" for l in client.status()["leases"]), 120, "the victim's lease")
         os.killpg(victim.pid, signal.SIGKILL)  # mid-round: its lease must expire and its prompts return
-        _wait(lambda: client.status()["prompts_returned"] > 0, 30, "the expired lease's prompts to return")
+        wait_for(lambda: client.status()["prompts_returned"] > 0, 30, "the expired lease's prompts to return")
         procs += [_worker(repo, url, f"good{i}", env) for i in range(2)]
-        _wait(lambda: client.status()["prompts_returned"] == 0, 60, "the returned prompts to be re-leased")
-        _wait(lambda: runrepo.read_state(store).version >= 1, 300, "version 1")
+        wait_for(lambda: client.status()["prompts_returned"] == 0, 60, "the returned prompts to be re-leased")
+        wait_for(lambda: runrepo.read_state(store).version >= 1, 300, "version 1")
         os.killpg(procs[0].pid, signal.SIGKILL)  # the coordinator dies mid-run ...
         procs[0].wait()
         procs.append(_start_coordinator(repo, port, env))  # ... and comes back on the same address
-        _wait(lambda: runrepo.read_state(store).finished, 400, "the run to finish")
+        wait_for(lambda: runrepo.read_state(store).finished, 400, "the run to finish")
         state = runrepo.read_state(store)
         assert state.version == 3
         assert len(state.merged_ids) == len(set(state.merged_ids))
         refused = {r.submission_id for r in state.refused}
-        lost = _submitted_ids(store) - set(state.merged_ids) - refused
+        lost = submitted_ids(store) - set(state.merged_ids) - refused
         assert all(s.startswith("good") for s in lost)  # only rounds pushed after the last merge may be left
-        assert not any(s.startswith("victim-") for s in _submitted_ids(store))  # killed before it pushed
+        assert not any(s.startswith("victim-") for s in submitted_ids(store))  # killed before it pushed
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-
-
-def _submitted_ids(store) -> set[str]:
-    out = set()
-    for path in store.list_files(layout.SUBMISSIONS):
-        parsed = layout.parse_submission_path(path)
-        if parsed:
-            out.add(parsed[1])
-    return out
 
 
 @pytest.mark.timeout(600)

@@ -14,6 +14,7 @@ from hubgrpo import layout, runrepo
 from hubgrpo.client import CoordinatorClient
 from hubgrpo.coordinator import Coordinator
 from hubgrpo.store.hub import HubStore
+from tests.chaos_helpers import wait_for
 from tests.coord_helpers import D_IN, D_OUT, MODULES, R, make_config, submission_record
 
 SECRET = b"space-test-secret"
@@ -125,12 +126,8 @@ def run_versions(workers: list[SimWorker], versions: int, rewards=(0.2, 0.4)) ->
 
 def wait_for_version(client, version: int, timeout: float = 30.0) -> dict:
     """Poll ``status`` until the run reaches ``version`` (merges run in the server's background thread)."""
-    deadline = time.time() + timeout
-    while True:
+    def reached():
         status = client.status()
-        if status["version"] >= version:
-            return status
-        if time.time() > deadline:
-            raise AssertionError(f"version {version} not reached in {timeout} s: {status['version']}, "
-                                 f"pending {status.get('pending')}, merging {status.get('merging')}")
-        time.sleep(0.05)
+        return status if status["version"] >= version else None
+
+    return wait_for(reached, timeout, f"version {version}", poll=0.05)
