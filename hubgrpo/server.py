@@ -17,9 +17,12 @@ seconds while the app runs (started by the app's startup event, so ``blocks.laun
 Merges run in that same thread, off the request path: ``submit`` only admits (the answer says ``merge_due``) and
 wakes the thread, which plans the merge under the lock, computes it WITHOUT the lock (heartbeats and other
 submissions go on meanwhile) and commits it under the lock again. A ``lease`` asked while a merge is due or
-running waits for it, up to ``coordinator.lease_waits_for_merge_s`` (``merge_wait_s``), so that a worker does
-not start a round on a version about to be replaced (a staleness the merge would then have to discount); past
-that wait it gets the current version (with ``max_staleness: 0``: a ``merging`` refusal with a short wait).
+running waits for it, up to ``coordinator.lease_waits_for_merge_s`` (``merge_wait_s``) in all, so that a worker
+does not start a round on a version about to be replaced (a staleness the merge would then have to discount). A
+request holds a server thread for at most ``LEASE_HOLD_S`` of that wait; then it is answered with a ``merging``
+refusal carrying a short ``wait_s`` and the worker loop asks again (a long merge must not tie up Gradio's worker
+threads that heartbeats need). Past the whole wait the worker gets the current version (with ``max_staleness:
+0``: ``merging`` refusals until the merge is done).
 
 The endpoints are registered with ``queue=False``: on this machine that made no difference to gradio_client
 latency but lets the raw-HTTP client use ``POST /gradio_api/run/<name>`` (one round trip, ~4x faster than the
@@ -34,6 +37,7 @@ import math
 import os
 import socket
 import threading
+import time
 import traceback
 from typing import Any, Callable, Protocol
 
@@ -48,6 +52,8 @@ from hubgrpo.layout import Lease  # noqa: E402
 log = logging.getLogger("hubgrpo.server")
 
 ENDPOINTS = ("lease", "heartbeat", "release", "submit", "status")
+LEASE_HOLD_S = 2.0  # longest a lease request holds a server thread waiting for a merge
+LEASE_RETRY_S = 1.0  # the wait_s of a ``merging`` refusal: when the worker asks again
 
 AuthHook = Callable[[Any, Any], str]
 """``auth(token: str | None, request: gr.Request) -> user name``; raises ``Refused("auth", ...)`` to refuse."""
@@ -126,6 +132,7 @@ class CoordinatorApi:
         self.merge_wanted = threading.Event()  # set by submit when a merge is due: wakes the tick thread
         self.merge_busy = False  # a merge is due or running (guarded by merge_done)
         self.merge_done = threading.Condition()
+        self.lease_waiters: dict[str, float] = {}  # worker -> when it first asked for a lease during merges
 
     def _answer(self, name: str, token: str | None, fn: Callable[[], Any]) -> dict:
         """Run ``fn`` and wrap its result or error in the wire envelope; never raises."""
@@ -166,15 +173,35 @@ class CoordinatorApi:
         """Lease a round to ``worker``. With an auth hook the authenticated name replaces ``user``."""
         def run():
             who = self._user(token, request) if self.auth is not None else user
-            self.wait_for_merge()
+            asked = time.monotonic()
+            if not self.wait_for_merge(min(LEASE_HOLD_S, self.coord.merge_wait_s)):
+                self._refuse_while_merging(str(worker), asked)
             with self.lock:
+                self.lease_waiters.pop(worker, None)
                 return self.coord.lease(worker, who)
         return self._answer("lease", token, run)
 
-    def wait_for_merge(self) -> bool:
-        """Block (lock released) while a merge is due or running, up to ``coord.merge_wait_s``; True if none is."""
+    def wait_for_merge(self, timeout: float) -> bool:
+        """Block (lock released) while a merge is due or running, up to ``timeout`` s; True if none is."""
         with self.merge_done:
-            return self.merge_done.wait_for(lambda: not self.merge_busy, timeout=self.coord.merge_wait_s)
+            return self.merge_done.wait_for(lambda: not self.merge_busy, timeout=timeout)
+
+    def _refuse_while_merging(self, worker: str, asked: float) -> None:
+        """Past the hold: refuse with ``merging`` while this worker's whole wait (since its first ask during
+        merges, ``asked`` for a first one) is under ``merge_wait_s``; return (lease the current version) once
+        it is spent."""
+        now = time.monotonic()
+        with self.lock:
+            for w, since in list(self.lease_waiters.items()):  # forget workers that stopped asking
+                if now - since > 2 * self.coord.merge_wait_s + 60:
+                    del self.lease_waiters[w]
+            left = self.coord.merge_wait_s - (now - self.lease_waiters.setdefault(worker[:200], asked))
+        if left > 0:
+            wait = round(min(LEASE_RETRY_S, left), 2)
+            err = Refused("merging", f"a new version is being merged; ask again in {wait} s",
+                          hint=f"wait_s={wait}")
+            err.wait_s = wait
+            raise err
 
     def merge_is_due(self) -> None:
         """A submit completed a quorum: leases wait from now on, and the tick thread wakes up to merge."""

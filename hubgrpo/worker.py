@@ -123,7 +123,8 @@ class Worker:
                 if e.code not in ("budget", "rate", "merging"):
                     raise
                 wait = _wait_hint(e, default=30.0)
-                log.info("coordinator asks to wait %.0f s: %s", wait, e.message)
+                (log.debug if e.code == "merging" else log.info)("coordinator asks to wait %.1f s: %s", wait,
+                                                                 e.message)
                 self.sleep(wait)
             except CoordinatorError as e:
                 if isinstance(e, Refused):

@@ -12,7 +12,7 @@ from hubgrpo.client import CoordinatorClient
 from hubgrpo.coordinator import Coordinator
 from hubgrpo.errors import Refused
 from hubgrpo.merge_step import MergePlan
-from hubgrpo.server import serve
+from hubgrpo.server import LEASE_HOLD_S, LEASE_RETRY_S, serve
 from hubgrpo.store.local import LocalStore
 from tests.coord_helpers import make_config, push_submission, write_adapter
 from tests.test_space_support import wait_for_version
@@ -86,15 +86,39 @@ def test_a_lease_waits_for_the_due_merge_and_gets_the_new_version(slow_run, tmp_
     l1, l2 = client.lease("w1"), client.lease("w2")
     client.submit(l1, push_submission(store, l1, tmp_path, seed=1))
     client.submit(l2, push_submission(store, l2, tmp_path, seed=2))
-    got = {}
-    asker = threading.Thread(target=lambda: got.setdefault("lease", client.lease("w2")))
-    asker.start()
     assert started.wait(10)
+    t0 = time.monotonic()
+    with pytest.raises(Refused) as e:  # the request is held LEASE_HOLD_S, then told to ask again
+        client.lease("w3")
+    held = time.monotonic() - t0
+    assert e.value.code == "merging" and 0 < e.value.wait_s <= LEASE_RETRY_S
+    assert LEASE_HOLD_S - 0.2 <= held < LEASE_HOLD_S + 5
+    assert client.status()["merging"] == 1  # heartbeats and status were never blocked meanwhile
+    got = {}
+    asker = threading.Thread(target=lambda: got.setdefault("lease", client.lease("w3")))
+    asker.start()
     asker.join(0.5)
-    assert asker.is_alive() and client.status()["merging"] == 1  # waiting, while status still answers
+    assert asker.is_alive()  # held: the merge is still running
     gate.set()
     asker.join(20)
     assert got["lease"].base_version == 1
+
+
+def test_the_merge_wait_is_bounded_per_worker(slow_run, tmp_path):
+    start, gate, started = slow_run
+    store, coord, client = start(**{"coordinator.lease_waits_for_merge_s": 3})
+    l1 = client.lease("w1")
+    client.submit(l1, push_submission(store, l1, tmp_path, seed=1))  # quorum 2 not reached: nothing due
+    l2 = client.lease("w2")
+    client.submit(l2, push_submission(store, l2, tmp_path, seed=2))
+    assert started.wait(10)
+    with pytest.raises(Refused) as e:  # held 2 s of w3's 3 s
+        client.lease("w3")
+    assert e.value.code == "merging" and e.value.wait_s <= 1.0
+    lease = client.lease("w3")  # held 2 s more: w3's wait is spent, it gets the current version
+    assert lease.base_version == 0 and client.status()["merging"] == 1
+    gate.set()
+    wait_for_version(client, 1)
 
 
 def test_max_staleness_zero_refuses_leases_while_merging(slow_run, tmp_path):
@@ -137,3 +161,23 @@ def test_a_failing_merge_keeps_its_submissions_pending(tmp_path, monkeypatch):
         assert fail["left"] == 0 and status["pending"] == [] and len(status["versions"][1]["contributors"]) == 2
     finally:
         app.close(verbose=False)
+
+
+def test_the_worker_loop_asks_again_after_a_merging_refusal():
+    from types import SimpleNamespace
+
+    from hubgrpo.worker import Worker
+
+    answers = [Refused("merging", "a new version is being merged", hint="wait_s=0.7"), "the lease"]
+    answers[0].wait_s = 0.7
+
+    class Client:
+        def lease(self, worker, user):
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    slept: list[float] = []
+    loop = SimpleNamespace(client=Client(), name="w1", user=None, sleep=slept.append)
+    assert Worker._lease(loop) == "the lease" and slept == [0.7]
