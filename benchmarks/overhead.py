@@ -3,6 +3,8 @@ how many bytes it moves per round, with the run repo as a local directory and on
 of commit latency. Tiny model, ``hubgrpo run`` with 2 workers (each writes ``rounds.jsonl`` in its workdir).
 
     .venv/bin/python benchmarks/overhead.py [--workers 2] [--versions 3] [--latency-ms 0 20]
+    .venv/bin/python benchmarks/overhead.py --config configs/demo.yaml --steps-per-round 5 --versions 2 \
+        --name overhead-demo      # SmolLM2-135M rounds (~1 min each on 2 CPU cores): the realistic share
 
 Overhead = (lease + download + upload + submit) / (lease + round), summed over all rounds of all workers
 (``benchmarks/run_breakdown.py`` defines it the same way). Bytes: upload = the submission folder a worker commits;
@@ -36,14 +38,22 @@ TOKEN = "hf_test_alice_token"
 
 def run_once(name: str, repo: str, workdir: Path, args, env_extra: dict) -> tuple[float, Path]:
     """``hubgrpo run`` in a subprocess with its own cache; returns (wall seconds, cache folder)."""
+    from hubgrpo.models import cache_dir
+
     cache = workdir / f"cache-{name}"
+    cache.mkdir(parents=True, exist_ok=True)
+    if not (cache / "models").exists():  # share the built models (SmolLM2 is converted once), not the worker logs
+        (cache_dir() / "models").mkdir(parents=True, exist_ok=True)
+        (cache / "models").symlink_to(cache_dir() / "models")
     env = dict(os.environ, HUBGRPO_CACHE=str(cache), HF_HOME=str(workdir / f"hf-{name}"), **env_extra)
-    cmd = [sys.executable, "-m", "hubgrpo.cli", "run", str(ROOT / "configs" / "tiny.yaml"), "--workers",
-           str(args.workers), "--repo", repo, "--set", "params.steps_per_round=2", "--set",
-           f"params.versions={args.versions}", "--set", "merge.quorum=2", "--set", "coordinator.heartbeat_interval_s=2"]
+    cmd = [sys.executable, "-m", "hubgrpo.cli", "run", str(ROOT / args.config), "--workers",
+           str(args.workers), "--repo", repo, "--set", f"params.steps_per_round={args.steps_per_round}", "--set",
+           f"params.versions={args.versions}", "--set", "merge.quorum=2", "--set", "coordinator.heartbeat_interval_s=2",
+           "--set", f"project_name=overhead-{name}"]
     t0 = time.time()
     with open(workdir / f"{name}.log", "wb") as log:
-        subprocess.run(cmd, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=600)
+        subprocess.run(cmd, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, check=True,
+                       timeout=args.timeout)
     return time.time() - t0, cache
 
 
@@ -99,7 +109,7 @@ def hub_case(workdir: Path, args, latency_ms: float) -> dict:
 
 def to_markdown(r: dict) -> str:
     lines = [f"# Coordination overhead per round ({r['date']})", "",
-             f"Tiny model (`configs/tiny.yaml`, steps_per_round 2, quorum 2), `hubgrpo run` with {r['workers']} "
+             f"`{r['config']}`, steps_per_round {r['steps_per_round']}, quorum 2, `hubgrpo run` with {r['workers']} "
              f"workers, {r['versions']} versions. Machine: {r['machine']}; the 2 cores were shared with other jobs, so "
              "train times (and with them the overhead share) are noisy.", "",
              "| store | rounds | lease | download | train | upload | submit | round wall | overhead | "
@@ -125,16 +135,23 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--latency-ms", type=float, nargs="*", default=[0.0, 20.0])
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--config", default="configs/tiny.yaml", help="run config (relative to the repo root)")
+    ap.add_argument("--steps-per-round", type=int, default=2)
+    ap.add_argument("--name", default="overhead", help="results file stem")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
+    ap.add_argument("--no-local", action="store_true", help="skip the local-directory case")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="hubgrpo-overhead-"))
-    cases = [local_case(workdir, args)] + [hub_case(workdir, args, ms) for ms in args.latency_ms]
+    cases = ([] if args.no_local else [local_case(workdir, args)]) + [hub_case(workdir, args, ms)
+                                                                       for ms in args.latency_ms]
     r = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "workers": args.workers,
+         "config": args.config, "steps_per_round": args.steps_per_round,
          "versions": args.versions, "cases": cases,
          "machine": f"{os.cpu_count()} CPUs (shared), {platform.platform()}, Python {platform.python_version()}, "
                     f"load average {tuple(round(x, 1) for x in os.getloadavg())}"}
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "overhead.json").write_text(json.dumps(r, indent=1) + "\n")
-    (args.results / "overhead.md").write_text(to_markdown(r))
+    (args.results / f"{args.name}.json").write_text(json.dumps(r, indent=1) + "\n")
+    (args.results / f"{args.name}.md").write_text(to_markdown(r))
     print(to_markdown(r))
 
 

@@ -9,6 +9,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def spawn_workers(repo: str, url: str, n: int, *, log_dir: Path, threads: int | 
     log_dir.mkdir(parents=True, exist_ok=True)
     for i in range(n):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                   HUBGRPO_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+                   HUBGRPO_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+                   HUBGRPO_PARENT_PID=str(os.getpid()))  # a worker whose run is gone stops (worker.orphaned)
         cmd = [sys.executable, "-m", "hubgrpo.cli", "worker", "--repo", repo, "--coordinator", url,
                "--name", f"worker{i}", "--threads", str(threads)]
         out = open(log_dir / f"worker{i}.log", "ab")
@@ -86,11 +88,26 @@ def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers own the cores; an oversubscribed merge stalls every submit (LIBRARY_NOTES §8)
+    previous = _unwind_on_sigterm()
     try:
         return _serve_and_watch(cfg, store, workers=workers, repo_arg=repo_arg, port=port, on_status=on_status,
                                 max_wall_s=max_wall_s)
     finally:
         torch.set_num_threads(threads)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _unwind_on_sigterm():
+    """Make SIGTERM (``kill``, a scheduler, a CI timeout) unwind like Ctrl-C, so that the ``finally`` stops the
+    worker processes (they run in their own sessions) instead of leaving them behind. Returns the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, port: int, on_status,

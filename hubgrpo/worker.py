@@ -129,6 +129,9 @@ class Worker:
             except CoordinatorError as e:
                 if isinstance(e, Refused):
                     raise
+                if orphaned():
+                    raise CoordinatorError("the `hubgrpo run` that started this worker is gone", code="orphaned",
+                                           hint="start the run again; it resumes from the repo") from e
                 log.warning("coordinator unreachable (%s); retrying in %.0f s", e.message, delay)
                 self.sleep(delay)
                 delay = min(delay * 2, 60.0)
@@ -188,6 +191,9 @@ class Worker:
             except CoordinatorError as e:
                 if isinstance(e, Refused):
                     raise
+                if orphaned():  # the commit is in the repo: the restarted run's coordinator finds it
+                    raise CoordinatorError("the `hubgrpo run` that started this worker is gone", code="orphaned",
+                                           hint="start the run again; it resumes from the repo") from e
                 log.warning("submit failed (%s); retrying in %.0f s", e.message, delay)
                 self.sleep(delay)
                 delay = min(delay * 2, 60.0)
@@ -216,6 +222,14 @@ class Worker:
                 show(step, metrics)
 
         return on_step
+
+
+def orphaned() -> bool:
+    """True for a worker started by ``hubgrpo run`` (``HUBGRPO_PARENT_PID``) whose parent process is gone."""
+    import os
+
+    parent = os.environ.get("HUBGRPO_PARENT_PID", "")
+    return parent.isdigit() and os.getppid() != int(parent)
 
 
 def _wait_hint(err: Exception, default: float) -> float:

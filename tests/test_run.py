@@ -137,3 +137,50 @@ def test_cli_run_on_hub_emulator_then_status_and_push(tmp_path, hub_emulator, mo
     # init refuses to overwrite a run that has versions
     assert main(["init", str(TINY), "--repo", "alice/tinyrun"]) != 0
     assert "already holds a hubgrpo run" in capsys.readouterr().err
+
+
+def _children(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_stopped_run_leaves_no_worker_behind(tmp_path, how):
+    """SIGTERM unwinds `hubgrpo run` like Ctrl-C (its workers are stopped); after a SIGKILL of the run, its
+    orphaned workers notice at their next call to the dead coordinator and exit."""
+    cmd = [sys.executable, "-m", "hubgrpo.cli", "run", str(TINY), "--workers", "2", "--repo", str(tmp_path / "run"),
+           "--set", "params.steps_per_round=2", "--set", "params.versions=50"]
+    run = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        wait_for(lambda: len(_children(run.pid)) == 2, 60, "the 2 worker processes")
+        workers = _children(run.pid)
+        store = LocalStore(tmp_path / "run")
+        wait_for(lambda: len(submitted_ids(store)) >= 1, 120, "a first submission")
+        run.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        run.wait(timeout=60)
+        wait_for(lambda: not any(_alive(p) for p in workers), 90, "the workers to exit")
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for p in workers:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
