@@ -78,7 +78,7 @@ def sets(overrides: list[str]) -> list[str]:
 def run_baseline(mode: dict, tmp: Path, seed: int) -> dict:
     out = tmp / f"baseline-s{seed}"
     wall = hubgrpo("train", mode["config"], "--steps", str(mode["steps"]), "--output", str(out),
-                   "--eval-samples", "0", *sets([*mode["set"], f"params.seed={seed}"]))
+                   "--eval-samples", "0", *sets([*mode["set"], *mode.get("extra", []), f"params.seed={seed}"]))
     m = json.loads((out / "metrics.json").read_text())
     batch = m["samples"] // max(1, m["steps"])
     t, curve = m["timings"].get("setup", 0.0), []
@@ -210,7 +210,7 @@ def to_markdown(r: dict) -> str:
              f"Machine: {r['machine']}; load average at the end {r['load']}. {r['steps']} GRPO steps of "
              f"{r['batch']} completions = {r['steps'] * r['batch']} samples per variant; held-out reward on "
              f"{r['eval']} prompts ({'greedy' if r['greedy'] else str(r['repeats']) + ' samples each at the training temperature, fixed seeds'}); "
-             f"training seeds {r['seeds']}; version-0 reward per seed "
+             f"training seeds {r['seeds']}; overrides {r.get('overrides') or 'none'}; version-0 reward per seed "
              + ", ".join(f"{v:.4f}" for v in r["initial"].values()) + ".", "",
              "| variant | workers | seeds | reward final | gain (mean ± sd over seeds) | gain vs baseline "
              "| samples merged | samples generated | rounds refused | max τ merged | wall s | coord. overhead |",
@@ -235,7 +235,8 @@ def main() -> None:
     ap.add_argument("--name", default=None, help="results file stem (default: learning, or learning-full)")
     ap.add_argument("--steps", type=int, help="total GRPO steps per variant (default: 48 quick, 40 full)")
     ap.add_argument("--results", default=str(RESULTS))
-    ap.add_argument("--set", action="append", default=[], help="extra config override for every hubgrpo variant")
+    ap.add_argument("--set", action="append", default=[],
+                    help="extra config override for every variant, the baseline included")
     ap.add_argument("--seeds", default=None, help="comma-separated training seeds (default: 0,1,2 quick, 0 full)")
     args = ap.parse_args()
     mode_name = "full" if args.full else "quick"
@@ -272,7 +273,8 @@ def main() -> None:
               "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}",
               "load": [round(x, 1) for x in os.getloadavg()], "steps": mode["steps"], "batch": batch,
               "eval": mode["eval"], "greedy": mode["greedy"], "repeats": mode["repeats"], "seeds": seeds,
-              "initial": initial, "png": f"results/{stem}.png", "summary": summarise(results), "results": results}
+              "initial": initial, "png": f"results/{stem}.png", "overrides": args.set,
+              "summary": summarise(results), "results": results}
     plot(results, out / f"{stem}.png", f"hubgrpo vs single-process GRPO at equal samples ({mode['config']})")
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str))
     (out / f"{stem}.md").write_text(to_markdown(report))
