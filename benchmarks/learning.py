@@ -14,9 +14,11 @@ Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local director
     ffa-Nw       N workers (1, 4) with FFA-LoRA (``merge.method: ffa``: lora_A frozen at the version-0 draw, B
                  merged exactly — no truncation whatever the staleness); not in the default set
 
-Equal samples: every hubgrpo run stops after T / steps_per_round merged rounds (quorum4: T / (4·steps_per_round)
-versions of 4 rounds), i.e. the baseline's T·batch completions merged into the global adapter. Rounds trained
-but refused or cut off at the end are reported as "samples generated".
+Equal samples: every hubgrpo run stops after T / steps_per_round versions (quorum4: T / (4·steps_per_round)
+versions of 4 rounds), and the adapter evaluated is the last version whose merged samples are within the
+baseline's T·batch completions (a merge takes every pending round, so with 4 workers the last versions can hold
+2 rounds and overshoot; "samples merged" is the evaluated version's). Rounds trained but refused, cut off at the
+end or merged past the budget are counted in "samples generated".
 
 Reward: the held-out reward of the version-0 adapter (identical for all variants of one training seed) and of
 each final adapter, evaluated in this process (quick: 8 sampled completions per held-out prompt at the training
@@ -109,12 +111,22 @@ def run_variant(name: str, mode: dict, tmp: Path, steps_per_round: int, seed: in
         samples += v.samples
         curve.append({"samples": samples, "reward": v.reward_mean, "t": v.created_at - t0, "version": v.version})
     rounds = _rounds(since)
-    final = runrepo.adapter_at(store, runrepo.version_shas(store)[state.version], tmp / f"{name}-s{seed}-final")
-    return {"name": name, "seed": seed, "workers": workers, "wall_s": wall, "adapter": str(final), "versions": state.version,
-            "samples_merged": samples, "rounds_submitted": len(rounds), "rounds_refused": sum(r.get("status") == "refused" for r in rounds),
+    version, samples = final_version(curve, mode["samples"])
+    final = runrepo.adapter_at(store, runrepo.version_shas(store)[version], tmp / f"{name}-s{seed}-final")
+    return {"name": name, "seed": seed, "workers": workers, "wall_s": wall, "adapter": str(final),
+            "versions": state.version, "final_version": version, "samples_merged": samples,
+            "samples_merged_run": curve[-1]["samples"] if curve else 0,
+            "rounds_submitted": len(rounds), "rounds_refused": sum(r.get("status") == "refused" for r in rounds),
             "refusal_codes": sorted({r.get("code") for r in rounds if r.get("status") == "refused"}),
             "max_staleness_merged": max((m.staleness for v in state.versions for m in v.merged), default=0),
             "curve": curve, "overhead": _overhead(rounds)}
+
+
+def final_version(curve: list[dict], budget: int) -> tuple[int, int]:
+    """(version, samples): the last version whose merged samples are within the baseline's ``budget``. The run
+    can overshoot it: a merge takes every pending round, so the last version may hold 2 rounds of 4 workers."""
+    within = [c for c in curve if c["samples"] <= budget]
+    return (within[-1]["version"], within[-1]["samples"]) if within else (0, 0)
 
 
 def _rounds(since: float) -> list[dict]:
@@ -221,6 +233,8 @@ def to_markdown(r: dict) -> str:
         lines.append(f"| {x['name']} | {x['workers']} | {x['seeds']} | {x['reward_final']:.4f} | {x['gain']:+.4f} ± "
                      f"{x['gain_std']:.4f} | {ratio} | {x['samples_merged']:.0f} | {x['samples_generated']:.0f} | "
                      f"{x['rounds_refused']} | {x['max_staleness_merged']} | {x['wall_s']:.0f} | {ov} |")
+    if r.get("note"):
+        lines += ["", f"Note: {r['note']}."]
     lines += ["", "Per seed (gain): " + "; ".join(f"{x['name']} s{x['seed']} {x['gain']:+.4f}" for x in r["results"])]
     lines += ["", "Wall time includes process start, model load and (hubgrpo) the coordinator; workers share the "
               "same cores, so more workers on one machine do not mean more compute. Plot: "
@@ -249,6 +263,11 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variants {sorted(unknown)}; choose from {ALL}")
     steps_per_round = int(mode["set"][0].split("=")[1])
+    from hubgrpo.config import load_config
+
+    cfg = load_config(ROOT / mode["config"], overrides=[*mode["set"], *args.set])
+    batch = cfg.params.per_device_train_batch_size * cfg.params.gradient_accumulation_steps
+    mode["samples"] = mode["steps"] * batch  # the baseline's samples: every variant is compared at (at most) these
     tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-learning-"))
     seeds = [int(x) for x in (args.seeds or ("0" if args.full else "0,1,2")).split(",")]
     results = []
@@ -258,10 +277,6 @@ def main() -> None:
             results.append(run_baseline(mode, tmp, seed) if name == "baseline"
                            else run_variant(name, mode, tmp, steps_per_round, seed))
     initial = evaluate(results, mode, tmp)
-    from hubgrpo.config import load_config
-
-    cfg = load_config(ROOT / mode["config"], overrides=mode["set"])
-    batch = cfg.params.per_device_train_batch_size * cfg.params.gradient_accumulation_steps
     for r in results:
         if r.get("rounds_submitted"):
             r["samples_generated"] = r["rounds_submitted"] * steps_per_round * batch
