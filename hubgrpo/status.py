@@ -25,6 +25,9 @@ def versions_table(state: RunState) -> list[dict]:
             for v in state.versions]
 
 
+UNSAVED_SHOWN = 5000  # cap on the unsaved refusals a live status lists (all of them in any realistic run)
+
+
 def state_status(state: RunState, target_versions: int | None = None) -> dict:
     """Status computed from state.json alone (no live coordinator): for `hubgrpo status` on a repo."""
     return {"project": state.project_name, "run_id": state.run_id, "version": state.version,
@@ -37,7 +40,10 @@ def run_status(c) -> dict:
     """Live status of a Coordinator: state plus leases, pending submissions and the commit budget."""
     now = c.clock()
     out = state_status(c.state, c.cfg.params.versions)
-    out["refusals"] = [r.model_dump() for r in (c.state.refused + c.new_refusals)[-50:]]
+    # the last 50 saved refusals, plus every refusal not yet in state.json (saved with the next merge), so that
+    # none is out of sight — e.g. a round refused as stale when a merge was planned, after which no merge came
+    out["refusals"] = [r.model_dump() for r in c.state.refused[-50:] + c.new_refusals[-UNSAVED_SHOWN:]]
+    out["refusals_unsaved"] = len(c.new_refusals)
     out["leases"] = [{"lease_id": lid, "worker": l.worker, "user": l.user, "base_version": l.base_version,
                       "expires_in_s": round(l.deadline - now, 1)} for lid, l in list(c.active.items())]
     out["pending"] = sorted(list(c.pending))

@@ -193,3 +193,27 @@ def test_run_finishes_at_target_versions(tmp_path):
     with pytest.raises(Refused) as ei:
         c.lease("late")
     assert ei.value.code == "finished"
+
+
+def test_every_unsaved_refusal_stays_visible_in_the_status(tmp_path):
+    """A round admitted while a merge computes, refused as too stale when the next merge is planned, with no merge
+    after it: its refusal is saved only with a later merge, and must not drop out of the status behind newer
+    refusals (the load benchmark once counted two such rounds as lost)."""
+    store, c, clock = _setup(tmp_path, **{"merge.max_staleness": 0, "coordinator.commit_budget_per_hour": 1000})
+    c.background_merges = True  # as under the server: submits only admit; merges go plan → compute → finish
+    l1, l2, late = c.lease("w1"), c.lease("w2"), c.lease("late")
+    for lease, seed in ((l1, 1), (l2, 2)):
+        c.submit(lease, push_submission(store, lease, tmp_path, seed=seed))
+    plan = c.plan_merge()
+    assert c.submit(late, push_submission(store, late, tmp_path, seed=3))["status"] == "admitted"
+    assert c.finish_merge(plan, plan.compute()) and c.state.version == 1
+    clock.advance(c.cfg.coordinator.round_timeout_s + 1)  # the round deadline makes a merge of late due
+    assert c.merge_due() and c.plan_merge() is None  # late's base is 1 version old: refused, nothing to merge
+    for i in range(60):  # newer refusals; no merge comes to save any of them
+        lease = c.lease(f"bad{i}")
+        with pytest.raises(InvalidSubmission):
+            c.submit(lease, "0" * 40)
+    status = c.status()
+    assert status["refusals_unsaved"] == 61 and status["pending"] == []
+    late_id = layout.submission_id("late", late.lease_id)
+    assert [r["code"] for r in status["refusals"] if r["submission_id"] == late_id] == ["stale"]
