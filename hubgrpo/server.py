@@ -173,11 +173,11 @@ class CoordinatorApi:
         """Lease a round to ``worker``. With an auth hook the authenticated name replaces ``user``."""
         def run():
             who = self._user(token, request) if self.auth is not None else user
-            asked = time.monotonic()
+            asked, key = time.monotonic(), str(worker)[:200]
             if not self.wait_for_merge(min(LEASE_HOLD_S, self.coord.merge_wait_s)):
-                self._refuse_while_merging(str(worker), asked)
+                self._refuse_while_merging(key, asked)
             with self.lock:
-                self.lease_waiters.pop(worker, None)
+                self.lease_waiters.pop(key, None)
                 return self.coord.lease(worker, who)
         return self._answer("lease", token, run)
 
@@ -195,7 +195,7 @@ class CoordinatorApi:
             for w, since in list(self.lease_waiters.items()):  # forget workers that stopped asking
                 if now - since > 2 * self.coord.merge_wait_s + 60:
                     del self.lease_waiters[w]
-            left = self.coord.merge_wait_s - (now - self.lease_waiters.setdefault(worker[:200], asked))
+            left = self.coord.merge_wait_s - (now - self.lease_waiters.setdefault(worker, asked))
         if left > 0:
             wait = round(min(LEASE_RETRY_S, left), 2)
             err = Refused("merging", f"a new version is being merged; ask again in {wait} s",

@@ -8,6 +8,7 @@ backs off and resumes (a submission already committed is found again by a restar
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -129,9 +130,7 @@ class Worker:
             except CoordinatorError as e:
                 if isinstance(e, Refused):
                     raise
-                if orphaned():
-                    raise CoordinatorError("the `hubgrpo run` that started this worker is gone", code="orphaned",
-                                           hint="start the run again; it resumes from the repo") from e
+                _stop_if_orphaned(e)
                 log.warning("coordinator unreachable (%s); retrying in %.0f s", e.message, delay)
                 self.sleep(delay)
                 delay = min(delay * 2, 60.0)
@@ -191,9 +190,7 @@ class Worker:
             except CoordinatorError as e:
                 if isinstance(e, Refused):
                     raise
-                if orphaned():  # the commit is in the repo: the restarted run's coordinator finds it
-                    raise CoordinatorError("the `hubgrpo run` that started this worker is gone", code="orphaned",
-                                           hint="start the run again; it resumes from the repo") from e
+                _stop_if_orphaned(e)  # the commit is in the repo: the restarted run's coordinator finds it
                 log.warning("submit failed (%s); retrying in %.0f s", e.message, delay)
                 self.sleep(delay)
                 delay = min(delay * 2, 60.0)
@@ -226,10 +223,15 @@ class Worker:
 
 def orphaned() -> bool:
     """True for a worker started by ``hubgrpo run`` (``HUBGRPO_PARENT_PID``) whose parent process is gone."""
-    import os
-
     parent = os.environ.get("HUBGRPO_PARENT_PID", "")
     return parent.isdigit() and os.getppid() != int(parent)
+
+
+def _stop_if_orphaned(err: CoordinatorError) -> None:
+    """Called when the coordinator is unreachable: give up instead of retrying if our ``hubgrpo run`` is gone."""
+    if orphaned():
+        raise CoordinatorError("the `hubgrpo run` that started this worker is gone", code="orphaned",
+                               hint="start the run again; it resumes from the repo") from err
 
 
 def _wait_hint(err: Exception, default: float) -> float:

@@ -177,7 +177,7 @@ def test_a_stopped_run_leaves_no_worker_behind(tmp_path, how):
         wait_for(lambda: len(submitted_ids(store)) >= 1, 120, "a first submission")
         run.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
         run.wait(timeout=60)
-        wait_for(lambda: not any(_alive(p) for p in workers), 90, "the workers to exit")
+        assert wait_for(lambda: not any(_alive(p) for p in workers), 90, "the workers to exit")
     finally:
         if run.poll() is None:
             run.kill()
