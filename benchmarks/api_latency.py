@@ -1,6 +1,6 @@
 """Latency of the coordinator API: ``lease`` and ``submit`` through each client transport.
 
-Serves ``tests.fake_coordinator.FakeCoordinator`` with ``hubgrpo.server.serve`` on 127.0.0.1, once with the
+Serves ``tests.fake_coordinator.FakeCoordinator`` with ``hubgrpo.space.api.serve`` on 127.0.0.1, once with the
 endpoints off Gradio's queue (``queue=False``, the default) and once on it, and times N sequential calls per
 (transport, endpoint) plus 40 concurrent leases from 8 threads. Writes ``benchmarks/results/api_latency.{md,json}``.
 
@@ -22,8 +22,8 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hubgrpo.client import CoordinatorClient  # noqa: E402
-from hubgrpo.server import serve  # noqa: E402
+from hubgrpo.worker.client import CoordinatorClient  # noqa: E402
+from hubgrpo.space.api import serve  # noqa: E402
 from tests.fake_coordinator import FakeCoordinator  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -60,7 +60,7 @@ def make_adapter(folder: Path, seed: int, scale: float) -> Path:
 
 def init_run(repo: Path, tmp: Path, budget: int, quorum: int) -> None:
     """A run repo whose config matches the synthetic adapters."""
-    from hubgrpo import runrepo
+    from hubgrpo.coordinator.repo_init import init_repo
     from hubgrpo.config import loads
     from hubgrpo.store.local import LocalStore
 
@@ -70,13 +70,13 @@ def init_run(repo: Path, tmp: Path, budget: int, quorum: int) -> None:
                 f"merge: {{quorum: {quorum}, max_staleness: 4}}\n"
                 f"coordinator: {{commit_budget_per_hour: {budget}, lease_timeout_s: 600, heartbeat_interval_s: 30,"
                 " round_timeout_s: 10}\n")
-    runrepo.init_repo(LocalStore(repo), cfg, make_adapter(tmp / "v0", 0, 0.0))
+    init_repo(LocalStore(repo), cfg, make_adapter(tmp / "v0", 0, 0.0))
 
 
 def serve_forever(repo: str, port: int, workdir: str) -> None:
     """``--serve``: the coordinator app in this process, until killed."""
-    from hubgrpo.coordinator import Coordinator
-    from hubgrpo.server import serve
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.space.api import serve
     from hubgrpo.store.local import LocalStore
 
     serve(Coordinator(LocalStore(repo), SECRET, workdir=Path(workdir)), port=port, tick_interval=1.0)
@@ -137,7 +137,7 @@ def train(client, lease, rec: Recorder, seconds: float, beat: float):
 def sim_worker(i: int, url: str, store, variants: list[Path], rec: Recorder, stop_at: float, args) -> None:
     """One simulated worker: lease → train (sleep + heartbeats) → commit → submit, until ``stop_at``."""
     from hubgrpo import layout
-    from hubgrpo.client import CoordinatorClient
+    from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.errors import CoordinatorError, InvalidSubmission, LeaseError, Refused
 
     rng = random.Random(i)
@@ -183,8 +183,8 @@ def pct(samples: list[float]) -> dict:
 
 
 def start_server(repo: Path, tmp: Path):
-    from hubgrpo.client import CoordinatorClient
-    from hubgrpo.server import free_port
+    from hubgrpo.worker.client import CoordinatorClient
+    from hubgrpo.space.api import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve", str(repo), str(port), str(tmp / "coord")],

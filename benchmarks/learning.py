@@ -147,7 +147,7 @@ def _overhead(rounds: list[dict]) -> float | None:
 def evaluate(results: list[dict], mode: dict, tmp: Path) -> dict[int, float]:
     """Held-out reward of each seed's version-0 adapter and of every final adapter, in this process."""
     from hubgrpo.config import load_config
-    from hubgrpo.engine import RoundEngine
+    from hubgrpo.worker.engine import RoundEngine
 
     initial = {}
     for seed in sorted({r["seed"] for r in results}):

@@ -38,7 +38,7 @@ TOKEN = "hf_test_alice_token"
 
 def run_once(name: str, repo: str, workdir: Path, args, env_extra: dict) -> tuple[float, Path]:
     """``hubgrpo run`` in a subprocess with its own cache; returns (wall seconds, cache folder)."""
-    from hubgrpo.models import cache_dir
+    from hubgrpo.runrepo import cache_root as cache_dir
 
     cache = workdir / f"cache-{name}"
     cache.mkdir(parents=True, exist_ok=True)

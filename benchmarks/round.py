@@ -44,7 +44,7 @@ def _lease(steps: int, i: int):
 def measure_rounds(name: str, threads: int, rounds: int) -> dict:
     """Build the engine, run 1 warm-up + ``rounds`` rounds; per-step/per-round seconds and the breakdown."""
     from hubgrpo.config import load_config
-    from hubgrpo.engine import RoundEngine
+    from hubgrpo.worker.engine import RoundEngine
     from hubgrpo.layout import ADAPTER_WEIGHTS
 
     cfg = load_config(CONFIGS[name], overrides=[f"params.num_threads={threads}", "params.device=cpu"])
@@ -72,7 +72,7 @@ def measure_rounds(name: str, threads: int, rounds: int) -> dict:
 def measure_train(threads: int, steps: int, eval_n: int) -> dict:
     """``hubgrpo train`` on configs/demo.yaml: sampled reward of the first/last 5 steps and greedy eval."""
     from hubgrpo.config import load_config
-    from hubgrpo.train import train
+    from hubgrpo.worker.train import train
 
     cfg = load_config(CONFIGS["smollm2"], overrides=[f"params.num_threads={threads}", "params.device=cpu"])
     with tempfile.TemporaryDirectory() as tmp:

@@ -57,7 +57,7 @@ def breakdown(rows: list[dict]) -> dict:
 
 def evaluate(repo: Path, n: int) -> dict:
     from hubgrpo import runrepo
-    from hubgrpo.engine import RoundEngine
+    from hubgrpo.worker.engine import RoundEngine
     from hubgrpo.store.local import LocalStore
 
     store = LocalStore(repo)

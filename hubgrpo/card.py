@@ -7,10 +7,26 @@ loading snippet. It is built from the config's plain fields only: tokens and sec
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hubgrpo.config import Config
-from hubgrpo.models import BUILTIN_MODELS, underlying_model_name
+from hubgrpo.layout import RunState
+
+TINY = "builtin:tiny"
+SMOLLM2 = "builtin:smollm2-135m-instruct"
+# The real model behind each built-in (model cards, adapter_config.json); None = no Hub model (random weights).
+BUILTIN_MODELS: dict[str, str | None] = {TINY: None, SMOLLM2: "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def underlying_model_name(base_model: str) -> str | None:
+    """The Hub model a config's base model stands for (model cards); None for random or local models."""
+    if base_model in BUILTIN_MODELS:
+        return BUILTIN_MODELS[base_model]
+    if base_model.startswith("builtin:") or Path(base_model).expanduser().exists():
+        return None
+    return base_model
+
 
 TAGS = ["hubgrpo", "grpo", "lora"]
 BUILTIN_NOTES = {
@@ -59,7 +75,7 @@ def _settings(cfg: Config) -> list[dict]:
 def _usage(cfg: Config) -> str:
     hub = underlying_model_name(cfg.base_model)
     if cfg.base_model in BUILTIN_MODELS:
-        load = (f"from hubgrpo.models import load_model\nbase, tokenizer = load_model({cfg.base_model!r})")
+        load = (f"from hubgrpo.worker.models import load_model\nbase, tokenizer = load_model({cfg.base_model!r})")
     else:
         load = (f"from transformers import AutoModelForCausalLM, AutoTokenizer\n"
                 f"base = AutoModelForCausalLM.from_pretrained({(hub or cfg.base_model)!r})\n"
@@ -80,3 +96,13 @@ def render_model_card(cfg: Config, *, title: str, reward_rows: list[dict], body:
              "## Usage", _usage(cfg)]
     content = f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(p for p in parts if p) + "\n"
     return str(ModelCard(content))
+
+
+def run_card(cfg: Config, state: RunState) -> str:
+    """The run repo's model card: a PEFT adapter card with the reward per version."""
+    rows = [{"version": v.version, "reward": v.reward_mean, "submissions": len(v.merged),
+             "samples": v.samples, "residual": v.residual} for v in state.versions]
+    body = (f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
+            f"{state.samples_total} completions, merge method `{cfg.merge.method}`.")
+    return render_model_card(cfg, title=f"{cfg.project_name} (hubgrpo run, version {state.version})",
+                             reward_rows=rows, body=body)

@@ -110,7 +110,9 @@ class LoraSection(_Section):
 class MergeSection(_Section):
     """How the coordinator turns submissions into the next global adapter."""
 
-    method: Literal["svd", "stack", "ffa", "naive"] = Field("svd", description="Merge method (see DESIGN.md).")
+    method: Literal["svd", "stack", "ffa", "naive"] = Field(
+        "svd", description="svd: exact mean of the updates, re-factorised to rank r; stack: FLoRA; ffa: FFA-LoRA "
+        "(A frozen); naive: factor averaging, a baseline (docs/architecture.md, 'The merge').")
     outer_lr: float = Field(1.0, gt=0, description="Outer learning rate applied to the mean update (DiLoCo: 0.7).")
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="Outer momentum (DiLoCo: 0.9); 0 = none.")
     nesterov: bool = Field(False, description="Nesterov form of the outer momentum.")

@@ -1,26 +1,28 @@
-"""Reading and writing a run repo through a Store: config, state, adapters at a version, the initial commit.
+"""Reading a run repo through a Store: its config, its state, the version tags, the adapter at a version, one
+submission folder; and the local cache root.
 
-Used by the coordinator, the worker, ``hubgrpo init``, ``status`` and ``push``. Paths come from ``layout``.
+The one module below both roles that reads a run: the worker, the coordinator, the Space and the CLI all use it.
+Writing a run (the initial commit, merge commits) is the coordinator's (``hubgrpo.coordinator``); paths come
+from ``layout``. No torch, no gradio.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-import time
 import uuid
 from pathlib import Path
 
 from hubgrpo import layout
-from hubgrpo.config import Config, loads, to_yaml
-from hubgrpo.errors import NotFound, StoreError
-from hubgrpo.layout import RunState, VersionRecord
+from hubgrpo.config import Config, loads
+from hubgrpo.errors import NotFound
+from hubgrpo.layout import RunState
 from hubgrpo.store.base import Store
 
 
 def cache_root() -> Path:
-    import os
-
-    return Path(os.environ.get("HUBGRPO_CACHE", Path.home() / ".cache" / "hubgrpo"))
+    """hubgrpo's local cache: ``$HUBGRPO_CACHE`` or ``~/.cache/hubgrpo`` (models, adapters, logs, secrets)."""
+    return Path(os.environ.get("HUBGRPO_CACHE") or Path.home() / ".cache" / "hubgrpo").expanduser()
 
 
 def read_config(store: Store, revision: str | None = None) -> Config:
@@ -83,50 +85,3 @@ def submission_at(store: Store, base_version: int, sub_id: str, revision: str, d
                        hint="push the submission commit before calling submit")
     files = {p: p[len(prefix) + 1:].replace("/", "__") for p in names}
     return fetch_dir(store, files, revision, dest)
-
-
-def initial_state(cfg: Config, now: float) -> RunState:
-    v0 = VersionRecord(version=0, tag=layout.version_tag(0), created_at=now, method="init")
-    return RunState(run_id=uuid.uuid4().hex, project_name=cfg.project_name, versions=[v0], started_at=now)
-
-
-def init_repo(store: Store, cfg: Config, adapter_dir: Path, *, force: bool = False,
-              clock=time.time) -> tuple[str, RunState]:
-    """Create the run repo with the version-0 adapter, config, state and card; tag v000000."""
-    store.create(exist_ok=True, private=cfg.hub.private)
-    head = store.head()
-    if head is not None and store.exists_file(layout.STATE_FILE, head):
-        state = read_state(store, head)
-        if not force:
-            raise StoreError(f"{store.location} is already a hubgrpo run (version {state.version})",
-                             hint="resume it with `hubgrpo run`/`hubgrpo worker`, or pass --force to start over")
-    state = initial_state(cfg, clock())
-    adds = {
-        layout.ADAPTER_WEIGHTS: adapter_dir / layout.ADAPTER_WEIGHTS,
-        layout.ADAPTER_CONFIG: adapter_dir / layout.ADAPTER_CONFIG,
-        layout.CONFIG_FILE: to_yaml(cfg, drop_secrets=True).encode(),
-        layout.STATE_FILE: state.to_json(),
-        layout.MODEL_CARD: render_card(cfg, state).encode(),
-    }
-    deletes = []
-    if head is not None and force:
-        deletes = [p for p in store.list_files("", head) if p not in adds]
-        tags = [t for t in store.tags() if layout.parse_tag(t) is not None]
-        if tags:
-            raise StoreError(f"{store.location} has version tags ({len(tags)}); a forced re-init cannot remove them",
-                             hint="use a new repo for a new run")
-    sha = store.commit(adds, deletes, message=f"hubgrpo: init {cfg.project_name} (version 0)")
-    store.tag(layout.version_tag(0), sha, exist_ok=False)
-    return sha, state
-
-
-def render_card(cfg: Config, state: RunState) -> str:
-    """The run repo's model card: a PEFT adapter card with the reward per version."""
-    from hubgrpo.card import render_model_card
-
-    rows = [{"version": v.version, "reward": v.reward_mean, "submissions": len(v.merged),
-             "samples": v.samples, "residual": v.residual} for v in state.versions]
-    body = (f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
-            f"{state.samples_total} completions, merge method `{cfg.merge.method}`.")
-    return render_model_card(cfg, title=f"{cfg.project_name} (hubgrpo run, version {state.version})",
-                             reward_rows=rows, body=body)

@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/hubgrpo run configs/demo.yaml "$@"
+exec .venv/bin/python -m hubgrpo.cli run configs/demo.yaml "$@"

@@ -6,10 +6,10 @@ repo) and HUBGRPO_SECRET (signs leases). The hubgrpo package is deployed beside 
 
 import os
 
-from hubgrpo.auth import make_auth
-from hubgrpo.coordinator import Coordinator
-from hubgrpo.space import build_space, launch_kwargs
-from hubgrpo.store.base import open_store
+from hubgrpo.space.auth import make_auth
+from hubgrpo.coordinator.core import Coordinator
+from hubgrpo.space.app import build_space, launch_kwargs
+from hubgrpo.store import open_store
 
 store = open_store(os.environ["HUBGRPO_REPO"], token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"))
 coord = Coordinator(store, os.environ["HUBGRPO_SECRET"].encode())

@@ -35,7 +35,7 @@ def chaos_env(endpoint: str, token: str) -> dict:
 def start_coordinator(repo_id: str, port: int, env: dict, workdir: Path, log: Path) -> subprocess.Popen:
     """``serve(Coordinator(HubStore(repo_id)), port=port)`` in a subprocess (restartable on the same port)."""
     code = ("import time, pathlib, logging; logging.basicConfig(level=logging.INFO); "
-            "from hubgrpo.coordinator import Coordinator; from hubgrpo.server import serve; "
+            "from hubgrpo.coordinator.core import Coordinator; from hubgrpo.space.api import serve; "
             "from hubgrpo.store.hub import HubStore; "
             f"c = Coordinator(HubStore({repo_id!r}, retry_base_s=0.2), {SECRET.encode()!r}, "
             f"workdir=pathlib.Path({str(workdir)!r})); "

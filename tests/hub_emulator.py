@@ -1,6 +1,6 @@
 """A local Hugging Face Hub emulator: real HTTP on 127.0.0.1 that the unmodified ``huggingface_hub`` client talks to.
 
-It serves what ``HfApi``/``hf_hub_download``/``snapshot_download`` use (HUB_PROTOCOL.md section 2): repo create and
+It serves what ``HfApi``/``hf_hub_download``/``snapshot_download`` use: repo create and
 delete, repo info, validate-yaml, preupload (always ``regular``, so content arrives base64 in the commit NDJSON),
 the NDJSON commit (412 on a stale ``parentCommit``, 409 while another commit on the repo is being applied), tree,
 paths-info, refs, commits, branches, tags, ``/resolve/``, ``whoami-v2`` (orgs from ``api.orgs``) and Space

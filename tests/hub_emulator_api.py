@@ -1,4 +1,4 @@
-"""Endpoint handlers of the local Hub emulator (HUB_PROTOCOL.md section 2), independent of the HTTP server.
+"""Endpoint handlers of the local Hub emulator (the Hub API huggingface_hub uses), apart from the HTTP server.
 
 ``HubApi.route(req)`` names the endpoint (the fault-injection key: ``commit``, ``preupload``, ``tree``, …) and returns
 a thunk that computes the ``Resp``. Handlers raise ``HubError`` for error answers; the server turns those into a

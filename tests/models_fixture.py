@@ -30,7 +30,7 @@ def tiny_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("hubgrpo-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HUBGRPO_CACHE", str(cache))
-        from hubgrpo.models import tiny_dir
+        from hubgrpo.worker.models import tiny_dir
 
         tiny_dir()
         yield cache

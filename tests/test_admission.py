@@ -14,8 +14,8 @@ import typer
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from hubgrpo.admission import check_submission
-from hubgrpo.commands.merge_cmd import register
+from hubgrpo.merge.admission import check_submission
+from hubgrpo.cli.merge_cmd import register
 from hubgrpo.errors import InvalidSubmission
 from hubgrpo.merge import Adapter, dense_delta, load_adapter_dir, save_adapter_dir
 from tests.adapter_factory import drifted, make_adapter, rel_err

@@ -8,11 +8,12 @@ import time
 import pytest
 
 from hubgrpo import runrepo
-from hubgrpo.client import CoordinatorClient
-from hubgrpo.coordinator import Coordinator
+from hubgrpo.coordinator.repo_init import init_repo
+from hubgrpo.worker.client import CoordinatorClient
+from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.errors import Refused
-from hubgrpo.merge_step import MergePlan
-from hubgrpo.server import LEASE_HOLD_S, LEASE_RETRY_S, serve
+from hubgrpo.coordinator.merging import MergePlan
+from hubgrpo.space.api import LEASE_HOLD_S, LEASE_RETRY_S, serve
 from hubgrpo.store.local import LocalStore
 from tests.coord_helpers import make_config, push_submission, write_adapter
 from tests.test_space_support import wait_for_version
@@ -36,7 +37,7 @@ def slow_run(tmp_path, monkeypatch):
     def start(**overrides):
         cfg = make_config(**overrides)
         store = LocalStore(tmp_path / "repo")
-        runrepo.init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0))
+        init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0))
         coord = Coordinator(store, b"secret", workdir=tmp_path / "work")
         app, url = serve(coord, tick_interval=0.2)
         apps.append(app)
@@ -139,7 +140,7 @@ def test_max_staleness_zero_refuses_leases_while_merging(slow_run, tmp_path):
 def test_a_failing_merge_keeps_its_submissions_pending(tmp_path, monkeypatch):
     cfg = make_config()
     store = LocalStore(tmp_path / "repo")
-    runrepo.init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0))
+    init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0))
     coord = Coordinator(store, b"secret", workdir=tmp_path / "work")
     compute = MergePlan.compute
     fail = {"left": 1}
@@ -166,7 +167,7 @@ def test_a_failing_merge_keeps_its_submissions_pending(tmp_path, monkeypatch):
 def test_the_worker_loop_asks_again_after_a_merging_refusal():
     from types import SimpleNamespace
 
-    from hubgrpo.worker import Worker
+    from hubgrpo.worker.loop import Worker
 
     answers = [Refused("merging", "a new version is being merged", hint="wait_s=0.7"), "the lease"]
     answers[0].wait_s = 0.7

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hubgrpo.client import CoordinatorClient
+from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.errors import CoordinatorError
-from hubgrpo.server import free_port
+from hubgrpo.space.api import free_port
 from hubgrpo.store.hub import HubStore
 from tests.test_space_support import ALICE, BOB, SECRET, SimWorker, make_run, run_versions, start_emulator
 

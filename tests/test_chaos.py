@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hubgrpo import layout, runrepo
-from hubgrpo.cli import main
+from hubgrpo.coordinator.repo_init import init_repo
+from hubgrpo.cli.main import main
 from hubgrpo.errors import InvalidSubmission
 from tests.chaos_helpers import (audit, chaos_env, kill, start_coordinator, start_worker, wait_for)
 from tests.conftest import TEST_TOKEN
@@ -36,7 +37,7 @@ FORCED = {1: ("timeout", "500"), 2: ("409", "lost")}
 
 def _setup_run(tmp_path):
     from hubgrpo.config import load_config
-    from hubgrpo.run import ensure_repo
+    from hubgrpo.cli.embedded import ensure_repo
     from hubgrpo.store.hub import HubStore
     from tests.hub_emulator import HubEmulator
 
@@ -49,8 +50,8 @@ def _setup_run(tmp_path):
 
 def _chaos_schedule(tmp_path, emu, store, counts: dict) -> None:
     """Start 3 workers and a coordinator; kill+restart a worker mid-round and the coordinator twice."""
-    from hubgrpo.client import CoordinatorClient
-    from hubgrpo.server import free_port
+    from hubgrpo.worker.client import CoordinatorClient
+    from hubgrpo.space.api import free_port
 
     env, port = chaos_env(emu.url, TEST_TOKEN), free_port()
     url, logs = f"http://127.0.0.1:{port}", tmp_path / "logs"
@@ -95,7 +96,7 @@ def _chaos_schedule(tmp_path, emu, store, counts: dict) -> None:
 def _assert_loads_with_peft(store, tmp_path) -> None:
     from peft import PeftModel
 
-    from hubgrpo.models import load_model
+    from hubgrpo.worker.models import load_model
 
     folder = runrepo.adapter_at(store, store.tags()[layout.version_tag(3)], tmp_path / "final")
     model, _ = load_model("builtin:tiny", device="cpu")
@@ -180,15 +181,15 @@ SKIP_HOSTILE = {  # cannot travel through a store as such (symlinks, folders), o
 @pytest.fixture
 def live(tmp_path):
     """A coordinator on a LocalStore run repo with synthetic adapters, served on 127.0.0.1; yields (store, client)."""
-    from hubgrpo.client import CoordinatorClient
-    from hubgrpo.coordinator import Coordinator
-    from hubgrpo.server import serve
+    from hubgrpo.worker.client import CoordinatorClient
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.space.api import serve
     from hubgrpo.store.local import LocalStore
     from tests.coord_helpers import make_config, write_adapter
 
     cfg = make_config(**{"params.versions": 100, "merge.quorum": 2, "coordinator.commit_budget_per_hour": 10000})
     store = LocalStore(tmp_path / "repo")
-    runrepo.init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0))
+    init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0))
     coord = Coordinator(store, b"chaos", workdir=tmp_path / "work")
     app, url = serve(coord, port=0, tick_interval=5.0)
     client = CoordinatorClient(url, transport="http", retries=2, timeout=30)

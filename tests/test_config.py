@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hubgrpo.cli import main
+from hubgrpo.cli.main import main
 from hubgrpo.config import Config, load_config, loads, to_yaml
 from hubgrpo.errors import ConfigError
 
@@ -112,7 +112,7 @@ def test_cli_validate_and_show(tmp_path, capsys):
 
 
 def test_help_is_fast_and_light():
-    code = ("import sys, time; t=time.time(); from hubgrpo.cli import app; import hubgrpo.config, hubgrpo.layout, "
+    code = ("import sys, time; t=time.time(); from hubgrpo.cli.main import app; import hubgrpo.config, hubgrpo.layout, "
             "hubgrpo.errors, hubgrpo.store.base; heavy=[m for m in ('torch','gradio','transformers','trl','peft') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

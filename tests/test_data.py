@@ -9,9 +9,9 @@ import re
 import pytest
 
 from hubgrpo.config import DataConfig
-from hubgrpo.data import PromptSource, format_prompt, truncate_prompt
+from hubgrpo.task.data import PromptSource, format_prompt, truncate_prompt
 from hubgrpo.errors import DataError
-from hubgrpo.rewards import countdown
+from hubgrpo.task.rewards import countdown
 from tests.models_fixture import tiny_cache  # noqa: F401  (fixture)
 
 
@@ -123,7 +123,7 @@ def test_bad_data_is_a_named_data_error(tmp_path):
 
 
 def test_truncate_prompt(tiny_cache):
-    from hubgrpo.models import load_model
+    from hubgrpo.worker.models import load_model
 
     _, tok = load_model("builtin:tiny")
     long = "What is 1 + 2? " * 40

@@ -9,7 +9,7 @@ import torch
 from peft import get_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
-from hubgrpo.engine import RoundEngine
+from hubgrpo.worker.engine import RoundEngine
 from hubgrpo.errors import ModelError, RewardError
 from hubgrpo.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, SUBMISSION_FILE, Submission
 from tests.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)

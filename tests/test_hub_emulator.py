@@ -1,6 +1,6 @@
 """The unmodified huggingface_hub client against the local Hub emulator, over real HTTP on 127.0.0.1.
 
-These tests pin the emulator to what the client expects (HUB_PROTOCOL.md section 2): if one fails after a
+These tests pin the emulator to what the client (huggingface_hub) expects: if one fails after a
 huggingface_hub upgrade, the wire protocol changed and HubStore must be re-checked too.
 """
 

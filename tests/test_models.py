@@ -9,9 +9,9 @@ import threading
 import pytest
 import torch
 
-from hubgrpo import models
+from hubgrpo.worker import models
 from hubgrpo.errors import ModelError
-from hubgrpo.models import load_model, resolve_device, resolve_dtype, underlying_model_name
+from hubgrpo.worker.models import load_model, resolve_device, resolve_dtype, underlying_model_name
 from tests.models_fixture import tiny_cache  # noqa: F401  (fixture)
 
 

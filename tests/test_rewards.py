@@ -9,7 +9,7 @@ import pytest
 
 from hubgrpo.config import RewardConfig
 from hubgrpo.errors import RewardError
-from hubgrpo.rewards import (Reward, answer_format, char_fraction, countdown, exact_answer, length_penalty,
+from hubgrpo.task.rewards import (Reward, answer_format, char_fraction, countdown, exact_answer, length_penalty,
                              load_function, load_rewards, parse_number, weighted_rewards)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hubgrpo import runrepo
-from hubgrpo.cli import main
+from hubgrpo.cli.main import main
 from hubgrpo.store.local import LocalStore
 from tests.chaos_helpers import submitted_ids, wait_for
 
@@ -25,7 +25,7 @@ def _loads_with_peft(folder_or_repo: str, revision: str | None = None) -> None:
     """The adapter at a version loads with PeftModel.from_pretrained on the tiny base model."""
     from peft import PeftModel
 
-    from hubgrpo.models import load_model
+    from hubgrpo.worker.models import load_model
 
     model, _ = load_model("builtin:tiny", device="cpu")
     peft_model = PeftModel.from_pretrained(model, folder_or_repo, revision=revision)
@@ -52,7 +52,7 @@ def test_cli_run_two_workers_three_versions_local(tmp_path, capsys):
 
 
 def _start_coordinator(repo: Path, port: int, env: dict) -> subprocess.Popen:
-    code = ("from hubgrpo.coordinator import Coordinator; from hubgrpo.server import serve; "
+    code = ("from hubgrpo.coordinator.core import Coordinator; from hubgrpo.space.api import serve; "
             "from hubgrpo.store.local import LocalStore; import time, pathlib; "
             f"c = Coordinator(LocalStore({str(repo)!r}), b'secret', workdir=pathlib.Path({str(repo)!r} + '-w')); "
             f"app, url = serve(c, port={port}); time.sleep(3600)")
@@ -69,10 +69,10 @@ def _worker(repo: Path, url: str, name: str, env: dict, rounds: int | None = Non
 
 @pytest.mark.timeout(600)
 def test_killed_worker_and_restarted_coordinator_lose_nothing(tmp_path):
-    from hubgrpo.client import CoordinatorClient
+    from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.config import load_config
-    from hubgrpo.run import ensure_repo
-    from hubgrpo.server import free_port
+    from hubgrpo.cli.embedded import ensure_repo
+    from hubgrpo.space.api import free_port
 
     repo = tmp_path / "run"
     cfg = load_config(TINY, overrides=["params.steps_per_round=2", "params.versions=3", "merge.quorum=2",

@@ -1,5 +1,5 @@
-"""The coordinator API end to end: a real Gradio app on 127.0.0.1 (``hubgrpo.server``) over a fake coordinator,
-called through both client transports (``hubgrpo.client``)."""
+"""The coordinator API end to end: a real Gradio app on 127.0.0.1 (``hubgrpo.space.api``) over a fake coordinator,
+called through both client transports (``hubgrpo.worker.client``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from hubgrpo.client import CoordinatorClient, space_url
+from hubgrpo.worker.client import CoordinatorClient, space_url
 from hubgrpo.errors import CoordinatorError, InvalidSubmission, LeaseError, Refused
 from hubgrpo.layout import Lease
-from hubgrpo.server import build_app, free_port, serve
+from hubgrpo.space.api import build_app, free_port, serve
 from tests.fake_coordinator import FakeCoordinator
 
 SHA = "ab" * 20
@@ -155,7 +155,7 @@ def test_refusals_arrive_typed_and_are_not_retried(api, transport):
 def test_internal_error_becomes_coordinator_error_without_traceback(api, transport, caplog):
     coord, c = api(transport=transport)
     coord.fail_with = KeyError("state.json")
-    with caplog.at_level(logging.ERROR, logger="hubgrpo.server"):
+    with caplog.at_level(logging.ERROR, logger="hubgrpo.space.api"):
         with pytest.raises(CoordinatorError) as e:
             c.lease("w1")
         assert c.lease("w1").lease_id == "L000000"  # the app survives

@@ -12,15 +12,16 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from hubgrpo import layout, runrepo
-from hubgrpo.auth import HubAuth, RateLimiter, allowed_for, make_auth, request_token
-from hubgrpo.cli import main
+from hubgrpo.coordinator.repo_init import init_repo
+from hubgrpo.space.auth import HubAuth, RateLimiter, allowed_for, make_auth, request_token
+from hubgrpo.cli.main import main
 from hubgrpo.errors import InvalidSubmission, Refused
-from hubgrpo.space import serve_space
-from hubgrpo.space_upload import decode_files
-from hubgrpo.space_view import snapshot
+from hubgrpo.space.app import serve_space
+from hubgrpo.space.upload import decode_files
+from hubgrpo.space.view import snapshot
 from hubgrpo.store.hub import HubStore
 from hubgrpo.store.local import LocalStore
-from hubgrpo.worker import Worker
+from hubgrpo.worker.loop import Worker
 from tests.coord_helpers import FakeClock, make_config, submission_record
 from tests.test_space_support import (ALICE, BOB, MALLORY, SimWorker, make_run, new_coordinator, run_versions,
                                       start_emulator, submission_folder, wait_for_version, write_adapter)
@@ -150,7 +151,7 @@ def test_token_sources_and_auth_off_for_a_local_repo(tmp_path):
     hook = HubAuth(["team"], whoami=lambda t: calls.append(t) or {"name": "carol", "orgs": [{"name": "Team"}]})
     assert hook(None, bearer) == "carol" and calls == ["hf_x"]  # admitted through her org (case-insensitive)
     store = LocalStore(tmp_path / "local")
-    runrepo.init_repo(store, make_config(), write_adapter(tmp_path / "v0", seed=0))
+    init_repo(store, make_config(), write_adapter(tmp_path / "v0", seed=0))
     coord = new_coordinator(store, tmp_path)
     assert allowed_for(coord) == [] and make_auth(coord) is None  # local repo, no allowed_users: auth off
     coord.cfg.coordinator.allowed_users = ["alice"]
@@ -256,7 +257,7 @@ def test_deploy_creates_the_space_with_files_variables_and_secrets(emu, tmp_path
     assert "alice/coordinator" in out and ALICE not in out and "deploy-secret" not in out
     api = HfApi(endpoint=emu.url, token=ALICE)
     files = set(api.list_repo_files("alice/coordinator", repo_type="space"))
-    assert {"app.py", "README.md", "requirements.txt", "hubgrpo/space.py", "hubgrpo/auth.py",
+    assert {"app.py", "README.md", "requirements.txt", "hubgrpo/space/app.py", "hubgrpo/space/auth.py",
             "hubgrpo/__init__.py"} <= files and not any("__pycache__" in f for f in files)
     readme = Path(api.hf_hub_download("alice/coordinator", "README.md", repo_type="space")).read_text()
     assert f"sdk_version: {gradio.__version__}" in readme and "hf_oauth: true" in readme

@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from hubgrpo import layout, runrepo
-from hubgrpo.client import CoordinatorClient
-from hubgrpo.coordinator import Coordinator
+from hubgrpo.coordinator.repo_init import init_repo
+from hubgrpo.worker.client import CoordinatorClient
+from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.store.hub import HubStore
 from tests.chaos_helpers import wait_for
 from tests.coord_helpers import D_IN, D_OUT, MODULES, R, make_config, submission_record
@@ -68,7 +69,7 @@ def make_run(emu, tmp_path: Path, name: str = "run", **overrides) -> HubStore:
     cfg = make_config(**settings)
     store = HubStore(f"alice/{name}", token=ALICE, endpoint=emu.url, cache_dir=tmp_path / "hf-cache",
                      retry_base_s=0.05)
-    runrepo.init_repo(store, cfg, write_adapter(tmp_path / f"{name}-v0", seed=0, b_scale=0.0))
+    init_repo(store, cfg, write_adapter(tmp_path / f"{name}-v0", seed=0, b_scale=0.0))
     return store
 
 

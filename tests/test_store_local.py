@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from hubgrpo.errors import CommitConflict, InvalidPath, NotFound, StoreError
-from hubgrpo.store.base import MARKER_PREFIX, open_store
+from hubgrpo.store import open_store
+from hubgrpo.store.base import MARKER_PREFIX
 from hubgrpo.store.local import META, LocalStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from hubgrpo import runrepo
-from hubgrpo.coordinator import Coordinator
+from hubgrpo.coordinator.repo_init import init_repo
+from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.store.local import LocalStore
 from hubgrpo.tracking import Tracker, make_tracker
 from tests.coord_helpers import FakeClock, make_config, push_submission, write_adapter
@@ -72,7 +73,7 @@ def test_coordinator_logs_one_point_per_version(tmp_path):
     cfg = make_config(**{"merge.quorum": 1})
     store = LocalStore(tmp_path / "repo")
     clock = FakeClock()
-    runrepo.init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0), clock=clock)
+    init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0), clock=clock)
     c = Coordinator(store, b"s", clock=clock, workdir=tmp_path / "w")
     c.tracker = rec = Recorder()
     for i in range(2):

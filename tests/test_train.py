@@ -12,10 +12,10 @@ from peft import PeftModel, get_peft_model_state_dict
 from safetensors.torch import load_file
 
 from hubgrpo.card import render_model_card
-from hubgrpo.cli import main
+from hubgrpo.cli.main import main
 from hubgrpo.config import loads
 from hubgrpo.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG_FILE, MODEL_CARD, StepMetrics
-from hubgrpo.train import METRICS_FILE, reward_windows
+from hubgrpo.worker.train import METRICS_FILE, reward_windows
 from tests.models_fixture import tiny_cache  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ def test_train_cli_writes_a_loadable_adapter(tiny_cache, tmp_path, capsys):
     assert metrics["samples"] == 4 * 16 and metrics["eval"]["before"] is not None
     assert all(StepMetrics.model_validate(m) for m in metrics["step_metrics"])
 
-    from hubgrpo.models import load_model
+    from hubgrpo.worker.models import load_model
 
     base, _ = load_model("builtin:tiny")
     model = PeftModel.from_pretrained(base, str(out))
@@ -64,6 +64,6 @@ def test_reward_windows():
 
 
 def test_cli_and_card_do_not_import_torch():
-    code = ("import sys, hubgrpo.cli, hubgrpo.card, hubgrpo.commands.train_cmd\n"
+    code = ("import sys, hubgrpo.cli, hubgrpo.card, hubgrpo.cli.train_cmd\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,4 +1,4 @@
-"""Merging LoRA adapters as pure functions (see DESIGN.md, "Merging adapters").
+"""Merging LoRA adapters as pure functions (docs/architecture.md, "The merge").
 
 API::
 

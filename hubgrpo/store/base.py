@@ -101,18 +101,3 @@ class Store(abc.ABC):
 
     def exists_file(self, path: str, revision: str | None = None) -> bool:
         return path in self.list_files(path.rsplit("/", 1)[0] if "/" in path else "", revision)
-
-
-def open_store(repo: str, *, token: str | None = None, endpoint: str | None = None) -> Store:
-    """``user/name`` (or ``hf://user/name``) means the Hub; a path or ``file://…`` means a local directory."""
-    from hubgrpo.store.local import LocalStore
-
-    if repo.startswith("file://"):
-        return LocalStore(repo[len("file://"):])
-    if repo.startswith("hf://"):
-        repo = repo[len("hf://"):]
-    elif repo.startswith((".", "/", "~")) or Path(repo).exists() or repo.count("/") != 1:
-        return LocalStore(Path(repo).expanduser())
-    from hubgrpo.store.hub import HubStore
-
-    return HubStore(repo, token=token, endpoint=endpoint)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
+from hubgrpo.card import run_card
 from hubgrpo.errors import CommitConflict, InvalidSubmission
 from hubgrpo.layout import MergedEntry, RunState, VersionRecord
 
-log = logging.getLogger("hubgrpo.coordinator")
+log = logging.getLogger("hubgrpo.coordinator.core")
 MAX_CAS_RETRIES = 20
 
 
@@ -165,7 +166,7 @@ def _files(c, result, state: RunState, tmp: Path) -> dict:
     adds = {layout.ADAPTER_WEIGHTS: folder / layout.ADAPTER_WEIGHTS,
             layout.ADAPTER_CONFIG: folder / layout.ADAPTER_CONFIG,
             layout.STATE_FILE: state.to_json(),
-            layout.MODEL_CARD: runrepo.render_card(c.cfg, state).encode()}
+            layout.MODEL_CARD: run_card(c.cfg, state).encode()}
     if result.momentum is not None and c.cfg.merge.outer_momentum > 0:
         from safetensors.torch import save
 

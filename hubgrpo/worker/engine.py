@@ -1,6 +1,6 @@
 """One worker's round: GRPO steps with TRL's GRPOTrainer on a PeftModel, from a given adapter to a submission.
 
-``RoundEngine`` keeps ONE GRPOTrainer across rounds (the long-lived worker pattern of LIBRARY_NOTES §4): each
+``RoundEngine`` keeps ONE GRPOTrainer across rounds (one trainer, many rounds): each
 round loads the round's adapter into the trainer's PeftModel with ``set_peft_model_state_dict`` (after a strict
 key/shape check), swaps in the round's prompts and step count, resets AdamW unless ``params.reset_optimizer`` is
 false, trains, and saves only the "default" adapter. A lease whose ``params`` change something fixed at trainer
@@ -30,13 +30,13 @@ from transformers import GenerationConfig, PrinterCallback, TrainerCallback, set
 from trl import GRPOConfig, GRPOTrainer
 
 from hubgrpo import __version__
-from hubgrpo.adapter_io import check_adapter, save_adapter
+from hubgrpo.worker.adapter_io import check_adapter, save_adapter
 from hubgrpo.config import Config, ParamsConfig
-from hubgrpo.data import PromptSource, truncate_prompt
+from hubgrpo.task.data import PromptSource, truncate_prompt
 from hubgrpo.errors import ConfigError, DataError, LeaseError, ModelError
 from hubgrpo.layout import SUBMISSION_FILE, Lease, StepMetrics, Submission, check_name, submission_id
-from hubgrpo.models import load_model, resolve_device
-from hubgrpo.rewards import load_rewards, weighted_rewards
+from hubgrpo.worker.models import load_model, resolve_device
+from hubgrpo.task.rewards import load_rewards, weighted_rewards
 
 StepCallback = Callable[[int, dict], None]  # (optimizer step, StepMetrics fields as a dict)
 

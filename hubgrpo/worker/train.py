@@ -13,6 +13,7 @@ order), then writes a PEFT adapter folder::
 from __future__ import annotations
 
 import json
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,9 +59,13 @@ def reward_windows(steps: list[StepMetrics], n_windows: int = 6) -> list[dict]:
 
 @contextmanager
 def progress_bar(total: int, enabled: bool = True) -> Iterator[Callable[[int, dict], None]]:
-    """A rich progress bar showing the step and the last reward; yields an ``on_step`` callback."""
+    """Progress of a ``total``-step training, as an ``on_step`` callback: a rich bar (step, last reward) on a
+    terminal; elsewhere (a file, a CI log) one plain line per step, at most one every ``LINE_EVERY_S`` seconds."""
     if not enabled:
         yield lambda step, metrics: None
+        return
+    if not sys.stderr.isatty():
+        yield _line_progress(total)
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -75,10 +80,27 @@ def progress_bar(total: int, enabled: bool = True) -> Iterator[Callable[[int, di
         yield on_step
 
 
+LINE_EVERY_S = 2.0
+
+
+def _line_progress(total: int) -> Callable[[int, dict], None]:
+    start = last = time.perf_counter()
+
+    def on_step(step: int, metrics: dict) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if step in (1, total) or now - last >= LINE_EVERY_S:
+            last = now
+            print(f"GRPO step {step}/{total}  reward {metrics['reward']:.3f}  {now - start:.0f} s", file=sys.stderr,
+                  flush=True)
+
+    return on_step
+
+
 def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = None, eval_samples: int = 16,
           progress: bool = True, log: Callable[[str], None] | None = None) -> TrainOutcome:
     """Train ``steps`` GRPO steps (default: steps_per_round × versions) and write the adapter folder."""
-    from hubgrpo.engine import RoundEngine
+    from hubgrpo.worker.engine import RoundEngine
 
     steps = steps if steps is not None else cfg.params.steps_per_round * cfg.params.versions
     out = Path(output) if output else Path("runs") / cfg.project_name / "train"

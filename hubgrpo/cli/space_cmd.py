@@ -1,7 +1,7 @@
 """``hubgrpo space`` (serve the coordinator with its web UI) and ``hubgrpo space deploy`` (put it on a Space).
 
 ``hubgrpo space --repo REPO`` is ``hubgrpo coordinator`` plus the page (leaderboard, reward curves, versions,
-leases, refusals, config) and the ``upload`` endpoint; it authenticates workers (``hubgrpo.auth``) unless the run
+leases, refusals, config) and the ``upload`` endpoint; it authenticates workers (``hubgrpo.space.auth``) unless the run
 repo is local with no ``coordinator.allowed_users``. ``hubgrpo coordinator`` stays the UI-less, auth-less API
 server for trusted local runs (``hubgrpo run`` uses the same code path).
 """
@@ -38,11 +38,11 @@ def space(ctx: typer.Context,
     import logging
     import time
 
-    from hubgrpo.auth import make_auth
-    from hubgrpo.coordinator import Coordinator
-    from hubgrpo.run import coordinator_secret
-    from hubgrpo.space import serve_space
-    from hubgrpo.store.base import open_store
+    from hubgrpo.space.auth import make_auth
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.cli.embedded import coordinator_secret
+    from hubgrpo.space.app import serve_space
+    from hubgrpo.store import open_store
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -71,9 +71,9 @@ def deploy(repo: str = typer.Option(..., "--repo", help="Run repo on the Hub (us
                                           "requirements.txt (default: space/ of this checkout).")) -> None:
     """Create/update a Gradio Space that coordinates REPO: files, HUBGRPO_REPO variable, HF_TOKEN and
     HUBGRPO_SECRET secrets."""
-    from hubgrpo.run import coordinator_secret
-    from hubgrpo.space_deploy import deploy as deploy_space
-    from hubgrpo.store.base import open_store
+    from hubgrpo.cli.embedded import coordinator_secret
+    from hubgrpo.space.deploy import deploy as deploy_space
+    from hubgrpo.store import open_store
 
     token, endpoint = os.environ.get("HF_TOKEN"), os.environ.get("HF_ENDPOINT")
     secret = coordinator_secret(open_store(repo, token=token, endpoint=endpoint)).decode()

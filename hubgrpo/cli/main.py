@@ -1,14 +1,12 @@
-"""The ``hubgrpo`` command line. Thin: each command lives in ``hubgrpo.commands.*`` and imports heavy libraries
+"""The ``hubgrpo`` command line. Thin: each command lives in ``hubgrpo.cli.*`` and imports heavy libraries
 inside its body. Every ``HubGrpoError`` becomes a message, a hint and an exit code."""
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from hubgrpo import __version__
-from hubgrpo.commands import config_cmd, merge_cmd, run_cmd, space_cmd, train_cmd
+from hubgrpo.cli import config_cmd, merge_cmd, run_cmd, space_cmd, train_cmd
 
 app = typer.Typer(
     name="hubgrpo",
@@ -36,33 +34,29 @@ for _module in (config_cmd, train_cmd, merge_cmd, run_cmd, space_cmd):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: run the typer app, turning hubgrpo errors into a message + hint + exit code."""
+    """Console entry point: run the typer app and return its exit code. Usage errors are printed by click (exit 2),
+    ``typer.Exit(n)`` returns n, and every ``HubGrpoError`` becomes a message, a hint and its exit code."""
     from hubgrpo.errors import HubGrpoError
 
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="hubgrpo")  # standalone mode: click prints usage errors and raises SystemExit
+    except SystemExit as e:
+        return _exit_code(e.code)
     except HubGrpoError as e:
         typer.secho(f"error: {e.message}", fg="red", err=True)
         if e.hint:
             typer.secho(f"hint: {e.hint}", err=True)
         return e.exit_code
-    except typer.Exit as e:
-        return e.exit_code
-    except typer.Abort:
-        typer.secho("aborted", err=True)
-        return 130
     except KeyboardInterrupt:
         typer.secho("interrupted", err=True)
         return 130
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            return e.exit_code
-        raise
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    typer.secho(str(code), err=True)
+    return 1

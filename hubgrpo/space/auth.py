@@ -1,6 +1,6 @@
 """Who may call the coordinator: Hugging Face tokens resolved with ``whoami``, an allow-list, a per-user rate limit.
 
-``make_auth(coord)`` returns the ``auth(token, request) -> user`` hook that ``hubgrpo.server.build_app`` calls on
+``make_auth(coord)`` returns the ``auth(token, request) -> user`` hook that ``hubgrpo.space.api.build_app`` calls on
 every mutating endpoint (``lease``, ``heartbeat``, ``release``, ``submit`` and the Space's ``upload``):
 
 1. The token is the ``token`` argument the worker sends with each call; else the ``Authorization: Bearer`` header;
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from hubgrpo.errors import CoordinatorError, Refused
 
-log = logging.getLogger("hubgrpo.auth")
+log = logging.getLogger("hubgrpo.space.auth")
 
 WhoAmI = Callable[[str], dict]
 """``whoami(token) -> {"name": ..., "orgs": [{"name": ...}, ...]}``; raises ``PermissionError`` for a bad token."""

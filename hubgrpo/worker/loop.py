@@ -19,7 +19,7 @@ from hubgrpo.errors import (CoordinatorError, InvalidSubmission, LeaseError, Rat
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
 
-log = logging.getLogger("hubgrpo.worker")
+log = logging.getLogger("hubgrpo.worker.loop")
 
 
 class Heartbeat:
@@ -57,7 +57,7 @@ class Worker:
                  max_rounds: int | None = None, workdir: Path | None = None, sleep=time.sleep,
                  progress: bool = True, threads: int | None = None, upload_via: str = "store"):
         """``upload_via="coordinator"``: send submissions to the coordinator's ``upload`` endpoint instead of
-        committing them (for workers without write access to the run repo; see ``hubgrpo.space_upload``)."""
+        committing them (for workers without write access to the run repo; see ``hubgrpo.space.upload``)."""
         if upload_via not in ("store", "coordinator"):
             raise ValueError(f"upload_via must be 'store' or 'coordinator', not {upload_via!r}")
         self.upload_via = upload_via
@@ -75,7 +75,7 @@ class Worker:
     def run(self) -> list[dict]:
         """The loop. Returns the coordinator's answer for every submitted round."""
         if self.engine is None:
-            from hubgrpo.engine import RoundEngine
+            from hubgrpo.worker.engine import RoundEngine
 
             self.engine = RoundEngine(self.cfg, worker=self.name)
         if self.tracker is None:
@@ -207,7 +207,7 @@ class Worker:
         """on_step: the progress line (when enabled) and the tracker's per-step GRPO metrics."""
         show = None
         if self.progress:
-            from hubgrpo.progress import round_progress
+            from hubgrpo.worker.progress import round_progress
 
             show = round_progress(self.name, lease)
 

@@ -1,6 +1,6 @@
 """What the Space shows, as plain tables: pure functions of ``Coordinator.status()`` and the run state.
 
-No gradio here (``hubgrpo.space`` puts these tables into components); pandas only for the plots' data frames.
+No gradio here (``hubgrpo.space.app`` puts these tables into components); pandas only for the plots' data frames.
 Everything reads the coordinator without its lock: ``status()`` copies what it iterates, and ``state`` is replaced
 whole by a merge, never mutated in place while being read here.
 """

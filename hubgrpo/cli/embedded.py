@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 from hubgrpo import runrepo
+from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.config import Config
 from hubgrpo.errors import StoreError
 from hubgrpo.store.base import Store
 
-log = logging.getLogger("hubgrpo.run")
+log = logging.getLogger("hubgrpo.cli.embedded")
 
 
 def ensure_repo(store: Store, cfg: Config, *, force: bool = False) -> None:
@@ -28,11 +29,11 @@ def ensure_repo(store: Store, cfg: Config, *, force: bool = False) -> None:
         return
     import tempfile
 
-    from hubgrpo.engine import RoundEngine
+    from hubgrpo.worker.engine import RoundEngine
 
     with tempfile.TemporaryDirectory(prefix="hubgrpo-init-") as tmp:
         adapter = RoundEngine(cfg, worker="init").init_adapter(Path(tmp) / "v0")
-        runrepo.init_repo(store, cfg, adapter, force=force)
+        init_repo(store, cfg, adapter, force=force)
 
 
 def coordinator_secret(store: Store) -> bytes:
@@ -87,7 +88,7 @@ def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int
     ensure_repo(store, cfg, force=force)
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the workers own the cores; an oversubscribed merge stalls every submit (LIBRARY_NOTES §8)
+    torch.set_num_threads(1)  # the workers own the cores; an oversubscribed merge stalls every submit
     previous = _unwind_on_sigterm()
     try:
         return _serve_and_watch(cfg, store, workers=workers, repo_arg=repo_arg, port=port, on_status=on_status,
@@ -113,9 +114,9 @@ def _unwind_on_sigterm():
 def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, port: int, on_status,
                      max_wall_s: float | None) -> dict:
     """The coordinator API in this process, N worker processes, and a status loop until the run finishes."""
-    from hubgrpo.client import CoordinatorClient
-    from hubgrpo.coordinator import Coordinator
-    from hubgrpo.server import serve
+    from hubgrpo.worker.client import CoordinatorClient
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.space.api import serve
 
     coord = Coordinator(store, coordinator_secret(store), workdir=runrepo.cache_root() / "coordinator"
                         / cfg.project_name)

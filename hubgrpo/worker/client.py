@@ -1,4 +1,4 @@
-"""The worker's side of the coordinator API (see ``hubgrpo.server`` for the wire format).
+"""The worker's side of the coordinator API (see ``hubgrpo.space.api`` for the wire format).
 
 ``CoordinatorClient`` mirrors the coordinator: ``lease``, ``heartbeat``, ``release``, ``submit``, ``status``.
 Two transports carry the same JSON envelopes:

@@ -23,7 +23,7 @@ def train(
 ) -> None:
     """Train with plain single-process GRPO + LoRA and write an adapter, model card and metrics.json."""
     from hubgrpo.config import load_config
-    from hubgrpo.train import train as run_train
+    from hubgrpo.worker.train import train as run_train
 
     cfg = load_config(config, overrides=set_)
     outcome = run_train(cfg, steps=steps, output=output, eval_samples=eval_samples, progress=True,

@@ -1,8 +1,8 @@
 """The Gradio Space: the coordinator's API endpoints plus the page people look at, in one app.
 
-``build_space(coord, auth=...)`` lays out the UI, then lets ``hubgrpo.server.build_app`` add the five API endpoints
+``build_space(coord, auth=...)`` lays out the UI, then lets ``hubgrpo.space.api.build_app`` add the five API endpoints
 (``lease``, ``heartbeat``, ``release``, ``submit``, ``status``) to the same ``gr.Blocks``, and adds a sixth,
-``upload``, for workers without write access to the run repo (``hubgrpo.space_upload``: checked before it is
+``upload``, for workers without write access to the run repo (``hubgrpo.space.upload``: checked before it is
 committed, many submissions per commit). The page shows
 
 - header cards (version / target, samples, workers, live leases, pending submissions, commits in the last hour);
@@ -27,9 +27,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is i
 
 import gradio as gr  # noqa: E402
 
-from hubgrpo import space_view as view  # noqa: E402
-from hubgrpo.server import AuthHook, build_app, free_port  # noqa: E402
-from hubgrpo.space_upload import UPLOAD_FILES, Uploads  # noqa: E402
+from hubgrpo.space import view  # noqa: E402
+from hubgrpo.space.api import AuthHook, build_app, free_port  # noqa: E402
+from hubgrpo.space.upload import UPLOAD_FILES, Uploads  # noqa: E402
 
 CSS = """
 .hg-head h1 {margin: 0 0 2px 0; font-size: 1.6rem;}
@@ -90,7 +90,7 @@ def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, 
                 batch_size: int = 8, batch_wait_s: float = 5.0) -> gr.Blocks:
     """The coordinator app with its UI: API endpoints (``server.build_app``) + ``upload`` + the page.
 
-    ``auth``: the ``hubgrpo.auth.make_auth(coord)`` hook (None = open API). ``batch_size`` / ``batch_wait_s``:
+    ``auth``: the ``hubgrpo.space.auth.make_auth(coord)`` hook (None = open API). ``batch_size`` / ``batch_wait_s``:
     uploads are committed when that many wait, or that long after the first. The returned blocks carry
     ``hubgrpo_uploads`` (close it to flush queued uploads) and ``hubgrpo_ticker`` (see ``server``).
     """

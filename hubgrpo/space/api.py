@@ -49,7 +49,7 @@ from pydantic import BaseModel, ValidationError  # noqa: E402
 from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, Refused  # noqa: E402
 from hubgrpo.layout import Lease  # noqa: E402
 
-log = logging.getLogger("hubgrpo.server")
+log = logging.getLogger("hubgrpo.space.api")
 
 ENDPOINTS = ("lease", "heartbeat", "release", "submit", "status")
 LEASE_HOLD_S = 2.0  # longest a lease request holds a server thread waiting for a merge
@@ -60,7 +60,7 @@ AuthHook = Callable[[Any, Any], str]
 
 
 class CoordinatorLike(Protocol):
-    """What the server needs from ``hubgrpo.coordinator.Coordinator`` (not thread-safe by itself)."""
+    """What the server needs from ``hubgrpo.coordinator.core.Coordinator`` (not thread-safe by itself)."""
 
     def lease(self, worker: str, user: str | None = None) -> Lease: ...
     def heartbeat(self, lease: Lease) -> Lease: ...

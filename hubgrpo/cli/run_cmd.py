@@ -13,7 +13,7 @@ REPO_HELP = "Run repo: user/name on the Hub (honours HF_ENDPOINT, HF_TOKEN), or 
 
 
 def _store(repo: str):
-    from hubgrpo.store.base import open_store
+    from hubgrpo.store import open_store
 
     return open_store(repo, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"))
 
@@ -29,7 +29,7 @@ def init(config: Path = typer.Argument(..., help="YAML config file."),
          force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run.")) -> None:
     """Create the run repo: config, version-0 adapter (equal to the base model), state and model card."""
     from hubgrpo.config import load_config
-    from hubgrpo.run import ensure_repo
+    from hubgrpo.cli.embedded import ensure_repo
 
     cfg = load_config(config, overrides=set_)
     repo = repo or cfg.hub.repo_id or f"./runs/{cfg.project_name}"
@@ -51,9 +51,9 @@ def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     """Serve the coordinator API (lease, heartbeat, release, submit, status) for a run repo."""
     import time
 
-    from hubgrpo.coordinator import Coordinator
-    from hubgrpo.run import coordinator_secret
-    from hubgrpo.server import serve
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.cli.embedded import coordinator_secret
+    from hubgrpo.space.api import serve
 
     _logging(verbose)
     store = _store(repo)
@@ -80,9 +80,9 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     import socket
 
     from hubgrpo import runrepo
-    from hubgrpo.client import CoordinatorClient
+    from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.errors import ConfigError
-    from hubgrpo.worker import Worker
+    from hubgrpo.worker.loop import Worker
 
     _logging(verbose)
     store = _store(repo)
@@ -102,9 +102,9 @@ def run(config: Path = typer.Argument(..., help="YAML config file."),
         force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run."),
         max_wall_s: float = typer.Option(None, "--max-wall-s", help="Stop after this many seconds.")) -> None:
     """A whole run on this machine: coordinator on 127.0.0.1 + N workers, until params.versions versions."""
-    from hubgrpo.commands.report import print_run_report
+    from hubgrpo.cli.report import print_run_report
     from hubgrpo.config import load_config
-    from hubgrpo.run import run as run_all
+    from hubgrpo.cli.embedded import run as run_all
 
     _logging(False)
     cfg = load_config(config, overrides=set_)
@@ -113,24 +113,34 @@ def run(config: Path = typer.Argument(..., help="YAML config file."),
     typer.echo(f"hubgrpo run {cfg.project_name}: {workers} workers, bucket {store.location}, "
                f"target {cfg.params.versions} versions")
     status = run_all(cfg, store, workers=workers, repo_arg=repo, force=force, max_wall_s=max_wall_s,
-                     on_status=_live_line)
+                     on_status=_live_printer())
     print_run_report(status, store, cfg)
 
 
-def _live_line(status: dict, procs: list) -> None:
-    last = status["versions"][-1] if status["versions"] else {}
-    alive = sum(p.poll() is None for p in procs)
-    reward = last.get("reward")
-    typer.echo(f"  version {status['version']}/{status['target_versions']}  reward "
-               f"{'-' if reward is None else f'{reward:.3f}'}  pending {len(status.get('pending', []))}  "
-               f"leases {len(status.get('leases', []))}  workers alive {alive}", err=True)
+def _live_printer():
+    """``on_status`` for ``run``: the run's status line, printed when it changes (so a log gets one line per
+    change, not one per second)."""
+    shown = [""]
+
+    def on_status(status: dict, procs: list) -> None:
+        last = status["versions"][-1] if status["versions"] else {}
+        alive = sum(p.poll() is None for p in procs)
+        reward = last.get("reward")
+        text = (f"  version {status['version']}/{status['target_versions']}  reward "
+                f"{'-' if reward is None else f'{reward:.3f}'}  pending {len(status.get('pending', []))}  "
+                f"leases {len(status.get('leases', []))}  workers alive {alive}")
+        if text != shown[0]:
+            shown[0] = text
+            typer.echo(text, err=True)
+
+    return on_status
 
 
 def status(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
            coordinator: str = typer.Option(None, "--coordinator", help="Also ask a live coordinator."),
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Versions, leaderboard, live leases and commits per hour of a run."""
-    from hubgrpo.commands.report import print_status
+    from hubgrpo.cli.report import print_status
 
     print_status(_store(repo), coordinator, as_json)
 
@@ -140,7 +150,7 @@ def push(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
          version: int = typer.Option(None, "--version", help="Version to push (default: the latest)."),
          private: bool = typer.Option(False, "--private/--public")) -> None:
     """Publish a version's adapter as a standalone PEFT repo with a model card."""
-    from hubgrpo.commands.report import push_adapter
+    from hubgrpo.cli.report import push_adapter
 
     sha = push_adapter(_store(repo), _store(to), version=version, private=private)
     typer.echo(f"pushed to {to} ({sha[:12]})")

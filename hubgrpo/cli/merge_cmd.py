@@ -82,7 +82,7 @@ def check_command(
                                             help="Refuse updates with a larger ‖ΔW − ΔW_global‖."),
 ) -> None:
     """Exit 0 when SUB_DIR passes every admission check against GLOBAL_DIR; exit 1 with the reason otherwise."""
-    from hubgrpo.admission import check_submission
+    from hubgrpo.merge.admission import check_submission
     from hubgrpo.errors import InvalidSubmission
     from hubgrpo.merge import load_adapter_dir
 

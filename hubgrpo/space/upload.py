@@ -5,7 +5,7 @@ A worker calls the ``upload`` endpoint with its lease and its submission folder 
 
 1. checks the lease (signature, run, deadline, staleness) and the upload (only ``adapter_model.safetensors``,
    ``adapter_config.json`` and ``submission.json``; at most ``merge.max_submission_mb`` decoded) and runs every
-   ``hubgrpo.admission`` check and the submission-record check on a temporary copy — BEFORE anything is
+   ``hubgrpo.merge.admission`` check and the submission-record check on a temporary copy — BEFORE anything is
    committed, so junk never reaches the repo (a refusal is recorded like any other, with its reason);
 2. queues it in a ``SubmissionBatcher``, which commits every queued submission in ONE commit (no parent:
    submission paths are disjoint) when ``batch_size`` are waiting or ``batch_wait_s`` after the first arrived;
@@ -35,7 +35,7 @@ from hubgrpo import layout
 from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission
 from hubgrpo.layout import Lease
 
-log = logging.getLogger("hubgrpo.space")
+log = logging.getLogger("hubgrpo.space.app")
 
 UPLOAD_FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG, layout.SUBMISSION_FILE)
 
@@ -226,7 +226,7 @@ class Uploads:
 
     def _check(self, lease: Lease, sub_id: str, files, limit: int, folder: Path, facts: dict) -> None:
         """Decode, then the record check and every admission check (no lock: pure reads of local files)."""
-        from hubgrpo.admission import check_submission
+        from hubgrpo.merge.admission import check_submission
 
         decode_files(files, limit, folder)
         self.coord.check_record(folder, lease)

@@ -1,4 +1,4 @@
-"""Admission checks for submitted adapter folders (untrusted input, see DESIGN.md "Submissions are untrusted input").
+"""Admission checks for submitted adapter folders (untrusted input; docs/architecture.md).
 
 ``check_submission(sub_dir, global_, max_bytes=…)`` returns the loaded ``Adapter`` or raises
 ``InvalidSubmission(code, sentence, hint=…)``. Nothing is ever unpickled: weights are read only as safetensors,

@@ -1,0 +1,111 @@
+"""The package's roles, checked on its source: which role may import which, no import cycles, light core.
+
+Roles (the folder tree): the light core (``config``, ``errors``, ``layout``, ``runrepo``, ``card``, ``tracking``),
+``store``, ``task``, ``merge`` below everything; ``worker`` (the training side) and ``coordinator`` beside each
+other and never importing each other; ``space`` (HTTP API + UI) over the coordinator; ``cli`` over everything.
+Every import counts, including the ones inside function bodies.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "hubgrpo"
+CORE = {"hubgrpo", "hubgrpo.config", "hubgrpo.errors", "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card",
+        "hubgrpo.tracking"}
+BELOW = {"core", "store", "task", "merge"}
+ALLOWED = {
+    "core": {"core", "store"},
+    "store": {"core", "store"},
+    "task": {"core", "task"},
+    "merge": {"core", "merge"},
+    "worker": BELOW | {"worker"},
+    "coordinator": BELOW | {"coordinator"},
+    "space": BELOW | {"coordinator", "space"},
+    "cli": BELOW | {"worker", "coordinator", "space", "cli"},
+}
+
+
+def role(module: str) -> str:
+    if module in CORE:
+        return "core"
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ALLOWED:
+        return parts[1]
+    raise AssertionError(f"{module} belongs to no role: put it in a role's folder or add it to the core list")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every hubgrpo module ``path`` imports, anywhere in the file (``from hubgrpo.x import y`` counts
+    ``hubgrpo.x.y`` when that is a module, else ``hubgrpo.x``)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "hubgrpo"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "hubgrpo":
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in MODULES else node.module)
+    return out
+
+
+MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def test_every_import_stays_inside_the_roles_it_may_use():
+    crossings = []
+    for name, path in sorted(MODULES.items()):
+        mine = role(name)
+        for target in sorted(imports(path)):
+            if role(target) not in ALLOWED[mine]:
+                crossings.append(f"{name} ({mine}) imports {target} ({role(target)})")
+    assert not crossings, "imports that cross role lines:\n  " + "\n  ".join(crossings)
+
+
+def test_no_import_cycles():
+    graph = {name: {t for t in imports(path) if t in MODULES and t != name} for name, path in MODULES.items()}
+    # a package's __init__ is imported by its submodules implicitly; explicit edges only here
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [node, nxt]) if nxt in stack else f"{node} -> {nxt}")
+            elif nxt not in state:
+                visit(nxt, stack + [node])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
+
+
+def test_the_role_checker_catches_a_crossing(tmp_path):
+    """The checker itself: a coordinator module importing the engine is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from hubgrpo.worker.engine import RoundEngine\n")
+    assert "hubgrpo.worker.engine" in imports(bad)
+    assert role("hubgrpo.worker.engine") not in ALLOWED["coordinator"]
+
+
+def test_light_modules_import_without_torch_or_gradio():
+    code = ("import sys, hubgrpo.config, hubgrpo.layout, hubgrpo.errors, hubgrpo.runrepo, hubgrpo.card, "
+            "hubgrpo.store, hubgrpo.task.data, hubgrpo.task.rewards, hubgrpo.coordinator.core, "
+            "hubgrpo.coordinator.status, hubgrpo.cli.main; "
+            "print(' '.join(m for m in ('torch', 'gradio', 'transformers', 'trl', 'peft') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", f"heavy modules imported: {r.stdout.strip()}"
