@@ -184,3 +184,15 @@ def test_a_stopped_run_leaves_no_worker_behind(tmp_path, how):
         for p in workers:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_run_status_line_is_printed_only_when_it_changes(capsys):
+    from hubgrpo.cli.run_cmd import _live_printer
+
+    show = _live_printer()
+    status = {"version": 1, "target_versions": 3, "versions": [{"reward": 0.5}], "pending": [], "leases": ["a"]}
+    for _ in range(3):
+        show(status, [])
+    show(dict(status, version=2), [])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 2 and "version 1/3" in lines[0] and "version 2/3" in lines[1]

@@ -41,11 +41,12 @@ class LowRankSum:
     @classmethod
     def from_terms(cls, terms: list[Term], out_dim: int, in_dim: int) -> "LowRankSum":
         """``Σ_k coef_k · B_k · A_k`` (terms with coefficient 0 or rank 0 are dropped)."""
+        device = terms[0][2].device if terms else None
         terms = [t for t in terms if t[0] != 0.0 and t[1].shape[1] > 0]
         if not terms:
-            return cls([], torch.zeros(0, in_dim), torch.zeros(0), out_dim)
+            return cls([], torch.zeros(0, in_dim, device=device), torch.zeros(0, device=device), out_dim)
         a = torch.cat([t[2].float() for t in terms], dim=0)  # (R × in)
-        c = torch.cat([torch.full((t[1].shape[1],), float(t[0])) for t in terms])  # (R,)
+        c = torch.cat([torch.full((t[1].shape[1],), float(t[0]), device=a.device) for t in terms])  # (R,)
         return cls([t[1].float() for t in terms], a, c, out_dim)
 
     @property
@@ -55,12 +56,12 @@ class LowRankSum:
 
     def b_cat(self) -> torch.Tensor:
         """The stacked ``B`` (out × R) — a copy; for the exact path and ``stack`` outputs."""
-        return torch.cat(self.Bs, dim=1) if self.Bs else torch.zeros(self.out_dim, 0)
+        return torch.cat(self.Bs, dim=1) if self.Bs else torch.zeros(self.out_dim, 0, device=self.A.device)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``M · x``: (in × l) → (out × l)."""
         z = self.c[:, None] * (self.A @ x)  # (R × l)
-        y = torch.zeros(self.out_dim, x.shape[1])
+        y = torch.zeros(self.out_dim, x.shape[1], device=x.device)
         off = 0
         for b in self.Bs:
             y.addmm_(b, z[off:off + b.shape[1]])
@@ -69,7 +70,9 @@ class LowRankSum:
 
     def rmatmul(self, y: torch.Tensor) -> torch.Tensor:
         """``Mᵀ · y``: (out × l) → (in × l)."""
-        w = torch.cat([b.T @ y for b in self.Bs], dim=0) if self.Bs else torch.zeros(0, y.shape[1])  # (R × l)
+        if not self.Bs:
+            return torch.zeros(self.A.shape[1], y.shape[1], device=y.device)
+        w = torch.cat([b.T @ y for b in self.Bs], dim=0)  # (R × l)
         return self.A.T @ (self.c[:, None] * w)
 
 
@@ -124,8 +127,8 @@ def pad_rank(b: torch.Tensor, a: torch.Tensor, rank: int, gen: torch.Generator) 
     extra = rank - b.shape[1]
     if extra <= 0:
         return b, a
-    fresh = torch.randn(extra, a.shape[1], generator=gen) / (3 * a.shape[1]) ** 0.5
-    return torch.cat([b, torch.zeros(b.shape[0], extra)], dim=1), torch.cat([a, fresh], dim=0)
+    fresh = (torch.randn(extra, a.shape[1], generator=gen) / (3 * a.shape[1]) ** 0.5).to(a.device)  # CPU draw
+    return torch.cat([b, torch.zeros(b.shape[0], extra, device=b.device)], dim=1), torch.cat([a, fresh], dim=0)
 
 
 def refactor_exact(m: LowRankSum, rank: int, gen: torch.Generator) -> Factorization:
@@ -151,12 +154,13 @@ def refactor_randomized(m: LowRankSum, rank: int, gen: torch.Generator, *, overs
     appended to the last sketch pass estimate the energy the basis misses (they are independent of it)."""
     out_dim, in_dim, total_rank = m.shape
     sketch = min(rank + oversample, total_rank, out_dim, in_dim)  # l
-    basis, on_out = torch.randn(in_dim, sketch, generator=gen), False  # current basis and its side
+    device = m.A.device  # Gaussian draws are made on the CPU generator, so every device gets the same sketch
+    basis, on_out = torch.randn(in_dim, sketch, generator=gen).to(device), False  # current basis and its side
     probe_out = None
     for i in range(max(passes, 2) - 1):
         width = basis.shape[1]
         if i == passes - 2 and probes:  # last sketch pass: append the probes
-            basis = torch.cat([basis, torch.randn(basis.shape[0], probes, generator=gen)], dim=1)
+            basis = torch.cat([basis, torch.randn(basis.shape[0], probes, generator=gen).to(device)], dim=1)
         prod = m.rmatmul(basis) if on_out else m.matmul(basis)  # (in or out) × (l + probes)
         prod, probe_out = prod[:, :width], prod[:, width:]
         basis, on_out = orthonormal_basis(prod), not on_out
@@ -188,7 +192,8 @@ def refactor(m: LowRankSum, rank: int, algorithm: str, gen: torch.Generator, **r
     """Rank-``rank`` factors of ``M`` with the requested algorithm (``auto`` | ``exact`` | ``randomized``)."""
     out_dim, in_dim, total_rank = m.shape
     if total_rank == 0:  # M = 0: zero B, fresh A (LoRA init)
-        b, a = pad_rank(torch.zeros(out_dim, 0), torch.zeros(0, in_dim), rank, gen)
+        device = m.A.device
+        b, a = pad_rank(torch.zeros(out_dim, 0, device=device), torch.zeros(0, in_dim, device=device), rank, gen)
         return Factorization(b, a, 0.0, 0.0, "exact")
     if choose_algorithm(algorithm, total_rank, rank, randomized_kw.get("oversample", 5)) == "exact":
         return refactor_exact(m, rank, gen)
