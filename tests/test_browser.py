@@ -73,6 +73,8 @@ def _open_page(url: str, shot: Path) -> dict:
             return {"table": page.locator("#hg-leaderboard").inner_text(),
                     "plot_marks": page.locator("#hg-reward-plot svg path, #hg-reward-plot canvas").count(),
                     "legend": page.locator("#hg-worker-plot").inner_text(),
+                    "x_labels": page.locator("#hg-reward-plot svg g[aria-label^='X-axis'] g.role-axis-label text").evaluate_all(
+                        "els => els.map(e => e.textContent)"),
                     "title": page.title()}
         finally:
             browser.close()
@@ -102,6 +104,8 @@ def test_space_page_shows_leaderboard_and_reward_plot(tmp_path):
               f"{time.time() - t2:.1f} s; RSS {_rss_mib(proc.pid):.0f} MiB")
         assert "alice-box" in seen["table"] and "bob-box" in seen["table"] and "rounds accepted" in seen["table"]
         assert seen["plot_marks"] > 0 and "alice-box" in seen["legend"] and "coordtest" in seen["title"]
+        assert seen["x_labels"][:3] == ["0", "1", "2"], seen["x_labels"]  # versions: whole numbers on the axis
+        assert all(label.isdigit() for label in seen["x_labels"]), seen["x_labels"]
         assert (ARTIFACTS / "space.png").stat().st_size > 10_000
     finally:
         if proc is not None and proc.poll() is None:

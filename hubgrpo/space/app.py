@@ -57,11 +57,14 @@ def _layout(coord) -> dict[str, Any]:
     """Create the UI components (inside an open ``gr.Blocks``); returns them by name."""
     c: dict[str, Any] = {"summary": gr.HTML(elem_id="hg-summary")}
     with gr.Row(equal_height=True):
+        # versions are whole numbers: integer tick labels, and an axis at least MIN_VERSION_AXIS wide so that the
+        # ticks fall on whole numbers (see _refresher)
         c["reward"] = gr.LinePlot(x="version", y="reward", title="Reward per global version",
                                   x_title="version", y_title="mean reward of merged rounds", height=300,
-                                  elem_id="hg-reward-plot")
+                                  x_axis_format="d", elem_id="hg-reward-plot")
         c["workers"] = gr.LinePlot(x="version", y="reward", color="worker", title="Round reward per worker",
-                                   x_title="version", y_title="round reward", height=300, elem_id="hg-worker-plot")
+                                   x_title="version", y_title="round reward", height=300, x_axis_format="d",
+                                   elem_id="hg-worker-plot")
     c["leaderboard"] = _table(view.LEADERBOARD_COLUMNS, "Leaderboard", "hg-leaderboard")
     c["versions"] = _table(view.VERSION_COLUMNS, "Versions", "hg-versions", markdown_last=True)
     with gr.Row():
@@ -75,12 +78,18 @@ def _layout(coord) -> dict[str, Any]:
     return c
 
 
+MIN_VERSION_AXIS = 10  # versions 0..10 at least: a narrower axis would put ticks at 0.5, 1.5, …
+
+
 def _refresher(coord, comps: dict[str, Any]):
     """The refresh function for the timer and page load, and its output components (same order)."""
     names = ["summary", "reward", "workers", "leaderboard", "versions", "leases", "refusals", "config"]
 
     def refresh():
         snap = view.snapshot(coord)
+        x_lim = [0, max(MIN_VERSION_AXIS, snap["status"]["version"])]
+        for plot in ("reward", "workers"):
+            snap[plot] = gr.LinePlot(value=snap[plot], x_lim=x_lim)
         return tuple(snap[n] for n in names)
 
     return refresh, [comps[n] for n in names]
