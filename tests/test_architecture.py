@@ -25,7 +25,8 @@ ALLOWED = {
     "worker": BELOW | {"worker"},
     "coordinator": BELOW | {"coordinator"},
     "space": BELOW | {"coordinator", "space"},
-    "cli": BELOW | {"worker", "coordinator", "space", "cli"},
+    "sim": BELOW | {"worker", "coordinator", "sim"},
+    "cli": BELOW | {"worker", "coordinator", "space", "sim", "cli"},
 }
 
 

@@ -53,6 +53,7 @@ class Coordinator:
         self.tracker = None
         self.merging: int | None = None  # the version a merge is computing right now
         self.background_merges = False  # set by the server: submit/tick leave merges to plan_merge/finish_merge
+        self.new_lease_id = leases.new_lease_id  # injectable: the simulator numbers leases for determinism
         self.reload()
         from hubgrpo.tracking import make_tracker
 
@@ -137,7 +138,7 @@ class Coordinator:
             err.wait_s = wait  # carried over the wire by the server
             raise err
         lease = Lease(
-            lease_id=leases.new_lease_id(), run_id=self.state.run_id, round_id=len(self.state.merged_ids)
+            lease_id=self.new_lease_id(), run_id=self.state.run_id, round_id=len(self.state.merged_ids)
             + len(self.pending) + len(self.active), worker=worker, user=user, base_version=self.state.version,
             base_sha=self.shas[self.state.version], prompt_indices=self.pool.take(self.prompts_per_round),
             steps=self.cfg.params.steps_per_round, seed=self.cfg.params.seed * 1_000_003 + self.pool.next_index,

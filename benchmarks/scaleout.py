@@ -1,0 +1,306 @@
+"""Does adding machines reach a good model sooner? Time-to-target speed-up vs N, from ``hubgrpo simulate``.
+
+    .venv/bin/python benchmarks/scaleout.py --mode tiny     [--workers 1,2,4,8,16] [--fleets homog,hetero] [--seeds 0,1,2]
+    .venv/bin/python benchmarks/scaleout.py --mode smollm2  [--workers 1,2,4,8]    [--fleets hetero] [--seeds 0]
+    .venv/bin/python benchmarks/scaleout.py --mode tiny --validate REAL.json     # simulator vs a real run
+
+For each mode and seed: N = 1 (speed 1) runs for the single worker's budget (``--budget-steps`` GRPO steps of
+virtual time); the target is ``--target-fraction`` (0.9) of its final held-out reward (the mean of its last 3
+versions). Every other (fleet, N) runs until it reaches that target and at least until the time N = 1 reached
+it (so "held-out at equal time" exists for all), at most the single worker's whole budget. Fleets: ``homog``
+(all speed 1), ``hetero`` (``spread:2``: the fastest twice the slowest, mean speed 1, and 10 % dropouts). The
+total compute of N workers is N× that of one, so parallel efficiency = speed-up / N.
+
+Reported per (fleet, N): time to target and speed-up vs N = 1 (virtual seconds, from the cost model), parallel
+efficiency, samples to target, held-out reward at the time N = 1 reached the target, the staleness histogram,
+refused rounds; and the single-process ``hubgrpo train`` reference (same number of steps as N = 1, same eval).
+
+``--validate REAL.json`` (a ``benchmarks/speedup_real.py`` result on the same config) replays that real
+``hubgrpo run --workers 2`` in the simulator, with the real run's measured seconds per step, and compares the
+staleness histograms and the held-out reward against time.
+
+Writes benchmarks/results/<name>.{md,json,png}. Each simulation is a ``hubgrpo simulate`` subprocess (as a user
+runs it); its folder is kept under ``--work`` (default a temporary folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+MODES = {
+    # config, virtual budget of the single worker (GRPO steps), held-out eval flags, extra overrides
+    "tiny": {"config": "configs/tiny.yaml", "budget_steps": 48,
+             "eval": ["--eval-sampled", "2", "--eval-samples", "64"], "set": ["params.steps_per_round=4"]},
+    "smollm2": {"config": "configs/demo.yaml", "budget_steps": 40, "eval": ["--eval-samples", "32"],
+                "set": ["params.steps_per_round=5"]},
+}
+FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
+
+
+def simulate(out: Path, config: str, workers: int, seed: int, args: list[str]) -> dict:
+    """``hubgrpo simulate`` in a subprocess; its simulation.json."""
+    cmd = [sys.executable, "-m", "hubgrpo.cli", "simulate", config, "--workers", str(workers), "--seed", str(seed),
+           "--output", str(out), "--no-progress", *args]
+    t0 = time.time()
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result = json.loads((out / "simulation.json").read_text())
+    result["real_wall_s"] = time.time() - t0
+    return result
+
+
+def sets(overrides: list[str]) -> list[str]:
+    return [x for o in overrides for x in ("--set", o)]
+
+
+def eval_at(result: dict, t: float) -> float | None:
+    """Held-out reward of the newest evaluated version at virtual time ``t``."""
+    rows = [v for v in result["versions"] if v["eval_reward"] is not None and v["virtual_time_s"] <= t + 1e-9]
+    return rows[-1]["eval_reward"] if rows else None
+
+
+def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
+    from hubgrpo.config import load_config
+    from hubgrpo.sim.fleet import default_step_s
+
+    common = [*mode["eval"], *sets([*mode["set"], *args.set])]
+    step_s = default_step_s(load_config(ROOT / mode["config"], overrides=[*mode["set"], *args.set]).base_model)
+    budget_s = mode["budget_steps"] * step_s
+    single = simulate(work / f"s{seed}-homog-1", mode["config"], 1, seed, [*common, "--max-virtual-s", str(budget_s)])
+    finals = [v["eval_reward"] for v in single["versions"] if v["eval_reward"] is not None][-3:]
+    target = args.target_fraction * statistics.mean(finals)
+    hit = next((v for v in single["versions"] if v["eval_reward"] is not None and v["eval_reward"] >= target), None)
+    t1 = hit["virtual_time_s"] if hit else budget_s
+    rows = [row("homog", 1, single, target, t1, t1)]
+    for fleet in args.fleets:
+        for n in args.workers:
+            if n == 1 and fleet == "homog":
+                continue
+            res = simulate(work / f"s{seed}-{fleet}-{n}", mode["config"], n, seed,
+                           [*common, *FLEETS[fleet], "--until-reward", str(target), "--min-virtual-s", str(t1),
+                            "--max-virtual-s", str(budget_s)])
+            rows.append(row(fleet, n, res, target, t1, res.get("time_to_target_s")))
+    return {"seed": seed, "target": target, "single_final": statistics.mean(finals), "t1": t1,
+            "budget_s": budget_s, "step_s": step_s, "rows": rows}
+
+
+def row(fleet: str, n: int, res: dict, target: float, t1: float, t_hit: float | None) -> dict:
+    evals = [v["eval_reward"] for v in res["versions"] if v["eval_reward"] is not None]
+    return {"fleet": fleet, "workers": n, "time_to_target_s": t_hit, "speedup": (t1 / t_hit) if t_hit else None,
+            "efficiency": (t1 / t_hit / n) if t_hit else None, "samples_to_target": res.get("samples_to_target"),
+            "eval_at_t1": eval_at(res, t1), "eval_initial": evals[0] if evals else None,
+            "eval_final": evals[-1] if evals else None, "versions": res["versions"][-1]["version"],
+            "virtual_wall_s": res["virtual_wall_s"], "staleness_histogram": res["staleness_histogram"],
+            "rounds_by_status": res["rounds_by_status"], "refusal_codes": res["refusal_codes"],
+            "real_wall_s": round(res["real_wall_s"], 1), "compute": res["compute"],
+            "curve": [(v["virtual_time_s"], v["samples"], v["eval_reward"]) for v in res["versions"]]}
+
+
+def train_reference(mode: dict, args, seed: int, work: Path) -> dict:
+    """``hubgrpo train`` for the single worker's budget of steps, scored like the simulations."""
+    out = work / f"train-s{seed}"
+    subprocess.run([sys.executable, "-m", "hubgrpo.cli", "train", mode["config"], "--steps", str(mode["budget_steps"]),
+                    "--output", str(out), "--eval-samples", "0", *sets([*mode["set"], *args.set,
+                                                                       f"params.seed={seed}"])],
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from hubgrpo.config import load_config
+    from hubgrpo.worker.engine import RoundEngine
+
+    cfg = load_config(ROOT / mode["config"], overrides=[*mode["set"], *args.set, f"params.seed={seed}"])
+    engine = RoundEngine(cfg, worker="eval")
+    flags = dict(zip(mode["eval"][::2], mode["eval"][1::2]))
+    n, k = int(flags.get("--eval-samples", 32)), int(flags.get("--eval-sampled", 0))
+    if k:
+        engine.load_adapter(out)
+        final = sum(engine.evaluate(n=n, greedy=False, seed=1000 + i) for i in range(k)) / k
+    else:
+        final = engine.evaluate(out, n=n)
+    return {"seed": seed, "steps": mode["budget_steps"], "eval_final": final}
+
+
+def validate(mode: dict, args, real_path: Path, work: Path) -> dict:
+    """Replay each seed of a real ``hubgrpo run --workers 2`` (speedup_real.py JSON) in the simulator."""
+    real = json.loads(real_path.read_text())
+    out = []
+    for raw in real["raw"]:
+        run, seed = raw["run"], raw["run"]["seed"]
+        rounds = [r for r in run["rounds"] if "train_s" in r]
+        steps = max(1, int(real["args"].get("steps_per_round") or _steps_per_round(real, mode)))
+        step_s = statistics.median(r["train_s"] for r in rounds) / steps
+        overhead = statistics.median(r.get("lease_s", 0) + r.get("download_s", 0) + r.get("upload_s", 0)
+                                     + r.get("submit_s", 0) for r in rounds)
+        versions = len(run["curve"])
+        sim = simulate(work / f"validate-s{seed}", real["args"]["config"], 2, seed,
+                       [*sets([*real["args"]["set"]]), *_eval_flags(real), "--step-s", f"{step_s:.4f}",
+                        "--latency-s", f"{overhead / 4:.4f}", "--until-version", str(versions)])
+        real_hist = {}
+        for c in run["curve"]:
+            for s in c["staleness"]:
+                real_hist[str(s)] = real_hist.get(str(s), 0) + 1
+        out.append({"seed": seed, "step_s": step_s, "latency_s": overhead / 4, "versions": versions,
+                    "real_staleness": real_hist, "sim_staleness": sim["staleness_histogram"],
+                    "real_curve": [(c["t"], c.get("eval")) for c in run["curve"]],
+                    "sim_curve": [(v["virtual_time_s"], v["eval_reward"]) for v in sim["versions"][1:]],
+                    "real_wall_s": run["curve"][-1]["t"] if run["curve"] else None,
+                    "sim_virtual_s": sim["virtual_wall_s"]})
+    return {"seeds": out}
+
+
+def _steps_per_round(real: dict, mode: dict) -> int:
+    from hubgrpo.config import load_config
+
+    return load_config(ROOT / real["args"]["config"], overrides=real["args"]["set"]).params.steps_per_round
+
+
+def _eval_flags(real: dict) -> list[str]:
+    a = real["args"]
+    return ["--eval-samples", str(a.get("eval", 16)), "--eval-sampled", str(a.get("eval_sampled", 0))]
+
+
+def validation_markdown(v: dict) -> str:
+    lines = ["# Simulator vs a real `hubgrpo run --workers 2`", "",
+             "| seed | s/step (real, median) | versions | staleness real | staleness simulated | real s to last "
+             "version | simulated s | held-out real (last) | held-out simulated (last) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in v["seeds"]:
+        lines.append(f"| {s['seed']} | {s['step_s']:.3f} | {s['versions']} | {s['real_staleness']} | "
+                     f"{s['sim_staleness']} | {fmt(s['real_wall_s'], '.1f')} | {fmt(s['sim_virtual_s'], '.1f')} | "
+                     f"{fmt(s['real_curve'][-1][1], '.3f')} | {fmt(s['sim_curve'][-1][1], '.3f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def summarise(seeds: list[dict]) -> list[dict]:
+    keys = sorted({(r["fleet"], r["workers"]) for s in seeds for r in s["rows"]}, key=lambda k: (k[0] != "homog", k))
+    out = []
+    for fleet, n in keys:
+        rs = [r for s in seeds for r in s["rows"] if (r["fleet"], r["workers"]) == (fleet, n)]
+        sp = [r["speedup"] for r in rs if r["speedup"]]
+        out.append({"fleet": fleet, "workers": n, "seeds": len(rs), "reached": len(sp),
+                    "speedup_mean": statistics.mean(sp) if sp else None,
+                    "speedup_sd": statistics.stdev(sp) if len(sp) > 1 else None,
+                    "efficiency_mean": statistics.mean(x / n for x in sp) if sp else None,
+                    "samples_to_target": _mean([r["samples_to_target"] for r in rs]),
+                    "eval_at_t1": _mean([r["eval_at_t1"] for r in rs]),
+                    "max_staleness": max((int(k) for r in rs for k in r["staleness_histogram"]), default=0),
+                    "refused": sum(r["rounds_by_status"].get("refused", 0) for r in rs)})
+    return out
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.mean(xs) if xs else None
+
+
+def fmt(x, spec=".2f"):
+    return "–" if x is None else format(x, spec)
+
+
+def to_markdown(report: dict) -> str:
+    a = report["args"]
+    lines = [f"# Scale-out: time to target vs workers — {a['mode']} ({report['date']})", "",
+             f"Config `{report['config']}`{' with ' + ', '.join(a['set']) if a['set'] else ''}; seeds {a['seeds']}; "
+             f"virtual seconds from the cost model ({report['seeds'][0]['step_s']} s per GRPO step at speed 1). "
+             f"Target: {a['target_fraction']:.0%} of the single worker's final held-out reward "
+             f"(per seed: {', '.join(fmt(s['target'], '.3f') for s in report['seeds'])}). Machine: {report['machine']}.",
+             "", "| fleet | N | speed-up (mean ± sd) | efficiency | reached | samples to target | held-out at N=1's "
+             "time to target | max τ | refused |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["summary"]:
+        sd = f" ± {r['speedup_sd']:.2f}" if r["speedup_sd"] is not None else ""
+        lines.append(f"| {r['fleet']} | {r['workers']} | {fmt(r['speedup_mean'])}×{sd} | "
+                     f"{fmt(r['efficiency_mean'] and 100 * r['efficiency_mean'], '.0f')} % | {r['reached']}/{r['seeds']} | "
+                     f"{fmt(r['samples_to_target'], '.0f')} | {fmt(r['eval_at_t1'], '.3f')} | {r['max_staleness']} | "
+                     f"{r['refused']} |")
+    if report.get("train"):
+        t = report["train"]
+        lines += ["", "Single-process `hubgrpo train` with the same steps as N = 1 (same held-out eval): "
+                  + ", ".join(f"seed {x['seed']} {x['eval_final']:.3f}" for x in t) + "; N = 1 simulated final: "
+                  + ", ".join(f"seed {s['seed']} {s['single_final']:.3f}" for s in report["seeds"]) + "."]
+    lines += ["", "homog: every worker speed 1; hetero: speeds spread 2× (mean 1) and 10 % of rounds abandoned "
+              "(the machine rejoins a round later). Plot: `" + report["name"] + ".png`."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    seed = report["seeds"][0]
+    for r in seed["rows"]:
+        pts = [(t / 60, e) for t, _, e in r["curve"] if e is not None]
+        axes[0].plot(*zip(*pts), label=f"{r['fleet']} N={r['workers']}", marker=".")
+    axes[0].axhline(seed["target"], color="grey", linestyle="--", linewidth=0.8)
+    axes[0].set_xlabel("virtual minutes")
+    axes[0].set_ylabel("held-out reward")
+    axes[0].set_title(f"seed {seed['seed']}")
+    axes[0].legend(fontsize=7)
+    for fleet in sorted({r["fleet"] for r in report["summary"]}):
+        rs = [r for r in report["summary"] if r["fleet"] == fleet and r["speedup_mean"]]
+        axes[1].plot([r["workers"] for r in rs], [r["speedup_mean"] for r in rs], marker="o", label=fleet)
+    ns = sorted({r["workers"] for r in report["summary"]})
+    axes[1].plot(ns, ns, color="grey", linestyle=":", label="linear")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_yscale("log", base=2)
+    axes[1].set_xlabel("workers")
+    axes[1].set_ylabel("speed-up to target")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mode", choices=sorted(MODES), default="tiny")
+    ap.add_argument("--workers", default=None, help="comma-separated N (default 1,2,4,8,16 tiny; 1,2,4,8 smollm2)")
+    ap.add_argument("--fleets", default="homog,hetero")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--target-fraction", type=float, default=0.9)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--no-train", action="store_true", help="skip the hubgrpo train reference")
+    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--name", default=None)
+    ap.add_argument("--validate", type=Path, default=None, help="a speedup_real.py JSON to replay")
+    args = ap.parse_args()
+    args.workers = [int(x) for x in (args.workers or ("1,2,4,8,16" if args.mode == "tiny" else "1,2,4,8")).split(",")]
+    args.fleets = args.fleets.split(",")
+    mode = MODES[args.mode]
+    name = args.name or f"scaleout-{args.mode}"
+    work = args.work or Path(tempfile.mkdtemp(prefix="hubgrpo-scaleout-"))
+    if args.validate:
+        v = validate(mode, args, args.validate, work)
+        (RESULTS / f"{name}-validate.json").write_text(json.dumps(v, indent=1))
+        (RESULTS / f"{name}-validate.md").write_text(validation_markdown(v))
+        print(validation_markdown(v))
+        return
+    seeds = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        seeds.append(one_seed(mode, args, seed, work))
+        print(json.dumps({k: v for k, v in seeds[-1].items() if k != "rows"}), flush=True)
+    train = [] if args.no_train else [train_reference(mode, args, s["seed"], work) for s in seeds]
+    report = {"name": name, "args": {**vars(args), "work": str(work)}, "config": mode["config"], "seeds": seeds,
+              "summary": summarise(seeds), "train": train,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+    (RESULTS / f"{name}.md").write_text(to_markdown(report))
+    plot(report, RESULTS / f"{name}.png")
+    print(to_markdown(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Real wall-clock speed-up on this machine: ``hubgrpo train`` on one core vs ``hubgrpo run --workers 2`` (one
+thread each, the two cores), same config, same task; time to a target reward.
+
+    .venv/bin/python benchmarks/speedup_real.py [--config configs/demo.yaml] [--seeds 0] [--train-steps 48]
+        [--versions 16] [--target 0.9] [--eval 16] [--set KEY=VALUE …] [--name speedup-real] [--skip-train]
+
+Both runs are the real CLI in subprocesses, one after the other (never at the same time). For each seed:
+
+- **train**: ``hubgrpo train CONFIG --steps T --set params.num_threads=1``. Its clock is the sum of TRL's
+  per-step ``step_time`` from the first step (model load excluded), plus, separately, the process wall time.
+  Training reward: the mean of the last 5 steps' sampled reward (one 5-step round's worth).
+- **run**: ``hubgrpo run CONFIG --workers 2 --set params.versions=V``. Its clock starts at the first lease
+  (workers loaded their models before; the same exclusion as train's) and is also given from the process start.
+  Training reward per version: the mean reward of the rounds merged into it, as ``hubgrpo status`` shows it.
+- **held-out**: after both, every checkpoint is scored here in one process: train's final adapter, and every
+  version of the run (tags), greedily on the first ``--eval`` held-out prompts.
+
+Targets: the first time the training reward reaches ``--target``, and the first time the run's held-out reward
+reaches train's final held-out reward. speed-up = train's time / run's time. Writes
+benchmarks/results/<name>.{md,json}; the per-round log of the run (rounds.jsonl) is kept in the JSON for the
+simulator's validation (``benchmarks/scaleout.py --validate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+
+from benchmarks.learning import hubgrpo, sets  # noqa: E402
+
+
+def first_at(curve: list[dict], key: str, target: float) -> dict | None:
+    return next((c for c in curve if c.get(key) is not None and c[key] >= target), None)
+
+
+def run_train(args, tmp: Path, seed: int) -> dict:
+    out = tmp / f"train-s{seed}"
+    wall = hubgrpo("train", args.config, "--steps", str(args.train_steps), "--output", str(out), "--eval-samples",
+                   "0", *sets([*args.set, "params.num_threads=1", f"params.seed={seed}"]))
+    m = json.loads((out / "metrics.json").read_text())
+    t, curve, rewards = 0.0, [], []
+    for s in m["step_metrics"]:
+        t += s.get("step_time") or 0.0
+        rewards.append(s["reward"])
+        window = rewards[-5:]
+        curve.append({"step": s["step"], "t": t, "reward": s["reward"],
+                      "reward5": sum(window) / len(window) if len(window) == 5 else None})
+    return {"seed": seed, "adapter": str(out), "wall_s": wall, "setup_s": m["timings"].get("setup"),
+            "steps": len(curve), "curve": curve}
+
+
+def run_workers(args, tmp: Path, seed: int) -> dict:
+    from hubgrpo import runrepo
+    from hubgrpo.store.local import LocalStore
+
+    repo = tmp / f"run-s{seed}"
+    since = time.time()
+    wall = hubgrpo("run", args.config, "--workers", "2", "--repo", str(repo), *sets(
+        [*args.set, f"params.versions={args.versions}", f"params.seed={seed}", f"project_name=speedup-s{seed}"]))
+    store = LocalStore(repo)
+    state = runrepo.read_state(store)
+    rounds = [r for f in sorted((runrepo.cache_root() / "worker").glob("*/rounds.jsonl"))
+              for r in map(json.loads, f.read_text().splitlines()) if r["at"] >= since]
+    first_lease = min((r["at"] - r.get("round_s", 0) - r.get("lease_s", 0) for r in rounds), default=since)
+    curve = [{"version": v.version, "t": v.created_at - first_lease, "t_process": v.created_at - since,
+              "reward": v.reward_mean, "samples": v.samples, "staleness": [m.staleness for m in v.merged]}
+             for v in state.versions[1:]]
+    return {"seed": seed, "repo": str(repo), "wall_s": wall, "startup_s": first_lease - since, "curve": curve,
+            "rounds": rounds, "shas": runrepo.version_shas(store)}
+
+
+def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
+    """Greedy held-out reward of train's final adapter and of every version of the run, in this process."""
+    from hubgrpo import runrepo
+    from hubgrpo.config import load_config
+    from hubgrpo.store.local import LocalStore
+    from hubgrpo.worker.engine import RoundEngine
+
+    cfg = load_config(ROOT / args.config, overrides=[*args.set, f"params.seed={train['seed']}", "params.device=cpu"])
+    engine = RoundEngine(cfg, worker="eval")
+
+    def score(folder) -> float:
+        if not args.eval_sampled:
+            return engine.evaluate(folder, n=args.eval)
+        engine.load_adapter(folder)
+        k = args.eval_sampled
+        return sum(engine.evaluate(n=args.eval, greedy=False, seed=1000 + i) for i in range(k)) / k
+
+    train["eval_final"] = score(train["adapter"])
+    store = LocalStore(run["repo"])
+    run["eval"] = {}
+    for version, sha in sorted(run["shas"].items()):
+        run["eval"][version] = score(runrepo.adapter_at(store, sha, tmp / "eval-adapters"))
+    train["eval_initial"] = run["eval"].get(0)
+    for c in run["curve"]:
+        c["eval"] = run["eval"].get(c["version"])
+
+
+def summarise(args, train: dict, run: dict) -> dict:
+    t_hit = first_at(train["curve"], "reward5", args.target)
+    r_hit = first_at(run["curve"], "reward", args.target)
+    e_target = train["eval_final"]
+    e_hit = first_at(run["curve"], "eval", e_target)
+    train_total = train["curve"][-1]["t"] if train["curve"] else None
+    out = {"seed": run["seed"], "train_s_to_target": t_hit and t_hit["t"], "train_step_at_target": t_hit and t_hit["step"],
+           "run_s_to_target": r_hit and r_hit["t"], "run_version_at_target": r_hit and r_hit["version"],
+           "run_process_s_to_target": r_hit and r_hit["t_process"],
+           "eval_target": e_target, "train_s_to_eval_target": train_total,
+           "run_s_to_eval_target": e_hit and e_hit["t"], "run_version_at_eval_target": e_hit and e_hit["version"],
+           "run_final_eval": run["curve"][-1]["eval"] if run["curve"] else None,
+           "train_eval_initial": train.get("eval_initial"), "run_startup_s": run["startup_s"],
+           "train_setup_s": train["setup_s"]}
+    out["speedup_train_reward"] = (out["train_s_to_target"] / out["run_s_to_target"]
+                                   if out["train_s_to_target"] and out["run_s_to_target"] else None)
+    out["speedup_eval"] = (train_total / out["run_s_to_eval_target"]
+                           if train_total and out["run_s_to_eval_target"] else None)
+    stale = [s for c in run["curve"] for s in c["staleness"]]
+    out["staleness_histogram"] = {str(k): stale.count(k) for k in sorted(set(stale))}
+    out["run_round_train_s_median"] = statistics.median(r["train_s"] for r in run["rounds"] if "train_s" in r) \
+        if run["rounds"] else None
+    return out
+
+
+def fmt(x, spec=".1f"):
+    return "–" if x is None else format(x, spec)
+
+
+def to_markdown(args, rows: list[dict], meta: dict) -> str:
+    lines = [f"# Real speed-up on this machine: train (1 core) vs run --workers 2 ({meta['date']})", "",
+             f"Config `{args.config}`{' with ' + ', '.join(args.set) if args.set else ''}; train {args.train_steps} "
+             f"steps; run {args.versions} versions; target training reward {args.target} (train: mean of 5 steps; "
+             f"run: a version's merged rounds); held-out: greedy on {args.eval} prompts. Machine: {meta['machine']}.",
+             "", "| seed | train s to target (step) | run s to target (version) | speed-up | held-out target (train final) "
+             "| run s to it (version) | train s (all steps) | speed-up held-out | run final held-out | τ histogram |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['seed']} | {fmt(r['train_s_to_target'])} ({r['train_step_at_target']}) | "
+                     f"{fmt(r['run_s_to_target'])} ({r['run_version_at_target']}) | {fmt(r['speedup_train_reward'], '.2f')}× | "
+                     f"{fmt(r['eval_target'], '.3f')} | {fmt(r['run_s_to_eval_target'])} ({r['run_version_at_eval_target']}) | "
+                     f"{fmt(r['train_s_to_eval_target'])} | {fmt(r['speedup_eval'], '.2f')}× | {fmt(r['run_final_eval'], '.3f')} | "
+                     f"{r['staleness_histogram']} |")
+    lines += ["", "Clocks: train from its first step (model load excluded), run from its first lease (the workers' "
+              "model load excluded); the run's times from process start, the startup and train's setup are in the "
+              "JSON."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="configs/demo.yaml")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--train-steps", type=int, default=48)
+    ap.add_argument("--versions", type=int, default=16)
+    ap.add_argument("--target", type=float, default=0.9)
+    ap.add_argument("--eval", type=int, default=16)
+    ap.add_argument("--eval-sampled", type=int, default=0, help="0: greedy; k: mean of k sampled passes")
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--name", default="speedup-real")
+    args = ap.parse_args()
+    rows, raw = [], []
+    with tempfile.TemporaryDirectory(prefix="hubgrpo-speedup-") as tmp:
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            train = run_train(args, Path(tmp), seed)
+            run = run_workers(args, Path(tmp), seed)
+            evaluate_all(args, train, run, Path(tmp))
+            rows.append(summarise(args, train, run))
+            raw.append({"train": train, "run": {k: v for k, v in run.items() if k != "shas"}})
+            print(json.dumps(rows[-1]), flush=True)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{platform.machine()}, Python {platform.python_version()}"}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"args": vars(args), "meta": meta, "rows": rows, "raw": raw},
+                                                          indent=1, default=str))
+    (RESULTS / f"{args.name}.md").write_text(to_markdown(args, rows, meta))
+    print(to_markdown(args, rows, meta))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The simulated fleet: how fast each worker is, what a round costs in virtual seconds, who drops out when.
+
+Nothing here measures this machine: a round's virtual duration comes from a deterministic cost model, so a
+simulation gives the same answer on a busy laptop and on a quiet server.
+
+- **Speeds** (``--speeds``): ``1`` (every worker at speed 1), ``spread:K`` (evenly spaced from slowest to fastest
+  with fastest/slowest = K and mean 1, so the fleet's total compute equals N workers of speed 1), or a list
+  ``1,0.5,2`` (cycled over the workers).
+- **Cost** of one round at speed s: ``steps × step_s / s`` of training plus ``latency_s`` for each of the lease,
+  the adapter download, the upload and the submit. ``step_s`` is seconds per GRPO step of one worker at speed 1
+  (``STEP_S`` for the built-in models, measured on one core of a 2-core x86 VM; pass your own for other models or
+  hardware).
+- **Jitter** (``--jitter J``, default 0.1): each round's training time is multiplied by a factor uniform in
+  [1 − J, 1 + J] (completion lengths and machine noise vary), so equal workers do not finish in lock-step.
+- **Dropouts** (``--dropout P``): each round is abandoned with probability P at a uniform point of its training
+  (a crashed or pre-empted machine: its lease expires, its prompts go back to the pool); the worker rejoins
+  ``rejoin_s`` later (default: one round at speed 1).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from hubgrpo.errors import ConfigError
+
+# seconds per GRPO step of one worker with its shipped config (configs/tiny.yaml, configs/demo.yaml), measured on
+# this project's 2-core x86 VM: tiny 0.45 s (benchmarks/results/round.md), SmolLM2 10.5 s on one core (a
+# worker of `hubgrpo run --workers 2`; 504 s for 48 steps of `hubgrpo train --set params.num_threads=1`)
+STEP_S = {"builtin:tiny": 0.45, "builtin:smollm2-135m-instruct": 10.5}
+
+
+def parse_speeds(spec: str, n: int) -> list[float]:
+    """Speeds of ``n`` workers from ``1`` | ``spread:K`` | ``a,b,c`` (see the module docstring)."""
+    spec = str(spec).strip()
+    try:
+        if spec.startswith("spread:"):
+            ratio = float(spec.split(":", 1)[1])
+            if not ratio >= 1:
+                raise ValueError
+            if n == 1:
+                return [1.0]
+            lo = 2.0 / (1.0 + ratio)  # mean of an even spread from lo to ratio·lo is 1
+            return [lo + (ratio * lo - lo) * i / (n - 1) for i in range(n)]
+        values = [float(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not (0 < v < 1e6) for v in values):
+        raise ConfigError(f"--speeds {spec!r} is not a speed spec",
+                          hint="use 1, spread:2 (fastest = 2× slowest, mean 1) or a list such as 1,0.5,2")
+    return [values[i % len(values)] for i in range(n)]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Virtual seconds of one round (see the module docstring)."""
+
+    step_s: float
+    latency_s: float = 0.0
+
+    def train_s(self, steps: int, speed: float) -> float:
+        return steps * self.step_s / speed
+
+
+@dataclass
+class SimWorker:
+    """One simulated machine: its name, speed, and its own random stream for dropouts."""
+
+    name: str
+    speed: float
+    rng: random.Random
+    rounds: int = 0
+    dropped: int = 0
+
+    def jitter(self, spread: float) -> float:
+        """This round's duration factor, uniform in [1 − spread, 1 + spread] (rounds are never all alike:
+        completion lengths, machine noise), from the worker's own stream."""
+        return 1.0 + spread * (2.0 * self.rng.random() - 1.0) if spread > 0 else 1.0
+
+    def drops_this_round(self, p: float) -> float | None:
+        """The fraction of the round at which this round is abandoned, or None when it completes."""
+        if p > 0 and self.rng.random() < p:
+            return self.rng.random()
+        return None
+
+
+def make_fleet(n: int, speeds: str, seed: int) -> list[SimWorker]:
+    if n < 1:
+        raise ConfigError(f"--workers {n}: a simulation needs at least one worker")
+    return [SimWorker(name=f"sim{i:02d}", speed=s, rng=random.Random(seed * 7919 + i))
+            for i, s in enumerate(parse_speeds(speeds, n))]
+
+
+def default_step_s(base_model: str) -> float | None:
+    return STEP_S.get(base_model)

@@ -1,0 +1,293 @@
+"""A discrete-event simulation of an asynchronous run: N machines on one, on a virtual clock.
+
+Real parts: every round is a real GRPO round (``RoundEngine.run_round``: one model in memory, rounds one at a
+time), the coordinator is the real ``Coordinator`` (leases, prompt pool, admission, staleness, merges) with its
+clock injected, the bucket is a real ``LocalStore``, and every version is scored greedily on held-out prompts.
+Simulated parts: the clock and the fleet (``hubgrpo.sim.fleet``: speeds, latencies, dropouts).
+
+Events are processed in virtual-time order, so every merge before time t is visible to a lease at t and
+staleness arises exactly as it would with N machines. A worker that becomes free at t leases at t; its round is
+trained *now* (in real time) from the version it leased, and its submission is committed and submitted at
+t + latencies + steps × step_s / speed. Nothing depends on this machine's wall time: a seed gives the same
+simulation (merges run synchronously at submit, as the coordinator does without a server; merge and evaluation
+take no virtual time — they run on the coordinator's and the evaluator's own machines).
+
+Differences from a deployment, on purpose: the commit budget is lifted (virtual hours hold far more commits than
+real ones; ``keep_budget`` keeps it), every round starts with a fresh optimizer (``params.reset_optimizer`` is
+forced on: one engine trains for every simulated worker), and lease ids are numbered (deterministic).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from hubgrpo import layout, runrepo
+from hubgrpo.config import Config
+from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
+from hubgrpo.sim.fleet import CostModel, SimWorker, default_step_s, make_fleet
+
+
+@dataclass
+class SimOptions:
+    """How to simulate (see ``hubgrpo simulate --help``)."""
+
+    workers: int
+    speeds: str = "1"
+    dropout: float = 0.0
+    latency_s: float = 0.0
+    seed: int = 0
+    step_s: float | None = None
+    rejoin_s: float | None = None
+    until_version: int | None = None
+    until_reward: float | None = None
+    min_virtual_s: float = 0.0  # until_reward stops the run only from this virtual time on
+    max_virtual_s: float | None = None
+    max_rounds: int | None = None
+    eval_samples: int = 32
+    eval_every: int = 1
+    eval_sampled: int = 0  # 0: greedy; k: mean of k sampled passes at the training temperature (fixed seeds)
+    jitter: float = 0.1
+    keep_budget: bool = False
+
+
+@dataclass(order=True)
+class Event:
+    t: float
+    seq: int
+    kind: str = field(compare=False)
+    worker: int = field(compare=False, default=-1)
+    data: Any = field(compare=False, default=None)
+
+
+@dataclass
+class RoundRecord:
+    """One leased round: when it was leased, trained and delivered (virtual seconds), and what became of it."""
+
+    worker: str
+    lease_id: str
+    base_version: int
+    t_lease: float
+    t_deliver: float | None = None
+    status: str = "training"  # admitted | merged | refused | dropped
+    code: str | None = None
+    staleness_at_delivery: int | None = None
+    train_reward: float | None = None
+
+
+def sim_config(cfg: Config, opts: SimOptions) -> Config:
+    """The run config as the simulation uses it (see the module docstring)."""
+    cfg = cfg.model_copy(deep=True)
+    cfg.params.reset_optimizer = True
+    cfg.params.versions = opts.until_version or 10**6
+    cfg.log = "none"
+    if not opts.keep_budget:
+        cfg.coordinator.commit_budget_per_hour = 10**9
+    return cfg
+
+
+class Simulation:
+    """Runs until ``until_version`` / ``until_reward`` / ``max_virtual_s`` / ``max_rounds`` (at least one)."""
+
+    def __init__(self, cfg: Config, opts: SimOptions, output: Path, *, engine=None,
+                 on_version: Callable[[dict], None] | None = None):
+        if not (opts.until_version or opts.until_reward is not None or opts.max_virtual_s or opts.max_rounds):
+            raise ValueError("give a stop condition: until_version, until_reward, max_virtual_s or max_rounds")
+        self.opts, self.output, self.on_version = opts, Path(output), on_version
+        self.cfg = sim_config(cfg, opts)
+        step_s = opts.step_s or default_step_s(cfg.base_model)
+        if step_s is None:
+            raise ValueError(f"no built-in step cost for {cfg.base_model}: pass step_s (seconds per GRPO step)")
+        self.cost = CostModel(step_s=step_s, latency_s=opts.latency_s)
+        self.fleet: list[SimWorker] = make_fleet(opts.workers, opts.speeds, opts.seed)
+        self.rejoin_s = opts.rejoin_s if opts.rejoin_s is not None else self.cost.train_s(
+            self.cfg.params.steps_per_round, 1.0)
+        self.now, self._seq, self._events = 0.0, itertools.count(), []
+        self.rounds: list[RoundRecord] = []
+        self.prompts: dict[str, list[int]] = {}  # lease id → its prompt indices (not in the result: bulky)
+        self.versions: list[dict] = []
+        self.compute = {"train_s": 0.0, "eval_s": 0.0, "merge_s": 0.0, "setup_s": 0.0}
+        self.engine = engine
+        self._setup()
+
+    # ------------------------------------------------------------------------------------------ set-up
+
+    def _setup(self) -> None:
+        from hubgrpo.coordinator.core import Coordinator
+        from hubgrpo.coordinator.repo_init import init_repo
+        from hubgrpo.store.local import LocalStore
+
+        t0 = time.perf_counter()
+        if self.engine is None:
+            from hubgrpo.worker.engine import RoundEngine
+
+            self.engine = RoundEngine(self.cfg, worker="sim")
+        self.store = LocalStore(self.output / "repo")
+        init_repo(self.store, self.cfg, self.engine.init_adapter(self.output / "v0"), clock=lambda: 0.0)
+        self.coord = Coordinator(self.store, f"hubgrpo-sim-{self.opts.seed}".encode(), clock=lambda: self.now,
+                                 workdir=self.output / "coordinator")
+        ids = itertools.count()
+        self.coord.new_lease_id = lambda: f"l{next(ids):06d}"
+        self.compute["setup_s"] = time.perf_counter() - t0
+        self._record_version(0)
+
+    def _push(self, t: float, kind: str, worker: int = -1, data: Any = None) -> None:
+        heapq.heappush(self._events, Event(t, next(self._seq), kind, worker, data))
+
+    # ------------------------------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        for i in range(len(self.fleet)):
+            self._push(0.0, "ready", i)
+        self._push(self.cfg.coordinator.round_timeout_s + 1e-3, "tick")
+        handlers = {"ready": self._ready, "deliver": self._deliver, "heartbeat": self._heartbeat,
+                    "tick": self._tick, "rejoin": self._ready}
+        while self._events and not self._done():
+            ev = heapq.heappop(self._events)
+            self.now = max(self.now, ev.t)
+            handlers[ev.kind](ev)
+            self._note_versions()
+
+    def _done(self) -> bool:
+        o, v = self.opts, self.coord.state.version
+        last_eval = next((r["eval_reward"] for r in reversed(self.versions) if r["eval_reward"] is not None), None)
+        return bool((o.until_version and v >= o.until_version)
+                    or (o.until_reward is not None and last_eval is not None and last_eval >= o.until_reward
+                        and self.now >= o.min_virtual_s)
+                    or (o.max_virtual_s and self.now >= o.max_virtual_s)
+                    or (o.max_rounds and len(self.rounds) >= o.max_rounds)
+                    or self.coord.state.finished)
+
+    def _ready(self, ev: Event) -> None:
+        """A free worker asks for a lease; trains the round (real compute) unless it drops out of it."""
+        w = self.fleet[ev.worker]
+        self.coord.tick()
+        try:
+            lease = self.coord.lease(w.name)
+        except Refused as e:
+            if e.code != "finished":
+                self._push(self.now + max(1.0, float(getattr(e, "wait_s", None) or 30.0)), "ready", ev.worker)
+            return
+        rec = RoundRecord(worker=w.name, lease_id=lease.lease_id, base_version=lease.base_version, t_lease=self.now)
+        self.rounds.append(rec)
+        self.prompts[lease.lease_id] = list(lease.prompt_indices)
+        lat = self.cost.latency_s
+        start = self.now + 2 * lat  # the lease's answer, then the adapter download
+        train_s = self.cost.train_s(lease.steps, w.speed) * w.jitter(self.opts.jitter)
+        w.rounds += 1
+        crash = w.drops_this_round(self.opts.dropout)
+        holder = {"lease": lease}
+        self._schedule_heartbeats(ev.worker, holder, start, start + train_s * (crash if crash is not None else 1))
+        if crash is not None:  # the machine is gone: no submission; its lease expires, its prompts return
+            w.dropped += 1
+            rec.status = "dropped"
+            gone = start + train_s * crash
+            self._push(gone + self.rejoin_s, "rejoin", ev.worker)
+            self._push(gone + self.cfg.coordinator.lease_timeout_s + 1e-3, "tick")  # past its last renewal
+            return
+        t0 = time.perf_counter()
+        base = runrepo.adapter_at(self.store, lease.base_sha, self.output / "adapters")
+        folder = self.output / "rounds" / layout.submission_id(w.name, lease.lease_id)
+        sub = self.engine.run_round(base, lease, folder)
+        self.compute["train_s"] += time.perf_counter() - t0
+        rec.train_reward = sub.reward_mean
+        self._push(start + train_s + 2 * lat, "deliver", ev.worker, (holder, rec, folder))  # upload + submit
+
+    def _schedule_heartbeats(self, worker: int, holder: dict, start: float, end: float) -> None:
+        every = self.cfg.coordinator.heartbeat_interval_s
+        t = start + every
+        while t < end:
+            self._push(t, "heartbeat", worker, holder)
+            t += every
+
+    def _heartbeat(self, ev: Event) -> None:
+        holder = ev.data
+        try:
+            holder["lease"] = self.coord.heartbeat(holder["lease"])
+        except LeaseError:
+            pass  # expired: the submit will be refused and say why
+
+    def _deliver(self, ev: Event) -> None:
+        """Commit the round's folder (at its virtual arrival time) and submit it; maybe merge."""
+        holder, rec, folder = ev.data
+        lease = holder["lease"]
+        adds = {layout.submission_path(lease.base_version, layout.submission_id(lease.worker, lease.lease_id), f):
+                folder / f for f in (*layout.ADAPTER_FILES, layout.SUBMISSION_FILE)}
+        commit = self.store.commit(adds, message=f"hubgrpo: submission {lease.worker}-{lease.lease_id}")
+        rec.t_deliver, rec.staleness_at_delivery = self.now, self.coord.state.version - lease.base_version
+        self.coord.tick()
+        t0 = time.perf_counter()
+        try:
+            answer = self.coord.submit(lease, commit)
+            rec.status = answer["status"]
+        except (InvalidSubmission, LeaseError) as e:
+            rec.status, rec.code = "refused", e.code
+        self.compute["merge_s"] += time.perf_counter() - t0
+        self._push(self.now + self.cost.latency_s, "ready", ev.worker)
+
+    def _tick(self, ev: Event) -> None:
+        t0 = time.perf_counter()
+        self.coord.tick()  # lease expiry; a merge at the round deadline
+        self.compute["merge_s"] += time.perf_counter() - t0
+
+    # ------------------------------------------------------------------------------------------ versions
+
+    def _note_versions(self) -> None:
+        if len(self.versions) <= self.coord.state.version:  # new versions: the next round deadline moves
+            self._push(self.coord.last_merge_at + self.cfg.coordinator.round_timeout_s + 1e-3, "tick")
+        while len(self.versions) <= self.coord.state.version:
+            self._record_version(len(self.versions))
+
+    def _record_version(self, version: int) -> None:
+        v = next(r for r in self.coord.state.versions if r.version == version)
+        for rec in self.rounds:  # rounds merged into this version
+            if any(m.submission_id.endswith("-" + rec.lease_id) for m in v.merged):
+                rec.status = "merged"
+        samples = (self.versions[-1]["samples"] if self.versions else 0) + v.samples
+        ev = None
+        if version % max(1, self.opts.eval_every) == 0 or self.opts.until_reward is not None:
+            t0 = time.perf_counter()
+            folder = runrepo.adapter_at(self.store, self.coord.shas[version], self.output / "adapters")
+            ev = self._evaluate(folder)
+            self.compute["eval_s"] += time.perf_counter() - t0
+        row = {"version": version, "virtual_time_s": round(self.now, 6), "samples": samples,
+               "train_reward": v.reward_mean, "eval_reward": ev, "merged": len(v.merged),
+               "max_staleness": max((m.staleness for m in v.merged), default=0),
+               "staleness": [m.staleness for m in v.merged], "residual": v.residual}
+        self.versions.append(row)
+        if self.on_version:
+            self.on_version(row)
+
+    def _evaluate(self, folder: Path) -> float:
+        k, n = self.opts.eval_sampled, self.opts.eval_samples
+        if k <= 0:
+            return self.engine.evaluate(folder, n=n)
+        self.engine.load_adapter(folder)
+        return sum(self.engine.evaluate(n=n, greedy=False, seed=1000 + i) for i in range(k)) / k
+
+    # ------------------------------------------------------------------------------------------ results
+
+    def result(self) -> dict:
+        """Everything ``hubgrpo.sim.report`` writes; ``compute`` (real seconds) is the only non-deterministic part."""
+        merged = [s for v in self.versions for s in v["staleness"]]
+        return {
+            "workers": len(self.fleet), "speeds": [w.speed for w in self.fleet], "seed": self.opts.seed,
+            "dropout": self.opts.dropout, "latency_s": self.opts.latency_s, "step_s": self.cost.step_s,
+            "jitter": self.opts.jitter, "eval": "greedy" if self.opts.eval_sampled <= 0 else
+            f"sampled x{self.opts.eval_sampled}", "eval_samples": self.opts.eval_samples,
+            "rejoin_s": self.rejoin_s, "virtual_wall_s": round(self.now, 6), "versions": self.versions,
+            "staleness_histogram": {str(k): merged.count(k) for k in sorted(set(merged))},
+            "rounds": [r.__dict__ for r in self.rounds],
+            "rounds_total": len(self.rounds),
+            "rounds_by_status": {s: sum(r.status == s for r in self.rounds)
+                                 for s in sorted({r.status for r in self.rounds})},
+            "refusal_codes": sorted({r.code for r in self.rounds if r.code}),
+            "config": {"base_model": self.cfg.base_model, "steps_per_round": self.cfg.params.steps_per_round,
+                       "completions_per_step": self.cfg.params.per_device_train_batch_size,
+                       "merge": self.cfg.merge.model_dump(), "quorum": self.cfg.merge.quorum},
+            "compute": {k: round(v, 2) for k, v in self.compute.items()},
+        }

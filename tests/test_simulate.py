@@ -1,0 +1,130 @@
+"""``hubgrpo simulate``: the discrete-event loop (with a fake round engine: fast, exact) and the installed command
+(real GRPO rounds of the tiny model: deterministic for a seed, and staleness appears with 4 workers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hubgrpo import layout
+from hubgrpo.errors import ConfigError
+from hubgrpo.sim.fleet import parse_speeds
+from hubgrpo.sim.loop import SimOptions, Simulation
+from tests.coord_helpers import make_config, submission_record, write_adapter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class FakeEngine:
+    """The round engine's interface without a model: adapters drawn from the lease, a score from the adapter."""
+
+    def __init__(self):
+        self.rounds = []
+
+    def init_adapter(self, out: Path) -> Path:
+        return write_adapter(Path(out), seed=0, b_scale=0.0)
+
+    def run_round(self, base: Path, lease, folder: Path):
+        self.rounds.append((lease.worker, lease.base_version))
+        write_adapter(folder, seed=int(lease.lease_id[1:]) + 1, b_scale=0.01)
+        sub = submission_record(lease)
+        (folder / layout.SUBMISSION_FILE).write_bytes(sub.to_json())
+        return sub
+
+    def evaluate(self, folder: Path | None = None, n: int = 16, **kw) -> float:
+        from safetensors.torch import load_file
+
+        weights = load_file(Path(folder) / layout.ADAPTER_WEIGHTS)
+        return float(sum(v.abs().sum() for k, v in weights.items() if "lora_B" in k))
+
+    def load_adapter(self, folder) -> None:
+        pass
+
+
+def simulate(tmp: Path, name: str, **opts):
+    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.steps_per_round": 2})
+    defaults = dict(workers=4, step_s=1.0, jitter=0.0, until_version=8)
+    sim = Simulation(cfg, SimOptions(**{**defaults, **opts}), tmp / name, engine=FakeEngine())
+    sim.run()
+    return sim
+
+
+def deterministic_part(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k != "compute"}
+
+
+def test_equal_workers_finish_together_and_each_merge_is_one_version_staler(tmp_path):
+    sim = simulate(tmp_path, "a")
+    r = sim.result()
+    assert r["versions"][-1]["version"] == 8
+    # 4 equal workers, no jitter: every 2 s four rounds from the same version arrive; quorum 1 merges each one
+    assert r["staleness_histogram"] == {"0": 2, "1": 2, "2": 2, "3": 2}
+    assert [v["virtual_time_s"] for v in r["versions"][1:]] == [2.0] * 4 + [4.0] * 4
+    assert r["rounds_by_status"]["merged"] == 8
+
+
+def test_the_same_seed_gives_the_same_simulation_and_another_differs(tmp_path):
+    a = simulate(tmp_path, "a", jitter=0.3, dropout=0.2, speeds="spread:2", seed=3).result()
+    b = simulate(tmp_path, "b", jitter=0.3, dropout=0.2, speeds="spread:2", seed=3).result()
+    c = simulate(tmp_path, "c", jitter=0.3, dropout=0.2, speeds="spread:2", seed=4).result()
+    assert deterministic_part(a) == deterministic_part(b)
+    assert [v["virtual_time_s"] for v in a["versions"]] != [v["virtual_time_s"] for v in c["versions"]]
+
+
+def test_faster_workers_deliver_more_rounds(tmp_path):
+    sim = simulate(tmp_path, "a", workers=2, speeds="1,3", until_version=12)
+    merged = [r.worker for r in sim.rounds if r.status == "merged"]
+    assert merged.count("sim01") >= 2.5 * merged.count("sim00") > 0
+
+
+def test_dropped_rounds_expire_and_their_prompts_are_handed_out_again(tmp_path):
+    sim = simulate(tmp_path, "a", dropout=0.5, until_version=10, seed=1)
+    dropped = [r for r in sim.rounds if r.status == "dropped"]
+    assert dropped, "dropout 0.5 dropped no round"
+    assert sim.coord.state.version == 10
+    assert not {r.lease_id for r in dropped} & set(sim.coord.active)  # expired or given back
+    first = dropped[0]
+    later = {i for r in sim.rounds if r.t_lease > first.t_lease for i in sim.prompts[r.lease_id]}
+    assert set(sim.prompts[first.lease_id]) <= later, "a dropped round's prompts were never leased again"
+
+
+def test_speed_specs():
+    assert parse_speeds("1", 3) == [1.0, 1.0, 1.0]
+    spread = parse_speeds("spread:2", 5)
+    assert spread[-1] == pytest.approx(2 * spread[0]) and sum(spread) / 5 == pytest.approx(1.0)
+    assert parse_speeds("spread:2", 1) == [1.0]
+    assert parse_speeds("1,0.5", 3) == [1.0, 0.5, 1.0]
+    for bad in ("fast", "spread:0.5", "0", "-1", "1,,x"):
+        with pytest.raises(ConfigError):
+            parse_speeds(bad, 2)
+
+
+def test_simulate_without_a_stop_condition_exits_2_with_a_hint(tmp_path):
+    exe = Path(sys.executable).with_name("hubgrpo")
+    r = subprocess.run([str(exe), "simulate", str(ROOT / "configs" / "tiny.yaml"), "--workers", "2", "--output",
+                        str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "stop condition" in r.stderr and "--until-version" in r.stderr
+
+
+@pytest.mark.timeout(300)
+def test_simulate_command_is_deterministic_with_real_rounds(tmp_path):
+    """The installed command, tiny model, 4 workers: the same seed twice gives the same versions and staleness."""
+    exe = Path(sys.executable).with_name("hubgrpo")
+    results = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        r = subprocess.run([str(exe), "simulate", str(ROOT / "configs" / "tiny.yaml"), "--workers", "4",
+                            "--until-version", "5", "--eval-samples", "4", "--seed", "1", "--no-progress",
+                            "--output", str(out), "--set", "params.steps_per_round=2"],
+                           capture_output=True, text=True, timeout=280)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "held-out reward" in r.stdout and (out / "simulation.png").stat().st_size > 1000
+        results.append(json.loads((out / "simulation.json").read_text()))
+    a, b = results
+    assert deterministic_part(a) == deterministic_part(b)
+    assert a["versions"][-1]["version"] == 5 and any(int(k) > 0 for k in a["staleness_histogram"])
+    assert all(v["eval_reward"] is not None for v in a["versions"])
