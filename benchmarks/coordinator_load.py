@@ -65,7 +65,8 @@ def init_run(repo: Path, tmp: Path, budget: int, quorum: int) -> None:
     from hubgrpo.store.local import LocalStore
 
     cfg = loads("base_model: builtin:tiny\nproject_name: load\n"
-                "params: {steps_per_round: 2, per_device_train_batch_size: 4, num_generations: 2, versions: 100000}\n"
+                "params: {steps_per_round: 2, per_device_train_batch_size: 4, num_generations: 2, versions: 100000,"
+                " learning_rate: 0.1}\n"
                 f"lora: {{r: {RANK}, alpha: {2 * RANK}, target_modules: [q_proj, v_proj]}}\n"
                 f"merge: {{quorum: {quorum}, max_staleness: 4}}\n"
                 f"coordinator: {{commit_budget_per_hour: {budget}, lease_timeout_s: 600, heartbeat_interval_s: 30,"

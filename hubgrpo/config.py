@@ -118,12 +118,29 @@ class MergeSection(_Section):
     nesterov: bool = Field(False, description="Nesterov form of the outer momentum.")
     max_staleness: int = Field(4, ge=0, description="Submissions more than this many versions old are refused.")
     staleness_decay: float = Field(0.5, ge=0, description="Weight ∝ samples · (1+τ)^(−decay).")
+    staleness_scaling: Literal["relative", "absolute"] = Field(
+        "relative", description="relative: (1+τ)^(−decay) only weighs the submissions of one merge against each other "
+        "(with quorum 1 it does nothing); absolute: it also scales the step (FedAsync: a stale round moves the "
+        "global less).")
     quorum: int = Field(2, gt=0, description="Merge as soon as this many admitted submissions are in.")
     clip_factor: float | None = Field(None, gt=0, description="Clip each update norm to clip_factor × median; None = off.")
+    max_norm_factor: float | None = Field(
+        5.0, gt=0, description="Refuse an update whose norm per step exceeds this × the median of the last 64 "
+        "accepted ones (a bound from history, not from the current quorum); None = off.")
     trim_fraction: float = Field(0.0, ge=0, lt=0.5, description="Drop this share of largest-norm updates before the mean.")
     max_rank: int | None = Field(None, gt=0, description="stack: rank cap before falling back to svd.")
     svd_algorithm: Literal["auto", "exact", "randomized"] = Field("auto", description="Re-factorisation algorithm.")
-    max_submission_mb: float = Field(512, gt=0, description="Submissions larger than this are refused.")
+    max_submission_mb: float = Field(512, gt=0, description="Submissions larger than this are refused (also "
+                                     "anything larger than the global adapter's own size allows).")
+
+    @field_validator("method")
+    @classmethod
+    def _no_stack_in_runs(cls, v: str) -> str:
+        if v == "stack":
+            raise ValueError("'stack' grows the adapter's rank after version 1, so workers could not load the "
+                             "global adapter and every submission would be refused; use svd or ffa in a run "
+                             "(stack remains available in `hubgrpo merge`)")
+        return v
 
 
 class CoordinatorSection(_Section):
@@ -139,6 +156,11 @@ class CoordinatorSection(_Section):
     allowed_users: list[str] = Field(default_factory=list, description="Users/orgs allowed to work; empty = repo owner.")
     commit_budget_per_hour: int = Field(60, gt=0, description="Keep repo commits per hour under this.")
     rate_limit_per_minute: int = Field(120, gt=0, description="API calls per worker per minute.")
+    max_leases_per_user: int = Field(32, gt=0, description="Live leases one user may hold at once.")
+    scan_interval_s: float = Field(60, gt=0, description="How often the repo is scanned for committed rounds "
+                                   "that were never submitted (a crashed worker, a lost answer).")
+    refusal_flush_s: float = Field(120, gt=0, description="Refusals are written to state.json with the next "
+                                   "merge, or on their own after this long without one.")
     secret: SecretStr | None = Field(None, description="HMAC secret that signs leases; usually ${HUBGRPO_SECRET}.")
 
 

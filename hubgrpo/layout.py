@@ -16,7 +16,7 @@ No torch import here: the coordinator's Space stays light.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,10 +39,24 @@ _TAG = re.compile(r"v(\d{6,})")
 _SUB = re.compile(r"submissions/(\d{6,})/([A-Za-z0-9][A-Za-z0-9._-]{0,160})/([^/]+)")
 
 
-class Record(BaseModel):
-    """Base of every record kept in the repo: unknown keys refused, types strict."""
+# Every number a participant sends is finite (NaN, ±Infinity and overflowing literals such as 1e400 are refused,
+# see Record) and bounded; every string and collection is bounded. What the coordinator writes must load again.
+Num = Annotated[float, Field(ge=-1e9, le=1e9)]
+Seconds = Annotated[float, Field(ge=0, le=1e12)]  # durations and Unix times
+Count = Annotated[int, Field(ge=0, le=10**12)]
+Text = Annotated[str, Field(max_length=200)]
+LongText = Annotated[str, Field(max_length=2000)]
+Index = Annotated[int, Field(ge=0, le=10**12)]
+Version = Annotated[int, Field(ge=0, le=10**9)]
+ParamValue = (Annotated[float, Field(ge=-1e12, le=1e12)] | Annotated[int, Field(ge=-10**12, le=10**12)] | Text
+              | bool | None)
+MAX_MESSAGE = 500  # characters of a refusal's message kept in state.json
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=False)
+
+class Record(BaseModel):
+    """Base of every record kept in the repo: unknown keys refused, types strict, numbers finite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=False, allow_inf_nan=False)
 
     def to_json(self) -> bytes:
         return self.model_dump_json(indent=1).encode()
@@ -56,132 +70,134 @@ class Lease(Record):
     """A round leased to one worker. Signed by the coordinator (HMAC), so it needs no durable storage."""
 
     schema_version: Literal[1] = 1
-    lease_id: str
-    run_id: str
-    round_id: int
-    worker: str
-    user: str | None = None
-    base_version: int
-    base_sha: str
-    prompt_indices: list[int]
-    steps: int
-    seed: int
-    params: dict[str, float | int | str | bool | None] = Field(default_factory=dict)
-    issued_at: float
-    deadline: float
-    signature: str = ""
+    lease_id: Text
+    run_id: Text
+    round_id: Count
+    worker: Text
+    user: Text | None = None
+    base_version: Version
+    base_sha: Text
+    prompt_indices: list[Index] = Field(max_length=1_000_000)
+    steps: Annotated[int, Field(ge=0, le=1_000_000)]
+    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+    params: dict[Text, ParamValue] = Field(default_factory=dict, max_length=64)
+    issued_at: Seconds
+    deadline: Seconds
+    signature: Text = ""
 
 
 class StepMetrics(Record):
     """One GRPO optimizer step, as logged by TRL."""
 
-    step: int
-    reward: float
-    reward_std: float | None = None
-    loss: float | None = None
-    kl: float | None = None
-    clip_ratio: float | None = None
-    entropy: float | None = None
-    grad_norm: float | None = None
-    completion_length: float | None = None
-    step_time: float | None = None
+    step: Count
+    reward: Num
+    reward_std: Num | None = None
+    loss: Num | None = None
+    kl: Num | None = None
+    clip_ratio: Num | None = None
+    entropy: Num | None = None
+    grad_norm: Num | None = None
+    completion_length: Num | None = None
+    step_time: Seconds | None = None
 
 
 class Submission(Record):
     """submission.json: what a worker trained in one round."""
 
     schema_version: Literal[1] = 1
-    submission_id: str
-    worker: str
-    user: str | None = None
+    submission_id: Text
+    worker: Text
+    user: Text | None = None
     lease: Lease
-    base_version: int
-    base_sha: str
-    base_model: str
-    steps: int
-    samples: int
-    prompts: int
-    tokens: int
-    reward_mean: float
-    reward_first: float
-    reward_last: float
-    step_metrics: list[StepMetrics]
-    timings: dict[str, float]
-    versions: dict[str, str]
-    device: str
-    created_at: float
+    base_version: Version
+    base_sha: Text
+    base_model: LongText
+    steps: Count
+    samples: Count  # self-reported: shown, never used (the merge weight comes from the lease)
+    prompts: Count
+    tokens: Count
+    reward_mean: Num
+    reward_first: Num
+    reward_last: Num
+    step_metrics: list[StepMetrics] = Field(max_length=100_000)
+    timings: dict[Text, Seconds] = Field(max_length=64)
+    versions: dict[Text, Text] = Field(max_length=64)
+    device: Text
+    created_at: Seconds
 
 
 class MergedEntry(Record):
     """One submission as it went into a version."""
 
-    submission_id: str
-    worker: str
-    user: str | None = None
-    base_version: int
-    staleness: int
-    weight: float
-    samples: int
-    reward_mean: float
+    submission_id: Text
+    worker: Text
+    user: Text | None = None
+    base_version: Version
+    staleness: Version
+    weight: Annotated[float, Field(ge=0, le=1e6)]
+    samples: Count  # derived from the lease (completions per step × steps), never from the worker
+    reward_mean: Num
+    update_norm: Annotated[float, Field(ge=0, le=1e12)] | None = None  # ‖ΔWᵢ − ΔW_base‖ (norm bound history)
+    steps: Count | None = None
 
 
 class Refusal(Record):
     """A refused submission or request, with its machine-readable code and human reason."""
 
-    submission_id: str
-    worker: str
-    code: str
-    message: str
-    at: float
-    version: int
+    submission_id: Text
+    worker: Text
+    code: Text
+    message: LongText
+    at: Seconds
+    version: Version
 
 
 class VersionRecord(Record):
     """One global version (tag vNNNNNN)."""
 
-    version: int
-    tag: str
-    created_at: float
-    method: str
-    algorithm: str | None = None
-    residual: float | None = None
-    update_norm: float | None = None
-    outer_lr: float = 1.0
-    merged: list[MergedEntry] = Field(default_factory=list)
-    reward_mean: float | None = None
-    samples: int = 0
+    version: Version
+    tag: Text
+    created_at: Seconds
+    method: Text
+    algorithm: Text | None = None
+    residual: Annotated[float, Field(ge=0, le=1e6)] | None = None
+    update_norm: Annotated[float, Field(ge=0, le=1e12)] | None = None
+    outer_lr: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    merged: list[MergedEntry] = Field(default_factory=list, max_length=100_000)
+    reward_mean: Num | None = None
+    samples: Count = 0
 
 
 class WorkerStats(Record):
     """Leaderboard row for one worker."""
 
-    worker: str
-    user: str | None = None
-    accepted: int = 0
-    refused: int = 0
-    samples: int = 0
-    reward_sum: float = 0.0
-    reward_first: float | None = None
-    reward_last: float | None = None
-    first_seen: float = 0.0
-    last_seen: float = 0.0
+    worker: Text
+    user: Text | None = None
+    accepted: Count = 0
+    refused: Count = 0
+    samples: Count = 0
+    reward_sum: Annotated[float, Field(ge=-1e15, le=1e15)] = 0.0
+    reward_first: Num | None = None
+    reward_last: Num | None = None
+    first_seen: Seconds = 0.0
+    last_seen: Seconds = 0.0
 
 
 class RunState(Record):
     """state.json: everything the coordinator needs to continue after a restart."""
 
     schema_version: Literal[1] = 1
-    run_id: str
-    project_name: str
-    version: int = 0
+    run_id: Text
+    project_name: Text
+    version: Version = 0
     versions: list[VersionRecord] = Field(default_factory=list)
-    merged_ids: list[str] = Field(default_factory=list)
+    merged_ids: list[Text] = Field(default_factory=list)
     refused: list[Refusal] = Field(default_factory=list)
-    workers: dict[str, WorkerStats] = Field(default_factory=dict)
-    next_prompt: int = 0
-    commit_times: list[float] = Field(default_factory=list)
-    samples_total: int = 0
-    started_at: float = 0.0
+    workers: dict[Text, WorkerStats] = Field(default_factory=dict)
+    next_prompt: Index = 0
+    commit_times: list[Seconds] = Field(default_factory=list)
+    samples_total: Count = 0
+    started_at: Seconds = 0.0
     finished: bool = False
 
 

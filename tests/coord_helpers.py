@@ -30,7 +30,8 @@ class FakeClock:
 
 def make_config(**overrides):
     text = ("base_model: builtin:tiny\nproject_name: coordtest\n"
-            "params: {steps_per_round: 2, per_device_train_batch_size: 4, num_generations: 2, versions: 5}\n"
+            "params: {steps_per_round: 2, per_device_train_batch_size: 4, num_generations: 2, versions: 5,\n"
+            "         learning_rate: 0.1}\n"  # synthetic updates (B ~ 0.1·N(0,1)) fit 2 AdamW steps at lr 0.1
             f"lora: {{r: {R}, alpha: 8, target_modules: [q_proj, v_proj]}}\n")
     return loads(text, overrides=[f"{k}={v}" for k, v in overrides.items()])
 
@@ -59,6 +60,23 @@ def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2
     return folder
 
 
+def trained_adapter(store, lease: Lease, folder: Path, seed: int, b_scale: float) -> Path:
+    """What a round of training produces: the leased base adapter with B moved by ``b_scale``·N(0, 1) (A kept, as
+    a few optimizer steps barely move it). From version 0 (B = 0) this is ``write_adapter(seed, b_scale)``."""
+    from safetensors.torch import load_file
+
+    from hubgrpo import runrepo
+
+    base_dir = runrepo.adapter_at(store, lease.base_sha, folder.parent / "bases")
+    base = load_file(base_dir / layout.ADAPTER_WEIGHTS)
+    write_adapter(folder, seed, b_scale)
+    delta = load_file(folder / layout.ADAPTER_WEIGHTS)
+    weights = {k: (base[k] + delta[k]) if "lora_B" in k else base[k] for k in base}
+    save_file(weights, str(folder / layout.ADAPTER_WEIGHTS))
+    (folder / layout.ADAPTER_CONFIG).write_bytes((base_dir / layout.ADAPTER_CONFIG).read_bytes())
+    return folder
+
+
 def submission_record(lease: Lease, reward: float = 0.5, samples: int = 8) -> Submission:
     return Submission(
         submission_id=layout.submission_id(lease.worker, lease.lease_id), worker=lease.worker, lease=lease,
@@ -72,7 +90,7 @@ def push_submission(store, lease: Lease, tmp: Path, *, seed: int, reward: float 
                     mutate=None) -> str:
     """What a worker does after training: one commit with its submission folder. Returns the commit sha."""
     sub_id = layout.submission_id(lease.worker, lease.lease_id)
-    folder = write_adapter(tmp / sub_id, seed, b_scale)
+    folder = trained_adapter(store, lease, tmp / sub_id, seed, b_scale)
     (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease, reward).to_json())
     if mutate:
         mutate(folder)

@@ -9,6 +9,7 @@ right. ``fail_with`` makes the next call raise an arbitrary exception (an intern
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import re
@@ -116,8 +117,12 @@ class FakeCoordinator:
         self._verify(lease)
         del self.active[lease.lease_id]
 
-    def submit(self, lease: Lease, commit: str) -> dict:
-        """Admit a submission; merge a new version at ``quorum`` pending ones."""
+    def submit(self, lease: Lease, commit: str, *, lock=None) -> dict:
+        """Admit a submission; merge a new version at ``quorum`` pending ones (all under ``lock``: no I/O here)."""
+        with lock or contextlib.nullcontext():
+            return self._submit(lease, commit)
+
+    def _submit(self, lease: Lease, commit: str) -> dict:
         self._enter("submit")
         sid = f"{lease.worker}-{lease.lease_id}"
         if sid in self.seen and hmac.compare_digest(self.sign(lease), lease.signature):
@@ -157,8 +162,11 @@ class FakeCoordinator:
         """This fake merges inside ``submit``; nothing is ever left for the tick thread."""
         return None
 
-    def finish_merge(self, plan, result) -> bool:
+    def finish_merge(self, plan, result, *, lock=None) -> bool:
         return False
+
+    def housekeeping(self, lock=None) -> None:
+        pass
 
     def abort_merge(self, plan) -> None:
         pass

@@ -95,7 +95,8 @@ def test_space_page_shows_leaderboard_and_reward_plot(tmp_path):
         _wait_up(url, proc, log_path)
         t1 = time.time()
         own = HubStore("alice/browser", token=ALICE, endpoint=emu.url, cache_dir=tmp_path / "own")
-        workers = [SimWorker(url, "alice-box", ALICE, tmp_path, store=own), SimWorker(url, "bob-box", BOB, tmp_path)]
+        workers = [SimWorker(url, "alice-box", ALICE, tmp_path, store=own),
+                   SimWorker(url, "bob-box", BOB, tmp_path, reader=own)]
         answers = run_versions(workers, 2)
         assert [a["merge_due"] for a in answers] == [False, True] * 2  # merged by the Space's tick thread
         t2 = time.time()

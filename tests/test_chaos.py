@@ -270,3 +270,68 @@ def test_flood_of_hostile_submissions_interleaved_with_honest_ones(live, tmp_pat
     refusals = status["refusals"]  # persisted ones + those since the last merge
     assert len(refusals) == len(hostile) and all(r["worker"].startswith("evil") for r in refusals)
     assert all(r["message"] for r in refusals)
+
+
+# ---------------------------------------------------------------------------------------------- 429 storm
+
+
+@pytest.mark.timeout(240)
+def test_heartbeats_stay_fast_while_the_hub_answers_429_for_a_minute(tmp_path):
+    """Every commit answered 429 with a 60-s wait for a minute, while a merge is due: the merge commit waits
+    (outside the API lock); heartbeats and leases from 4 workers keep answering in well under a second."""
+    import statistics
+    import threading
+    import time
+
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.space.api import serve
+    from hubgrpo.store.hub import HubStore
+    from hubgrpo.worker.client import CoordinatorClient
+    from tests.coord_helpers import make_config, push_submission, write_adapter
+    from tests.hub_emulator import HubEmulator
+
+    emu = HubEmulator(users={TEST_TOKEN: "alice"}).start()
+    store = HubStore("alice/storm", token=TEST_TOKEN, endpoint=emu.url, retry_base_s=0.05, cache_dir=tmp_path / "hf")
+    init_repo(store, make_config(**{"merge.quorum": 2}), write_adapter(tmp_path / "v0", seed=0))
+    coord = Coordinator(store, b"storm-secret", workdir=tmp_path / "coord")
+    app, url = serve(coord, tick_interval=0.1)
+    client = CoordinatorClient(url, retries=0, timeout=10)
+    try:
+        a, b = client.lease("a"), client.lease("b")
+        beating = [client.lease(f"hb{i}") for i in range(4)]  # 4 more workers, training through the storm
+        sha_a, sha_b = (push_submission(store, lease, tmp_path, seed=i) for i, lease in enumerate((a, b), 1))
+        client.submit(a, sha_a)
+        emu.set_faults(1.0, ("429",), paths=("commit",), ratelimit_reset_s=60)  # the storm: every commit 429
+        storm_started = time.time()
+        assert client.submit(b, sha_b)["merge_due"]  # the merge commit now meets the storm
+        latencies, stop = [], threading.Event()
+
+        def beat(lease) -> None:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                lease = client.heartbeat(lease)
+                client.status()
+                latencies.append(time.perf_counter() - t0)
+                time.sleep(0.2)
+
+        threads = [threading.Thread(target=beat, args=(lease,)) for lease in beating]
+        for t in threads:
+            t.start()
+        time.sleep(60 - (time.time() - storm_started))
+        stats_in_storm = emu.stats["faults"].get("429", 0)
+        assert coord.state.version == 0, "the merge cannot have committed during the storm"
+        emu.set_faults(0.0)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        wait_for_version(client, 1, timeout=90)  # the merge lands after the storm
+        latencies.sort()
+        p99 = latencies[int(0.99 * (len(latencies) - 1))]
+        print(f"\n429 storm: {stats_in_storm} commits answered 429; {len(latencies)} heartbeat+status calls, "
+              f"median {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
+        assert stats_in_storm >= 1 and len(latencies) > 200
+        assert p99 < 1.0
+    finally:
+        client.close()
+        app.close()
+        emu.stop()

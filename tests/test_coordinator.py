@@ -87,14 +87,23 @@ def test_expired_lease_returns_its_prompts(tmp_path):
     clock.advance(c.cfg.coordinator.lease_timeout_s + 1)
     c.tick()
     assert c.active == {}
-    again = c.lease("w2")
-    assert again.prompt_indices == lease.prompt_indices
-    # heartbeats lost while the coordinator was unreachable: honoured within one round of grace ...
+    # heartbeats lost while the coordinator was unreachable: honoured within one round of grace, and the revived
+    # lease takes its prompts back from the pool, so they are not handed out twice ...
     assert c.heartbeat(lease).deadline > clock()
-    # ... refused when the lease expired longer ago than round_timeout_s
+    fresh = c.lease("w2")
+    assert not set(fresh.prompt_indices) & set(lease.prompt_indices)
+    # ... but once its prompts went to another live lease, the expired lease is not revived
+    clock.advance(c.cfg.coordinator.lease_timeout_s + 1)
+    c.tick()
+    assert c.active == {}
+    again = c.lease("w3")
+    assert again.prompt_indices == lease.prompt_indices  # returned prompts are handed out first
+    with pytest.raises(LeaseError, match="leased again"):
+        c.heartbeat(lease)
+    # ... and a lease that expired longer ago than round_timeout_s is refused whatever its prompts
     clock.advance(c.cfg.coordinator.lease_timeout_s + c.cfg.coordinator.round_timeout_s + 1)
     with pytest.raises(LeaseError, match="expired"):
-        c.heartbeat(lease)
+        c.heartbeat(again)
 
 
 def test_heartbeat_extends_and_forged_lease_is_refused(tmp_path):

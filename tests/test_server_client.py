@@ -30,8 +30,8 @@ class Swappable:
     target: FakeCoordinator | None = None
 
     def __getattr__(self, name: str):
-        if self.target is None and name in ("tick", "plan_merge"):
-            return lambda: None
+        if self.target is None and name in ("tick", "plan_merge", "housekeeping"):
+            return lambda *a, **kw: None
         return getattr(self.target, name)
 
 

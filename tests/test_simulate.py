@@ -29,8 +29,15 @@ class FakeEngine:
         return write_adapter(Path(out), seed=0, b_scale=0.0)
 
     def run_round(self, base: Path, lease, folder: Path):
+        from safetensors.torch import load_file, save_file
+
         self.rounds.append((lease.worker, lease.base_version))
+        start = load_file(Path(base) / layout.ADAPTER_WEIGHTS)  # trained from the leased version
         write_adapter(folder, seed=int(lease.lease_id[1:]) + 1, b_scale=0.01)
+        delta = load_file(folder / layout.ADAPTER_WEIGHTS)
+        save_file({k: start[k] + delta[k] if "lora_B" in k else start[k] for k in start},
+                  str(folder / layout.ADAPTER_WEIGHTS))
+        (folder / layout.ADAPTER_CONFIG).write_bytes((Path(base) / layout.ADAPTER_CONFIG).read_bytes())
         sub = submission_record(lease)
         (folder / layout.SUBMISSION_FILE).write_bytes(sub.to_json())
         return sub
@@ -45,8 +52,8 @@ class FakeEngine:
         pass
 
 
-def simulate(tmp: Path, name: str, **opts):
-    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.steps_per_round": 2})
+def simulate(tmp: Path, name: str, settings: dict | None = None, **opts):
+    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.steps_per_round": 2, **(settings or {})})
     defaults = dict(workers=4, step_s=1.0, jitter=0.0, until_version=8)
     sim = Simulation(cfg, SimOptions(**{**defaults, **opts}), tmp / name, engine=FakeEngine())
     sim.run()
@@ -82,11 +89,13 @@ def test_faster_workers_deliver_more_rounds(tmp_path):
 
 
 def test_dropped_rounds_expire_and_their_prompts_are_handed_out_again(tmp_path):
-    sim = simulate(tmp_path, "a", dropout=0.5, until_version=10, seed=1)
+    short = {"coordinator.lease_timeout_s": 20, "coordinator.heartbeat_interval_s": 5}
+    sim = simulate(tmp_path, "a", short, dropout=0.3, until_version=60, seed=1)
     dropped = [r for r in sim.rounds if r.status == "dropped"]
-    assert dropped, "dropout 0.5 dropped no round"
-    assert sim.coord.state.version == 10
-    assert not {r.lease_id for r in dropped} & set(sim.coord.active)  # expired or given back
+    assert dropped, "dropout 0.3 dropped no round"
+    assert sim.coord.state.version == 60 and sim.now > 60
+    old = {r.lease_id for r in dropped if r.t_lease < sim.now - 40}  # long enough ago to have expired
+    assert old and not old & set(sim.coord.active)  # expired (or given back when their worker leased again)
     first = dropped[0]
     later = {i for r in sim.rounds if r.t_lease > first.t_lease for i in sim.prompts[r.lease_id]}
     assert set(sim.prompts[first.lease_id]) <= later, "a dropped round's prompts were never leased again"

@@ -60,7 +60,13 @@ class FakeEngine:
         self.reward = reward
 
     def run_round(self, adapter_dir, lease, out, on_step=None):
+        from safetensors.torch import load_file
+
+        base = load_file(Path(adapter_dir) / layout.ADAPTER_WEIGHTS)  # trained from the leased version
         write_adapter(out, seed=lease.seed % 1000, b_scale=0.1)
+        delta = load_file(out / layout.ADAPTER_WEIGHTS)
+        moved = {k: base[k] + delta[k] if "lora_B" in k else base[k] for k in base}
+        save_file(moved, str(out / layout.ADAPTER_WEIGHTS))
         sub = submission_record(lease, self.reward)
         (out / layout.SUBMISSION_FILE).write_bytes(sub.to_json())
         return sub
@@ -89,7 +95,7 @@ def test_two_workers_two_versions_through_the_space(emu, tmp_path, launch):
     assert all(a["batch"] == 1 and len(a["commit"]) == 40 for a in answers[1::2])
     state = runrepo.read_state(store)
     assert state.version == 2 and state.finished and len(set(state.merged_ids)) == 4
-    assert {w: s.user for w, s in state.workers.items()} == {"alice-box": "alice", "bob-box": "bob"}
+    assert {w: s.user for w, s in state.workers.items()} == {"alice/alice-box": "alice", "bob/bob-box": "bob"}
     snap = snapshot(coord)
     assert [r[0] for r in snap["leaderboard"]] == ["bob-box", "alice-box"]
     assert snap["versions"][0][-1] == f"[{coord.shas[2][:10]}]({emu.url}/alice/e2e/commit/{coord.shas[2]})"
@@ -162,13 +168,14 @@ def test_token_sources_and_auth_off_for_a_local_repo(tmp_path):
 def test_rate_limit_refusal_reaches_the_worker(emu, tmp_path, launch):
     store = make_run(emu, tmp_path, "rate", **{"coordinator.rate_limit_per_minute": 3})
     app, url = launch(new_coordinator(store, tmp_path))
-    bob = SimWorker(url, "bob-box", BOB, tmp_path, transport="gradio")
-    for _ in range(3):
+    bobs = [SimWorker(url, f"bob-box{i}", BOB, tmp_path, transport="gradio") for i in range(4)]
+    for bob in bobs[:3]:  # the rate limit is per user, shared by all of bob's machines
         bob.lease()
     with pytest.raises(Refused) as ei:
-        bob.lease()
+        bobs[3].lease()
     assert ei.value.code == "rate" and 0 < ei.value.wait_s <= 20.0
-    bob.close()
+    for bob in bobs:
+        bob.close()
 
 
 @pytest.mark.timeout(60)
@@ -176,7 +183,7 @@ def test_uploads_are_checked_then_committed_in_batches(emu, tmp_path, launch):
     store = make_run(emu, tmp_path, "batch")
     coord = new_coordinator(store, tmp_path)
     app, url = launch(coord, batch_size=2, batch_wait_s=30.0)
-    workers = [SimWorker(url, f"bob-{i}", BOB, tmp_path) for i in range(3)]
+    workers = [SimWorker(url, f"bob-{i}", BOB, tmp_path, reader=store) for i in range(3)]
     leases = [w.lease() for w in workers]
     before, answers = emu.stats["commits_applied"], {}
     threads = [threading.Thread(target=lambda i=i: answers.setdefault(i, workers[i].finish(leases[i], 0.3)))
@@ -190,7 +197,7 @@ def test_uploads_are_checked_then_committed_in_batches(emu, tmp_path, launch):
     wait_for_version(workers[0].client, 1)
     assert emu.stats["commits_applied"] - before == 2  # ONE commit for two submissions, plus the merge
     assert sum("via the coordinator" in c.message for c in store.history()) == 1
-    bad = submission_folder(leases[2], tmp_path / "bad", seed=9, reward=0.1, mutate=_poison)
+    bad = submission_folder(leases[2], tmp_path / "bad", seed=9, reward=0.1, mutate=_poison, reader=store)
     with pytest.raises(InvalidSubmission) as ei:
         workers[2].client.upload(leases[2], bad)
     assert ei.value.code == "nonfinite" and emu.stats["commits_applied"] - before == 2  # nothing committed
@@ -221,7 +228,8 @@ def test_restarted_space_resumes_the_run(emu, tmp_path, launch):
     store = make_run(emu, tmp_path, "restart")
     app, url = launch(new_coordinator(store, tmp_path))
     own = HubStore("alice/restart", token=ALICE, endpoint=emu.url, cache_dir=tmp_path / "own")
-    alice, bob = SimWorker(url, "alice-box", ALICE, tmp_path, store=own), SimWorker(url, "bob-box", BOB, tmp_path)
+    alice = SimWorker(url, "alice-box", ALICE, tmp_path, store=own)
+    bob = SimWorker(url, "bob-box", BOB, tmp_path, reader=own)
     run_versions([alice, bob], 1)
     lease = alice.lease()
     assert alice.finish(lease, 0.6)["status"] == "admitted"  # pending when the Space goes down
@@ -232,7 +240,7 @@ def test_restarted_space_resumes_the_run(emu, tmp_path, launch):
     _, url2 = launch(coord2)
     alice2 = SimWorker(url2, "alice-box", ALICE, tmp_path, store=own)
     assert alice2.client.heartbeat(lease).lease_id == lease.lease_id  # leases survive (signed)
-    bob2 = SimWorker(url2, "bob-box", BOB, tmp_path, transport="gradio")
+    bob2 = SimWorker(url2, "bob-box", BOB, tmp_path, transport="gradio", reader=own)
     assert bob2.finish(bob2.lease(), 0.7)["merge_due"]
     wait_for_version(bob2.client, 2)
     state = runrepo.read_state(store)

@@ -16,7 +16,7 @@ from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.store.hub import HubStore
 from tests.chaos_helpers import wait_for
-from tests.coord_helpers import D_IN, D_OUT, MODULES, R, make_config, submission_record
+from tests.coord_helpers import D_IN, D_OUT, MODULES, R, make_config, submission_record, trained_adapter
 
 SECRET = b"space-test-secret"
 ALICE, BOB, MALLORY = "hf_space_alice", "hf_space_bob", "hf_space_mallory"
@@ -48,7 +48,7 @@ def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2
 
 def push_submission(store, lease, tmp: Path, *, seed: int, reward: float) -> str:
     """A worker with write access: one commit with its submission folder. Returns the commit sha."""
-    folder = submission_folder(lease, tmp, seed=seed, reward=reward)
+    folder = submission_folder(lease, tmp, seed=seed, reward=reward, reader=store)
     adds = {layout.submission_path(lease.base_version, folder.name, f.name): f for f in folder.iterdir()}
     return store.commit(adds, message=f"hubgrpo: submission {folder.name}")
 
@@ -78,9 +78,11 @@ def new_coordinator(store: HubStore, tmp_path: Path) -> Coordinator:
     return Coordinator(store, SECRET, workdir=tmp_path / f"coord-{time.monotonic_ns()}")
 
 
-def submission_folder(lease, dest: Path, *, seed: int, reward: float, mutate=None) -> Path:
-    """What a worker's round leaves behind: adapter files and submission.json, in ``dest/<submission id>``."""
-    folder = write_adapter(dest / layout.submission_id(lease.worker, lease.lease_id), seed, b_scale=0.1)
+def submission_folder(lease, dest: Path, *, seed: int, reward: float, mutate=None, reader=None) -> Path:
+    """What a worker's round leaves behind: adapter files and submission.json, in ``dest/<submission id>``; the
+    adapter is the leased version (read through ``reader``) with B moved a little (version 0 without a reader)."""
+    where = dest / layout.submission_id(lease.worker, lease.lease_id)
+    folder = trained_adapter(reader, lease, where, seed, 0.1) if reader is not None else write_adapter(where, seed, 0.1)
     (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease, reward).to_json())
     if mutate:
         mutate(folder)
@@ -92,9 +94,11 @@ class SimWorker:
     uploads through the Space (``store=None``)."""
 
     def __init__(self, url: str, name: str, token: str | None, tmp: Path, *, transport: str = "http",
-                 store: HubStore | None = None):
+                 store: HubStore | None = None, reader: HubStore | None = None):
+        """``store``: commits there; else uploads, reading the leased version through ``reader`` (a worker
+        without write access still reads the run repo to train)."""
         self.client = CoordinatorClient(url, token=token, transport=transport, retries=1, backoff=0.05)
-        self.name, self.tmp, self.store = name, tmp / name, store
+        self.name, self.tmp, self.store, self.reader = name, tmp / name, store, reader or store
         self.seed = abs(hash(name)) % 1000
 
     def lease(self):
@@ -106,7 +110,8 @@ class SimWorker:
         if self.store is not None:
             sha = push_submission(self.store, lease, self.tmp, seed=self.seed, reward=reward)
             return self.client.submit(lease, sha)
-        return self.client.upload(lease, submission_folder(lease, self.tmp, seed=self.seed, reward=reward))
+        return self.client.upload(lease, submission_folder(lease, self.tmp, seed=self.seed, reward=reward,
+                                                           reader=self.reader))
 
     def close(self) -> None:
         self.client.close()

@@ -49,8 +49,10 @@ def coordinator_secret(store: Store) -> bytes:
     return path.read_text().strip().encode()
 
 
-def spawn_workers(repo: str, url: str, n: int, *, log_dir: Path, threads: int | None = None) -> list:
-    """Start N ``hubgrpo worker`` processes with torch threads split between them (cores // N each)."""
+def spawn_workers(repo: str, url: str, n: int, *, log_dir: Path, threads: int | None = None,
+                  allow: list[str] | None = None) -> list:
+    """Start N ``hubgrpo worker`` processes with torch threads split between them (cores // N each); ``allow``:
+    the config's non-built-in reward functions (the owner runs their own config here)."""
     threads = threads or max(1, (os.cpu_count() or 1) // n)
     procs = []
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -60,6 +62,7 @@ def spawn_workers(repo: str, url: str, n: int, *, log_dir: Path, threads: int | 
                    HUBGRPO_PARENT_PID=str(os.getpid()))  # a worker whose run is gone stops (worker.orphaned)
         cmd = [sys.executable, "-m", "hubgrpo.cli", "worker", "--repo", repo, "--coordinator", url,
                "--name", f"worker{i}", "--threads", str(threads)]
+        cmd += [x for f in allow or [] for x in ("--allow-reward", f)]
         out = open(log_dir / f"worker{i}.log", "ab")
         procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                       start_new_session=True))
@@ -122,7 +125,10 @@ def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, 
                         / cfg.project_name)
     app, url = serve(coord, port=port)
     client = CoordinatorClient(url)
-    procs = spawn_workers(repo_arg, url, workers, log_dir=runrepo.cache_root() / "logs" / cfg.project_name)
+    from hubgrpo.task.rewards import foreign_code
+
+    procs = spawn_workers(repo_arg, url, workers, log_dir=runrepo.cache_root() / "logs" / cfg.project_name,
+                          allow=foreign_code(cfg.rewards))
     start = time.time()
     status = client.status()
     try:

@@ -80,15 +80,23 @@ def check_command(
     max_mb: float = typer.Option(512.0, "--max-mb", help="Size limit of the submission in MiB."),
     norm_limit: float | None = typer.Option(None, "--norm-limit",
                                             help="Refuse updates with a larger ‖ΔW − ΔW_global‖."),
+    max_change: float = typer.Option(1.0, "--max-change", help="Refuse a LoRA factor entry that moved farther "
+                                     "than this from GLOBAL_DIR (a sanity bound; a run's coordinator derives a "
+                                     "tighter one, steps × lr × 5, from each lease — see --lr/--steps)."),
+    lr: float | None = typer.Option(None, "--lr", help="With --steps: the bound is steps × lr × 5 (AdamW)."),
+    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps of the round (with --lr)."),
 ) -> None:
     """Exit 0 when SUB_DIR passes every admission check against GLOBAL_DIR; exit 1 with the reason otherwise."""
-    from hubgrpo.merge.admission import check_submission
     from hubgrpo.errors import InvalidSubmission
     from hubgrpo.merge import load_adapter_dir
+    from hubgrpo.merge.admission import check_step_bound, check_submission, max_submission_bytes
 
     global_ = load_adapter_dir(global_dir)
+    bound = steps * lr * 5.0 if lr is not None and steps is not None else max_change
     try:
-        check_submission(sub_dir, global_, max_bytes=int(max_mb * 2**20), norm_limit=norm_limit)
+        limit = min(int(max_mb * 2**20), max_submission_bytes(global_))
+        adapter = check_submission(sub_dir, global_, max_bytes=limit, norm_limit=norm_limit)
+        check_step_bound(adapter, global_, bound)
     except InvalidSubmission as exc:  # deliberate: the refusal is this command's answer, not a failure
         typer.echo(f"refused [{exc.code}]: {exc.message}")
         if exc.hint:

@@ -75,23 +75,34 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
            threads: int = typer.Option(None, "--threads", help="torch threads (default: all cores)."),
            upload_via: str = typer.Option("store", "--upload-via", help="store: commit submissions to the run "
                                           "repo; coordinator: upload them to the coordinator (no write access)."),
+           allow_reward: list[str] = typer.Option([], "--allow-reward", help="A non-built-in reward function of "
+                                                  "the run's config (module:function or file.py:function) that "
+                                                  "this worker may run (repeatable). Built-ins always run."),
            verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
-    """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes."""
+    """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes.
+
+    Runs only built-in reward functions unless --allow-reward names the run's others."""
+    import secrets
     import socket
 
     from hubgrpo import runrepo
-    from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.errors import ConfigError
+    from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.worker.loop import Worker
 
     _logging(verbose)
     store = _store(repo)
-    url = coordinator or runrepo.read_config(store).coordinator.url
+    cfg = runrepo.read_config(store)
+    url = coordinator or cfg.coordinator.url
     if not url:
         raise ConfigError("no coordinator given", hint="pass --coordinator URL_OR_SPACE or set coordinator.url")
-    name = name or "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40]
+    if not name:  # unique per process: two GPUs of one host must not share a name
+        host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40].strip("-.")
+        name = f"{host or 'worker'}-{secrets.token_hex(2)}"
     client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"))
-    results = Worker(store, client, name=name, max_rounds=max_rounds, threads=threads, upload_via=upload_via).run()
+    typer.echo(f"{name}: rewards {', '.join(r.function for r in cfg.rewards)}; coordinator {url}", err=True)
+    results = Worker(store, client, name=name, max_rounds=max_rounds, threads=threads, upload_via=upload_via,
+                     allow_code=allow_reward).run()
     typer.echo(f"{name}: {len(results)} rounds submitted")
 
 

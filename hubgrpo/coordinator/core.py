@@ -1,42 +1,41 @@
-"""The coordinator: leases rounds, admits submissions, merges versions. No gradio, no network, clock injected.
+"""The coordinator: leases rounds, admits submissions, merges versions. No gradio, no network of its own, clock
+injected.
 
 Everything durable lives in the run repo, so the coordinator is a function of repo contents + clock:
-- leases are HMAC-signed (``hubgrpo.coordinator.leases``) and need no storage; heartbeats re-sign them with a later deadline;
-- a submission is a folder the worker committed under ``submissions/``; admitted ones wait in memory and are
-  re-discovered from the repo after a restart (every folder not yet merged or refused);
-- a merge writes the new root adapter, ``state.json`` (merged ids, weights, staleness, residual, leaderboard) and
-  the model card in ONE compare-and-swap commit, then tags ``vNNNNNN``. On CommitConflict it re-reads the head:
-  if only worker commits landed it retries on the new head; if another coordinator merged, it reloads.
+- leases are HMAC-signed (``hubgrpo.coordinator.leases``) and need no storage; heartbeats re-sign them with a
+  later deadline (``leasing``: per-user caps, unique live worker names, a fair share of the commit budget);
+- a submission is a folder the worker committed under ``submissions/``; admission (``admit``) reads and checks it
+  without touching the coordinator's state, then keeps it pending; folders committed but never submitted are
+  found by a periodic scan of the repo, and after a restart (every folder neither merged nor refused);
+- a merge (``merging``) writes the new root adapter, ``state.json`` and the model card in ONE compare-and-swap
+  commit, then tags ``vNNNNNN``; refusals are also written to ``state.json`` on their own when no merge comes for
+  ``coordinator.refusal_flush_s``.
 Commits per hour are counted (worker submissions + merges); leases are refused with a wait while a new round
 would push the repo over ``coordinator.commit_budget_per_hour``.
+
+Thread safety belongs to the server (``hubgrpo.space.api``): it calls the store-reading phases (``prepare_submission``,
+``scan``, ``read_repo``, the merge commit) without its lock and everything else under it.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
-from hubgrpo.coordinator import leases
 from hubgrpo.config import Config
-from hubgrpo.errors import CommitConflict, InvalidSubmission, LeaseError, NotFound, Refused
-from hubgrpo.layout import Lease, Refusal, RunState, Submission, WorkerStats
+from hubgrpo.coordinator import admit, leases, leasing
+from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
+from hubgrpo.layout import Lease, Refusal, RunState, WorkerStats
 from hubgrpo.store.base import Store
 
-log = logging.getLogger("hubgrpo.coordinator.core")
-MAX_REFUSALS_KEPT = 500
-
-
-@dataclass
-class Pending:
-    """An admitted submission waiting for the next merge."""
-
-    sub: Submission
-    adapter: object  # hubgrpo.merge.Adapter
-    commit: str
+log = logging.getLogger("hubgrpo.coordinator")
+Pending = admit.Pending
 
 
 class Coordinator:
@@ -50,63 +49,76 @@ class Coordinator:
         self.new_refusals: list[Refusal] = []
         self.commit_times: list[float] = []
         self._adapters: dict[int, object] = {}
+        self._cache_lock = threading.Lock()
         self.tracker = None
         self.merging: int | None = None  # the version a merge is computing right now
-        self.background_merges = False  # set by the server: submit/tick leave merges to plan_merge/finish_merge
+        self.background_merges = False  # set by the server: submit/tick leave merges to its merge thread
         self.new_lease_id = leases.new_lease_id  # injectable: the simulator numbers leases for determinism
-        self.reload()
+        self.momentum = None
+        repo = self.read_repo()
+        self.apply_repo(repo)
+        if len(repo["history"]) > 1:  # not a fresh run: leases of a previous process may hold the next prompts
+            self.pool.next_index += self.restart_margin
+        self.last_scan_at = self.clock()
         from hubgrpo.tracking import make_tracker
 
         self.tracker = make_tracker(self.cfg.log, project=self.cfg.project_name, name="coordinator")
-        self._rediscover()
+        for prepared in admit.scan(self, check_deadline=False):  # submissions committed before a restart
+            self.accept_quietly(prepared)
 
     # ------------------------------------------------------------------------------------------ loading state
 
-    def reload(self) -> None:
-        """(Re)build everything from the repo: config, state, version tags, commit log."""
-        self.head = self.store.head()
-        if self.head is None:
+    def read_repo(self) -> dict:
+        """Everything the coordinator loads from the repo (store reads only; no state changes)."""
+        head = self.store.head()
+        if head is None:
             raise NotFound(f"{self.store.location} is empty", hint="create the run with `hubgrpo init`")
-        self.cfg: Config = runrepo.read_config(self.store, self.head)
-        self.state: RunState = runrepo.read_state(self.store, self.head)
-        self.shas = runrepo.version_shas(self.store)
-        self._reconcile_tags()
-        self.pool = leases.PromptPool(self.state.next_prompt)
+        state = runrepo.read_state(self.store, head)
+        shas = runrepo.version_shas(self.store)
+        if state.version not in shas:
+            shas[state.version] = self._reconcile_tag(state.version)
+        return {"head": head, "cfg": runrepo.read_config(self.store, head), "state": state, "shas": shas,
+                "history": [c.created_at for c in self.store.history(limit=200)]}
+
+    def apply_repo(self, repo: dict) -> None:
+        """Adopt what ``read_repo`` read: config, state, tags, commit log; outer momentum is re-read at the next
+        merge; the prompt pool never goes back below a live lease's prompts."""
+        self.head, self.cfg, self.state, self.shas = repo["head"], repo["cfg"], repo["state"], repo["shas"]
+        old = getattr(self, "pool", None)
+        self.pool = leases.PromptPool(self.state.next_prompt) if old is None else old
+        live = [i for l in self.active.values() for i in l.prompt_indices]
+        self.pool.next_index = max(self.pool.next_index, self.state.next_prompt, max(live, default=-1) + 1)
+        self.momentum = None
         self.last_merge_at = self.state.versions[-1].created_at if self.state.versions else self.clock()
         hour_ago = self.clock() - 3600
-        self.commit_times = sorted(c.created_at for c in self.store.history(limit=200) if c.created_at > hour_ago)
-        self._adapters = {v: a for v, a in self._adapters.items() if v in self.shas}
+        self.commit_times = sorted(t for t in repo["history"] if t > hour_ago)
+        with self._cache_lock:
+            self._adapters = {v: a for v, a in self._adapters.items() if v in self.shas}
         self.pending = {k: p for k, p in self.pending.items() if k not in set(self.state.merged_ids)}
+        self.norm_history = collections.deque(maxlen=admit.NORM_HISTORY)
+        for m in (m for v in self.state.versions for m in v.merged if m.update_norm is not None):
+            per_step = m.update_norm / max(1, m.steps or 1)
+            if admit.enters_history(self.norm_history, per_step, self.cfg.merge.max_norm_factor):
+                self.norm_history.append(per_step)
 
-    def _reconcile_tags(self) -> None:
+    def reload(self) -> None:
+        self.apply_repo(self.read_repo())
+
+    def _reconcile_tag(self, version: int) -> str:
         """A coordinator that died between the merge commit and its tag: tag that commit now."""
-        if self.state.version in self.shas:
-            return
-        want = f"hubgrpo: version {self.state.version} "
+        want = f"hubgrpo: version {version} "
         for c in self.store.history(limit=200):
             if c.message.startswith(want):
-                self.store.tag(layout.version_tag(self.state.version), c.sha, exist_ok=True)
-                self.shas[self.state.version] = c.sha
-                return
-        raise NotFound(f"state.json says version {self.state.version} but no commit or tag for it was found",
+                self.store.tag(layout.version_tag(version), c.sha, exist_ok=True)
+                return c.sha
+        raise NotFound(f"state.json says version {version} but no commit or tag for it was found",
                        hint="the run repo was edited by hand; restore state.json from the last tagged version")
 
-    def _rediscover(self) -> None:
-        """Admit submission folders already in the repo that are neither merged nor refused (restart path)."""
-        done = set(self.state.merged_ids) | {r.submission_id for r in self.state.refused}
-        seen: dict[str, int] = {}
-        latest = self.store.head()
-        for path in self.store.list_files(layout.SUBMISSIONS, latest):
-            parsed = layout.parse_submission_path(path)
-            if parsed and parsed[2] == layout.SUBMISSION_FILE and parsed[1] not in done:
-                seen[parsed[1]] = parsed[0]
-        for sub_id, base in sorted(seen.items()):
-            try:
-                raw = self.store.read(layout.submission_path(base, sub_id, layout.SUBMISSION_FILE), latest)
-                lease = Submission.from_json(raw).lease
-                self._admit(lease, latest, verify_deadline=False)
-            except Exception as e:  # a broken folder must not stop the coordinator from starting
-                log.warning("rediscovered submission %s refused: %s", sub_id, e)
+    @property
+    def restart_margin(self) -> int:
+        """Prompts a fresh process skips: every live lease of a previous process counted against the commit
+        budget, so at most that many rounds' prompts can be out there."""
+        return min(self.cfg.coordinator.commit_budget_per_hour, 10_000) * self.prompts_per_round
 
     # ------------------------------------------------------------------------------------------------ leases
 
@@ -117,46 +129,12 @@ class Coordinator:
         return per_step * p.steps_per_round
 
     def lease(self, worker: str, user: str | None = None) -> Lease:
-        """A signed lease on the current version; refused when the run is finished or the budget is spent."""
-        layout.check_name(worker)
-        now = self.clock()
-        if self.state.finished:
-            raise Refused("finished", f"the run finished at version {self.state.version}",
-                          hint="nothing left to do; start a new run to train further")
-        for lid, old in list(self.active.items()):
-            if old.worker == worker:  # a worker asking again lost its lease: give the shard back first
-                self._drop_lease(lid)
-        if self.merging is not None and self.cfg.merge.max_staleness == 0:  # synchronous: wait for the version
-            err = Refused("merging", f"version {self.merging} is being merged; with max_staleness 0 a lease on "
-                          f"version {self.state.version} could not be submitted", hint="wait_s=0.5")
-            err.wait_s = 0.5
-            raise err
-        wait = self._budget_wait(now)
-        if wait > 0:
-            err = Refused("budget", f"commit budget reached ({self.cfg.coordinator.commit_budget_per_hour}/hour); "
-                          f"retry in {wait:.0f} s", hint=f"wait_s={wait:.0f}")
-            err.wait_s = wait  # carried over the wire by the server
-            raise err
-        lease = Lease(
-            lease_id=self.new_lease_id(), run_id=self.state.run_id, round_id=len(self.state.merged_ids)
-            + len(self.pending) + len(self.active), worker=worker, user=user, base_version=self.state.version,
-            base_sha=self.shas[self.state.version], prompt_indices=self.pool.take(self.prompts_per_round),
-            steps=self.cfg.params.steps_per_round, seed=self.cfg.params.seed * 1_000_003 + self.pool.next_index,
-            issued_at=now, deadline=now + self.cfg.coordinator.lease_timeout_s)
-        lease = leases.sign(lease, self.secret)
-        self.active[lease.lease_id] = lease
-        self._touch(worker, user, now)
-        return lease
+        """A signed lease on the current version (``leasing.issue``)."""
+        return leasing.issue(self, worker, user)
 
     def heartbeat(self, lease: Lease) -> Lease:
-        """Extend a live lease (re-signed with a later deadline). Re-adopts leases issued before a restart."""
-        now = self.clock()
-        self._verify(lease, now)
-        renewed = leases.sign(lease.model_copy(update={"deadline": now + self.cfg.coordinator.lease_timeout_s}),
-                              self.secret)
-        self.active[lease.lease_id] = renewed
-        self._touch(lease.worker, lease.user, now)
-        return renewed
+        """Extend a live lease; revives one issued before a restart if its prompts are free (``leasing.renew``)."""
+        return leasing.renew(self, lease)
 
     def release(self, lease: Lease) -> None:
         """A worker gives its lease back (Ctrl-C): its prompts return to the pool."""
@@ -165,8 +143,8 @@ class Coordinator:
 
     def _verify(self, lease: Lease, now: float, check_deadline: bool = True) -> Lease:
         """Signature and run always; the deadline with a grace of one round: a lease whose heartbeats were lost
-        while the coordinator was down (its prompts may already be re-leased) is still honoured, a lease that
-        expired longer ago than ``round_timeout_s`` is refused."""
+        while the coordinator was down is still honoured, one that expired longer ago than ``round_timeout_s``
+        is refused."""
         grace = self.cfg.coordinator.round_timeout_s
         return leases.verify(lease, self.secret, run_id=self.state.run_id, now=now - grace,
                              check_deadline=check_deadline)
@@ -176,132 +154,107 @@ class Coordinator:
         if old is not None:
             self.pool.give_back(old.prompt_indices)
 
+    @staticmethod
+    def worker_key(worker: str, user: str | None) -> str:
+        """The leaderboard row of a worker: ``user/worker`` (a name is only unique within a user)."""
+        return f"{user}/{worker}" if user else worker
+
     def _touch(self, worker: str, user: str | None, now: float) -> WorkerStats:
-        ws = self.state.workers.get(worker)
+        key = self.worker_key(worker, user)
+        ws = self.state.workers.get(key)
         if ws is None:
-            ws = self.state.workers[worker] = WorkerStats(worker=worker, user=user, first_seen=now)
+            ws = self.state.workers[key] = WorkerStats(worker=worker, user=user, first_seen=now)
         ws.last_seen = now
         return ws
 
-    def _budget_wait(self, now: float) -> float:
-        """Seconds until one more round (a submission commit + a share of a merge) fits in the hourly budget."""
-        self.commit_times = [t for t in self.commit_times if t > now - 3600]
-        rounds = len(self.active) + len(self.pending) + 1  # rounds still to be merged, this one included
-        merges = -(-rounds // self.cfg.merge.quorum)  # one merge commit per quorum of them (ceil)
-        planned = len(self.commit_times) + len(self.active) + 1 + merges  # + this round's commit + merges
-        if planned <= self.cfg.coordinator.commit_budget_per_hour:
-            return 0.0
-        excess = planned - self.cfg.coordinator.commit_budget_per_hour
-        if excess > len(self.commit_times):
-            return float(self.cfg.coordinator.lease_timeout_s)
-        return max(1.0, self.commit_times[excess - 1] + 3600 - now)
+    def _budget_wait(self, now: float, user: str | None = None) -> float:
+        return leasing.budget_wait(self, now, user)
 
     # ----------------------------------------------------------------------------------------- submissions
 
-    def submit(self, lease: Lease, commit: str, *, count_commit: bool = True) -> dict:
-        """Admit the submission the worker committed at ``commit``; merge when the quorum is reached (unless
-        ``background_merges``: then the answer says ``merge_due`` and the server's merge thread does it).
+    def submit(self, lease: Lease, commit: str, *, count_commit: bool = True, lock=None) -> dict:
+        """Admit the submission the worker committed at ``commit``: ``prepare_submission`` (store reads) without
+        ``lock``, ``accept_submission`` under it; merge when the quorum is reached, unless ``background_merges``.
 
         ``count_commit=False`` for the 2nd..Nth submission of a batch commit made by the coordinator itself."""
-        now = self.clock()
-        self._verify(lease, now, check_deadline=False)  # a genuine lease: its commit is in the repo, count it
-        sub_id = layout.submission_id(lease.worker, lease.lease_id)
-        if sub_id in self.state.merged_ids or sub_id in self.pending:
-            return {"status": "duplicate", "submission_id": sub_id, "version": self.state.version}
-        self.active.pop(lease.lease_id, None)
-        if count_commit:
-            self.commit_times.append(now)
+        prepared = self.prepare_submission(lease, commit)
+        with lock or contextlib.nullcontext():
+            return self.accept_submission(prepared, count_commit=count_commit)
+
+    def prepare_submission(self, lease: Lease, commit: str) -> admit.Prepared:
+        """Read and check a submission (store reads; no state change): call it WITHOUT the server's lock."""
+        self._verify(lease, self.clock(), check_deadline=False)  # forged leases get no further
+        return admit.prepare(self, lease, commit)
+
+    def accept_submission(self, prepared: admit.Prepared, *, count_commit: bool = True) -> dict:
+        """Keep a prepared submission pending, or record its refusal and raise it (under the lock)."""
+        return admit.accept(self, prepared, count_commit=count_commit)
+
+    def accept_quietly(self, prepared: admit.Prepared) -> None:
+        """``accept_submission`` for submissions nobody waits for (scans): refusals are recorded, not raised, and
+        a due merge is left to the next tick."""
+        if prepared.lease is None:
+            log.warning("ignored %s: %s", prepared.sub_id, prepared.error and prepared.error.message)
+            return
         try:
-            pending = self._admit(lease, commit)  # deadline (with grace), staleness, every admission check
+            admit.accept(self, prepared, count_commit=False, merge=False)
         except (InvalidSubmission, LeaseError) as e:
-            self._refuse(sub_id, lease.worker, e, now)
-            raise
-        merged = False if self.background_merges else self.maybe_merge()
-        status = "merged" if merged else "admitted"
-        return {"status": status, "submission_id": sub_id, "version": self.state.version,
-                "staleness": self.state.version - pending.sub.base_version if not merged else None,
-                "merge_due": not merged and self.merge_due()}
+            log.info("scanned submission %s refused: %s", prepared.sub_id, e.message)
 
-    def _admit(self, lease: Lease, commit: str, *, verify_deadline: bool = True) -> Pending:
-        """Run every admission check on a committed submission folder; keep it pending on success."""
-        from hubgrpo.merge.admission import check_submission
+    def scan_due(self) -> bool:
+        return self.clock() - self.last_scan_at >= self.cfg.coordinator.scan_interval_s
 
-        self._verify(lease, self.clock(), check_deadline=verify_deadline)
-        sub_id = layout.submission_id(lease.worker, lease.lease_id)
-        tau = self.state.version - lease.base_version
-        if tau > self.cfg.merge.max_staleness:
-            raise InvalidSubmission("stale", f"submission {sub_id} is {tau} versions old (base "
-                                    f"{lease.base_version}, current {self.state.version}; max_staleness "
-                                    f"{self.cfg.merge.max_staleness})", hint="lease again and train on the new version")
-        dest = self.workdir / "submissions" / f"{sub_id}-{commit[:12]}"
-        try:
-            folder = runrepo.submission_at(self.store, lease.base_version, sub_id, commit, dest)
-        except NotFound as e:
-            raise InvalidSubmission("not_found", e.message, hint=e.hint) from None
-        sub = self._read_record(folder, lease, sub_id)
-        adapter = check_submission(folder, self._global(), max_bytes=int(self.cfg.merge.max_submission_mb * 2**20),
-                                   known_versions=set(self.shas), base_version=lease.base_version)
-        pending = Pending(sub=sub, adapter=adapter, commit=commit)
-        self.pending[sub_id] = pending
-        return pending
+    def scan(self) -> list[admit.Prepared]:
+        """Committed submissions nobody submitted (store reads; call without the lock, then accept each)."""
+        self.last_scan_at = self.clock()
+        return admit.scan(self)
 
-    def upload_facts(self, lease: Lease) -> dict | None:
-        """For uploads through the coordinator: verify the lease; None when this submission is already in,
-        else what ``admission.check_submission`` needs (so the upload is checked before anything is committed)."""
+    def upload_precheck(self, lease: Lease) -> bool:
+        """For uploads through the coordinator: verify the lease; False when this submission is already in."""
         self._verify(lease, self.clock())
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
-        if sub_id in self.state.merged_ids or sub_id in self.pending:
-            return None
-        return {"global_": self._global(), "known_versions": set(self.shas), "current_version": self.state.version,
-                "max_staleness": self.cfg.merge.max_staleness}
+        return sub_id not in self.state.merged_ids and sub_id not in self.pending
+
+    def check_upload(self, lease: Lease, folder: Path) -> None:
+        """Every check of an uploaded folder before it is committed (reads adapters; call without the lock)."""
+        admit.check_local(self, lease, folder, commit="")
 
     def record_refusal(self, lease: Lease, err: InvalidSubmission) -> None:
         """Keep a refusal decided outside ``submit`` (an upload refused before commit) for the leaderboard."""
-        self._refuse(layout.submission_id(lease.worker, lease.lease_id), lease.worker, err, self.clock())
+        self._refuse(layout.submission_id(lease.worker, lease.lease_id), lease.worker, err, self.clock(),
+                     user=lease.user)
 
-    def check_record(self, folder: Path, lease: Lease) -> Submission:
-        """The submission.json in ``folder``, checked against its lease."""
-        return self._read_record(folder, lease, layout.submission_id(lease.worker, lease.lease_id))
-
-    def _read_record(self, folder: Path, lease: Lease, sub_id: str) -> Submission:
-        try:
-            sub = Submission.from_json((folder / layout.SUBMISSION_FILE).read_bytes())
-        except FileNotFoundError:
-            raise InvalidSubmission("no_record", f"submission {sub_id} has no {layout.SUBMISSION_FILE}") from None
-        except ValueError as e:
-            raise InvalidSubmission("bad_record", f"{layout.SUBMISSION_FILE} of {sub_id} is invalid: "
-                                    f"{str(e).splitlines()[0]}", hint="upgrade hubgrpo on the worker") from None
-        if (sub.lease.lease_id, sub.worker, sub.base_version) != (lease.lease_id, lease.worker, lease.base_version):
-            raise InvalidSubmission("lease_mismatch", f"{layout.SUBMISSION_FILE} of {sub_id} does not match its lease")
-        if sub.samples <= 0:
-            raise InvalidSubmission("no_samples", f"submission {sub_id} reports no samples")
-        return sub
-
-    def _refuse(self, sub_id: str, worker: str, err: InvalidSubmission | LeaseError, now: float) -> None:
-        self.new_refusals.append(Refusal(submission_id=sub_id, worker=worker, code=err.code, message=err.message,
-                                         at=now, version=self.state.version))
-        self._touch(worker, None, now).refused += 1
+    def _refuse(self, sub_id: str, worker: str, err: HubGrpoError, now: float, user: str | None = None) -> None:
+        self.new_refusals.append(Refusal(submission_id=sub_id, worker=worker, code=str(err.code)[:64],
+                                         message=err.message[:layout.MAX_MESSAGE], at=now, version=self.state.version))
+        self._touch(worker, user, now).refused += 1
         log.info("refused %s: %s", sub_id, err.message)
 
-    # -------------------------------------------------------------------------------------------- merging
+    # -------------------------------------------------------------------------------------------- adapters
 
     def _global(self):
         return self._adapter(self.state.version)
 
     def _adapter(self, version: int):
-        """The global adapter of ``version`` (cached; read from its tag)."""
-        if version not in self._adapters:
-            from hubgrpo.merge import load_adapter_dir
+        """The global adapter of ``version`` (cached; read from its tag — a store read on a miss)."""
+        with self._cache_lock:
+            cached = self._adapters.get(version)
+        if cached is not None:
+            return cached
+        from hubgrpo.merge import load_adapter_dir
 
-            folder = runrepo.adapter_at(self.store, self.shas[version], self.workdir / "adapters")
-            self._adapters[version] = load_adapter_dir(folder)
+        adapter = load_adapter_dir(runrepo.adapter_at(self.store, self.shas[version], self.workdir / "adapters"))
+        with self._cache_lock:
+            self._adapters[version] = adapter
             for old in [v for v in self._adapters if v < self.state.version - self.cfg.merge.max_staleness]:
                 del self._adapters[old]
-        return self._adapters[version]
+        return adapter
+
+    # -------------------------------------------------------------------------------------------- ticks, merges
 
     def tick(self) -> None:
-        """Housekeeping: expire leases (their prompts go back to the pool), merge at the round deadline (unless
-        ``background_merges``)."""
+        """Expire leases (their prompts go back to the pool). Without a server (``background_merges`` off) also
+        the merge at the round deadline and ``housekeeping``, in this thread."""
         now = self.clock()
         for lid, lease in list(self.active.items()):
             if now > lease.deadline:
@@ -309,6 +262,29 @@ class Coordinator:
                 self._drop_lease(lid)
         if not self.background_merges:
             self.maybe_merge()
+            self.housekeeping()
+
+    def housekeeping(self, lock=None) -> None:
+        """The repo scan (when due) and the refusal flush (when due); store I/O runs outside ``lock``."""
+        from hubgrpo.coordinator.merging import commit, stage_refusals
+
+        lock = lock or contextlib.nullcontext()
+        if self.scan_due():
+            prepared = self.scan()
+            with lock:
+                for p in prepared:
+                    self.accept_quietly(p)
+        with lock:
+            staged = stage_refusals(self)
+        if staged is not None:
+            ok = commit(self, staged)
+            with lock:
+                self.adopt(staged) if ok else self.apply_repo(self.pending_reload)
+
+    def adopt(self, staged) -> bool:
+        from hubgrpo.coordinator.merging import adopt
+
+        return adopt(self, staged)
 
     @property
     def merge_wait_s(self) -> float:
@@ -331,22 +307,22 @@ class Coordinator:
         return merge_version(self)
 
     def plan_merge(self):
-        """A ``merge_step.MergePlan`` when a merge is due, else None. Call under the lock, then run
-        ``plan.compute()`` without it and ``finish_merge`` under it again."""
+        """A ``merging.MergePlan`` when a merge is due, else None (under the lock)."""
         if not self.merge_due():
             return None
         from hubgrpo.coordinator.merging import plan_merge
 
         return plan_merge(self)
 
-    def finish_merge(self, plan, result) -> bool:
-        """Commit and adopt the merge computed from ``plan``; False if the run moved on meanwhile."""
-        from hubgrpo.coordinator.merging import finish_merge
+    def finish_merge(self, plan, result, *, lock=None) -> bool:
+        """Stage (under ``lock``), commit (without it: store writes) and adopt (under it) a computed merge; False
+        when the run moved on meanwhile or another coordinator merged first (then the state is reloaded)."""
+        from hubgrpo.coordinator.merging import finish
 
-        return finish_merge(self, plan, result)
+        return finish(self, plan, result, lock or contextlib.nullcontext())
 
     def abort_merge(self, plan) -> None:
-        """Forget a plan whose compute failed; its submissions stay pending."""
+        """Forget a plan whose compute or commit failed; its submissions stay pending."""
         self.merging = None
 
     # ---------------------------------------------------------------------------------------------- status

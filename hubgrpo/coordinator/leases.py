@@ -74,6 +74,12 @@ class PromptPool:
         if indices:
             self._returned.append(list(indices))
 
+    def reclaim(self, indices: list[int]) -> None:
+        """Take ``indices`` out of the returned shards (a lease revived after they were given back)."""
+        drop = set(indices)
+        kept = [[i for i in shard if i not in drop] for shard in self._returned]
+        self._returned = deque(s for s in kept if s)
+
     @property
     def returned(self) -> int:
         return sum(len(s) for s in self._returned)

@@ -1,20 +1,27 @@
 """One merge of the coordinator: pending submissions → the next global version, in one CAS commit + a tag.
 
-A merge has three phases so that a server can run the tensor work without holding its API lock:
+A merge runs in phases so that a server holds its API lock only for bookkeeping, never for tensor work or
+network I/O:
 
-- ``plan_merge(c)`` (under the lock): pick the pending submissions, refuse the ones grown too stale, snapshot
-  the global adapter, their base adapters and the outer momentum;
-- ``MergePlan.compute()`` (no lock: pure tensor functions over the snapshot);
-- ``finish_merge(c, plan, result)`` (under the lock): the next ``state.json`` from the coordinator's state *now*
-  (so heartbeats, refusals and leases made during the compute are kept), one CAS commit, the tag, adoption.
-Submissions admitted while a merge computes stay pending for the next one.
+- ``plan_merge(c)`` (lock): pick the pending submissions; those grown too stale are refused and leave the queue
+  at once; snapshot the global adapter, their base adapters and the outer momentum;
+- ``MergePlan.compute()`` (no lock): pure tensor functions over the snapshot;
+- ``stage(c, plan, result)`` (lock): the next ``state.json`` from the coordinator's state *now*;
+- ``commit(c, staged)`` (no lock): the compare-and-swap commit and the tag (store writes; retries, 429 waits);
+- ``adopt(c, staged)`` (lock): the new state, keeping what happened during the commit (refusals, heartbeats).
+``flush_refusals`` writes state.json alone (stage → commit → adopt) when refusals wait longer than
+``coordinator.refusal_flush_s`` for a merge. Submissions admitted during a merge stay pending for the next one.
+
+The merge weight of a submission is derived from its lease (completions per step × steps), discounted for
+staleness; nothing the worker reports decides it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
@@ -22,8 +29,9 @@ from hubgrpo.card import run_card
 from hubgrpo.errors import CommitConflict, InvalidSubmission
 from hubgrpo.layout import MergedEntry, RunState, VersionRecord
 
-log = logging.getLogger("hubgrpo.coordinator.core")
+log = logging.getLogger("hubgrpo.coordinator")
 MAX_CAS_RETRIES = 20
+MAX_REFUSALS_KEPT = 500
 
 
 @dataclass
@@ -44,29 +52,65 @@ class MergePlan:
         return merge(self.global_, self.items, self.options, momentum=self.momentum)
 
 
+@dataclass
+class Staged:
+    """A commit ready to go: files, message, the state it writes, and what it already holds."""
+
+    state: RunState
+    files: dict
+    message: str
+    version: int | None  # the version it tags (None: a state-only commit, e.g. a refusal flush)
+    refusals_saved: int  # how many of ``c.new_refusals`` it holds
+    workers_then: dict = field(default_factory=dict)  # (refused, accepted) per leaderboard row when staged
+    result: object = None
+    tmp: object = None
+    sha: str | None = None
+
+
 def merge_version(c) -> bool:
-    """Merge ``c.pending`` (a Coordinator) into version ``c.state.version + 1``. False if nothing was merged."""
+    """Merge ``c.pending`` into version ``c.state.version + 1`` in this thread. False if nothing was merged."""
     plan = plan_merge(c)
     if plan is None:
         return False
     try:
         result = plan.compute()
     except BaseException:
-        c.abort_merge(plan)
+        c.merging = None
         raise
-    return finish_merge(c, plan, result)
+    return finish(c, plan, result, contextlib.nullcontext())
+
+
+def finish(c, plan: MergePlan, result, lock) -> bool:
+    """``stage`` under ``lock``, ``commit`` without it, ``adopt`` (or reload after losing the CAS) under it."""
+    with lock:
+        staged = stage(c, plan, result)
+        if staged is None:
+            c.merging = None
+            return False
+    try:
+        ok = commit(c, staged)
+    except BaseException:
+        with lock:
+            c.merging = None
+        raise
+    with lock:
+        c.merging = None
+        if ok:
+            return adopt(c, staged)
+        c.apply_repo(c.pending_reload)
+        return False
 
 
 def plan_merge(c) -> MergePlan | None:
     """Snapshot the pending submissions for a merge and mark the coordinator as merging; None if none is left."""
     from hubgrpo.merge import MergeOptions
 
-    items, entries = _weighted_items(c)
+    items, entries, discount = _weighted_items(c)
     if not items:
-        c.pending.clear()
         return None
     m = c.cfg.merge
-    opts = MergeOptions(method=m.method, outer_lr=m.outer_lr, outer_momentum=m.outer_momentum, nesterov=m.nesterov,
+    outer_lr = m.outer_lr * (discount if m.staleness_scaling == "absolute" else 1.0)
+    opts = MergeOptions(method=m.method, outer_lr=outer_lr, outer_momentum=m.outer_momentum, nesterov=m.nesterov,
                         rank=c.cfg.lora.r, max_rank=m.max_rank, clip_factor=m.clip_factor,
                         trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm)
     c.merging = c.state.version + 1
@@ -74,26 +118,10 @@ def plan_merge(c) -> MergePlan | None:
                      momentum=_momentum(c))
 
 
-def finish_merge(c, plan: MergePlan, result) -> bool:
-    """Commit and adopt a computed merge; False (nothing changed) if the run moved on meanwhile."""
-    try:
-        if c.state.version + 1 != plan.version or c.state.finished:
-            log.warning("dropping the merge for version %d: the run is at version %d", plan.version, c.state.version)
-            return False
-        state = _next_state(c, plan.entries, result.report)
-        sha = _commit(c, result, state)
-        if sha is None:
-            return False
-        _adopt(c, sha, state, result)
-    finally:
-        c.merging = None
-    log.info("version %d merged from %d submissions (residual %s)", state.version, len(plan.entries),
-             result.report.get("residual"))
-    return True
-
-
-def _weighted_items(c) -> tuple[list, list[MergedEntry]]:
-    """(submission adapter, its base adapter, normalised weight) for each pending submission still fresh."""
+def _weighted_items(c) -> tuple[list, list[MergedEntry], float]:
+    """(submission adapter, its base adapter, normalised weight) for each pending submission still fresh, and the
+    samples-weighted mean staleness discount (1+τ)^(−decay); the ones grown too stale are refused and removed
+    from the queue."""
     from hubgrpo.merge import staleness_weight
 
     m, now = c.cfg.merge, c.clock()
@@ -101,30 +129,50 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry]]:
     for sub_id, p in sorted(c.pending.items()):
         tau = c.state.version - p.sub.base_version
         try:
-            w = staleness_weight(p.sub.samples, tau, m.staleness_decay, m.max_staleness)
+            w = staleness_weight(p.samples, tau, m.staleness_decay, m.max_staleness)
         except InvalidSubmission as e:
-            c._refuse(sub_id, p.sub.worker, e, now)
+            c.pending.pop(sub_id, None)
+            c._refuse(sub_id, p.sub.worker, e, now, user=p.sub.lease.user)
             continue
         raw.append((p.adapter, c._adapter(p.sub.base_version), w))
-        entries.append(MergedEntry(submission_id=sub_id, worker=p.sub.worker, user=p.sub.user,
-                                   base_version=p.sub.base_version, staleness=tau, weight=w, samples=p.sub.samples,
-                                   reward_mean=p.sub.reward_mean))
+        entries.append(MergedEntry(submission_id=sub_id, worker=p.sub.worker, user=p.sub.lease.user,
+                                   base_version=p.sub.base_version, staleness=tau, weight=w, samples=p.samples,
+                                   reward_mean=p.sub.reward_mean, update_norm=p.update_norm, steps=p.steps))
     total = sum(w for _, _, w in raw) or 1.0
     items = [(a, b, w / total) for a, b, w in raw]
     for e in entries:
         e.weight = e.weight / total
-    return items, entries
+    samples = sum(e.samples for e in entries) or 1
+    return items, entries, total / samples
 
 
 def _momentum(c):
-    """The outer-optimizer state (only with outer momentum), kept at optimizer/outer_momentum.safetensors."""
+    """The outer-optimizer state (only with outer momentum), kept at optimizer/outer_momentum.safetensors and
+    re-read after every reload (another coordinator may have merged)."""
     if c.cfg.merge.outer_momentum <= 0:
         return None
-    if getattr(c, "momentum", None) is None and c.store.exists_file(layout.MOMENTUM_FILE, c.head):
+    if c.momentum is None and c.store.exists_file(layout.MOMENTUM_FILE, c.head):
         from safetensors.torch import load
 
         c.momentum = load(c.store.read(layout.MOMENTUM_FILE, c.head))
-    return getattr(c, "momentum", None)
+    return c.momentum
+
+
+def stage(c, plan: MergePlan, result) -> Staged | None:
+    """The merge commit's files and state (under the lock); None if the run moved on during the compute."""
+    if c.state.version + 1 != plan.version or c.state.finished:
+        log.warning("dropping the merge for version %d: the run is at version %d", plan.version, c.state.version)
+        return None
+    state = _next_state(c, plan.entries, result.report)
+    tmp = tempfile.TemporaryDirectory(prefix="hubgrpo-merge-")
+    staged = Staged(state=state, files=_files(c, result, state, Path(tmp.name)), version=state.version,
+                    message=f"hubgrpo: version {state.version} ({len(plan.entries)} submissions)",
+                    refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c), result=result, tmp=tmp)
+    return staged
+
+
+def _worker_counts(c) -> dict:
+    return {k: (w.refused, w.accepted) for k, w in c.state.workers.items()}
 
 
 def _next_state(c, entries: list[MergedEntry], report: dict) -> RunState:
@@ -136,18 +184,19 @@ def _next_state(c, entries: list[MergedEntry], report: dict) -> RunState:
     st.versions.append(VersionRecord(
         version=st.version, tag=layout.version_tag(st.version), created_at=now, method=c.cfg.merge.method,
         algorithm=report.get("algorithm"), residual=_num(report.get("residual")),
-        update_norm=_num(report.get("update_norm")), outer_lr=c.cfg.merge.outer_lr, merged=entries,
-        reward_mean=reward, samples=samples))
+        update_norm=_num(report.get("update_norm")), outer_lr=float(report.get("outer_lr") or c.cfg.merge.outer_lr),
+        merged=entries, reward_mean=reward, samples=samples))
     st.merged_ids += [e.submission_id for e in entries]
-    st.refused = (st.refused + c.new_refusals)[-500:]
+    st.refused = (st.refused + c.new_refusals)[-MAX_REFUSALS_KEPT:]
     for e in entries:
-        ws = st.workers.get(e.worker) or layout.WorkerStats(worker=e.worker, user=e.user, first_seen=now)
+        key = c.worker_key(e.worker, e.user)
+        ws = st.workers.get(key) or layout.WorkerStats(worker=e.worker, user=e.user, first_seen=now)
         ws.accepted += 1
         ws.samples += e.samples
         ws.reward_sum += e.reward_mean
         ws.reward_first = e.reward_mean if ws.reward_first is None else ws.reward_first
         ws.reward_last = e.reward_mean
-        st.workers[e.worker] = ws
+        st.workers[key] = ws
     st.samples_total += samples
     st.next_prompt = c.pool.next_index
     st.commit_times = [t for t in c.commit_times if t > now - 3600] + [now]
@@ -174,37 +223,69 @@ def _files(c, result, state: RunState, tmp: Path) -> dict:
     return adds
 
 
-def _commit(c, result, state: RunState) -> str | None:
-    """One compare-and-swap commit; retried on a head moved by worker commits, abandoned if another merge won."""
-    with tempfile.TemporaryDirectory(prefix="hubgrpo-merge-") as tmp:
-        adds = _files(c, result, state, Path(tmp))
-        msg = f"hubgrpo: version {state.version} ({len(state.versions[-1].merged)} submissions)"
+def commit(c, staged: Staged) -> bool:
+    """The compare-and-swap commit (+ tag) of ``staged`` (store writes: WITHOUT the lock). Retried when only worker
+    commits moved the head; False — and the coordinator reloads from the repo — when another coordinator wrote
+    state.json first."""
+    try:
         for _ in range(MAX_CAS_RETRIES):
             head = c.store.head()
             if head != c.head and runrepo.read_state(c.store, head).version != c.state.version:
                 log.warning("another coordinator merged version %d first; reloading", c.state.version + 1)
-                c.reload()
-                return None
+                c.pending_reload = c.read_repo()
+                return False
             try:
-                sha = c.store.commit(adds, message=msg, parent=head)
+                staged.sha = c.store.commit(staged.files, message=staged.message, parent=head)
             except CommitConflict:
                 continue
-            c.store.tag(state.versions[-1].tag, sha, exist_ok=True)
-            return sha
-    raise CommitConflict(f"could not commit version {state.version} after {MAX_CAS_RETRIES} tries: the head keeps "
-                         "moving", hint="too many concurrent commits; lower the number of workers or raise quorum")
+            if staged.version is not None:
+                c.store.tag(layout.version_tag(staged.version), staged.sha, exist_ok=True)
+            return True
+        raise CommitConflict(f"could not commit version {staged.version} after {MAX_CAS_RETRIES} tries: the head "
+                             "keeps moving", hint="too many concurrent commits; fewer workers or a larger quorum")
+    finally:
+        if staged.tmp is not None:
+            staged.tmp.cleanup()
 
 
-def _adopt(c, sha: str, state: RunState, result) -> None:
+def adopt(c, staged: Staged) -> bool:
+    """Adopt a committed ``staged`` state (under the lock), keeping what changed since it was staged: refusals,
+    worker rows, last-seen times."""
+    state, sha = staged.state, staged.sha
+    for key, ws in c.state.workers.items():
+        refused_then, _ = staged.workers_then.get(key, (0, 0))
+        row = state.workers.get(key)
+        if row is None:
+            state.workers[key] = ws
+            continue
+        row.refused += max(0, ws.refused - refused_then)
+        row.last_seen = max(row.last_seen, ws.last_seen)
     merged = set(state.merged_ids)
     c.pending = {k: p for k, p in c.pending.items() if k not in merged}
     c.state, c.head = state, sha
+    c.new_refusals = c.new_refusals[staged.refusals_saved:]
+    c.commit_times.append(state.versions[-1].created_at if staged.version is not None else c.clock())
+    if staged.version is None:
+        return True
     c.shas[state.version] = sha
-    c._adapters[state.version] = result.adapter
+    result = staged.result
+    with c._cache_lock:
+        c._adapters[state.version] = result.adapter
     c.momentum = result.momentum
-    c.new_refusals = []
     c.last_merge_at = state.versions[-1].created_at
-    c.commit_times.append(state.versions[-1].created_at)
+    from hubgrpo.coordinator.admit import enters_history
+
+    for e in state.versions[-1].merged:
+        per_step = None if e.update_norm is None else e.update_norm / max(1, e.steps or 1)
+        if per_step is not None and enters_history(c.norm_history, per_step, c.cfg.merge.max_norm_factor):
+            c.norm_history.append(per_step)
+    _track(c, state)
+    log.info("version %d merged from %d submissions (residual %s)", state.version, len(state.versions[-1].merged),
+             result.report.get("residual"))
+    return True
+
+
+def _track(c, state: RunState) -> None:
     v = state.versions[-1]
     if c.tracker is not None:
         c.tracker.log({"version/reward": v.reward_mean, "version/residual": v.residual, "version/samples": v.samples,
@@ -213,3 +294,17 @@ def _adopt(c, sha: str, state: RunState, result) -> None:
                        "run/samples_total": state.samples_total}, step=v.version)
 
 
+def stage_refusals(c) -> Staged | None:
+    """A state.json-only commit holding the unsaved refusals, when the oldest waited ``refusal_flush_s`` without
+    a merge and the commit budget has room (under the lock); else None."""
+    if not c.new_refusals or c.merging is not None or c.state.finished:
+        return None
+    now = c.clock()
+    if now - c.new_refusals[0].at < c.cfg.coordinator.refusal_flush_s or c._budget_wait(now) > 0:
+        return None
+    st = c.state.model_copy(deep=True)
+    st.refused = (st.refused + c.new_refusals)[-MAX_REFUSALS_KEPT:]
+    st.next_prompt = c.pool.next_index
+    return Staged(state=st, files={layout.STATE_FILE: st.to_json()}, version=None,
+                  message=f"hubgrpo: {len(c.new_refusals)} refusal(s) at version {st.version}",
+                  refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c))

@@ -17,6 +17,7 @@ first; the stable codes are:
 ``unknown_base``       the claimed base version is not one of ``known_versions``
 ``stale``              the base version is more than ``max_staleness`` versions behind ``current_version``
 ``bad_config``         adapter_config.json is not a JSON object
+``nested_json``        adapter_config.json or the safetensors header is nested too deeply to parse
 ``config_mismatch``    a field that matters differs from the global adapter_config.json (``CONFIG_FIELDS``)
 ``corrupt``            adapter_model.safetensors is truncated, has an absurd header, or does not parse
 ``missing_keys``       tensors of the global adapter are missing
@@ -25,6 +26,8 @@ first; the stable codes are:
 ``nonfinite``          a tensor holds NaN or ±Inf
 ``modified_base_weight``  a frozen base weight saved with the adapter differs from the global's
 ``norm_outlier``       ‖ΔW_sub − ΔW_base‖ exceeds ``norm_limit``
+``out_of_bounds``      a LoRA factor entry moved farther from the base than training can move it
+                       (``check_step_bound``, called by the coordinator with a bound derived from the lease)
 =====================  ================================================================================
 """
 
@@ -153,7 +156,9 @@ def _read_config(path: Path, size: int) -> dict:
     try:
         config = json.loads(_read_bytes(path, size, MAX_CONFIG_BYTES).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        _refuse("bad_config", f"{CONFIG_NAME} is not valid JSON ({exc})")
+        _refuse("bad_config", f"{CONFIG_NAME} is not valid JSON ({str(exc)[:200]})")
+    except RecursionError:
+        _refuse("nested_json", f"{CONFIG_NAME} is nested too deeply to be an adapter config")
     if not isinstance(config, dict):
         _refuse("bad_config", f"{CONFIG_NAME} is a JSON {type(config).__name__}, not an object")
     return config
@@ -177,8 +182,21 @@ def compare_configs(config: dict, reference: dict) -> None:
     for name in CONFIG_FIELDS:
         got, want = _norm_field(name, config.get(name)), _norm_field(name, reference.get(name))
         if got != want:
-            _refuse("config_mismatch", f"{CONFIG_NAME} has {name}={config.get(name)!r} but the run's adapter has "
-                    f"{name}={reference.get(name)!r}", hint="keep the LoRA config of the global adapter unchanged")
+            _refuse("config_mismatch", f"{CONFIG_NAME} has {name}={_short(config.get(name))} but the run's adapter "
+                    f"has {name}={_short(reference.get(name))}", hint="keep the LoRA config of the global adapter unchanged")
+
+
+def _short(value, limit: int = 80) -> str:
+    """``repr`` of an untrusted value, cut to ``limit`` characters (a refusal never quotes a whole upload)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text):,} characters)"
+
+
+def max_submission_bytes(global_) -> int:
+    """The size of a valid submission, derived from the global adapter: its tensors' bytes, a safetensors header
+    (≤ 256 bytes per tensor + 64 KiB), adapter_config.json (≤ 64 KiB) and submission.json (≤ 4 MiB)."""
+    data = sum(t.numel() * t.element_size() for t in global_.weights.values())
+    return data + 256 * len(global_.weights) + (64 << 10) + (64 << 10) + (4 << 20)
 
 
 def _parse_header(data: bytes) -> dict:
@@ -193,6 +211,8 @@ def _parse_header(data: bytes) -> dict:
         header = json.loads(data[8:8 + n].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         _refuse("corrupt", f"the header of {WEIGHTS_NAME} is not JSON; the file is not a safetensors file")
+    except RecursionError:
+        _refuse("nested_json", f"the header of {WEIGHTS_NAME} is nested too deeply to be a safetensors header")
     if not isinstance(header, dict):
         _refuse("corrupt", f"the header of {WEIGHTS_NAME} is not a JSON object")
     header.pop("__metadata__", None)
@@ -263,3 +283,21 @@ def _check_norm(adapter, base, norm_limit: float) -> None:
     if not norm <= norm_limit:
         _refuse("norm_outlier", f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} exceeds the limit {norm_limit:.4g}",
                 hint="lower the learning rate or the number of steps per round")
+
+
+def check_step_bound(adapter, base, bound: float, why: str = "") -> float:
+    """Refuse (``out_of_bounds``) when any LoRA factor entry differs from ``base`` by more than ``bound``;
+    returns the largest difference. Elementwise, so no single tensor can be scaled up, whatever the quorum."""
+    worst, where = 0.0, ""
+    for key, value in adapter.weights.items():
+        if ".lora_" not in key or key not in base.weights:
+            continue
+        diff = float((value.float() - base.weights[key].float()).abs().max()) if value.numel() else 0.0
+        if not diff <= worst:  # NaN-safe: a NaN difference is the worst
+            worst, where = diff, key
+    if not worst <= bound:
+        limit = why or f"at most {bound:.4g} is possible"
+        _refuse("out_of_bounds", f"{where} moved by {worst:.4g} from the version it was trained on; {limit}",
+                hint="submit what the round's training produced")
+    return worst
+

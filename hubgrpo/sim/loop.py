@@ -31,6 +31,8 @@ from hubgrpo.config import Config
 from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
 from hubgrpo.sim.fleet import CostModel, SimWorker, default_step_s, make_fleet
 
+STALL_ROUNDS = 200  # rounds without a new version after which a simulation gives up (reported as stalled)
+
 
 @dataclass
 class SimOptions:
@@ -108,6 +110,7 @@ class Simulation:
             self.cfg.params.steps_per_round, 1.0)
         self.now, self._seq, self._events = 0.0, itertools.count(), []
         self.rounds: list[RoundRecord] = []
+        self._rounds_at_last_version, self.stalled = 0, False
         self.prompts: dict[str, list[int]] = {}  # lease id → its prompt indices (not in the result: bulky)
         self.versions: list[dict] = []
         self.compute = {"train_s": 0.0, "eval_s": 0.0, "merge_s": 0.0, "setup_s": 0.0}
@@ -151,6 +154,9 @@ class Simulation:
             self.now = max(self.now, ev.t)
             handlers[ev.kind](ev)
             self._note_versions()
+            if len(self.rounds) - self._rounds_at_last_version > STALL_ROUNDS:
+                self.stalled = True  # e.g. every round refused: report it instead of looping for ever
+                break
 
     def _done(self) -> bool:
         o, v = self.opts, self.coord.state.version
@@ -238,6 +244,7 @@ class Simulation:
 
     def _note_versions(self) -> None:
         if len(self.versions) <= self.coord.state.version:  # new versions: the next round deadline moves
+            self._rounds_at_last_version = len(self.rounds)
             self._push(self.coord.last_merge_at + self.cfg.coordinator.round_timeout_s + 1e-3, "tick")
         while len(self.versions) <= self.coord.state.version:
             self._record_version(len(self.versions))
@@ -282,7 +289,7 @@ class Simulation:
             "rejoin_s": self.rejoin_s, "virtual_wall_s": round(self.now, 6), "versions": self.versions,
             "staleness_histogram": {str(k): merged.count(k) for k in sorted(set(merged))},
             "rounds": [r.__dict__ for r in self.rounds],
-            "rounds_total": len(self.rounds),
+            "rounds_total": len(self.rounds), "stalled": self.stalled,
             "rounds_by_status": {s: sum(r.status == s for r in self.rounds)
                                  for s in sorted({r.status for r in self.rounds})},
             "refusal_codes": sorted({r.code for r in self.rounds if r.code}),

@@ -11,7 +11,10 @@ return plain JSON. Every answer is an envelope, never a raw exception or a trace
 here (with tokens redacted) and answered as ``CoordinatorError`` with code ``internal``.
 
 Thread safety lives here, not in the coordinator: one lock serialises ``lease``/``heartbeat``/``release``/
-``submit``/``tick``; ``status`` runs unlocked. A daemon thread calls ``coord.tick()`` every ``tick_interval``
+``submit``/``tick``; ``status`` runs unlocked. No network I/O ever runs under the lock: ``submit`` reads the
+submission from the store before taking it, merges commit without it, and the repo scan and the refusal flush
+(``coord.housekeeping``) take it only to update the state — a Hub answering 429 with a long Retry-After delays
+a merge commit, never a heartbeat. A daemon thread calls ``coord.tick()`` every ``tick_interval``
 seconds while the app runs (started by the app's startup event, so ``blocks.launch()`` on a Space ticks too).
 
 Merges run in that same thread, off the request path: ``submit`` only admits (the answer says ``merge_due``) and
@@ -65,11 +68,12 @@ class CoordinatorLike(Protocol):
     def lease(self, worker: str, user: str | None = None) -> Lease: ...
     def heartbeat(self, lease: Lease) -> Lease: ...
     def release(self, lease: Lease) -> None: ...
-    def submit(self, lease: Lease, commit: str) -> dict: ...
+    def submit(self, lease: Lease, commit: str, *, lock: Any = None) -> dict: ...  # store reads outside lock
     def status(self) -> dict: ...
     def tick(self) -> None: ...
+    def housekeeping(self, lock: Any = None) -> None: ...  # repo scan, refusal flush (store I/O outside lock)
     def plan_merge(self) -> Any: ...  # None when no merge is due; else an object with compute()
-    def finish_merge(self, plan: Any, result: Any) -> bool: ...
+    def finish_merge(self, plan: Any, result: Any, *, lock: Any = None) -> bool: ...  # commit outside lock
     def abort_merge(self, plan: Any) -> None: ...
     merge_wait_s: float  # how long a lease may wait for a due or running merge
 
@@ -237,8 +241,7 @@ class CoordinatorApi:
             if not isinstance(commit, str) or not commit or len(commit) > 200:
                 raise InvalidSubmission("bad_commit", f"commit {str(commit)[:80]!r} is not a commit id",
                                         hint="send the commit sha returned by the upload")
-            with self.lock:
-                answer = self.coord.submit(parsed, commit)
+            answer = self.coord.submit(parsed, commit, lock=self.lock)  # reads the store without the lock
             if isinstance(answer, dict) and answer.get("merge_due"):
                 self.merge_is_due()
             return answer
@@ -281,26 +284,28 @@ class Ticker:
                 log.exception("coordinator tick failed")
 
     def step(self) -> bool:
-        """One tick, then the due merge if any (compute outside the lock). True when a version was merged."""
+        """One tick, then the due merge if any (compute and commit outside the lock), then housekeeping (repo
+        scan, refusal flush; store I/O outside the lock). True when a version was merged."""
         api, coord = self.api, self.api.coord
         with api.lock:
             coord.tick()
             plan = coord.plan_merge()
             api.set_merge_busy(plan is not None)  # under the lock: a submit cannot make one due in between
-        if plan is None:
-            return False
-        try:
-            result = plan.compute()
-        except BaseException:
-            with api.lock:
-                coord.abort_merge(plan)
-            api.set_merge_busy(False)
-            raise
-        try:
-            with api.lock:
-                return coord.finish_merge(plan, result)
-        finally:
-            api.set_merge_busy(False)
+        merged = False
+        if plan is not None:
+            try:
+                result = plan.compute()
+            except BaseException:
+                with api.lock:
+                    coord.abort_merge(plan)
+                api.set_merge_busy(False)
+                raise
+            try:
+                merged = coord.finish_merge(plan, result, lock=api.lock)
+            finally:
+                api.set_merge_busy(False)
+        coord.housekeeping(lock=api.lock)
+        return merged
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread to end (it ends within one interval of the app closing)."""

@@ -133,10 +133,9 @@ class SubmissionBatcher:
             return self._finish(batch, error=CoordinatorError(f"the batch commit failed: {type(e).__name__}",
                                                               code="internal", hint="retry the upload"))
         for i, it in enumerate(batch):
-            try:
-                with self.lock:  # one commit for the whole batch: count it once in the commit budget
-                    answer = self.coord.submit(it.lease, sha, count_commit=i == 0)
-                    it.result = {**answer, "commit": sha, "batch": len(batch)}
+            try:  # one commit for the whole batch: count it once in the commit budget
+                answer = self.coord.submit(it.lease, sha, count_commit=i == 0, lock=self.lock)
+                it.result = {**answer, "commit": sha, "batch": len(batch)}
                 if answer.get("merge_due") and self.on_merge_due is not None:
                     self.on_merge_due()
             except Exception as e:  # deliberate: the error goes back to that worker only
@@ -209,13 +208,12 @@ class Uploads:
         c = self.coord
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         with self.lock:
-            facts = c.upload_facts(lease)
-            if facts is None:
+            if not c.upload_precheck(lease):
                 return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
             limit = int(c.cfg.merge.max_submission_mb * 2**20)
         folder = self.workdir / f"{sub_id}-{time.monotonic_ns()}"
         try:
-            self._check(lease, sub_id, files, limit, folder, facts)
+            self._check(lease, files, limit, folder)
         except InvalidSubmission as e:
             shutil.rmtree(folder, ignore_errors=True)
             with self.lock:
@@ -224,13 +222,10 @@ class Uploads:
         item = self.batcher.add(QueuedSubmission(lease=lease, sub_id=sub_id, folder=folder))
         return self.batcher.wait(item, self.wait_timeout_s)
 
-    def _check(self, lease: Lease, sub_id: str, files, limit: int, folder: Path, facts: dict) -> None:
-        """Decode, then the record check and every admission check (no lock: pure reads of local files)."""
-        from hubgrpo.merge.admission import check_submission
-
+    def _check(self, lease: Lease, files, limit: int, folder: Path) -> None:
+        """Decode, then the record check and every admission check (no lock: local files and adapters)."""
         decode_files(files, limit, folder)
-        self.coord.check_record(folder, lease)
-        check_submission(folder, facts.pop("global_"), max_bytes=limit, base_version=lease.base_version, **facts)
+        self.coord.check_upload(lease, folder)
 
     def close(self) -> None:
         """Flush queued submissions and stop the batcher."""

@@ -296,6 +296,25 @@ def load_rewards(configs: Sequence[RewardConfig]) -> list[Reward]:
     return out
 
 
+def foreign_code(configs: Sequence[RewardConfig]) -> list[str]:
+    """The reward functions that are not built in (``module:function``, ``file.py:function``): code that runs
+    in the worker's process."""
+    return [rc.function for rc in configs if not rc.function.startswith("builtin:")]
+
+
+def check_allowed(configs: Sequence[RewardConfig], allowed: Sequence[str]) -> None:
+    """Refuse (``ConfigError``) to run reward code the worker's owner did not allow: a run repo's config is
+    written by somebody else, and ``os:system`` is a ``module:function`` too."""
+    from hubgrpo.errors import ConfigError
+
+    missing = [f for f in foreign_code(configs) if f not in set(allowed)]
+    if missing:
+        flags = " ".join(f"--allow-reward {f!r}" for f in missing)
+        raise ConfigError(f"the run's config names reward code that is not built in: {', '.join(missing)}; a "
+                          "worker runs only built-in rewards and the code its owner allows",
+                          hint=f"read that code, then start the worker with {flags}")
+
+
 def weighted_rewards(rewards: Sequence[Reward], prompts, completions, **kwargs) -> list[float]:
     """Σ weight·reward per completion, skipping None like TRL's nansum (0.0 when every function skips)."""
     totals = [0.0] * len(completions)

@@ -39,6 +39,23 @@ class Unavailable(Exception):
     """Internal: the coordinator did not answer (connection, timeout, 5xx); the caller may retry."""
 
 
+def token_may_go_to(url: str) -> bool:
+    """Whether a token may travel to ``url``: https anywhere, plain http only to a loopback address."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return True
+    host = (parts.hostname or "").strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return parts.scheme == "http" and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def space_url(space_id: str) -> str:
     """Direct URL of a Space's app: ``user/my_space`` → ``https://user-my-space.hf.space``."""
     return "https://" + re.sub(r"[/_.]", "-", space_id.lower()) + ".hf.space"
@@ -179,7 +196,11 @@ def unwrap(answer: Any) -> Any:
     detail = answer.get("error") if isinstance(answer.get("error"), dict) else {}
     err = errors.from_dict(detail)
     if "wait_s" in detail and not hasattr(err, "wait_s"):
-        err.wait_s = float(detail["wait_s"])
+        try:
+            wait = float(detail["wait_s"])
+        except (TypeError, ValueError):
+            wait = 30.0
+        err.wait_s = min(max(wait, 0.0), 3600.0) if wait == wait else 30.0  # NaN → 30 s; never sleep forever
     raise err
 
 
@@ -211,6 +232,10 @@ class CoordinatorClient:
         if not is_url and not _SPACE_ID.fullmatch(url_or_space):
             raise CoordinatorError(f"{url_or_space!r} is neither an http(s) URL nor a Space id", code="config",
                                    hint="pass e.g. https://host:7860 or user/space")
+        if token and is_url and not token_may_go_to(url_or_space):
+            raise CoordinatorError(f"refusing to send your Hub token to {url_or_space}: plain http is readable on "
+                                   "the way; tokens go only to https URLs or this machine (loopback)", code="config",
+                                   hint="use the coordinator's https URL or its Space id (user/space)")
         if transport == "auto":
             transport = "http" if is_url else "gradio"
         if transport not in ("http", "gradio"):

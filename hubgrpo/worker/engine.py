@@ -16,6 +16,7 @@ the reward functions), ``train`` (the rest of ``trainer.train()``: log-prob forw
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -53,7 +54,11 @@ _GRPO_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_de
 
 
 def _opt(x: Any) -> float | None:
-    return None if x is None else float(x)
+    """A logged number as a finite float, or None (TRL logs NaN for e.g. the std of a single sample)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) and abs(x) <= 1e9 else None
 
 
 def library_versions() -> dict[str, str]:
@@ -79,7 +84,7 @@ class _StepRecorder(TrainerCallback):
         if not logs or "reward" not in logs:  # the end-of-train summary has no reward
             return
         m = StepMetrics(
-            step=int(state.global_step), reward=float(logs["reward"] or 0.0),  # None: no completion was scorable
+            step=int(state.global_step), reward=_opt(logs["reward"]) or 0.0,  # None/NaN: nothing was scorable
             reward_std=_opt(logs.get("reward_std")), loss=_opt(logs.get("loss")), kl=_opt(logs.get("kl")),
             clip_ratio=_opt(logs.get("clip_ratio/region_mean")), entropy=_opt(logs.get("entropy")),
             grad_norm=_opt(logs.get("grad_norm")), completion_length=_opt(logs.get("completions/mean_length")),

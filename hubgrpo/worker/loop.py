@@ -1,8 +1,13 @@
 """The worker loop behind ``hubgrpo worker``: lease → download → train a round → commit → submit.
 
 A worker writes only its own submission folder and never pins ``parent_commit``. It heartbeats while training,
-gives its lease back on Ctrl-C, and loses nothing when the coordinator or the store is briefly unreachable: it
-backs off and resumes (a submission already committed is found again by a restarted coordinator).
+gives its lease back on Ctrl-C, and survives everything short of a bad config: every refusal that carries a wait
+(budget, rate, merging, lease cap, a duplicate name) is waited out, every store or transport error is retried
+with backoff, and a round committed but never submitted is left for the coordinator's repo scan. It stops when
+the run is finished, when the coordinator refuses its token (``auth``), on a config, model or data error, and
+when the ``hubgrpo run`` that started it is gone.
+
+It runs only code its owner allowed: built-in reward functions, and those named with ``allow_code``.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import time
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
-from hubgrpo.errors import (CoordinatorError, InvalidSubmission, LeaseError, RateLimited, Refused,
+from hubgrpo.errors import (CoordinatorError, InvalidSubmission, LeaseError, RateLimited, Refused, StoreError,
                             StoreUnavailable)
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
 
-log = logging.getLogger("hubgrpo.worker.loop")
+log = logging.getLogger("hubgrpo.worker")
+STOP_CODES = ("auth", "config", "orphaned")  # coordinator answers a worker cannot wait out
 
 
 class Heartbeat:
@@ -55,14 +61,20 @@ class Worker:
 
     def __init__(self, store: Store, client, *, name: str, user: str | None = None, engine=None,
                  max_rounds: int | None = None, workdir: Path | None = None, sleep=time.sleep,
-                 progress: bool = True, threads: int | None = None, upload_via: str = "store"):
+                 progress: bool = True, threads: int | None = None, upload_via: str = "store",
+                 allow_code: list[str] | None = None):
         """``upload_via="coordinator"``: send submissions to the coordinator's ``upload`` endpoint instead of
-        committing them (for workers without write access to the run repo; see ``hubgrpo.space.upload``)."""
+        committing them (for workers without write access to the run repo; see ``hubgrpo.space.upload``).
+        ``allow_code``: the non-built-in reward functions (``module:function``, ``file.py:function``) of the run's
+        config that this worker's owner allows to run; any other one stops the worker before it trains."""
         if upload_via not in ("store", "coordinator"):
             raise ValueError(f"upload_via must be 'store' or 'coordinator', not {upload_via!r}")
         self.upload_via = upload_via
         self.store, self.client, self.name, self.user = store, client, layout.check_name(name), user
         self.cfg = runrepo.read_config(store)
+        from hubgrpo.task.rewards import check_allowed
+
+        check_allowed(self.cfg.rewards, allow_code or [])
         if threads:  # this machine's share of cores wins over the run config
             self.cfg.params.num_threads = threads
         self.engine = engine
@@ -73,7 +85,7 @@ class Worker:
         self.steps_done = 0
 
     def run(self) -> list[dict]:
-        """The loop. Returns the coordinator's answer for every submitted round."""
+        """The loop. Returns the coordinator's answer (or the refusal) for every round."""
         if self.engine is None:
             from hubgrpo.worker.engine import RoundEngine
 
@@ -88,20 +100,37 @@ class Worker:
             if lease is None:
                 break
             lease_s = time.time() - t0
-            try:
-                answer = self.round(lease)
-            except KeyboardInterrupt:
-                self._release(lease)
-                raise
-            except (LeaseError, InvalidSubmission) as e:  # this round is refused; the next one may not be
-                log.warning("round refused (%s): %s", e.code, e.message)
-                answer = {"status": "refused", "code": e.code, "message": e.message}
+            answer = self._round_or_reason(lease)
             answer["lease_s"] = lease_s
             self.results.append(answer)
             self._record(answer)
             self.tracker.log({f"round/{k}": v for k, v in answer.items()}, step=self.steps_done)
         self.tracker.close()
         return self.results
+
+    def _round_or_reason(self, lease: Lease) -> dict:
+        """``round(lease)``, or why the round did not count; raises only what the worker cannot survive."""
+        try:
+            return self.round(lease)
+        except KeyboardInterrupt:
+            self._release(lease)
+            raise
+        except (LeaseError, InvalidSubmission, Refused) as e:  # this round is refused; the next one may not be
+            if isinstance(e, Refused) and e.code in STOP_CODES:
+                raise
+            log.warning("round refused (%s): %s", e.code, e.message)
+            return {"status": "refused", "code": e.code, "message": e.message}
+        except (StoreError, CoordinatorError) as e:
+            if isinstance(e, CoordinatorError) and e.code in STOP_CODES:
+                raise
+            log.warning("round not delivered (%s): %s; a committed round is found by the coordinator's scan",
+                        e.code, e.message)
+            self.sleep(self._backoff())
+            return {"status": "error", "code": e.code, "message": e.message}
+
+    def _backoff(self) -> float:
+        self._failures = getattr(self, "_failures", 0) + 1
+        return min(60.0, 2.0 ** self._failures)
 
     def _record(self, answer: dict) -> None:
         """Append the round's answer and timings to <workdir>/rounds.jsonl (read by benchmarks/overhead.py)."""
@@ -112,23 +141,26 @@ class Worker:
             f.write(json.dumps({"worker": self.name, "at": time.time(), **answer}, default=str) + "\n")
 
     def _lease(self) -> Lease | None:
-        """A lease, waiting out budget refusals and outages; None when the run is finished."""
+        """A lease, waiting out refusals and outages; None when the run is finished."""
         delay = 1.0
         while True:
             try:
-                return self.client.lease(self.name, self.user)
+                lease = self.client.lease(self.name, self.user)
+                self._failures = 0
+                return lease
             except Refused as e:
                 if e.code == "finished":
                     log.info("run finished: %s", e.message)
                     return None
-                if e.code not in ("budget", "rate", "merging"):
+                if e.code in STOP_CODES:
                     raise
-                wait = _wait_hint(e, default=30.0)
-                (log.debug if e.code == "merging" else log.info)("coordinator asks to wait %.1f s: %s", wait,
-                                                                 e.message)
+                wait = _wait_hint(e, default=delay)
+                (log.debug if e.code == "merging" else log.info)("coordinator asks to wait %.1f s (%s): %s", wait,
+                                                                 e.code, e.message)
                 self.sleep(wait)
+                delay = min(delay * 2, 60.0)
             except CoordinatorError as e:
-                if isinstance(e, Refused):
+                if e.code in STOP_CODES:
                     raise
                 _stop_if_orphaned(e)
                 log.warning("coordinator unreachable (%s); retrying in %.0f s", e.message, delay)
@@ -178,17 +210,23 @@ class Worker:
         return self.store.commit(adds, message=msg)
 
     def _submit(self, lease: Lease, commit: str | None, folder: Path | None = None) -> dict:
-        """``submit(lease, commit)``, or ``upload(lease, folder)`` when a folder is given; retried while the
-        coordinator is unreachable."""
+        """``submit(lease, commit)``, or ``upload(lease, folder)`` when a folder is given; refusals with a wait
+        (rate, budget…) are waited out and outages retried, then the error goes to the loop (the commit stays in
+        the repo for the coordinator's scan)."""
         def send() -> dict:
             return self.client.upload(lease, folder) if folder is not None else self.client.submit(lease, commit)
 
         delay = 2.0
-        for attempt in range(6):
+        for attempt in range(8):
             try:
                 return send()
+            except Refused as e:
+                if getattr(e, "wait_s", None) is None or e.code in STOP_CODES:
+                    raise  # a verdict on this round (or on this worker), not a request to wait
+                log.info("submit: coordinator asks to wait %.1f s (%s)", e.wait_s, e.code)
+                self.sleep(float(e.wait_s))
             except CoordinatorError as e:
-                if isinstance(e, Refused):
+                if e.code in STOP_CODES:
                     raise
                 _stop_if_orphaned(e)  # the commit is in the repo: the restarted run's coordinator finds it
                 log.warning("submit failed (%s); retrying in %.0f s", e.message, delay)

@@ -1,0 +1,218 @@
+"""Admission of submissions in two phases, so that no network I/O ever runs under the server's API lock.
+
+- ``prepare(c, lease, commit)`` — without the lock: verify the lease, read the submission folder at ``commit``
+  from the store (network), and run every check on it. It changes nothing in the coordinator; its verdict is a
+  ``Prepared`` (the admitted ``Pending`` entry, or the refusal, or "duplicate").
+- ``accept(c, prepared)`` — under the lock: re-check what may have changed meanwhile (duplicate, staleness),
+  then keep the submission pending or record the refusal. Milliseconds.
+
+What is trusted: only what the coordinator derives or verifies. The merge weight comes from the lease
+(completions per step × steps), never from submission.json. Each factor entry may move at most what ``steps``
+AdamW steps at the lease's learning rate can move it (``step_bound``: ``|Δ| ≤ steps · lr · (5 + wd·|θ|)``; one
+AdamW step moves an entry by lr·|m̂/√v̂| ≤ 3.2·lr with TRL's betas). The update norm ‖ΔWᵢ − ΔW_base‖, per step,
+may be at most ``merge.max_norm_factor`` × the median of the last ``NORM_HISTORY`` accepted ones (kept in
+state.json with every merged entry, so a restart keeps the bound) — from history, not from the current quorum.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hubgrpo import layout, runrepo
+from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
+from hubgrpo.layout import Lease, Submission
+
+NORM_HISTORY = 64  # accepted update norms (per step) the norm bound is the median of
+MIN_NORM_HISTORY = 3  # below this many, only the step bound applies
+ADAM_RATIO = 5.0  # > the largest |m̂/√v̂| of AdamW with betas (0.9, 0.999): (1 − β1)/√(1 − β2) ≈ 3.16
+
+
+@dataclass
+class Pending:
+    """An admitted submission waiting for the next merge."""
+
+    sub: Submission
+    adapter: object  # hubgrpo.merge.Adapter
+    commit: str
+    samples: int = 0  # derived from the lease
+    steps: int = 0
+    update_norm: float | None = None
+
+
+@dataclass
+class Prepared:
+    """The verdict of ``prepare``: ``pending`` (admitted), ``error`` (refused) or ``duplicate``."""
+
+    lease: Lease
+    sub_id: str
+    commit: str
+    pending: Pending | None = None
+    error: HubGrpoError | None = None
+    duplicate: bool = False
+    notes: dict = field(default_factory=dict)
+
+
+def lease_samples(cfg, lease: Lease) -> int:
+    """Completions a round of ``lease`` generates: per-device batch × accumulation × steps (lease params win)."""
+    p = {**cfg.params.model_dump(), **{k: v for k, v in lease.params.items() if v is not None}}
+    return int(p["per_device_train_batch_size"]) * int(p["gradient_accumulation_steps"]) * int(lease.steps)
+
+
+def step_bound(cfg, lease: Lease, base) -> tuple[float, str]:
+    """The largest change of one LoRA factor entry that ``lease.steps`` AdamW steps can make, and why."""
+    params = {**cfg.params.model_dump(), **{k: v for k, v in lease.params.items() if v is not None}}
+    lr, wd, steps = float(params["learning_rate"]), float(params["weight_decay"]), int(lease.steps)
+    biggest = max((float(t.abs().max()) for k, t in base.weights.items() if ".lora_" in k and t.numel()), default=0)
+    bound = steps * lr * (ADAM_RATIO + wd * biggest)
+    return bound, f"{steps} AdamW steps at learning rate {lr:g} move an entry by at most {bound:.3g}"
+
+
+def enters_history(history, norm_per_step: float, factor: float | None) -> bool:
+    """Whether an accepted norm joins the history: not when it is below 1/``factor`` of the median (near-zero
+    updates are harmless and admitted, but a flood of them must not drag the bound down)."""
+    if factor is None or len(history) < MIN_NORM_HISTORY:
+        return norm_per_step > 0
+    return norm_per_step >= statistics.median(history) / factor
+
+
+def norm_limit(history, steps: int, factor: float | None) -> float | None:
+    """``factor`` × the median accepted norm per step × ``steps``; None while the history is too short."""
+    if factor is None or len(history) < MIN_NORM_HISTORY:
+        return None
+    return factor * statistics.median(history) * max(1, steps)
+
+
+def prepare(c, lease: Lease, commit: str, *, check_deadline: bool = True) -> Prepared:
+    """Every check of the submission of ``lease`` at ``commit``; reads the store, changes nothing in ``c``."""
+    sub_id = layout.submission_id(lease.worker, lease.lease_id)
+    out = Prepared(lease=lease, sub_id=sub_id, commit=commit)
+    if sub_id in c.state.merged_ids or sub_id in c.pending:
+        out.duplicate = True
+        return out
+    try:
+        c._verify(lease, c.clock(), check_deadline=check_deadline)
+        _check_staleness(c, lease, sub_id)
+        out.pending = _check_folder(c, lease, sub_id, commit)
+    except (InvalidSubmission, LeaseError) as e:
+        out.error = e
+    return out
+
+
+def _check_staleness(c, lease: Lease, sub_id: str) -> None:
+    tau = c.state.version - lease.base_version
+    if tau > c.cfg.merge.max_staleness:
+        raise InvalidSubmission("stale", f"submission {sub_id} is {tau} versions old (base {lease.base_version}, "
+                                f"current {c.state.version}; max_staleness {c.cfg.merge.max_staleness})",
+                                hint="lease again and train on the new version")
+
+
+def _check_folder(c, lease: Lease, sub_id: str, commit: str) -> Pending:
+    dest = c.workdir / "submissions" / f"{sub_id}-{commit[:12]}"
+    try:
+        folder = runrepo.submission_at(c.store, lease.base_version, sub_id, commit, dest)
+    except NotFound as e:
+        raise InvalidSubmission("not_found", e.message, hint=e.hint) from None
+    return check_local(c, lease, folder, commit)
+
+
+def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
+    """Every check of a local submission folder (also the Space's uploads, before they are committed)."""
+    from hubgrpo.merge.admission import check_step_bound, check_submission, max_submission_bytes
+
+    sub = read_record(folder, lease, layout.submission_id(lease.worker, lease.lease_id))
+    if lease.base_version not in c.shas:
+        raise InvalidSubmission("unknown_base", f"base version {lease.base_version} is not a version of this run")
+    global_, base = c._global(), c._adapter(lease.base_version)
+    limit = min(int(c.cfg.merge.max_submission_mb * 2**20), max_submission_bytes(global_))
+    steps = int(lease.steps)
+    adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.shas),
+                               base_version=lease.base_version)
+    bound, why = step_bound(c.cfg, lease, base)
+    check_step_bound(adapter, base, bound, why)  # elementwise first: cheap, and it names the tensor
+    from hubgrpo.merge import parse_modules, update_norm
+
+    norm = update_norm(adapter, parse_modules(adapter)[0], base, parse_modules(base)[0])
+    limit = norm_limit(c.norm_history, steps, c.cfg.merge.max_norm_factor)
+    if limit is not None and not norm <= limit:
+        raise InvalidSubmission("norm_outlier", f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} is more than "
+                                f"{c.cfg.merge.max_norm_factor:g}× the median of the last accepted updates "
+                                f"(limit {limit:.4g} for {steps} steps)", hint="submit what the round's training produced")
+    return Pending(sub=sub, adapter=adapter, commit=commit, samples=lease_samples(c.cfg, lease), steps=steps,
+                   update_norm=norm)
+
+
+def read_record(folder: Path, lease: Lease, sub_id: str) -> Submission:
+    """submission.json of ``folder``, validated (finite, bounded numbers) and matched against its lease."""
+    path = folder / layout.SUBMISSION_FILE
+    try:
+        if path.stat().st_size > 8 << 20:
+            raise InvalidSubmission("bad_record", f"{layout.SUBMISSION_FILE} of {sub_id} is larger than 8 MiB")
+        sub = Submission.from_json(path.read_bytes())
+    except FileNotFoundError:
+        raise InvalidSubmission("no_record", f"submission {sub_id} has no {layout.SUBMISSION_FILE}") from None
+    except (ValueError, RecursionError) as e:
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise InvalidSubmission("bad_record", f"{layout.SUBMISSION_FILE} of {sub_id} is invalid: {first}",
+                                hint="numbers must be finite and in range; upgrade hubgrpo on the worker") from None
+    if (sub.lease.lease_id, sub.worker, sub.base_version) != (lease.lease_id, lease.worker, lease.base_version):
+        raise InvalidSubmission("lease_mismatch", f"{layout.SUBMISSION_FILE} of {sub_id} does not match its lease")
+    return sub
+
+
+def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = True) -> dict:
+    """Keep a prepared submission pending (or record its refusal and raise it). Call under the API lock. Without
+    a server (``background_merges`` off) a due merge runs here, unless ``merge`` is False."""
+    lease, sub_id, now = prepared.lease, prepared.sub_id, c.clock()
+    if prepared.duplicate or sub_id in c.state.merged_ids or sub_id in c.pending:
+        return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
+    c.active.pop(lease.lease_id, None)
+    if count_commit:
+        c.commit_times.append(now)
+    err = prepared.error
+    if err is None:
+        try:
+            _check_staleness(c, lease, sub_id)  # the version may have moved while prepare ran
+        except InvalidSubmission as e:
+            err = e
+    if err is not None:
+        c._refuse(sub_id, lease.worker, err, now, user=lease.user)
+        raise err
+    c.pending[sub_id] = prepared.pending
+    merged = False if c.background_merges or not merge else c.maybe_merge()
+    return {"status": "merged" if merged else "admitted", "submission_id": sub_id, "version": c.state.version,
+            "staleness": None if merged else c.state.version - lease.base_version,
+            "merge_due": not merged and c.merge_due()}
+
+
+def unseen_submissions(c, revision: str | None = None) -> list[tuple[int, str]]:
+    """(base version, submission id) of folders in the repo that are neither merged, refused nor pending."""
+    done = set(c.state.merged_ids) | {r.submission_id for r in c.state.refused} | set(c.pending) \
+        | {r.submission_id for r in c.new_refusals}
+    seen: dict[str, int] = {}
+    for path in c.store.list_files(layout.SUBMISSIONS, revision):
+        parsed = layout.parse_submission_path(path)
+        if parsed and parsed[2] == layout.SUBMISSION_FILE and parsed[1] not in done:
+            seen[parsed[1]] = parsed[0]
+    return sorted((base, sub_id) for sub_id, base in seen.items())
+
+
+def scan(c, *, check_deadline: bool = True) -> list[Prepared]:
+    """Prepare every committed submission the coordinator has not seen (a worker that crashed after its commit, a
+    lost submit answer, a restart). Reads the store; call without the lock, then ``accept`` each under it."""
+    head = c.store.head()
+    out = []
+    for base, sub_id in unseen_submissions(c, head):
+        try:
+            raw = c.store.read(layout.submission_path(base, sub_id, layout.SUBMISSION_FILE), head)
+            lease = Submission.from_json(raw).lease
+        except (HubGrpoError, ValueError, RecursionError) as e:  # not even a readable record: skip it, say so
+            out.append(Prepared(lease=None, sub_id=sub_id, commit=head or "",
+                                error=InvalidSubmission("bad_record", f"unreadable submission {sub_id}: "
+                                                        f"{str(e)[:200]}")))
+            continue
+        if layout.submission_id(lease.worker, lease.lease_id) != sub_id:
+            continue  # a folder that claims another submission's lease: ignored (its lease is someone else's)
+        out.append(prepare(c, lease, head, check_deadline=check_deadline))
+    return out

@@ -1,0 +1,115 @@
+"""Leasing rounds: who may hold a lease, which prompts it gets, how long it lives, when the budget says wait.
+
+Fairness and identity (a user is the authenticated HF user; None for a trusted local run):
+
+- a user holds at most ``coordinator.max_leases_per_user`` live leases (code ``lease_cap``);
+- a worker name is one live machine per user: a second process leasing under a name whose lease was renewed
+  within two heartbeat intervals is refused (``duplicate_worker``); a name whose lease went quiet is a restarted
+  worker, and its old lease is given back;
+- when the commit budget is contended, a user gets at most an equal share of it (``budget``);
+- a lease revived by a heartbeat after it expired gets its prompts back only if no live lease holds them
+  (otherwise the heartbeat is refused: prompts are never handed out twice at once).
+"""
+
+from __future__ import annotations
+
+from hubgrpo import layout
+from hubgrpo.coordinator import leases
+from hubgrpo.errors import LeaseError, Refused
+from hubgrpo.layout import Lease
+
+
+def refused(code: str, message: str, wait_s: float | None = None, hint: str | None = None) -> Refused:
+    err = Refused(code, message, hint=hint or (f"wait_s={wait_s:.1f}" if wait_s is not None else None))
+    if wait_s is not None:
+        err.wait_s = float(wait_s)  # carried over the wire by the server
+    return err
+
+
+def issue(c, worker: str, user: str | None) -> Lease:
+    """A signed lease on the current version for ``worker`` of ``user`` (see the module docstring)."""
+    layout.check_name(worker)
+    now = c.clock()
+    if c.state.finished:
+        raise Refused("finished", f"the run finished at version {c.state.version}",
+                      hint="nothing left to do; start a new run to train further")
+    _check_identity(c, worker, user, now)
+    if c.merging is not None and c.cfg.merge.max_staleness == 0:  # synchronous: wait for the version
+        raise refused("merging", f"version {c.merging} is being merged; with max_staleness 0 a lease on "
+                      f"version {c.state.version} could not be submitted", wait_s=0.5)
+    wait = budget_wait(c, now, user)
+    if wait > 0:
+        raise refused("budget", f"commit budget reached ({c.cfg.coordinator.commit_budget_per_hour}/hour, shared "
+                      f"fairly between users); retry in {wait:.0f} s", wait_s=wait)
+    lease = Lease(
+        lease_id=c.new_lease_id(), run_id=c.state.run_id, round_id=len(c.state.merged_ids) + len(c.pending)
+        + len(c.active), worker=worker, user=user, base_version=c.state.version,
+        base_sha=c.shas[c.state.version], prompt_indices=c.pool.take(c.prompts_per_round),
+        steps=c.cfg.params.steps_per_round, seed=c.cfg.params.seed * 1_000_003 + c.pool.next_index,
+        issued_at=now, deadline=now + c.cfg.coordinator.lease_timeout_s)
+    lease = leases.sign(lease, c.secret)
+    c.active[lease.lease_id] = lease
+    c._touch(worker, user, now)
+    return lease
+
+
+def _check_identity(c, worker: str, user: str | None, now: float) -> None:
+    co = c.cfg.coordinator
+    live_window = 2 * co.heartbeat_interval_s
+    for lid, old in list(c.active.items()):
+        if old.worker == worker and old.user == user:
+            renewed_at = old.deadline - co.lease_timeout_s
+            if now - renewed_at < live_window:
+                raise refused("duplicate_worker", f"worker name {worker!r} already holds a live lease (renewed "
+                              f"{now - renewed_at:.0f} s ago): two machines cannot share a name",
+                              wait_s=co.heartbeat_interval_s,
+                              hint=f"give each machine its own --name; a restarted worker may lease again in "
+                                   f"{live_window:.0f} s; wait_s={co.heartbeat_interval_s:.0f}")
+            c._drop_lease(lid)  # a restarted worker: its old round is abandoned, the prompts go back first
+    mine = sum(1 for l in c.active.values() if l.user == user)
+    if mine >= co.max_leases_per_user:
+        raise refused("lease_cap", f"{user or 'this run'} already holds {mine} live leases "
+                      f"(coordinator.max_leases_per_user = {co.max_leases_per_user})", wait_s=co.heartbeat_interval_s)
+
+
+def renew(c, lease: Lease) -> Lease:
+    """Extend a live lease (re-signed with a later deadline); revive one issued before a restart or expired
+    recently, unless another live lease holds its prompts now."""
+    now = c.clock()
+    c._verify(lease, now)
+    renewed = leases.sign(lease.model_copy(update={"deadline": now + c.cfg.coordinator.lease_timeout_s}), c.secret)
+    sub_id = layout.submission_id(lease.worker, lease.lease_id)
+    if sub_id in c.pending or sub_id in c.state.merged_ids:
+        return renewed  # already submitted: nothing to keep alive
+    if lease.lease_id not in c.active:
+        held = {i for l in c.active.values() for i in l.prompt_indices}
+        if held.intersection(lease.prompt_indices):
+            raise LeaseError(f"lease {lease.lease_id} expired and its prompts were leased again",
+                             hint="finish the round anyway (the submit says whether it counts) or lease again",
+                             code="expired")
+        c.pool.reclaim(lease.prompt_indices)
+        c.pool.next_index = max(c.pool.next_index, max(lease.prompt_indices, default=-1) + 1)
+    c.active[lease.lease_id] = renewed
+    c._touch(lease.worker, lease.user, now)
+    return renewed
+
+
+def budget_wait(c, now: float, user: str | None = None) -> float:
+    """Seconds until one more round (a submission commit + a share of a merge) fits in the hourly budget, and
+    in ``user``'s fair share of it when the budget is contended."""
+    budget = c.cfg.coordinator.commit_budget_per_hour
+    c.commit_times = [t for t in c.commit_times if t > now - 3600]
+    rounds = len(c.active) + len(c.pending) + 1  # rounds still to be merged, this one included
+    merges = -(-rounds // c.cfg.merge.quorum)  # one merge commit per quorum of them (ceil)
+    planned = len(c.commit_times) + len(c.active) + 1 + merges  # + this round's commit + merges
+    if planned > budget:
+        excess = planned - budget
+        if excess > len(c.commit_times):
+            return float(c.cfg.coordinator.lease_timeout_s)
+        return max(1.0, c.commit_times[excess - 1] + 3600 - now)
+    users = {l.user for l in c.active.values()} | {user}
+    if planned > budget // 2 and len(users) > 1:  # contended: at most an equal share of live rounds per user
+        share = max(1, (budget - len(c.commit_times)) // (2 * len(users)))
+        if sum(1 for l in c.active.values() if l.user == user) >= share:
+            return float(c.cfg.coordinator.heartbeat_interval_s)
+    return 0.0
