@@ -227,3 +227,48 @@ def test_every_unsaved_refusal_stays_visible_in_the_status(tmp_path):
     assert status["refusals_unsaved"] == 61 and status["pending"] == []
     late_id = layout.submission_id("late", late.lease_id)
     assert [r["code"] for r in status["refusals"] if r["submission_id"] == late_id] == ["stale"]
+
+
+def test_two_coordinators_on_one_repo_never_lose_or_double_a_step(tmp_path):
+    """Two coordinators (a Space and a forgotten local one, say) on one repo with outer momentum: the one that loses
+    the compare-and-swap reloads — state, tags and the momentum the other wrote — and merges its round on top."""
+    from hubgrpo.merge import MergeOptions, load_adapter_dir, merge
+    from safetensors.torch import load
+
+    store, c1, clock = _setup(tmp_path, **{"merge.quorum": 1, "merge.outer_momentum": 0.9, "merge.nesterov": "true"})
+    c2 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work2")
+    l1, l2 = c1.lease("w1"), c2.lease("w2")
+    s1, s2 = push_submission(store, l1, tmp_path, seed=1), push_submission(store, l2, tmp_path, seed=2)
+    assert c1.submit(l1, s1)["status"] == "merged"
+    m1 = load(store.read(layout.MOMENTUM_FILE))
+    answer = c2.submit(l2, s2)  # c2's merge loses the CAS: it reloads instead of overwriting version 1
+    assert answer["status"] == "admitted" and c2.state.version == 1 and c2.momentum is None
+    assert c2.maybe_merge() and c2.state.version == 2
+    state = runrepo.read_state(store)
+    assert [v.version for v in state.versions] == [0, 1, 2]
+    assert sorted(state.merged_ids) == sorted({layout.submission_id("w1", l1.lease_id),
+                                               layout.submission_id("w2", l2.lease_id)})
+    assert state.versions[2].merged[0].staleness == 1
+    # version 2's momentum continues version 1's (m2 = μ·m1 + g2), i.e. c1's step was not dropped
+    v1 = load_adapter_dir(runrepo.adapter_at(store, c2.shas[1], tmp_path / "a"))
+    v0 = load_adapter_dir(runrepo.adapter_at(store, c2.shas[0], tmp_path / "a"))
+    sub2 = load_adapter_dir(runrepo.submission_at(store, 0, layout.submission_id("w2", l2.lease_id), s2,
+                                                  tmp_path / "sub2"))
+    opts = MergeOptions(outer_momentum=0.9, nesterov=True, rank=c2.cfg.lora.r)
+    want = merge(v1, [(sub2, v0, 1.0)], opts, momentum=m1).momentum
+    got = load(store.read(layout.MOMENTUM_FILE))
+    assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+    fresh = merge(v1, [(sub2, v0, 1.0)], opts, momentum=None).momentum
+    assert not all(torch.allclose(got[k], fresh[k], atol=1e-6) for k in fresh)
+    # c1 still holds version 1's momentum in memory; its next merge loses the CAS to c2's version 2, reloads, and
+    # must continue from version 2's momentum (the old in-memory one would silently drop c2's step)
+    l3 = c1.lease("w3")
+    s3 = push_submission(store, l3, tmp_path, seed=3)
+    assert c1.submit(l3, s3)["status"] == "admitted" and c1.state.version == 2
+    assert c1.maybe_merge() and runrepo.read_state(store).version == 3
+    v2 = load_adapter_dir(runrepo.adapter_at(store, c1.shas[2], tmp_path / "a"))
+    sub3 = load_adapter_dir(runrepo.submission_at(store, 1, layout.submission_id("w3", l3.lease_id), s3,
+                                                  tmp_path / "sub3"))
+    want3 = merge(v2, [(sub3, v1, 1.0)], opts, momentum=got).momentum
+    got3 = load(store.read(layout.MOMENTUM_FILE))
+    assert all(torch.allclose(got3[k], want3[k], atol=1e-6) for k in want3)

@@ -90,10 +90,10 @@ def test_faster_workers_deliver_more_rounds(tmp_path):
 
 def test_dropped_rounds_expire_and_their_prompts_are_handed_out_again(tmp_path):
     short = {"coordinator.lease_timeout_s": 20, "coordinator.heartbeat_interval_s": 5}
-    sim = simulate(tmp_path, "a", short, dropout=0.3, until_version=60, seed=1)
+    sim = simulate(tmp_path, "a", short, dropout=0.3, until_version=120, seed=1)
     dropped = [r for r in sim.rounds if r.status == "dropped"]
     assert dropped, "dropout 0.3 dropped no round"
-    assert sim.coord.state.version == 60 and sim.now > 60
+    assert sim.coord.state.version == 120 and sim.now > 60
     old = {r.lease_id for r in dropped if r.t_lease < sim.now - 40}  # long enough ago to have expired
     assert old and not old & set(sim.coord.active)  # expired (or given back when their worker leased again)
     first = dropped[0]

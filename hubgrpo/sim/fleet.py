@@ -14,7 +14,7 @@ simulation gives the same answer on a busy laptop and on a quiet server.
   [1 − J, 1 + J] (completion lengths and machine noise vary), so equal workers do not finish in lock-step.
 - **Dropouts** (``--dropout P``): each round is abandoned with probability P at a uniform point of its training
   (a crashed or pre-empted machine: its lease expires, its prompts go back to the pool); the worker rejoins
-  ``rejoin_s`` later (default: one round at speed 1).
+  ``rejoin_s`` later (default: one round at speed 1) as a new process, under a new name.
 """
 
 from __future__ import annotations
@@ -71,6 +71,12 @@ class SimWorker:
     rng: random.Random
     rounds: int = 0
     dropped: int = 0
+
+    @property
+    def process_name(self) -> str:
+        """The name it leases under: a machine that dropped out rejoins as a new process, with a new name (as
+        ``hubgrpo worker`` names each process ``<host>-<random>``), so its old lease does not block it."""
+        return self.name if self.dropped == 0 else f"{self.name}r{self.dropped}"
 
     def jitter(self, spread: float) -> float:
         """This round's duration factor, uniform in [1 − spread, 1 + spread] (rounds are never all alike:

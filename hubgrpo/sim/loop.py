@@ -173,12 +173,13 @@ class Simulation:
         w = self.fleet[ev.worker]
         self.coord.tick()
         try:
-            lease = self.coord.lease(w.name)
+            lease = self.coord.lease(w.process_name)
         except Refused as e:
             if e.code != "finished":
                 self._push(self.now + max(1.0, float(getattr(e, "wait_s", None) or 30.0)), "ready", ev.worker)
             return
-        rec = RoundRecord(worker=w.name, lease_id=lease.lease_id, base_version=lease.base_version, t_lease=self.now)
+        rec = RoundRecord(worker=w.process_name, lease_id=lease.lease_id, base_version=lease.base_version,
+                          t_lease=self.now)
         self.rounds.append(rec)
         self.prompts[lease.lease_id] = list(lease.prompt_indices)
         lat = self.cost.latency_s
@@ -197,7 +198,7 @@ class Simulation:
             return
         t0 = time.perf_counter()
         base = runrepo.adapter_at(self.store, lease.base_sha, self.output / "adapters")
-        folder = self.output / "rounds" / layout.submission_id(w.name, lease.lease_id)
+        folder = self.output / "rounds" / layout.submission_id(lease.worker, lease.lease_id)
         sub = self.engine.run_round(base, lease, folder)
         self.compute["train_s"] += time.perf_counter() - t0
         rec.train_reward = sub.reward_mean
