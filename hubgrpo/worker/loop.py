@@ -125,6 +125,7 @@ class Worker:
                 raise
             log.warning("round not delivered (%s): %s; a committed round is found by the coordinator's scan",
                         e.code, e.message)
+            self._release(lease)  # this process abandons the lease: the next one is not a duplicate of it
             self.sleep(self._backoff())
             return {"status": "error", "code": e.code, "message": e.message}
 

@@ -1,0 +1,132 @@
+"""The worker loop survives everything short of a bad config: refusals with a wait, a store that keeps failing,
+a coordinator that stops answering — and a round committed but never submitted is found by the coordinator's
+periodic repo scan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from hubgrpo import layout
+from hubgrpo.coordinator.core import Coordinator
+from hubgrpo.coordinator.repo_init import init_repo
+from hubgrpo.errors import ConfigError, CoordinatorError, Refused, StoreUnavailable
+from hubgrpo.store.local import LocalStore
+from hubgrpo.worker.loop import Worker
+from tests.coord_helpers import make_config, submission_record, write_adapter
+
+SECRET = b"loop-secret"
+
+
+class FakeEngine:
+    """Rounds without a model: the leased adapter with B moved a little."""
+
+    def run_round(self, adapter_dir, lease, out: Path, on_step=None):
+        base = load_file(Path(adapter_dir) / layout.ADAPTER_WEIGHTS)
+        write_adapter(out, seed=int(lease.seed) % 1000 + 1, b_scale=0.01)
+        delta = load_file(out / layout.ADAPTER_WEIGHTS)
+        moved = {k: base[k] + delta[k] if "lora_B" in k else base[k] for k in base}
+        save_file(moved, str(out / layout.ADAPTER_WEIGHTS))
+        (out / layout.ADAPTER_CONFIG).write_bytes((Path(adapter_dir) / layout.ADAPTER_CONFIG).read_bytes())
+        sub = submission_record(lease)
+        (out / layout.SUBMISSION_FILE).write_bytes(sub.to_json())
+        return sub
+
+
+class ScriptedClient:
+    """The coordinator API in process, with scripted failures per call (popped in order; None = answer)."""
+
+    def __init__(self, coord: Coordinator, script: dict[str, list]):
+        self.coord, self.script = coord, script
+
+    def _fail(self, name: str) -> None:
+        queue = self.script.get(name, [])
+        err = queue.pop(0) if queue else None
+        if err is not None:
+            raise err
+
+    def lease(self, worker, user=None):
+        self._fail("lease")
+        return self.coord.lease(worker, user)
+
+    def heartbeat(self, lease):
+        return self.coord.heartbeat(lease)
+
+    def submit(self, lease, commit):
+        self._fail("submit")
+        return self.coord.submit(lease, commit)
+
+    def release(self, lease):
+        self.coord.release(lease)
+
+
+class FlakyStore(LocalStore):
+    """A store whose commits fail (503) while ``failures`` > 0."""
+
+    failures = 0
+
+    def commit(self, *args, **kwargs):
+        if self.failures > 0:
+            self.failures -= 1
+            raise StoreUnavailable("the store answered 503")
+        return super().commit(*args, **kwargs)
+
+
+def refusal(code: str, wait: float | None) -> Refused:
+    err = Refused(code, f"{code} refusal", hint=f"wait_s={wait}" if wait else None)
+    if wait is not None:
+        err.wait_s = wait
+    return err
+
+
+@pytest.mark.timeout(60)
+def test_the_loop_waits_out_refusals_survives_outages_and_the_scan_finds_the_lost_round(tmp_path):
+    store = FlakyStore(tmp_path / "repo")
+    init_repo(store, make_config(**{"merge.quorum": 1, "params.versions": 3}), write_adapter(tmp_path / "v0", 0))
+    coord = Coordinator(store, SECRET, workdir=tmp_path / "coord")
+    unreachable = [CoordinatorError("connection refused", code="unreachable") for _ in range(9)]
+    client = ScriptedClient(coord, {
+        "lease": [refusal("rate", 3.0), refusal("lease_cap", 5.0), refusal("unknown_code", None)],
+        "submit": [refusal("rate", 2.0), None] + unreachable,  # round 1: one rate wait; round 3: unreachable
+    })
+    slept: list[float] = []
+    worker = Worker(store, client, name="w1", engine=FakeEngine(), sleep=slept.append, max_rounds=3,
+                    progress=False, workdir=tmp_path / "w1")
+    original_round = worker.round
+
+    def round_(lease):
+        if len(worker.results) == 1:
+            store.failures = 11  # every try of round 2's commit fails (10 retries + the last attempt)
+        return original_round(lease)
+
+    worker.round = round_
+    results = worker.run()
+    assert [r["status"] for r in results] == ["merged", "error", "error"]
+    assert results[1]["code"] == "unavailable" and results[2]["code"] == "unreachable"
+    assert 3.0 in slept and 5.0 in slept and 2.0 in slept  # the waits the coordinator asked for
+    # round 3 was committed, never submitted: the running coordinator's scan finds and admits it
+    assert coord.state.version == 1 and not coord.pending
+    coord.last_scan_at = -1e18
+    coord.tick()  # the scan admits it ...
+    assert len(coord.pending) == 1, "the scan did not find the committed round"
+    coord.tick()  # ... and the next tick merges it
+    assert coord.state.version == 2
+
+
+def test_the_loop_stops_on_what_it_cannot_wait_out(tmp_path):
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, make_config(), write_adapter(tmp_path / "v0", 0))
+    coord = Coordinator(store, SECRET, workdir=tmp_path / "coord")
+    for err in (refusal("auth", None), CoordinatorError("refusing to send your Hub token", code="config")):
+        worker = Worker(store, ScriptedClient(coord, {"lease": [err]}), name="w2", engine=FakeEngine(),
+                        sleep=lambda s: None, max_rounds=1, progress=False, workdir=tmp_path / "w2")
+        with pytest.raises(type(err)):
+            worker.run()
+    with pytest.raises(ConfigError, match="allow-reward"):
+        cfg = make_config()
+        evil = cfg.model_copy(update={"rewards": [cfg.rewards[0].model_copy(update={"function": "os:system"})]})
+        repo = LocalStore(tmp_path / "evil")
+        init_repo(repo, evil, write_adapter(tmp_path / "v0e", 0))
+        Worker(repo, ScriptedClient(coord, {}), name="w3", engine=FakeEngine(), progress=False)
