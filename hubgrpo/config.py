@@ -130,6 +130,9 @@ class MergeSection(_Section):
     trim_fraction: float = Field(0.0, ge=0, lt=0.5, description="Drop this share of largest-norm updates before the mean.")
     max_rank: int | None = Field(None, gt=0, description="stack: rank cap before falling back to svd.")
     svd_algorithm: Literal["auto", "exact", "randomized"] = Field("auto", description="Re-factorisation algorithm.")
+    factor_split: Literal["balanced", "keep_a"] = Field(
+        "balanced", description="svd: split the re-factorised update evenly between B and A (balanced), or keep A's "
+        "row norms at the global's so the next round's B learns at its usual speed (keep_a).")
     max_submission_mb: float = Field(512, gt=0, description="Submissions larger than this are refused (also "
                                      "anything larger than the global adapter's own size allows).")
 

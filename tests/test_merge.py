@@ -347,3 +347,19 @@ def test_exact_path_survives_unbalanced_factors():
     items = [(sub, global_, 1.0), (skewed, global_, 1.0)]
     result = merge(global_, items, MergeOptions(rank=8, svd_algorithm="exact"))
     assert rel_err(dense_delta(result.adapter), mean_delta(items, global_)) <= TOL
+
+
+def test_keep_a_split_preserves_the_product_and_the_scale_of_a():
+    """``factor_split="keep_a"``: the same ΔW as the balanced split, but every A row keeps the global A's median
+    row norm (B carries the magnitude), so the next round's B gradient (∝ A) keeps its scale."""
+    global_ = make_adapter(TINY, r=4, seed=0, alpha=8)
+    subs = [drifted(global_, 0.3, seed=i) for i in range(3)]
+    items = [(s, global_, 1 / 3) for s in subs]
+    balanced = merge(global_, items, MergeOptions(factor_split="balanced")).adapter
+    keep = merge(global_, items, MergeOptions(factor_split="keep_a")).adapter
+    db, dk = dense_delta(balanced), dense_delta(keep)
+    assert rel_err(dk, db) < 1e-5
+    for key, a in keep.weights.items():
+        if "lora_A" in key:
+            want = global_.weights[key].norm(dim=1).median()
+            assert torch.allclose(a.norm(dim=1), want.expand(a.shape[0]), rtol=1e-4)

@@ -43,13 +43,14 @@ class MergePlan:
     items: list
     entries: list[MergedEntry]
     options: object
-    momentum: object = None
+    momentum: object = None  # the tensors, or a function that reads them from the store (after a reload)
 
     def compute(self):
         """The merge itself (``hubgrpo.merge.merge``); safe to run without the coordinator's lock."""
         from hubgrpo.merge import merge
 
-        return merge(self.global_, self.items, self.options, momentum=self.momentum)
+        momentum = self.momentum() if callable(self.momentum) else self.momentum
+        return merge(self.global_, self.items, self.options, momentum=momentum)
 
 
 @dataclass
@@ -112,7 +113,7 @@ def plan_merge(c) -> MergePlan | None:
     outer_lr = m.outer_lr * (discount if m.staleness_scaling == "absolute" else 1.0)
     opts = MergeOptions(method=m.method, outer_lr=outer_lr, outer_momentum=m.outer_momentum, nesterov=m.nesterov,
                         rank=c.cfg.lora.r, max_rank=m.max_rank, clip_factor=m.clip_factor,
-                        trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm)
+                        trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm, factor_split=m.factor_split)
     c.merging = c.state.version + 1
     return MergePlan(version=c.state.version + 1, global_=c._global(), items=items, entries=entries, options=opts,
                      momentum=_momentum(c))
@@ -147,15 +148,21 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry], float]:
 
 
 def _momentum(c):
-    """The outer-optimizer state (only with outer momentum), kept at optimizer/outer_momentum.safetensors and
-    re-read after every reload (another coordinator may have merged)."""
+    """The outer-optimizer state (only with outer momentum), kept at optimizer/outer_momentum.safetensors: the
+    tensors held since the last merge, or — after a reload (another coordinator may have merged) — a reader of
+    the file at the head, which the compute calls without the lock (a store read)."""
     if c.cfg.merge.outer_momentum <= 0:
         return None
-    if c.momentum is None and c.store.exists_file(layout.MOMENTUM_FILE, c.head):
+    if c.momentum is not None:
+        return c.momentum
+    store, head = c.store, c.head
+
+    def read():
         from safetensors.torch import load
 
-        c.momentum = load(c.store.read(layout.MOMENTUM_FILE, c.head))
-    return c.momentum
+        return load(store.read(layout.MOMENTUM_FILE, head)) if store.exists_file(layout.MOMENTUM_FILE, head) else None
+
+    return read
 
 
 def stage(c, plan: MergePlan, result) -> Staged | None:

@@ -39,6 +39,9 @@ class MergeOptions(BaseModel):
     probes: int = Field(4, ge=0, description="randomized: Gaussian probes estimating the missed energy")
     seed: int = Field(0, description="seed of the randomized sketches and of re-initialised dead A rows")
     compute_norms: bool = Field(False, description="report every update's exact norm (always on with clip/trim)")
+    factor_split: Literal["balanced", "keep_a"] = Field(
+        "balanced", description="how a re-factorised ΔW is split into B and A: balanced (√ of each singular value "
+        "on each side) or keep_a (A rows keep the global A's norm, B carries the magnitude)")
 
 
 @dataclass
@@ -179,6 +182,8 @@ def assemble(global_: Adapter, specs: dict[str, ModuleSpec], results: dict[str, 
         if keep and not res.global_units:
             if res.algorithm == "stack":
                 b = b / spec.scaling
+            elif ctx.options.factor_split == "keep_a":
+                b, a = split_keep_a(b, a, factors(global_, spec)[1], spec.scaling)
             else:
                 root = spec.scaling ** 0.5
                 b, a = b / root, a / root
@@ -187,6 +192,20 @@ def assemble(global_: Adapter, specs: dict[str, ModuleSpec], results: dict[str, 
         weights[spec.key_b] = b.to(global_.weights[spec.key_b].dtype).contiguous()
         weights[spec.key_a] = a.to(global_.weights[spec.key_a].dtype).contiguous()
     return Adapter(weights=weights, config=config)
+
+
+def split_keep_a(b: torch.Tensor, a: torch.Tensor, a_global: torch.Tensor, scaling: float):
+    """Factors of ``b·a`` (= ΔW) stored with LoRA scaling ``s`` whose A rows keep the global A's median row norm
+    (B carries the magnitude, as after LoRA's init): a balanced split would shrink A with a small ΔW, and the
+    gradient of B is proportional to A — the next round would learn slowly. Each rank-one term is rescaled, so
+    ``s·B′·A′ = b·a`` exactly."""
+    alpha = float(a_global.float().norm(dim=1).median()) if a_global.numel() else 0.0
+    norms = a.norm(dim=1)
+    if alpha <= 0 or not bool((norms > 0).all()):
+        root = scaling ** 0.5
+        return b / root, a / root
+    f = alpha / norms  # (k,)
+    return b / f[None, :] / scaling, a * f[:, None]
 
 
 def applied_update_norm(global_: Adapter, specs: dict[str, ModuleSpec], new: Adapter,
