@@ -89,6 +89,9 @@ class ParamsConfig(_Section):
     num_iterations: int = Field(1, gt=0, description="Optimisation passes per generation batch (μ).")
     mask_truncated_completions: bool = Field(False, description="Exclude truncated completions from the loss.")
     steps_per_round: int = Field(8, gt=0, description="GRPO optimizer steps a worker runs per lease.")
+    balance_rounds: bool = Field(False, description="Give faster workers more steps per lease (and slower ones "
+                                 "fewer, at least 1, at most 4× steps_per_round) so that rounds take about as long "
+                                 "everywhere; speeds are measured by the coordinator (lease to submit), not reported.")
     versions: int = Field(10, gt=0, description="Stop the run after this many merged global versions.")
     reset_optimizer: bool = Field(True, description="Fresh AdamW moments at every round (False keeps them).")
     seed: int = Field(0, description="Seed for prompts, shards and sampling.")

@@ -137,3 +137,13 @@ def test_simulate_command_is_deterministic_with_real_rounds(tmp_path):
     assert deterministic_part(a) == deterministic_part(b)
     assert a["versions"][-1]["version"] == 5 and any(int(k) > 0 for k in a["staleness_histogram"])
     assert all(v["eval_reward"] is not None for v in a["versions"])
+
+
+def test_balanced_rounds_give_faster_workers_more_steps(tmp_path):
+    sim = simulate(tmp_path, "a", {"params.balance_rounds": "true", "params.steps_per_round": 4}, workers=3,
+                   speeds="1,1,3", until_version=30)
+    steps = {name: [len(sim.prompts[r.lease_id]) for r in sim.rounds if r.worker == name][-3:]
+             for name in ("sim00", "sim02")}
+    per_step = len(sim.prompts[sim.rounds[0].lease_id]) // 4
+    assert all(s == 4 * per_step for s in steps["sim00"])  # the median speed keeps steps_per_round
+    assert all(s >= 3 * 4 * per_step * 0.75 for s in steps["sim02"]), steps  # 3× as fast: ~3× the steps

@@ -180,6 +180,9 @@ def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = Tr
         c._refuse(sub_id, lease.worker, err, now, user=lease.user)
         raise err
     c.pending[sub_id] = prepared.pending
+    from hubgrpo.coordinator.leasing import measure
+
+    measure(c, lease, now)
     merged = False if c.background_merges or not merge else c.maybe_merge()
     return {"status": "merged" if merged else "admitted", "submission_id": sub_id, "version": c.state.version,
             "staleness": None if merged else c.state.version - lease.base_version,

@@ -55,6 +55,7 @@ class Coordinator:
         self.background_merges = False  # set by the server: submit/tick leave merges to its merge thread
         self.new_lease_id = leases.new_lease_id  # injectable: the simulator numbers leases for determinism
         self.momentum = None
+        self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (balance_rounds)
         repo = self.read_repo()
         self.apply_repo(repo)
         if len(repo["history"]) > 1:  # not a fresh run: leases of a previous process may hold the next prompts

@@ -41,16 +41,38 @@ def issue(c, worker: str, user: str | None) -> Lease:
     if wait > 0:
         raise refused("budget", f"commit budget reached ({c.cfg.coordinator.commit_budget_per_hour}/hour, shared "
                       f"fairly between users); retry in {wait:.0f} s", wait_s=wait)
+    steps = round_steps(c, c.worker_key(worker, user))
+    per_step = max(1, c.prompts_per_round // c.cfg.params.steps_per_round)
     lease = Lease(
         lease_id=c.new_lease_id(), run_id=c.state.run_id, round_id=len(c.state.merged_ids) + len(c.pending)
         + len(c.active), worker=worker, user=user, base_version=c.state.version,
-        base_sha=c.shas[c.state.version], prompt_indices=c.pool.take(c.prompts_per_round),
-        steps=c.cfg.params.steps_per_round, seed=c.cfg.params.seed * 1_000_003 + c.pool.next_index,
+        base_sha=c.shas[c.state.version], prompt_indices=c.pool.take(per_step * steps),
+        steps=steps, seed=c.cfg.params.seed * 1_000_003 + c.pool.next_index,
         issued_at=now, deadline=now + c.cfg.coordinator.lease_timeout_s)
     lease = leases.sign(lease, c.secret)
     c.active[lease.lease_id] = lease
     c._touch(worker, user, now)
     return lease
+
+
+def round_steps(c, key: str) -> int:
+    """``params.steps_per_round``, or with ``params.balance_rounds`` the steps that make this worker's round last
+    about as long as the median worker's (its seconds per step measured by the coordinator)."""
+    p = c.cfg.params
+    mine = c.step_seconds.get(key)
+    if not p.balance_rounds or mine is None or len(c.step_seconds) < 2:
+        return p.steps_per_round
+    median = sorted(c.step_seconds.values())[len(c.step_seconds) // 2]
+    return max(1, min(4 * p.steps_per_round, round(p.steps_per_round * median / mine)))
+
+
+def measure(c, lease: Lease, now: float) -> None:
+    """Record a delivered round's seconds per step (lease to submit) for ``round_steps`` (moving average)."""
+    if lease.steps <= 0 or now <= lease.issued_at:
+        return
+    key, sps = c.worker_key(lease.worker, lease.user), (now - lease.issued_at) / lease.steps
+    old = c.step_seconds.get(key)
+    c.step_seconds[key] = sps if old is None else 0.5 * old + 0.5 * sps
 
 
 def _check_identity(c, worker: str, user: str | None, now: float) -> None:
