@@ -28,6 +28,12 @@ def underlying_model_name(base_model: str) -> str | None:
     return base_model
 
 
+def adapter_base_name(base_model: str) -> str:
+    """``base_model_name_or_path`` for adapter_config.json: the Hub model behind a built-in (so that
+    ``AutoPeftModelForCausalLM.from_pretrained(repo)`` finds it), else the config's own name or local path."""
+    return underlying_model_name(base_model) or base_model
+
+
 TAGS = ["hubgrpo", "grpo", "lora"]
 BUILTIN_NOTES = {
     "builtin:tiny": "a random ~1M-parameter Qwen2-style model built by hubgrpo (tests and CI)",
@@ -74,14 +80,21 @@ def _settings(cfg: Config) -> list[dict]:
 
 def _usage(cfg: Config) -> str:
     hub = underlying_model_name(cfg.base_model)
+    auto = ""
+    if hub:  # adapter_config.json names the Hub model: AutoPeft loads base + adapter in one line
+        auto = ("```python\nfrom peft import AutoPeftModelForCausalLM\n"
+                'model = AutoPeftModelForCausalLM.from_pretrained("path/or/repo-of-this-adapter")\n```\n\nor, ')
     if cfg.base_model in BUILTIN_MODELS:
         load = (f"from hubgrpo.worker.models import load_model\nbase, tokenizer = load_model({cfg.base_model!r})")
+        what = "on exactly the weights it was trained on"
     else:
         load = (f"from transformers import AutoModelForCausalLM, AutoTokenizer\n"
                 f"base = AutoModelForCausalLM.from_pretrained({(hub or cfg.base_model)!r})\n"
                 f"tokenizer = AutoTokenizer.from_pretrained({(hub or cfg.base_model)!r})")
+        what = "with the base model loaded by you"
     peft = 'model = PeftModel.from_pretrained(base, "path/or/repo-of-this-adapter")'
-    return f"```python\nfrom peft import PeftModel\n{load}\n{peft}\n```"
+    what = what if auto else what[0].upper() + what[1:]
+    return f"{auto}{what}:\n\n```python\nfrom peft import PeftModel\n{load}\n{peft}\n```"
 
 
 def render_model_card(cfg: Config, *, title: str, reward_rows: list[dict], body: str = "") -> str:

@@ -259,3 +259,17 @@ def test_cli_merge_writes_weighted_mean(tmp_path, global_):
     assert table.exit_code == 0 and "residual" in table.output
     wrong = CliRunner().invoke(_app(), ["merge", str(tmp_path / "global"), *dirs, "--weights", "1", "-o", str(out)])
     assert wrong.exit_code != 0
+
+
+def test_a_builtin_base_name_matches_its_hub_name(good, global_):
+    """Runs begun when built-ins were saved as ``builtin:…`` admit rounds that name the Hub model, and back."""
+    from hubgrpo.merge import Adapter
+
+    old = Adapter(weights=global_.weights, config={**global_.config,
+                                                   "base_model_name_or_path": "builtin:smollm2-135m-instruct"})
+    _set_config(base_model_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct")(good)
+    check_submission(good, old, max_bytes=10**7)
+    _set_config(base_model_name_or_path="builtin:tiny")(good)
+    with pytest.raises(InvalidSubmission) as e:
+        check_submission(good, old, max_bytes=10**7)
+    assert e.value.code == "config_mismatch"

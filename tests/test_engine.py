@@ -171,6 +171,38 @@ def test_smollm2_round(tmp_path):
     assert (tmp_path / "r1" / ADAPTER_WEIGHTS).stat().st_size > 1_000_000
 
 
+@pytest.mark.slow
+def test_auto_peft_finds_smollm2_under_its_hub_name(tmp_path):
+    """A SmolLM2 run's adapter names HuggingFaceTB/SmolLM2-135M-Instruct, so AutoPeftModelForCausalLM loads it the
+    way Hub users do; offline here, from a Hub cache that holds our conversion of the model under that name."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hubgrpo.config import load_config
+    from hubgrpo.worker.models import smollm2_dir
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml", overrides=["params.device=cpu"])
+    adapter = RoundEngine(cfg).init_adapter(tmp_path / "v0")
+    assert json.loads((adapter / ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == \
+        "HuggingFaceTB/SmolLM2-135M-Instruct"
+    repo = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    for f in smollm2_dir().iterdir():
+        (snapshot / f.name).symlink_to(f)
+    code = ("import sys; from peft import AutoPeftModelForCausalLM\n"
+            "m = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1])\n"
+            "print(type(m).__name__, m.peft_config['default'].base_model_name_or_path)")
+    env = dict(__import__("os").environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-c", code, str(adapter)], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "PeftModelForCausalLM HuggingFaceTB/SmolLM2-135M-Instruct" in r.stdout
+
+
 def test_sampled_evaluate_is_reproducible_per_seed(engine, v0):
     first = engine.evaluate(v0, n=8, greedy=False, seed=7)
     assert 0.0 <= first <= 1.0

@@ -55,8 +55,10 @@ def test_model_card_metadata_and_no_secrets():
     assert "library_name: peft" in card and all(f"- {t}" in card for t in ("hubgrpo", "grpo", "lora"))
     assert "| 1 | 0.1235 |" in card and "# Demo" in card and "Body." in card
     assert "hf_supersecret" not in card and "s3cr3t" not in card
+    assert "AutoPeftModelForCausalLM.from_pretrained(" in card  # the base model has a Hub name
     tiny = render_model_card(loads("base_model: builtin:tiny\nproject_name: t"), title="T", reward_rows=[])
     assert "base_model:" not in tiny.split("---")[1]  # a random model has no Hub base model
+    assert "AutoPeft" not in tiny and "PeftModel.from_pretrained(base" in tiny
 
 
 def test_reward_windows():
@@ -70,3 +72,36 @@ def test_cli_and_card_do_not_import_torch():
     code = ("import sys, hubgrpo.cli, hubgrpo.card, hubgrpo.cli.train_cmd\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_a_trained_adapter_loads_with_auto_peft_from_its_folder(tiny_cache, tmp_path, capsys):
+    """adapter_config.json names a base model AutoPeftModelForCausalLM can find: here a local folder (a Hub id for
+    the built-in SmolLM2, see test_auto_peft_finds_smollm2_under_its_hub_name)."""
+    import shutil
+
+    from peft import AutoPeftModelForCausalLM
+
+    from hubgrpo.worker.models import load_model, tiny_dir
+
+    base_dir = shutil.copytree(tiny_dir(), tmp_path / "my-base")
+    out = tmp_path / "adapter"
+    assert main(["train", str(ROOT / "configs" / "tiny.yaml"), "--steps", "2", "--output", str(out),
+                 "--eval-samples", "0", "--set", f"base_model={base_dir}",
+                 "--set", "params.max_completion_length=4"]) == 0
+    capsys.readouterr()
+    assert json.loads((out / ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == str(base_dir)
+    auto = AutoPeftModelForCausalLM.from_pretrained(str(out)).eval()
+    base, _ = load_model(str(base_dir), device="cpu")
+    manual = PeftModel.from_pretrained(base, str(out)).eval()
+    ids = torch.tensor([[1, 5, 9, 13, 2]])
+    with torch.no_grad():
+        assert torch.equal(auto(ids).logits, manual(ids).logits)
+    assert any(float(v.abs().max()) > 0 for k, v in load_file(out / ADAPTER_WEIGHTS).items() if "lora_B" in k)
+
+
+def test_builtin_models_are_saved_under_their_hub_names():
+    from hubgrpo.card import adapter_base_name
+
+    assert adapter_base_name("builtin:smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert adapter_base_name("builtin:tiny") == "builtin:tiny"  # random weights: no Hub model exists
+    assert adapter_base_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"

@@ -168,6 +168,10 @@ def _norm_field(name: str, value):
     """Compare-equal form: PEFT writes unordered target lists, and None / False / {} / [] all mean "unset"."""
     if name == "bias":
         return value or "none"
+    if name == "base_model_name_or_path" and isinstance(value, str):
+        from hubgrpo.card import BUILTIN_MODELS
+
+        return BUILTIN_MODELS.get(value) or value  # runs begun before built-ins were saved under their Hub name
     if value in (None, False, "", [], {}):
         return None
     if isinstance(value, list):

@@ -31,6 +31,7 @@ from transformers import GenerationConfig, PrinterCallback, TrainerCallback, set
 from trl import GRPOConfig, GRPOTrainer
 
 from hubgrpo import __version__
+from hubgrpo.card import adapter_base_name
 from hubgrpo.worker.adapter_io import check_adapter, save_adapter
 from hubgrpo.config import Config, ParamsConfig
 from hubgrpo.task.data import PromptSource, truncate_prompt
@@ -181,7 +182,7 @@ class RoundEngine:
                               train_dataset=placeholder, processing_class=self.tokenizer, peft_config=lora,
                               callbacks=[self._recorder])
         trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
-        trainer.model.peft_config["default"].base_model_name_or_path = self.cfg.base_model
+        trainer.model.peft_config["default"].base_model_name_or_path = adapter_base_name(self.cfg.base_model)
         if self.cfg.merge.method == "ffa":  # FFA-LoRA: A stays the version-0 draw everywhere, only B trains
             for name, param in trainer.model.named_parameters():
                 if "lora_A" in name:
