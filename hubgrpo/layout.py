@@ -23,6 +23,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from hubgrpo.errors import InvalidSubmission
 
 SCHEMA_VERSION = 1
+# The wire protocol between workers and coordinators; a lease request carries it and a coordinator refuses any other
+# (code ``version``). Raise it with every change a worker and a coordinator of different releases would disagree on.
+PROTOCOL_VERSION = 1
+WHEELS_DIR = "wheels"  # where `hubgrpo space deploy` publishes the hubgrpo wheel in the Space repo
+
+
+def wheel_name(version: str) -> str:
+    """The file name of hubgrpo's wheel (pure Python, any platform)."""
+    return f"hubgrpo-{version}-py3-none-any.whl"
+
+
+def space_wheel_url(space_id: str, endpoint: str, version: str) -> str:
+    """Where a run's Space publishes the wheel of the hubgrpo it coordinates with (one-line worker install)."""
+    return f"{endpoint.rstrip('/')}/spaces/{space_id}/resolve/main/{WHEELS_DIR}/{wheel_name(version)}"
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"

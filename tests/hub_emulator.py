@@ -3,8 +3,8 @@
 It serves what ``HfApi``/``hf_hub_download``/``snapshot_download`` use: repo create and
 delete, repo info, validate-yaml, preupload (always ``regular``, so content arrives base64 in the commit NDJSON),
 the NDJSON commit (412 on a stale ``parentCommit``, 409 while another commit on the repo is being applied), tree,
-paths-info, refs, commits, branches, tags, ``/resolve/``, ``whoami-v2`` (orgs from ``api.orgs``) and Space
-variables/secrets (``hub_emulator_spaces``). Endpoint code lives in
+paths-info, refs, commits, branches, tags, ``/resolve/``, ``whoami-v2`` (orgs from ``api.orgs``), Space
+variables/secrets (``hub_emulator_spaces``) and HF Jobs run as local processes (``hub_emulator_jobs``). Endpoint code lives in
 ``hub_emulator_api``, the data model in ``hub_emulator_state``; this module is the server, the fault injector and
 the command line::
 
@@ -79,7 +79,8 @@ class HubEmulator:
         return f"http://{self.host}:{self.port}"
 
     def stop(self) -> None:
-        """Stop serving and close every open client connection."""
+        """Stop serving, close every open client connection and end the jobs' processes."""
+        self.api.jobs.stop_all()
         if self._server is None:
             return
         self._server.shutdown()

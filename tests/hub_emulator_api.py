@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode
 
 import yaml
 
+from tests.hub_emulator_jobs import JobsEmulator
 from tests.hub_emulator_spaces import SpaceSettings
 from tests.hub_emulator_state import HubError, HubState, Repo, iso, tree_items
 
@@ -79,6 +80,7 @@ class HubApi:
         self.latency_s = 0.0
         self.orgs: dict[str, list[str]] = {}  # user -> org names, reported by whoami-v2
         self.spaces = SpaceSettings()  # Space variables and secrets (hub_emulator_spaces)
+        self.jobs = JobsEmulator()  # HF Jobs run as local processes (hub_emulator_jobs)
         self.space_sdks: dict[str, str | None] = {}  # Space id -> the sdk it was created with
         self.counts = {"commits_applied": 0, "busy_409": 0}
         self._count_lock = threading.Lock()
@@ -110,6 +112,10 @@ class HubApi:
             return "create", lambda: self.create_repo(req)
         if seg[:3] == ["api", "repos", "delete"] and m == "DELETE":
             return "delete", lambda: self.delete_repo(req)
+        if seg[:2] == ["api", "jobs"]:
+            found = self.jobs.route(self, req, seg)
+            if found:
+                return found
         if len(seg) >= 4 and seg[0] == "api" and seg[1] in TYPES:
             return self._dispatch_repo(req, TYPES[seg[1]], f"{seg[2]}/{seg[3]}", seg[4:])
         t = TYPES.get(seg[0], "model") if seg and seg[0] in ("datasets", "spaces") else "model"

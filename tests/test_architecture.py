@@ -26,7 +26,8 @@ ALLOWED = {
     "coordinator": BELOW | {"coordinator"},
     "space": BELOW | {"coordinator", "space"},
     "sim": BELOW | {"worker", "coordinator", "sim"},
-    "cli": BELOW | {"worker", "coordinator", "space", "sim", "cli"},
+    "launch": BELOW | {"launch"},
+    "cli": BELOW | {"worker", "coordinator", "space", "sim", "launch", "cli"},
 }
 
 

@@ -332,3 +332,22 @@ def test_http_client_works_where_the_rest_api_is_closed(served, queue):
     with client(url) as c:
         assert c.lease("w1").lease_id == "L000000" and c.status()["issued"] == 1
         assert c._transport.route == ("call" if queue else "run")
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_of_another_protocol_is_refused_with_the_install_that_matches(served, monkeypatch):
+    from hubgrpo import __version__
+    from hubgrpo.layout import PROTOCOL_VERSION
+
+    coord, url = served()
+    old = client(url)
+    for sent in (None, PROTOCOL_VERSION + 1, "1", True):  # an old worker says nothing; a newer one another number
+        with pytest.raises(Refused) as e:
+            old._call("lease", "w-old", None, after_token=[sent])
+        assert e.value.code == "version" and "protocol" in e.value.message and __version__ in e.value.hint
+    monkeypatch.setenv("SPACE_ID", "alice/run-space")  # on a Space: the hint is the Space's own wheel
+    with pytest.raises(Refused) as e:
+        old._call("lease", "w-old", None, after_token=[None])
+    assert f"pip install https://huggingface.co/spaces/alice/run-space/resolve/main/wheels/hubgrpo-{__version__}" \
+        in e.value.hint
+    assert client(url).lease("w-new").worker == "w-new"  # this release's client sends its protocol

@@ -86,7 +86,10 @@ def deploy(repo: str = typer.Option(..., "--repo", help="Run repo on the Hub (us
     out = deploy_space(repo, space_id, token=token, secret=secret, endpoint=endpoint, space_token=space_token,
                        private=not public, space_dir=space_dir)
     typer.echo(f"deployed {out['files']} files to {out['url']} (commit {out['commit'][:12]}); "
-               f"variables {', '.join(out['variables'])}; secrets {', '.join(out['secrets'])}")
+               f"variables {', '.join(out['variables'])}; secrets {', '.join(out['secrets'])}\n"
+               f"workers install the matching hubgrpo with: pip install {out['wheel']}\n"
+               f"start workers on HF Jobs: hubgrpo launch --repo {repo} --coordinator {space_id} --workers N "
+               "--flavor t4-small")
 
 
 def register(app: typer.Typer) -> None:

@@ -50,7 +50,8 @@ import gradio as gr  # noqa: E402
 from pydantic import BaseModel, ValidationError  # noqa: E402
 
 from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, Refused  # noqa: E402
-from hubgrpo.layout import Lease  # noqa: E402
+from hubgrpo import __version__  # noqa: E402
+from hubgrpo.layout import PROTOCOL_VERSION, Lease, space_wheel_url  # noqa: E402
 
 log = logging.getLogger("hubgrpo.space.api")
 
@@ -103,6 +104,17 @@ def error_dict(err: HubGrpoError) -> dict:
     if wait is not None:
         d["wait_s"] = float(wait)
     return d
+
+
+def check_protocol(protocol: Any) -> None:
+    """Refuse a worker that speaks another wire protocol (or does not say), with the install that matches."""
+    if protocol == PROTOCOL_VERSION and not isinstance(protocol, bool):
+        return
+    space, endpoint = os.environ.get("SPACE_ID"), os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    install = (f"pip install {space_wheel_url(space, endpoint, __version__)}" if space
+               else f"install hubgrpo {__version__} (what `hubgrpo --version` prints on the coordinator's machine)")
+    raise Refused("version", f"this coordinator speaks hubgrpo protocol {PROTOCOL_VERSION} (hubgrpo {__version__}); "
+                  f"the worker sent {str(protocol)[:40]!r}", hint=f"{install}, then start the worker again")
 
 
 def parse_lease(value: Any) -> Lease:
@@ -172,10 +184,12 @@ class CoordinatorApi:
                           hint="heartbeat and submit with the token that leased the round")
         return parsed
 
-    def lease(self, worker: str, user: str | None = None, token: str | None = None,
+    def lease(self, worker: str, user: str | None = None, token: str | None = None, protocol: int | None = None,
               request: gr.Request = None) -> dict:
-        """Lease a round to ``worker``. With an auth hook the authenticated name replaces ``user``."""
+        """Lease a round to ``worker``. With an auth hook the authenticated name replaces ``user``. ``protocol``
+        is the worker's wire protocol version; any other than this coordinator's is refused (code ``version``)."""
         def run():
+            check_protocol(protocol)
             who = self._user(token, request) if self.auth is not None else user
             asked, key = time.monotonic(), str(worker)[:200]
             if not self.wait_for_merge(min(LEASE_HOLD_S, self.coord.merge_wait_s)):

@@ -73,8 +73,7 @@ def _layout(coord) -> dict[str, Any]:
     with gr.Accordion("Run config (read-only; secrets redacted)", open=False):
         c["config"] = gr.Code(language="yaml", interactive=False, show_label=False)
     repo = getattr(coord.store, "repo_id", None) or coord.store.location
-    gr.Markdown(f"Join the run: `HF_TOKEN=... hubgrpo worker --repo {repo} --coordinator <this Space>` "
-                "(add `--upload-via coordinator` without write access to the run repo).")
+    gr.Markdown(view.join_markdown(repo, os.environ.get("SPACE_ID"), os.environ.get("HF_ENDPOINT")))
     return c
 
 

@@ -143,3 +143,20 @@ def snapshot(coord, now: float | None = None) -> dict:
         "config": to_yaml(coord.cfg),  # secrets shown as '***'
         "status": status,
     }
+
+
+def join_markdown(repo: str, space_id: str | None, endpoint: str | None) -> str:
+    """How to join: the one-line install of the hubgrpo this Space runs (its published wheel, when on a Space),
+    a worker on your machine, and workers on HF Jobs."""
+    from hubgrpo import __version__
+    from hubgrpo.layout import space_wheel_url
+
+    target = space_id or "<this Space's id or URL>"
+    install = (f"pip install {space_wheel_url(space_id, endpoint or 'https://huggingface.co', __version__)}"
+               if space_id else f"# install hubgrpo {__version__}, the version this coordinator runs")
+    return (f"**Join the run** (hubgrpo {__version__}):\n\n```bash\n{install}\n"
+            f"HF_TOKEN=hf_... hubgrpo worker --repo {repo} --coordinator {target}\n"
+            f"# or N workers on Hugging Face Jobs:\n"
+            f"HF_TOKEN=hf_... hubgrpo launch --repo {repo} --coordinator {target} --workers 4 --flavor t4-small\n```\n"
+            "Add `--upload-via coordinator` to a worker without write access to the run repo. A private Space's "
+            "wheel needs your token: `hf download SPACE wheels/… --repo-type space`, then `pip install` the file.")

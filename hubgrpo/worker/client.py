@@ -29,7 +29,7 @@ import httpx
 
 from hubgrpo import errors, layout
 from hubgrpo.errors import CoordinatorError
-from hubgrpo.layout import Lease
+from hubgrpo.layout import PROTOCOL_VERSION, Lease
 
 API_PREFIX = "/gradio_api"
 _SPACE_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
@@ -255,12 +255,13 @@ class CoordinatorClient:
     def _delay(self, attempt: int) -> float:
         return min(self.max_backoff, self.backoff * 2 ** attempt) * random.uniform(0.5, 1.0)
 
-    def _call(self, name: str, *args: Any) -> Any:
-        """Call endpoint ``name`` (the token appended), retrying only while the coordinator is unreachable."""
+    def _call(self, name: str, *args: Any, after_token: list | None = None) -> Any:
+        """Call endpoint ``name`` (the token appended, then ``after_token``), retrying only while the coordinator is
+        unreachable."""
         last = "no attempt made"
         for attempt in range(self.retries + 1):
             try:
-                answer = self._transport.call(name, [*args, self.token])
+                answer = self._transport.call(name, [*args, self.token, *(after_token or [])])
             except Unavailable as e:
                 last = str(e)
                 if attempt < self.retries:
@@ -275,7 +276,7 @@ class CoordinatorClient:
 
     def lease(self, worker: str, user: str | None = None) -> Lease:
         """Lease a round for ``worker``; raises ``Refused`` (e.g. ``budget`` with ``wait_s``, ``finished``)."""
-        return _as_lease(self._call("lease", worker, user))
+        return _as_lease(self._call("lease", worker, user, after_token=[PROTOCOL_VERSION]))
 
     def heartbeat(self, lease: Lease | dict) -> Lease:
         """Extend ``lease``; returns the re-signed lease to use from now on. Raises ``LeaseError``."""

@@ -25,7 +25,7 @@ from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
 
 log = logging.getLogger("hubgrpo.worker")
-STOP_CODES = ("auth", "config", "orphaned")  # coordinator answers a worker cannot wait out
+STOP_CODES = ("auth", "config", "orphaned", "version")  # coordinator answers a worker cannot wait out
 
 
 class Heartbeat:

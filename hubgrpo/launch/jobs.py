@@ -1,0 +1,163 @@
+"""Workers as Hugging Face Jobs, through ``huggingface_hub``'s Jobs API (``HfApi.run_job``, ``list_jobs``,
+``inspect_job``, ``fetch_job_logs``, ``cancel_job``).
+
+``worker_specs`` builds one job spec per worker: an image, a command that installs hubgrpo (the wheel the run's
+Space publishes, any pip spec, or nothing when the image has it) and runs ``hubgrpo worker --repo R
+--coordinator C --name <unique>``, the flavor and timeout, and labels ``hubgrpo-run=<repo label>`` (plus
+``hubgrpo-worker=<name>``) by which ``run_jobs`` finds exactly this run's jobs. The user's token travels only as
+the job secret ``HF_TOKEN``: never in ``env``, the command line, a label or a printed spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets as _secrets
+import shlex
+from dataclasses import asdict, dataclass, field
+
+from hubgrpo import __version__, layout
+from hubgrpo.errors import AuthError, ConfigError
+
+RUN_LABEL = "hubgrpo-run"
+WORKER_LABEL = "hubgrpo-worker"
+DEFAULT_ENDPOINT = "https://huggingface.co"
+CPU_IMAGE = "python:3.12"
+GPU_IMAGE = "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime"
+ACTIVE_STAGES = ("SCHEDULING", "RUNNING")
+_SPACE_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class JobSpec:
+    """One worker job, as ``HfApi.run_job`` takes it; ``secrets`` holds the secret NAMES shown, never values."""
+
+    name: str
+    image: str
+    command: list[str]
+    flavor: str
+    timeout: str | None
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def shown(self) -> dict:
+        """The spec as printed by ``--dry-run`` (secret names only)."""
+        return asdict(self)
+
+
+def run_label(repo: str) -> str:
+    """The label value that marks a run's jobs: Hub labels allow letters, digits, ``-`` and ``_`` only, so the
+    repo id is sanitised and a short hash of the exact id keeps two runs apart."""
+    clean = re.sub(r"[^A-Za-z0-9_-]", "-", repo)[:48].strip("-") or "run"
+    return f"{clean}-{hashlib.sha256(repo.encode()).hexdigest()[:8]}"
+
+
+def is_space_id(coordinator: str) -> bool:
+    return "://" not in coordinator and bool(_SPACE_ID.match(coordinator))
+
+
+def wheel_name(version: str = __version__) -> str:
+    return layout.wheel_name(version)
+
+
+def space_wheel_url(space_id: str, endpoint: str = DEFAULT_ENDPOINT, version: str = __version__) -> str:
+    return layout.space_wheel_url(space_id, endpoint, version)
+
+
+def install_command(install: str, *, coordinator: str, endpoint: str) -> str:
+    """Shell that installs hubgrpo in the job: ``space`` (the wheel the run's Space publishes; fetched with the
+    job's HF_TOKEN, so private Spaces work), ``none`` (the image has it), or a pip requirement / wheel URL."""
+    if install == "none":
+        return ""
+    if install == "space":
+        if not is_space_id(coordinator):
+            raise ConfigError(f"--install space needs the coordinator as a Space id (user/name), not {coordinator!r}",
+                              hint="pass --install 'PIP SPEC OR WHEEL URL' (or none when the image has hubgrpo)")
+        url, target = space_wheel_url(coordinator, endpoint), f"/tmp/{wheel_name()}"
+        fetch = ('import os, urllib.request as u; '
+                 f'r = u.Request("{url}", headers={{"Authorization": "Bearer " + os.environ["HF_TOKEN"]}}); '
+                 f'open("{target}", "wb").write(u.urlopen(r).read())')
+        return f"python -c {shlex.quote(fetch)} && pip install -q {shlex.quote(target)} && "
+    return f"pip install -q {shlex.quote(install)} && "
+
+
+def worker_names(workers: int, prefix: str = "job") -> list[str]:
+    """Unique worker names: ``<prefix>-<i>-<4 hex>`` (the hex keeps relaunches apart)."""
+    tag = _secrets.token_hex(2)
+    return [f"{prefix}-{i:02d}-{tag}" for i in range(workers)]
+
+
+def worker_specs(repo: str, coordinator: str, *, workers: int, flavor: str, timeout: str | None = "2h",
+                 image: str | None = None, install: str = "space", endpoint: str | None = None,
+                 worker_args: list[str] | None = None, prefix: str = "job") -> list[JobSpec]:
+    """One ``JobSpec`` per worker of run ``repo`` coordinated by ``coordinator`` (a Space id or an https URL)."""
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    if repo.count("/") != 1 or repo.startswith((".", "/", "~")):
+        raise ConfigError(f"the run repo {repo!r} is not a Hub repo id (user/name)",
+                          hint="a job reaches the run through the Hub: create it with `hubgrpo init --repo user/name`")
+    endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
+    setup = install_command(install, coordinator=coordinator, endpoint=endpoint)
+    env = {"HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"}
+    if endpoint != DEFAULT_ENDPOINT:
+        env["HF_ENDPOINT"] = endpoint
+    specs = []
+    for name in worker_names(workers, prefix):
+        argv = ["hubgrpo", "worker", "--repo", repo, "--coordinator", coordinator, "--name", name,
+                *(worker_args or [])]
+        command = ["bash", "-c", setup + "exec " + shlex.join(argv)]
+        specs.append(JobSpec(name=name, image=image or (CPU_IMAGE if flavor.startswith("cpu") else GPU_IMAGE),
+                             command=command, flavor=flavor, timeout=timeout, env=dict(env), secrets=["HF_TOKEN"],
+                             labels={RUN_LABEL: run_label(repo), WORKER_LABEL: name}))
+    return specs
+
+
+def hf_api(token: str | None, endpoint: str | None):
+    from huggingface_hub import HfApi
+
+    if not token:
+        raise AuthError("HF Jobs need a Hugging Face token", hint="set HF_TOKEN (or run `hf auth login`)")
+    return HfApi(endpoint=(endpoint or DEFAULT_ENDPOINT).rstrip("/"), token=token, library_name="hubgrpo")
+
+
+def start(specs: list[JobSpec], *, token: str, api) -> list:
+    """Start one job per spec; the token goes as the job secret HF_TOKEN. Returns the ``JobInfo`` list."""
+    from hubgrpo.store.hub import HUB_ERRORS, map_error
+
+    jobs = []
+    for spec in specs:
+        try:
+            jobs.append(api.run_job(image=spec.image, command=spec.command, env=spec.env,
+                                    secrets={"HF_TOKEN": token}, flavor=spec.flavor, timeout=spec.timeout,
+                                    labels=spec.labels, token=token))
+        except HUB_ERRORS as e:
+            raise map_error(e, what=f"start job {spec.name} ({len(jobs)} of {len(specs)} started)",
+                            repo="jobs") from None
+    return jobs
+
+
+def run_jobs(api, repo: str, *, active_only: bool = False) -> list:
+    """This run's jobs (by label), newest first."""
+    stages = list(ACTIVE_STAGES) if active_only else None
+    # the namespace explicitly: huggingface_hub 2.4's list_jobs resolves it with the module-level whoami, which
+    # ignores this HfApi's token and endpoint
+    namespace = api.whoami()["name"]
+    jobs = list(api.list_jobs(labels={RUN_LABEL: run_label(repo)}, status=stages, namespace=namespace))
+    return sorted(jobs, key=lambda j: str(j.created_at or ""), reverse=True)
+
+
+def stop(api, repo: str) -> list[str]:
+    """Cancel every scheduling or running job of this run; returns their ids."""
+    ids = []
+    for job in run_jobs(api, repo, active_only=True):
+        api.cancel_job(job_id=job.id)
+        ids.append(job.id)
+    return ids
+
+
+def job_row(job) -> dict:
+    """A job as one row of ``hubgrpo jobs ls``."""
+    labels = job.labels or {}
+    return {"id": job.id, "worker": labels.get(WORKER_LABEL, "?"), "stage": job.status.stage,
+            "flavor": job.flavor, "created": str(job.created_at or "")[:19], "url": job.url}
