@@ -89,12 +89,10 @@ def test_to_yaml_redacts_secrets_and_round_trips():
     assert again == cfg
 
 
-@pytest.mark.parametrize("name", ["tiny.yaml", "demo.yaml", "qwen2.5-0.5b-gsm8k.yaml"])
+@pytest.mark.parametrize("name", ["configs/tiny.yaml", "configs/demo.yaml", "examples/gsm8k_qwen2.5-0.5b.yaml",
+                                  "examples/custom_task/config.yaml"])
 def test_shipped_configs_validate(name):
-    path = ROOT / "configs" / name
-    if not path.exists():
-        pytest.skip(f"{name} not shipped yet")
-    assert load_config(path, env={}).project_name
+    assert load_config(ROOT / name, env={}).project_name
 
 
 def test_cli_validate_and_show(tmp_path, capsys):
