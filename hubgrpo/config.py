@@ -179,6 +179,18 @@ class HubSection(_Section):
     push_to_hub: bool = Field(False, description="hubgrpo train/run: push the final adapter to hub.repo_id.")
 
 
+class BackendOptions(_Section):
+    """Where ``hubgrpo run`` starts its workers when ``backend: hf-jobs`` (Hugging Face Jobs)."""
+
+    workers: int = Field(2, ge=1, le=256, description="Worker jobs to start.")
+    flavor: str = Field("t4-small", description="HF Jobs hardware (cpu-basic, t4-small, l4x1, a10g-small, …).")
+    timeout: str = Field("2h", description="Longest a job runs (90m, 2h, 1d, or seconds).")
+    image: str | None = Field(None, description="Docker image (default: CUDA PyTorch for GPUs, python:3.12 for CPUs).")
+    install: str = Field("space", description="space (the coordinator Space's wheel) | none | a pip requirement.")
+    coordinator: str | None = Field(None, description="The coordinator: a Space id (user/name) or an https URL.")
+    deploy: bool = Field(True, description="Deploy the coordinator Space first (when coordinator is a Space id).")
+
+
 class Config(_Section):
     """A whole hubgrpo run."""
 
@@ -195,6 +207,9 @@ class Config(_Section):
     merge: MergeSection = Field(default_factory=MergeSection, description="Merging submissions.")
     coordinator: CoordinatorSection = Field(default_factory=CoordinatorSection, description="The coordinator.")
     hub: HubSection = Field(default_factory=HubSection, description="The run repo.")
+    backend: Literal["local", "hf-jobs"] = Field("local", description="hubgrpo run: workers as local processes, or "
+                                                 "as Hugging Face Jobs with the coordinator on a Space.")
+    backend_options: BackendOptions = Field(default_factory=BackendOptions, description="For backend hf-jobs.")
 
     @field_validator("project_name")
     @classmethod

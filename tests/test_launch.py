@@ -30,13 +30,13 @@ def _cli(*args: str, env: dict | None = None, timeout: float = 120) -> subproces
                           env={**os.environ, **(env or {})})
 
 
-def _tiny_run(emu, repo: str):
+def _tiny_run(emu, repo: str, overrides: list[str] = RUN_CFG):
     from hubgrpo.cli.embedded import ensure_repo
     from hubgrpo.config import load_config
     from hubgrpo.store.hub import HubStore
 
     store = HubStore(repo, token=TEST_TOKEN, endpoint=emu.url, retry_base_s=0.2)
-    ensure_repo(store, load_config(TINY, overrides=RUN_CFG))
+    ensure_repo(store, load_config(TINY, overrides=overrides))
     return store
 
 
@@ -182,3 +182,31 @@ def test_the_wheel_a_space_publishes_installs_anywhere_and_runs_a_worker(hub_emu
         app.close(verbose=False)
     print(f"wheel install into a fresh venv: {install_s:.1f} s")
     assert layout.wheel_name(__version__) in line
+
+
+@pytest.mark.timeout(420)
+def test_run_with_the_hf_jobs_backend_runs_its_workers_as_jobs(hub_emulator, tmp_path, monkeypatch):
+    """`hubgrpo run CONFIG` with backend hf-jobs (AutoTrain-style): the repo on the Hub, workers as jobs, the run
+    watched to its end, no job left running."""
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.space.api import serve
+
+    emu, repo = hub_emulator, "alice/backendrun"
+    store = _tiny_run(emu, repo, [*RUN_CFG, "params.versions=2"])  # the coordinator below needs the repo first
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    app, url = serve(Coordinator(store, b"backend-secret", workdir=tmp_path / "coord"), tick_interval=0.2)
+    try:
+        sets = ["backend=hf-jobs", "backend_options.workers=2", "backend_options.flavor=cpu-basic",
+                "backend_options.install=none", f"backend_options.coordinator={url}", *RUN_CFG, "params.versions=2"]
+        r = _cli("run", str(TINY), "--repo", repo, *[x for s in sets for x in ("--set", s)], timeout=400,
+                 env={"HF_TOKEN": TEST_TOKEN, "HF_ENDPOINT": emu.url})
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "2 HF Jobs (cpu-basic)" in r.stdout and runrepo.read_state(store).version >= 2
+        jobs = list(emu.api.jobs.jobs.values())
+        assert len(jobs) == 2 and all(j.spec["labels"][RUN_LABEL] == run_label(repo) for j in jobs)
+        _wait(lambda: all(j.proc.poll() is not None for j in jobs), 30, "the jobs to end")
+        assert {j.stage for j in jobs} <= {"COMPLETED", "CANCELED"}
+        assert TEST_TOKEN not in r.stdout + r.stderr
+    finally:
+        emu.api.jobs.stop_all()
+        app.close(verbose=False)

@@ -112,13 +112,28 @@ def run(config: Path = typer.Argument(..., help="YAML config file."),
         set_: list[str] = typer.Option([], "--set", help=SET_HELP),
         force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run."),
         max_wall_s: float = typer.Option(None, "--max-wall-s", help="Stop after this many seconds.")) -> None:
-    """A whole run on this machine: coordinator on 127.0.0.1 + N workers, until params.versions versions."""
+    """A whole run: coordinator on 127.0.0.1 + N local workers until params.versions versions; with
+    `backend: hf-jobs` the coordinator on a Space and backend_options.workers HF Jobs instead."""
     from hubgrpo.cli.report import print_run_report
     from hubgrpo.config import load_config
     from hubgrpo.cli.embedded import run as run_all
 
     _logging(False)
     cfg = load_config(config, overrides=set_)
+    if cfg.backend == "hf-jobs":
+        from hubgrpo.cli.jobs_run import run_on_jobs
+        from hubgrpo.errors import ConfigError
+
+        repo = repo or cfg.hub.repo_id
+        if not repo:
+            raise ConfigError("backend hf-jobs needs the run repo on the Hub", hint="pass --repo user/name or set "
+                              "hub.repo_id")
+        opts = cfg.backend_options
+        typer.echo(f"hubgrpo run {cfg.project_name}: {opts.workers} HF Jobs ({opts.flavor}), bucket {repo}, "
+                   f"coordinator {opts.coordinator}, target {cfg.params.versions} versions")
+        status = run_on_jobs(cfg, repo, on_status=_live_printer(), max_wall_s=max_wall_s)
+        print_run_report(status, _store(repo), cfg)
+        return
     repo = repo or f"./runs/{cfg.project_name}"
     store = _store(repo)
     typer.echo(f"hubgrpo run {cfg.project_name}: {workers} workers, bucket {store.location}, "
