@@ -94,12 +94,16 @@ def test_launch_starts_jobs_whose_workers_merge_versions_then_jobs_stop_cancels_
         r = _cli("launch", "--repo", repo, "--coordinator", url, "--workers", "2", "--flavor", "cpu-basic",
                  "--install", "none", "--prefix", "w", env=env)
         assert r.returncode == 0, r.stderr
+        t_launched = time.time()
         assert r.stdout.count("RUNNING") == 2 and "hubgrpo jobs stop --repo alice/jobsrun" in r.stdout
         jobs = list(emu.api.jobs.jobs.values())
         assert len(jobs) == 2 and all(j.spec["secrets"] == {"HF_TOKEN": TEST_TOKEN} for j in jobs)
         assert all(TEST_TOKEN not in json.dumps([j.spec["command"], j.spec["environment"], j.spec["labels"]])
                    for j in jobs)
         assert all(j.spec["environment"]["HF_ENDPOINT"] == emu.url for j in jobs)
+        _wait(lambda: runrepo.read_state(store).version >= 1, 300, "a first version merged by the jobs' workers",
+              poll=0.2)
+        t_first = time.time()
         _wait(lambda: runrepo.read_state(store).version >= 2, 300, "2 versions merged by the jobs' workers")
         t_versions = time.time()
         state = runrepo.read_state(store)
@@ -118,8 +122,8 @@ def test_launch_starts_jobs_whose_workers_merge_versions_then_jobs_stop_cancels_
         api = HfApi(endpoint=emu.url, token=TEST_TOKEN)
         assert {j.status.stage for j in api.list_jobs(labels={RUN_LABEL: run_label(repo)}, namespace="alice")} == {"CANCELED"}
         assert _cli("jobs", "stop", "--repo", repo, env=env).stdout.startswith("cancelled 0 job(s)")
-        print(f"timeline: launch {r.returncode} → version 2 after {t_versions - t0:.1f} s → stopped after "
-              f"{t_stop - t0:.1f} s")
+        print(f"timeline: launched in {t_launched - t0:.1f} s → version 1 after {t_first - t0:.1f} s → version 2 "
+              f"after {t_versions - t0:.1f} s → stopped after {t_stop - t0:.1f} s")
     finally:
         emu.api.jobs.stop_all()
         app.close(verbose=False)
