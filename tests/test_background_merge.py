@@ -182,3 +182,44 @@ def test_the_worker_loop_asks_again_after_a_merging_refusal():
     slept: list[float] = []
     loop = SimpleNamespace(client=Client(), name="w1", user=None, sleep=slept.append)
     assert Worker._lease(loop) == "the lease" and slept == [0.7]
+
+
+def test_ffa_rounds_are_folded_in_before_the_quorum_and_the_merge_equals_the_full_one(tmp_path, monkeypatch):
+    """quorum 3, FFA: the first two submissions are folded into the running sum while the third is awaited; the
+    merge at the quorum finishes from the sum (the full merge is not called) and writes the same adapter."""
+    import torch
+
+    import hubgrpo.merge
+    from hubgrpo import layout
+    from hubgrpo.merge import MergeOptions, load_adapter_dir, merge
+
+    cfg = make_config(**{"merge.method": "ffa", "merge.quorum": 3, "params.versions": 10})
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0))
+    coord = Coordinator(store, b"fold-secret", workdir=tmp_path / "coord")
+    app, url = serve(coord, tick_interval=0.05)
+    client = CoordinatorClient(url, retries=0)
+    try:
+        leases = [client.lease(f"w{i}") for i in range(3)]
+        for i, lease in enumerate(leases[:2]):
+            client.submit(lease, push_submission(store, lease, tmp_path, seed=i + 1))
+        deadline = time.time() + 10
+        while coord.fold is None or len(coord.fold.weights) < 2:
+            assert time.time() < deadline, "the first two rounds were never folded in"
+            time.sleep(0.05)
+        monkeypatch.setattr(hubgrpo.merge, "merge", lambda *a, **k: pytest.fail("the full merge ran"))
+        client.submit(leases[2], push_submission(store, leases[2], tmp_path, seed=3))
+        wait_for_version(client, 1)
+    finally:
+        client.close()
+        app.close(verbose=False)
+    monkeypatch.undo()
+    v0 = load_adapter_dir(runrepo.adapter_at(store, coord.shas[0], tmp_path / "a"))
+    subs = [load_adapter_dir(runrepo.submission_at(store, 0, layout.submission_id(l.worker, l.lease_id),
+                                                   store.head(), tmp_path / f"s{i}")) for i, l in enumerate(leases)]
+    full = merge(v0, [(s, v0, 1 / 3) for s in subs], MergeOptions(method="ffa"))
+    folded = load_adapter_dir(runrepo.adapter_at(store, coord.shas[1], tmp_path / "b"))
+    assert max(float((full.adapter.weights[k] - folded.weights[k]).abs().max()) for k in folded.weights) < 1e-6
+    assert any(float(folded.weights[k].abs().max()) > 0 for k in folded.weights if "lora_B" in k)
+    assert all(torch.equal(folded.weights[k], v0.weights[k]) for k in folded.weights if "lora_A" in k)
+    assert runrepo.read_state(store).versions[1].algorithm == "ffa"

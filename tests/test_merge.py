@@ -363,3 +363,40 @@ def test_keep_a_split_preserves_the_product_and_the_scale_of_a():
         if "lora_A" in key:
             want = global_.weights[key].norm(dim=1).median()
             assert torch.allclose(a.norm(dim=1), want.expand(a.shape[0]), rtol=1e-4)
+
+
+def _ffa(global_: Adapter, drift: float, seed: int) -> Adapter:
+    """A submission that shares the global's A (FFA-LoRA): only B drifted."""
+    moved = drifted(global_, drift, seed)
+    return Adapter({k: (global_.weights[k] if "lora_A" in k else v) for k, v in moved.weights.items()},
+                   global_.config)
+
+
+def test_an_ffa_fold_equals_the_full_merge_and_declines_what_it_cannot_stand_for():
+    from hubgrpo.merge.fold import FfaFold
+
+    g = make_adapter(seed=0)
+    stale = _ffa(g, 0.3, seed=9)  # an older version the later submissions were trained from
+    items = [(_ffa(g, 0.2, seed=i), stale if i % 2 else g, 1.0 + i) for i in range(5)]
+    opts = MergeOptions(method="ffa", outer_lr=0.7, outer_momentum=0.9, nesterov=True)
+    momentum = {f"{p}.momentum_B": torch.randn(s.out_dim, s.rank) for p, s in parse_modules(g)[0].items()}
+    total = sum(w for *_, w in items)
+    full = merge(g, [(s, b, w / total) for s, b, w in items], opts, momentum=momentum)
+    fold = FfaFold(g, version=3)
+    for i, (s, b, w) in enumerate(items):
+        fold.add(f"s{i}", s, b, w)
+        fold.add(f"s{i}", s, b, w)  # folding the same id twice counts once
+    weights = {f"s{i}": w for i, (_, _, w) in enumerate(items)}
+    got = fold.result(weights, opts, momentum=momentum)
+    assert got is not None and got.report["folded"] and got.report["merged"] == 5
+    for k in full.adapter.weights:
+        assert torch.allclose(got.adapter.weights[k], full.adapter.weights[k], atol=1e-6), k
+    assert all(torch.allclose(got.momentum[k], full.momentum[k], atol=1e-6) for k in full.momentum)
+    assert abs(got.report["update_norm"] - full.report["update_norm"]) < 1e-4 * full.report["update_norm"]
+    assert fold.result({**weights, "s0": 9.0}, opts) is None  # another weight than was folded
+    assert fold.result({k: w for k, w in weights.items() if k != "s4"}, opts) is None  # another set
+    assert fold.result(weights, MergeOptions(method="ffa", clip_factor=2.0)) is None  # needs every norm first
+    assert fold.result(weights, MergeOptions(method="svd")) is None
+    broken = FfaFold(g, version=3)
+    broken.add("x", drifted(g, 0.2, seed=1), g, 1.0)  # A trained: not FFA
+    assert broken.broken and broken.result({"x": 1.0}, MergeOptions(method="ffa")) is None

@@ -46,6 +46,7 @@ class Coordinator:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-coord-"))
         self.active: dict[str, Lease] = {}
         self.pending: dict[str, Pending] = {}
+        self.fold = None  # merging.prefold: FFA submissions folded in before their merge is due
         self.new_refusals: list[Refusal] = []
         self.commit_times: list[float] = []
         self._adapters: dict[int, object] = {}
@@ -321,6 +322,13 @@ class Coordinator:
         from hubgrpo.coordinator.merging import finish
 
         return finish(self, plan, result, lock or contextlib.nullcontext())
+
+    def prefold(self, lock=None) -> int:
+        """Between merges (FFA): fold pending submissions into the running sum, off the request path, so the
+        merge left when the quorum completes is small (``merging.prefold``)."""
+        from hubgrpo.coordinator.merging import prefold
+
+        return prefold(self, lock or contextlib.nullcontext())
 
     def abort_merge(self, plan) -> None:
         """Forget a plan whose compute or commit failed; its submissions stay pending."""

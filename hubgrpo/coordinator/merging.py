@@ -45,11 +45,21 @@ class MergePlan:
     options: object
     momentum: object = None  # the tensors, or a function that reads them from the store (after a reload)
 
+    fold: object = None  # an FfaFold of the submissions folded in before the quorum completed (ffa), or None
+    raw_weights: dict = field(default_factory=dict)  # submission id → weight before normalisation
+
     def compute(self):
-        """The merge itself (``hubgrpo.merge.merge``); safe to run without the coordinator's lock."""
+        """The merge itself (``hubgrpo.merge.merge``); safe to run without the coordinator's lock. With a fold,
+        only the submissions not folded yet are folded in and the merge finishes from the running sum."""
         from hubgrpo.merge import merge
 
         momentum = self.momentum() if callable(self.momentum) else self.momentum
+        if self.fold is not None:
+            for (adapter, base, _), entry in zip(self.items, self.entries):
+                self.fold.add(entry.submission_id, adapter, base, self.raw_weights[entry.submission_id])
+            result = self.fold.result(self.raw_weights, self.options, momentum)
+            if result is not None:
+                return result
         return merge(self.global_, self.items, self.options, momentum=momentum)
 
 
@@ -106,7 +116,7 @@ def plan_merge(c) -> MergePlan | None:
     """Snapshot the pending submissions for a merge and mark the coordinator as merging; None if none is left."""
     from hubgrpo.merge import MergeOptions
 
-    items, entries, discount = _weighted_items(c)
+    items, entries, discount, raw = _weighted_items(c)
     if not items:
         return None
     m = c.cfg.merge
@@ -115,14 +125,61 @@ def plan_merge(c) -> MergePlan | None:
                         rank=c.cfg.lora.r, max_rank=m.max_rank, clip_factor=m.clip_factor,
                         trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm, factor_split=m.factor_split)
     c.merging = c.state.version + 1
+    fold = c.fold if foldable(c) and c.fold is not None and c.fold.version == c.state.version else None
     return MergePlan(version=c.state.version + 1, global_=c._global(), items=items, entries=entries, options=opts,
-                     momentum=_momentum(c))
+                     momentum=_momentum(c), fold=fold, raw_weights=raw)
 
 
-def _weighted_items(c) -> tuple[list, list[MergedEntry], float]:
-    """(submission adapter, its base adapter, normalised weight) for each pending submission still fresh, and the
-    samples-weighted mean staleness discount (1+τ)^(−decay); the ones grown too stale are refused and removed
-    from the queue."""
+def foldable(c) -> bool:
+    """FFA without clipping or trimming: the merge is linear in each submission, so it can be folded in early."""
+    m = c.cfg.merge
+    return m.method == "ffa" and m.clip_factor is None and m.trim_fraction == 0
+
+
+def prefold(c, lock) -> int:
+    """Fold the pending submissions not folded yet into ``c.fold`` (FFA), so that the merge left when the quorum
+    completes is one division per module. The store read of an adapter and the tensor work run outside ``lock``;
+    only the merge thread calls this. Returns how many were folded."""
+    from hubgrpo.merge.fold import FfaFold
+
+    if not foldable(c):
+        return 0
+    with lock:
+        if c.merging is not None or c.state.finished or not c.pending:
+            return 0
+        version = c.state.version
+        fold = c.fold if c.fold is not None and c.fold.version == version else None
+        todo = []
+        for sub_id, p in sorted(c.pending.items()):
+            w = _raw_weight(c, p)
+            if w is not None and (fold is None or sub_id not in fold.weights):
+                todo.append((sub_id, p.adapter, p.sub.base_version, w))
+    if not todo:
+        return 0
+    fold = fold or FfaFold(c._adapter(version), version)
+    for sub_id, adapter, base_version, w in todo:
+        fold.add(sub_id, adapter, c._adapter(base_version), w)
+    with lock:
+        if c.state.version == version:
+            c.fold = fold
+    return len(todo)
+
+
+def _raw_weight(c, p) -> float | None:
+    """A pending submission's merge weight before normalisation (None when it has grown too stale)."""
+    from hubgrpo.merge import staleness_weight
+
+    m = c.cfg.merge
+    try:
+        return staleness_weight(p.samples, c.state.version - p.sub.base_version, m.staleness_decay, m.max_staleness)
+    except InvalidSubmission:
+        return None
+
+
+def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
+    """(submission adapter, its base adapter, normalised weight) for each pending submission still fresh, the
+    samples-weighted mean staleness discount (1+τ)^(−decay) and the raw weights by id; the ones grown too stale
+    are refused and removed from the queue."""
     from hubgrpo.merge import staleness_weight
 
     m, now = c.cfg.merge, c.clock()
@@ -141,10 +198,11 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry], float]:
                                    reward_mean=p.sub.reward_mean, update_norm=p.update_norm, steps=p.steps))
     total = sum(w for _, _, w in raw) or 1.0
     items = [(a, b, w / total) for a, b, w in raw]
+    raw_weights = {e.submission_id: e.weight for e in entries}
     for e in entries:
         e.weight = e.weight / total
     samples = sum(e.samples for e in entries) or 1
-    return items, entries, total / samples
+    return items, entries, total / samples, raw_weights
 
 
 def _momentum(c):

@@ -306,6 +306,8 @@ class Ticker:
             plan = coord.plan_merge()
             api.set_merge_busy(plan is not None)  # under the lock: a submit cannot make one due in between
         merged = False
+        if plan is None and hasattr(coord, "prefold"):
+            coord.prefold(lock=api.lock)  # FFA: fold what is pending now, so the merge at the quorum is short
         if plan is not None:
             try:
                 result = plan.compute()
