@@ -162,6 +162,16 @@ def test_the_wheel_a_space_publishes_installs_anywhere_and_runs_a_worker(hub_emu
     monkeypatch.setenv("HUBGRPO_SECRET", "wheel-secret")
     store = _tiny_run(emu, "alice/wheelrun")
     assert main(["space", "deploy", "--repo", "alice/wheelrun", "--space", "alice/wheel-space"]) == 0
+    from huggingface_hub import HfApi
+
+    from hubgrpo.cli.launch_cmd import _check_wheel
+    from hubgrpo.errors import ConfigError
+
+    api = HfApi(endpoint=emu.url, token=TEST_TOKEN)
+    _check_wheel(api, "alice/wheel-space")  # what `hubgrpo launch --install space` checks before starting jobs
+    api.create_repo("alice/bare-space", repo_type="space", space_sdk="gradio")  # deployed by something else
+    with pytest.raises(ConfigError, match="does not publish"):
+        _check_wheel(api, "alice/bare-space")
     bindir = _fresh_venv(tmp_path / "venv")
     t0 = time.time()
     line = install_command("space", coordinator="alice/wheel-space", endpoint=emu.url)  # private Space: token
