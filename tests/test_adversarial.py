@@ -307,3 +307,22 @@ def test_check_command_exits_1_on_refusal_through_the_installed_entry_point(tmp_
     ok = write_adapter(tmp_path / "ok", seed=2, b_scale=0.1)
     r = subprocess.run([str(exe), "check", str(global_dir), str(ok)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "admitted" in r.stdout
+
+
+@pytest.mark.timeout(120)
+def test_an_ffa_run_refuses_a_trained_lora_a_instead_of_stalling_its_merges(tmp_path):
+    """merge.method ffa: a round whose lora_A moved (within the step bound) would make every later merge fail;
+    it is refused at admission and honest rounds keep merging."""
+    def move_a(folder: Path, base: dict) -> None:
+        w = load_file(folder / layout.ADAPTER_WEIGHTS)
+        save_file({k: v + 1e-4 if "lora_A" in k else v for k, v in w.items()}, str(folder / layout.ADAPTER_WEIGHTS))
+
+    run = Run(tmp_path, **{"merge.method": "ffa"})
+    try:
+        run.honest_version()
+        got = run.attack(move_a)
+        assert isinstance(got, InvalidSubmission) and got.code == "a_changed", got
+        assert run.honest_version() >= 2
+        run.check_state_and_restart()
+    finally:
+        run.close()

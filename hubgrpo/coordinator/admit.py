@@ -129,6 +129,8 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
     steps = int(lease.steps)
     adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.shas),
                                base_version=lease.base_version)
+    if c.cfg.merge.method == "ffa":
+        check_frozen_a(adapter, global_)
     bound, why = step_bound(c.cfg, lease, base)
     check_step_bound(adapter, base, bound, why)  # elementwise first: cheap, and it names the tensor
     from hubgrpo.merge import parse_modules, update_norm
@@ -141,6 +143,18 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
                                 f"(limit {limit:.4g} for {steps} steps)", hint="submit what the round's training produced")
     return Pending(sub=sub, adapter=adapter, commit=commit, samples=lease_samples(c.cfg, lease), steps=steps,
                    update_norm=norm)
+
+
+def check_frozen_a(adapter, global_) -> None:
+    """FFA runs: every lora_A must equal the global's (frozen since version 0); a changed one could only make
+    every later merge fail, so it is refused here (code ``a_changed``)."""
+    import torch
+
+    for key, value in global_.weights.items():
+        if ".lora_A" in key or ".lora_embedding_A" in key:
+            if not torch.equal(adapter.weights[key], value):
+                raise InvalidSubmission("a_changed", f"{key} differs from the run's frozen lora_A (merge.method ffa)",
+                                        hint="train with lora_A frozen: hubgrpo workers do this for ffa runs")
 
 
 def read_record(folder: Path, lease: Lease, sub_id: str) -> Submission:
