@@ -24,8 +24,9 @@ def main(workdir: Path) -> dict:
     init_run(cfg, repo)
     status = run_local(cfg, repo, workers=2)         # returns when version 3 is merged
     print(f"run finished: version {status['version']} in {status['wall_s']:.0f} s")
-    for row in leaderboard(repo):
-        print(f"  {row['worker']:<10} rounds {row['accepted']}  mean reward {row['mean_reward']:.3f}")
+    for row in leaderboard(repo):  # a worker whose rounds were all refused or not merged yet has no mean reward
+        mean = "-" if row["mean_reward"] is None else f"{row['mean_reward']:.3f}"
+        print(f"  {row['worker']:<10} rounds {row['accepted']}  mean reward {mean}")
     for v in versions(repo):
         reward = "-" if v["reward"] is None else f"{v['reward']:.3f}"
         print(f"  version {v['version']}: reward {reward}  contributors {', '.join(v['contributors']) or '-'}")
