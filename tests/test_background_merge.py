@@ -223,3 +223,21 @@ def test_ffa_rounds_are_folded_in_before_the_quorum_and_the_merge_equals_the_ful
     assert any(float(folded.weights[k].abs().max()) > 0 for k in folded.weights if "lora_B" in k)
     assert all(torch.equal(folded.weights[k], v0.weights[k]) for k in folded.weights if "lora_A" in k)
     assert runrepo.read_state(store).versions[1].algorithm == "ffa"
+
+
+@pytest.mark.parametrize("method", ["svd", "ffa"])
+def test_an_idle_coordinator_tick_imports_no_torch(tmp_path, method):
+    """The merge thread's first ticks run while Gradio checks that the app answers (3 s budget): importing torch
+    there (seconds of CPU under the GIL) made a freshly started coordinator fail to launch."""
+    import subprocess
+    import sys
+
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, make_config(**{"merge.method": method}), write_adapter(tmp_path / "v0", seed=0))
+    code = ("import sys, pathlib; from hubgrpo.coordinator.core import Coordinator; "
+            "from hubgrpo.store.local import LocalStore; "
+            f"c = Coordinator(LocalStore({str(tmp_path / 'repo')!r}), b's', workdir=pathlib.Path({str(tmp_path)!r})); "
+            "c.background_merges = True; c.tick(); c.prefold(); c.plan_merge(); print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "False"

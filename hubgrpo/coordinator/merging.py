@@ -140,8 +140,6 @@ def prefold(c, lock) -> int:
     """Fold the pending submissions not folded yet into ``c.fold`` (FFA), so that the merge left when the quorum
     completes is one division per module. The store read of an adapter and the tensor work run outside ``lock``;
     only the merge thread calls this. Returns how many were folded."""
-    from hubgrpo.merge.fold import FfaFold
-
     if not foldable(c):
         return 0
     with lock:
@@ -156,6 +154,8 @@ def prefold(c, lock) -> int:
                 todo.append((sub_id, p.adapter, p.sub.base_version, w))
     if not todo:
         return 0
+    from hubgrpo.merge.fold import FfaFold  # torch: only once there is something to fold (never at startup)
+
     fold = fold or FfaFold(c._adapter(version), version)
     for sub_id, adapter, base_version, w in todo:
         fold.add(sub_id, adapter, c._adapter(base_version), w)
