@@ -15,6 +15,7 @@ import pytest
 
 from hubgrpo import __version__, layout, runrepo
 from hubgrpo.launch.jobs import RUN_LABEL, install_command, run_label
+from tests.chaos_helpers import wait_for
 from tests.conftest import TEST_TOKEN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,16 +39,6 @@ def _tiny_run(emu, repo: str, overrides: list[str] = RUN_CFG):
     store = HubStore(repo, token=TEST_TOKEN, endpoint=emu.url, retry_base_s=0.2)
     ensure_repo(store, load_config(TINY, overrides=overrides))
     return store
-
-
-def _wait(cond, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.time() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(poll)
 
 
 @pytest.mark.timeout(60)
@@ -101,10 +92,10 @@ def test_launch_starts_jobs_whose_workers_merge_versions_then_jobs_stop_cancels_
         assert all(TEST_TOKEN not in json.dumps([j.spec["command"], j.spec["environment"], j.spec["labels"]])
                    for j in jobs)
         assert all(j.spec["environment"]["HF_ENDPOINT"] == emu.url for j in jobs)
-        _wait(lambda: runrepo.read_state(store).version >= 1, 300, "a first version merged by the jobs' workers",
+        wait_for(lambda: runrepo.read_state(store).version >= 1, 300, "a first version merged by the jobs' workers",
               poll=0.2)
         t_first = time.time()
-        _wait(lambda: runrepo.read_state(store).version >= 2, 300, "2 versions merged by the jobs' workers")
+        wait_for(lambda: runrepo.read_state(store).version >= 2, 300, "2 versions merged by the jobs' workers")
         t_versions = time.time()
         state = runrepo.read_state(store)
         names = {j.spec["labels"]["hubgrpo-worker"] for j in jobs}
@@ -117,7 +108,7 @@ def test_launch_starts_jobs_whose_workers_merge_versions_then_jobs_stop_cancels_
         assert logs.returncode == 0 and name in logs.stdout and TEST_TOKEN not in logs.stdout
         stop = _cli("jobs", "stop", "--repo", repo, env=env)
         assert stop.returncode == 0 and "cancelled 2 job(s)" in stop.stdout
-        _wait(lambda: all(j.proc.poll() is not None for j in jobs), 30, "the jobs' processes to end")
+        wait_for(lambda: all(j.proc.poll() is not None for j in jobs), 30, "the jobs' processes to end")
         t_stop = time.time()
         api = HfApi(endpoint=emu.url, token=TEST_TOKEN)
         assert {j.status.stage for j in api.list_jobs(labels={RUN_LABEL: run_label(repo)}, namespace="alice")} == {"CANCELED"}
@@ -190,7 +181,7 @@ def test_the_wheel_a_space_publishes_installs_anywhere_and_runs_a_worker(hub_emu
         w = subprocess.run([str(bindir / "hubgrpo"), "worker", "--repo", "alice/wheelrun", "--coordinator", url,
                             "--name", "fresh", "--max-rounds", "1", "--threads", "1"], timeout=300, **run)
         assert w.returncode == 0, w.stderr[-2000:]
-        _wait(lambda: runrepo.read_state(store).version >= 1, 60, "the fresh install's round merged")
+        wait_for(lambda: runrepo.read_state(store).version >= 1, 60, "the fresh install's round merged")
         assert [m.worker for m in runrepo.read_state(store).versions[1].merged] == ["fresh"]
     finally:
         app.close(verbose=False)
@@ -218,7 +209,7 @@ def test_run_with_the_hf_jobs_backend_runs_its_workers_as_jobs(hub_emulator, tmp
         assert "2 HF Jobs (cpu-basic)" in r.stdout and runrepo.read_state(store).version >= 2
         jobs = list(emu.api.jobs.jobs.values())
         assert len(jobs) == 2 and all(j.spec["labels"][RUN_LABEL] == run_label(repo) for j in jobs)
-        _wait(lambda: all(j.proc.poll() is not None for j in jobs), 30, "the jobs to end")
+        wait_for(lambda: all(j.proc.poll() is not None for j in jobs), 30, "the jobs to end")
         assert {j.stage for j in jobs} <= {"COMPLETED", "CANCELED"}
         assert TEST_TOKEN not in r.stdout + r.stderr
     finally:

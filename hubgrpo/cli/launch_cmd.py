@@ -69,10 +69,11 @@ def _describe(spec: dict) -> str:
 
 
 def _check_wheel(api, space_id: str) -> None:
+    from hubgrpo import __version__
     from hubgrpo.errors import ConfigError
-    from hubgrpo.launch.jobs import wheel_name
+    from hubgrpo.layout import WHEELS_DIR, wheel_name
 
-    path = f"wheels/{wheel_name()}"
+    path = f"{WHEELS_DIR}/{wheel_name(__version__)}"
     if not api.file_exists(space_id, path, repo_type="space"):
         raise ConfigError(f"the Space {space_id} does not publish {path} (the hubgrpo you are running)",
                           hint=f"run `hubgrpo space deploy --repo RUN --space {space_id}` with this hubgrpo, or "

@@ -57,14 +57,6 @@ def is_space_id(coordinator: str) -> bool:
     return "://" not in coordinator and bool(_SPACE_ID.match(coordinator))
 
 
-def wheel_name(version: str = __version__) -> str:
-    return layout.wheel_name(version)
-
-
-def space_wheel_url(space_id: str, endpoint: str = DEFAULT_ENDPOINT, version: str = __version__) -> str:
-    return layout.space_wheel_url(space_id, endpoint, version)
-
-
 def install_command(install: str, *, coordinator: str, endpoint: str) -> str:
     """Shell that installs hubgrpo in the job: ``space`` (the wheel the run's Space publishes; fetched with the
     job's HF_TOKEN, so private Spaces work), ``none`` (the image has it), or a pip requirement / wheel URL."""
@@ -74,7 +66,8 @@ def install_command(install: str, *, coordinator: str, endpoint: str) -> str:
         if not is_space_id(coordinator):
             raise ConfigError(f"--install space needs the coordinator as a Space id (user/name), not {coordinator!r}",
                               hint="pass --install 'PIP SPEC OR WHEEL URL' (or none when the image has hubgrpo)")
-        url, target = space_wheel_url(coordinator, endpoint), f"/tmp/{wheel_name()}"
+        url = layout.space_wheel_url(coordinator, endpoint, __version__)
+        target = f"/tmp/{layout.wheel_name(__version__)}"
         fetch = ('import os, urllib.request as u; '
                  f'r = u.Request("{url}", headers={{"Authorization": "Bearer " + os.environ["HF_TOKEN"]}}); '
                  f'open("{target}", "wb").write(u.urlopen(r).read())')

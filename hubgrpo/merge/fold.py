@@ -19,6 +19,7 @@ import torch
 
 from hubgrpo.errors import MergeError
 from hubgrpo.merge.adapter import Adapter, factors, parse_modules
+from hubgrpo.merge.methods import ffa_outer_step
 
 
 class FfaFold:
@@ -75,13 +76,8 @@ class FfaFold:
         mom = _check_momentum(momentum, self.specs, "ffa") if o.outer_momentum > 0 else {}
         new, new_momentum = dict(self.global_.weights), {}
         for prefix, spec in self.specs.items():
-            g_b = self.sums[prefix] / total
-            if o.outer_momentum > 0:
-                prev = mom.get(prefix + ".momentum_B")
-                m_b = g_b + (o.outer_momentum * prev if prev is not None else 0.0)
-                new_momentum[prefix + ".momentum_B"] = m_b.contiguous()
-                g_b = m_b if not o.nesterov else g_b + o.outer_momentum * m_b
-            b = factors(self.global_, spec)[0] + o.outer_lr * g_b
+            b, m = ffa_outer_step(factors(self.global_, spec)[0], self.sums[prefix] / total, mom, prefix, o)
+            new_momentum.update(m)
             new[spec.key_b] = b.to(self.global_.weights[spec.key_b].dtype).contiguous()
         adapter = Adapter(weights=new, config=dict(self.global_.config))
         robust = {"weights": [w / total for w in weights.values()], "clipped": 0, "trimmed": 0, "clip_bound": None}

@@ -136,13 +136,19 @@ def ffa_module(ctx: Context, prefix: str, index: int) -> ModuleResult:
                              "than the global adapter", hint="freeze lora_A in the workers or use method 'svd'")
     b_g, a = factors(ctx.adapters[0], spec)
     g_b = _b_step(ctx, ctx.g, prefix)  # (out × r), g = g_b·A in the global's scaling
-    momentum = {}
-    if o.outer_momentum > 0:
-        prev = ctx.momentum.get(prefix + ".momentum_B")
-        m_b = g_b + (o.outer_momentum * prev if prev is not None else 0.0)
-        momentum = {prefix + ".momentum_B": m_b.contiguous()}
-        g_b = m_b if not o.nesterov else g_b + o.outer_momentum * m_b
-    return ModuleResult(b_g + o.outer_lr * g_b, a, "ffa", global_units=True, momentum=momentum)
+    b, momentum = ffa_outer_step(b_g, g_b, ctx.momentum, prefix, o)
+    return ModuleResult(b, a, "ffa", global_units=True, momentum=momentum)
+
+
+def ffa_outer_step(b_g: torch.Tensor, g_b: torch.Tensor, momentum: dict, prefix: str, o) -> tuple[torch.Tensor, dict]:
+    """The new B of an FFA module, ``B_G + lr·step`` with ``step = g_B``, the momentum ``m′ = μ·m + g_B`` or its
+    Nesterov step; and the new momentum entry (empty without momentum)."""
+    if o.outer_momentum <= 0:
+        return b_g + o.outer_lr * g_b, {}
+    prev = momentum.get(prefix + ".momentum_B")
+    m_b = g_b + (o.outer_momentum * prev if prev is not None else 0.0)
+    step = m_b if not o.nesterov else g_b + o.outer_momentum * m_b
+    return b_g + o.outer_lr * step, {prefix + ".momentum_B": m_b.contiguous()}
 
 
 def naive_module(ctx: Context, prefix: str, index: int) -> ModuleResult:

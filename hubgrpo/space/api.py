@@ -51,7 +51,7 @@ from pydantic import BaseModel, ValidationError  # noqa: E402
 
 from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, Refused  # noqa: E402
 from hubgrpo import __version__  # noqa: E402
-from hubgrpo.layout import PROTOCOL_VERSION, Lease, space_wheel_url  # noqa: E402
+from hubgrpo.layout import PROTOCOL_VERSION, Lease  # noqa: E402
 
 log = logging.getLogger("hubgrpo.space.api")
 
@@ -110,9 +110,9 @@ def check_protocol(protocol: Any) -> None:
     """Refuse a worker that speaks another wire protocol (or does not say), with the install that matches."""
     if protocol == PROTOCOL_VERSION and not isinstance(protocol, bool):
         return
-    space, endpoint = os.environ.get("SPACE_ID"), os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-    install = (f"pip install {space_wheel_url(space, endpoint, __version__)}" if space
-               else f"install hubgrpo {__version__} (what `hubgrpo --version` prints on the coordinator's machine)")
+    from hubgrpo.space.view import install_line
+
+    install = install_line(os.environ.get("SPACE_ID"), os.environ.get("HF_ENDPOINT"))
     raise Refused("version", f"this coordinator speaks hubgrpo protocol {PROTOCOL_VERSION} (hubgrpo {__version__}); "
                   f"the worker sent {str(protocol)[:40]!r}", hint=f"{install}, then start the worker again")
 

@@ -145,15 +145,24 @@ def snapshot(coord, now: float | None = None) -> dict:
     }
 
 
+def install_line(space_id: str | None, endpoint: str | None) -> str:
+    """How to install the hubgrpo this coordinator runs: its Space's published wheel, when on a Space."""
+    from hubgrpo import __version__
+    from hubgrpo.layout import space_wheel_url
+
+    if space_id:
+        return f"pip install {space_wheel_url(space_id, endpoint or 'https://huggingface.co', __version__)}"
+    return f"install hubgrpo {__version__} (what `hubgrpo --version` prints on the coordinator's machine)"
+
+
 def join_markdown(repo: str, space_id: str | None, endpoint: str | None) -> str:
     """How to join: the one-line install of the hubgrpo this Space runs (its published wheel, when on a Space),
     a worker on your machine, and workers on HF Jobs."""
     from hubgrpo import __version__
-    from hubgrpo.layout import space_wheel_url
 
     target = space_id or "<this Space's id or URL>"
-    install = (f"pip install {space_wheel_url(space_id, endpoint or 'https://huggingface.co', __version__)}"
-               if space_id else f"# install hubgrpo {__version__}, the version this coordinator runs")
+    install = install_line(space_id, endpoint) if space_id else \
+        f"# install hubgrpo {__version__}, the version this coordinator runs"
     return (f"**Join the run** (hubgrpo {__version__}):\n\n```bash\n{install}\n"
             f"HF_TOKEN=hf_... hubgrpo worker --repo {repo} --coordinator {target}\n"
             f"# or N workers on Hugging Face Jobs:\n"
