@@ -95,6 +95,23 @@ def test_rounds_are_deterministic_and_reset_adam(engine, v0, tmp_path):
     assert any(not torch.equal(x[k], z[k]) for k in x)  # Adam moments carried over from the previous round
 
 
+def test_each_simulated_machine_keeps_its_own_adam_moments(v0, tmp_path):
+    keep = {"reset_optimizer": False}
+    alone = RoundEngine(tiny_config(), worker="w1")  # machine a alone: round 1, then round 2 with its moments
+    alone.run_round(v0, make_lease(steps=2, lease_id="a1", seed=5), tmp_path / "a1")
+    alone.run_round(v0, make_lease(steps=2, lease_id="a2", seed=6, params=keep), tmp_path / "a2")
+    shared = RoundEngine(tiny_config(), worker="w1")  # the same two rounds with machine b's round between them
+    shared.run_round(v0, make_lease(steps=2, lease_id="a1", seed=5, params=keep), tmp_path / "s1", optimizer_key="a")
+    shared.run_round(v0, make_lease(steps=2, lease_id="b1", seed=9, params=keep), tmp_path / "b1", optimizer_key="b")
+    shared.run_round(v0, make_lease(steps=2, lease_id="a2", seed=6, params=keep), tmp_path / "s2", optimizer_key="a")
+    want, got = load_file(tmp_path / "a2" / ADAPTER_WEIGHTS), load_file(tmp_path / "s2" / ADAPTER_WEIGHTS)
+    assert all(torch.equal(want[k], got[k]) for k in want)  # b's round left a's AdamW state alone
+    fresh = load_file(tmp_path / "b1" / ADAPTER_WEIGHTS)
+    shared.run_round(v0, make_lease(steps=2, lease_id="b1", seed=9), tmp_path / "b2", optimizer_key="new")
+    again = load_file(tmp_path / "b2" / ADAPTER_WEIGHTS)
+    assert all(torch.equal(fresh[k], again[k]) for k in fresh)  # a machine seen for the first time starts fresh
+
+
 def test_lease_params_override_and_beta_rebuilds_without_saving_ref(engine, v0, tmp_path):
     sub = engine.run_round(v0, make_lease(steps=1, lease_id="lr", params={"learning_rate": 1e-3}), tmp_path / "lr")
     assert sub.timings["setup"] == 0.0 and engine.trainer.args.learning_rate == 1e-3

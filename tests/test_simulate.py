@@ -28,7 +28,7 @@ class FakeEngine:
     def init_adapter(self, out: Path) -> Path:
         return write_adapter(Path(out), seed=0, b_scale=0.0)
 
-    def run_round(self, base: Path, lease, folder: Path):
+    def run_round(self, base: Path, lease, folder: Path, optimizer_key: str | None = None):
         from safetensors.torch import load_file, save_file
 
         self.rounds.append((lease.worker, lease.base_version))

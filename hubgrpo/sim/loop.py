@@ -13,8 +13,9 @@ simulation (merges run synchronously at submit, as the coordinator does without 
 take no virtual time — they run on the coordinator's and the evaluator's own machines).
 
 Differences from a deployment, on purpose: the commit budget is lifted (virtual hours hold far more commits than
-real ones; ``keep_budget`` keeps it), every round starts with a fresh optimizer (``params.reset_optimizer`` is
-forced on: one engine trains for every simulated worker), and lease ids are numbered (deterministic).
+real ones; ``keep_budget`` keeps it) and lease ids are numbered (deterministic). With ``params.reset_optimizer``
+off, each simulated machine keeps its own AdamW moments across its rounds, as a real worker does (one engine
+trains for all of them and swaps their optimizers); a machine that rejoins after a dropout starts fresh.
 """
 
 from __future__ import annotations
@@ -84,7 +85,6 @@ class RoundRecord:
 def sim_config(cfg: Config, opts: SimOptions) -> Config:
     """The run config as the simulation uses it (see the module docstring)."""
     cfg = cfg.model_copy(deep=True)
-    cfg.params.reset_optimizer = True
     cfg.params.versions = opts.until_version or 10**6
     cfg.log = "none"
     if not opts.keep_budget:
@@ -199,7 +199,7 @@ class Simulation:
         t0 = time.perf_counter()
         base = runrepo.adapter_at(self.store, lease.base_sha, self.output / "adapters")
         folder = self.output / "rounds" / layout.submission_id(lease.worker, lease.lease_id)
-        sub = self.engine.run_round(base, lease, folder)
+        sub = self.engine.run_round(base, lease, folder, optimizer_key=w.process_name)
         self.compute["train_s"] += time.perf_counter() - t0
         rec.train_reward = sub.reward_mean
         self._push(start + train_s + 2 * lat, "deliver", ev.worker, (holder, rec, folder))  # upload + submit

@@ -131,6 +131,8 @@ class RoundEngine:
         self.trainer = self._build_trainer(self._params)
         self._init_state = {k: v.detach().clone() for k, v in self._adapter_state().items()}
         self._fresh_optimizer = True
+        self._optimizers: dict[str, Any] = {}  # parked AdamW objects of other machines (``optimizer_key``)
+        self._optimizer_owner: str | None = None
         self.setup_seconds = time.perf_counter() - start
         self.log(f"engine ready in {self.setup_seconds:.1f}s: {cfg.base_model} on {self.device_name}")
 
@@ -217,6 +219,7 @@ class RoundEngine:
         self.trainer = self._build_trainer(params)
         set_peft_model_state_dict(self.trainer.model, state)
         self._fresh_optimizer = True
+        self._optimizers.clear()  # they hold the old trainer's parameters
         return time.perf_counter() - start
 
     # -------------------------------------------------------------------------------------- adapters
@@ -251,8 +254,16 @@ class RoundEngine:
             r["prompt"] = truncate_prompt(r["prompt"], self.tokenizer, limit)
         return rows
 
-    def _prepare_optimizer(self, params: dict) -> None:
+    def _prepare_optimizer(self, params: dict, key: str | None = None) -> None:
+        """Fresh AdamW (``reset_optimizer``), or the moments kept from the previous round — of the machine named
+        ``key`` when one engine trains for several (the simulator): each keeps its own AdamW object, parked here
+        while another trains (they all reference the one model's parameters)."""
         tr = self.trainer
+        if key is not None and key != self._optimizer_owner and not params["reset_optimizer"]:
+            if self._optimizer_owner is not None and tr.optimizer is not None:
+                self._optimizers[self._optimizer_owner] = tr.optimizer
+            tr.optimizer = self._optimizers.pop(key, None)
+            self._optimizer_owner = key
         if params["reset_optimizer"] or self._fresh_optimizer or tr.optimizer is None:
             tr.optimizer = None
         else:  # keep Adam moments; the new round's learning rate still applies
@@ -262,8 +273,9 @@ class RoundEngine:
         self._fresh_optimizer = False
 
     def train_steps(self, rows: list[dict], steps: int, *, seed: int, params: dict | None = None,
-                    on_step: StepCallback | None = None) -> TrainResult:
-        """Run ``steps`` GRPO optimizer steps on ``rows`` from the adapter currently in the model."""
+                    on_step: StepCallback | None = None, optimizer_key: str | None = None) -> TrainResult:
+        """Run ``steps`` GRPO optimizer steps on ``rows`` from the adapter currently in the model (AdamW state:
+        see ``_prepare_optimizer``)."""
         params = params or self._params
         if steps > 0 and not rows:
             raise DataError("a round with steps > 0 got no prompts", hint="lease.prompt_indices must not be empty")
@@ -272,7 +284,7 @@ class RoundEngine:
             setattr(tr.args, key, params[key])
         tr.args.max_steps, tr.args.seed = max(1, steps), seed
         tr.train_dataset = Dataset.from_list(rows) if rows else tr.train_dataset
-        self._prepare_optimizer(params)
+        self._prepare_optimizer(params, optimizer_key)
         tr._step, tr._buffered_inputs = 0, None  # GRPO's generation buffer must not leak across rounds
         for metrics in tr._metrics.values():
             metrics.clear()
@@ -292,11 +304,12 @@ class RoundEngine:
                            timings={"generate": gen_s, "reward": reward_s, "train": max(0.0, wall - gen_s - reward_s)})
 
     def run_round(self, adapter_dir: Path, lease: Lease, out_dir: Path, *,
-                  on_step: StepCallback | None = None) -> Submission:
+                  on_step: StepCallback | None = None, optimizer_key: str | None = None) -> Submission:
         """Train ``lease.steps`` steps from ``adapter_dir`` on the lease's prompts; write the submission folder.
 
         ``out_dir`` receives adapter_model.safetensors, adapter_config.json and submission.json (worker and
         submission id from the lease). ``on_step(step, metrics_dict)`` is called after every optimizer step.
+        ``optimizer_key``: the machine this round trains for, when one engine serves several (the simulator).
         """
         t0 = time.perf_counter()
         params = self._merge_params(dict(lease.params))
@@ -306,7 +319,7 @@ class RoundEngine:
         t2 = time.perf_counter()
         rows = self.prompt_rows(lease.prompt_indices, params["max_prompt_length"])
         result = self.train_steps(rows, lease.steps, seed=lease.seed, params=params,
-                                  on_step=on_step)
+                                  on_step=on_step, optimizer_key=optimizer_key)
         t3 = time.perf_counter()
         out_dir = Path(out_dir)
         self.save_adapter(out_dir)
