@@ -246,9 +246,9 @@ class S3Bucket:
     def presign_put(self, rel: str, expires_s: int) -> str:
         """A URL that lets its holder PUT ``rel`` once (``If-None-Match: *`` is signed in) for ``expires_s``
         seconds, with no credentials of its own. Local computation: no request is made."""
-        return self.client.generate_presigned_url(
+        return self.call(f"sign an upload URL for {rel}", lambda: self.client.generate_presigned_url(
             "put_object", Params={"Bucket": self.bucket, "Key": self.key(rel), "IfNoneMatch": "*"},
-            ExpiresIn=int(expires_s), HttpMethod="PUT")
+            ExpiresIn=int(expires_s), HttpMethod="PUT"), retry=False)
 
     # -- the bucket ------------------------------------------------------------------------------------------
     def bucket_exists(self) -> bool:
