@@ -98,6 +98,31 @@ def test_hostile_box_folders_are_refused(tmp_path):
     assert {r.code for r in c.new_refusals} == {"unexpected_file", "too_large", "bad_commit", "not_found"}
 
 
+@pytest.mark.timeout(60)
+def test_uploads_through_the_space_go_to_the_box(tmp_path):
+    """A worker without write access uploads to the coordinator (`--upload-via coordinator`): with a box, the
+    checked folder goes into the box, not into a batch commit of the run repo."""
+    import base64
+    import threading
+
+    from hubgrpo.space.upload import Uploads
+    from hubgrpo.store.boxes import open_box
+
+    box = str(tmp_path / "box")
+    store, c, _ = _setup(tmp_path, box)
+    uploads = Uploads(c, threading.Lock(), batch_size=1, batch_wait_s=0.0, workdir=tmp_path / "uploads")
+    try:
+        lease = c.lease("bob")
+        folder = _round(store, lease, tmp_path, seed=1)
+        files = {n: base64.b64encode((folder / n).read_bytes()).decode() for n in layout.SUBMISSION_FILES}
+        answer = uploads.handle(lease, files)
+    finally:
+        uploads.close()
+    assert answer["status"] == "admitted" and answer["commit"] == layout.box_token(
+        (folder / layout.SUBMISSION_FILE).read_bytes())
+    assert len(store.history()) == 1 and len(open_box(box).list(layout.SUBMISSIONS)) == 3
+
+
 @pytest.mark.timeout(180)
 def test_s3_box_presigned_uploads_through_the_api(tmp_path, s3_bucket_url):
     """Leases over HTTP carry presigned PUT URLs; plain HTTP PUTs deliver the round; the URLs write once."""
