@@ -58,6 +58,17 @@ def test_a_lost_answer_to_a_swap_that_landed_commits_once(stores, proxy):
 
 
 @pytest.mark.timeout(60)
+def test_a_lost_swap_answer_then_an_outage_of_the_head_still_commits_once(stores, proxy):
+    faulty, direct = stores
+    base = direct.commit({"a.txt": b"0"}, message="base")
+    outage = Fault("GET", REF, status=503, times=8)  # longer than the retries of one head read
+    proxy.add(Fault("PUT", REF, drop_after=True, before=lambda: proxy.add(outage)))
+    sha = faulty.commit({"a.txt": b"1"}, message="lost, then blind", parent=base)
+    assert outage.hits == 8 and direct.head() == sha
+    assert [c.message for c in direct.history()] == ["lost, then blind", "base"]
+
+
+@pytest.mark.timeout(60)
 def test_a_swap_whose_answer_comes_after_the_timeout_lands_once(stores, proxy):
     faulty, direct = stores
     base = direct.commit({"a.txt": b"0"}, message="base")

@@ -352,7 +352,10 @@ class S3Store(Store):
                     raise
                 self._sleep(retry_delay(e, attempt, base_s=self.retry_base_s, cap_s=8.0))
                 if uncertain:
-                    now = self.head()
+                    try:
+                        now = self.head()
+                    except StoreUnavailable:  # still out: try the swap again (IfMatch keeps it single)
+                        continue
                     if now != head:  # moved: by our lost try, or by someone else (then ours can never land)
                         return self._landed(sha, head, now)
         raise AssertionError("unreachable")
