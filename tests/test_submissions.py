@@ -203,3 +203,9 @@ def test_a_run_with_submissions_on_s3_and_workers_without_credentials(tmp_path, 
     assert sum(m.startswith("hubgrpo: version ") for m in messages) == 2
     rounds = {layout.parse_submission_path(p)[1] for p, _ in open_box(box).list(layout.SUBMISSIONS)}
     assert set(state.merged_ids) <= rounds and store.list_files(layout.SUBMISSIONS) == []
+    from hubgrpo.space.view import leaderboard_rows, version_rows
+
+    status = coord.status()
+    links = [row[-1] for row in version_rows(status, runrepo.version_shas(store), store)]
+    assert all(f"{hub_emulator.url}/alice/s3subs/commit/" in cell for cell in links)  # the Space's version links
+    assert {row[0] for row in leaderboard_rows(status)} == {"w0", "w1"}
