@@ -216,3 +216,6 @@ def test_cli_run_on_an_s3_repo(tmp_path, s3_bucket_url, capsys, monkeypatch):
     _loads_with_peft(str(runrepo.adapter_at(store, store.tags()["v000003"], tmp_path / "c")))
     messages = [c.message for c in store.history()]
     assert len(messages) == len(set(messages)), "a commit was made twice"
+    exe = Path(sys.executable).with_name("hubgrpo")  # the installed command reads the same bucket
+    r = subprocess.run([str(exe), "status", "--repo", repo], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "leaderboard" in r.stdout and "worker0" in r.stdout, r.stderr[-2000:]
