@@ -148,8 +148,9 @@ class Coordinator:
         return lease.model_copy(update={"uploads": urls}) if urls else lease
 
     def heartbeat(self, lease: Lease) -> Lease:
-        """Extend a live lease; revives one issued before a restart if its prompts are free (``leasing.renew``)."""
-        return leasing.renew(self, lease)
+        """Extend a live lease; revives one issued before a restart if its prompts are free (``leasing.renew``).
+        The upload URLs a worker sends back are dropped (``with_uploads`` mints fresh ones)."""
+        return leasing.renew(self, lease.model_copy(update={"uploads": {}}) if lease.uploads else lease)
 
     def release(self, lease: Lease) -> None:
         """A worker gives its lease back (Ctrl-C): its prompts return to the pool."""
