@@ -177,6 +177,22 @@ class HubSection(_Section):
     token: SecretStr | None = Field(None, description="Hub token; use ${HF_TOKEN}, never a literal.")
     private: bool = Field(True, description="Create the Hub repo as private.")
     push_to_hub: bool = Field(False, description="hubgrpo train/run: push the final adapter to hub.repo_id.")
+    submissions: str | None = Field(
+        None, description="Where workers put their rounds: s3://bucket/prefix (workers get presigned upload URLs, "
+        "no commits), a local folder (./path, /path), or unset = the run repo itself (one commit per round).")
+
+    @field_validator("submissions")
+    @classmethod
+    def _box(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from hubgrpo.errors import HubGrpoError
+        from hubgrpo.store.boxes import check_box_spec
+
+        try:
+            return check_box_spec(v)
+        except HubGrpoError as e:
+            raise ValueError(f"{e.message} ({e.hint})") from None
 
 
 class BackendOptions(_Section):

@@ -25,7 +25,7 @@ from hubgrpo.errors import InvalidSubmission
 SCHEMA_VERSION = 1
 # The wire protocol between workers and coordinators; a lease request carries it and a coordinator refuses any other
 # (code ``version``). Raise it with every change a worker and a coordinator of different releases would disagree on.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: leases carry ``uploads`` (presigned URLs for submissions in an S3 box)
 WHEELS_DIR = "wheels"  # where `hubgrpo space deploy` publishes the hubgrpo wheel in the Space repo
 
 
@@ -47,6 +47,7 @@ MOMENTUM_FILE = "optimizer/outer_momentum.safetensors"
 SUBMISSIONS = "submissions"
 SUBMISSION_FILE = "submission.json"
 ADAPTER_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG)
+SUBMISSION_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG, SUBMISSION_FILE)  # in upload order: the record last
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TAG = re.compile(r"v(\d{6,})")
@@ -98,6 +99,9 @@ class Lease(Record):
     issued_at: Seconds
     deadline: Seconds
     signature: Text = ""
+    # file name → presigned PUT URL when hub.submissions is an S3 box (not signed by the coordinator: the URLs
+    # carry the bucket's own signature); never written to submission.json
+    uploads: dict[Text, Annotated[str, Field(max_length=8192)]] = Field(default_factory=dict, max_length=8)
 
 
 class StepMetrics(Record):
@@ -239,6 +243,13 @@ def parse_tag(tag: str) -> int | None:
 
 def submission_id(worker: str, lease_id: str) -> str:
     return f"{check_name(worker)}-{check_name(lease_id, 'lease id')}"
+
+
+def box_token(record: bytes) -> str:
+    """What a worker submits for a round put in a box (``hub.submissions``): the sha256 of its submission.json."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(record).hexdigest()
 
 
 def submission_dir(base_version: int, sub_id: str) -> str:

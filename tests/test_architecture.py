@@ -116,8 +116,10 @@ def test_the_role_checker_catches_a_crossing(tmp_path):
 def test_light_modules_import_without_torch_or_gradio():
     code = ("import sys, hubgrpo.config, hubgrpo.layout, hubgrpo.errors, hubgrpo.runrepo, hubgrpo.card, "
             "hubgrpo.store, hubgrpo.task.data, hubgrpo.task.rewards, hubgrpo.coordinator.core, "
-            "hubgrpo.coordinator.status, hubgrpo.cli.main; "
-            "print(' '.join(m for m in ('torch', 'gradio', 'transformers', 'trl', 'peft') if m in sys.modules))")
+            "hubgrpo.coordinator.status, hubgrpo.cli.main, "
+            "hubgrpo.store.s3; "  # opening an s3:// store imports boto3, importing the module does not
+            "print(' '.join(m for m in ('torch', 'gradio', 'transformers', 'trl', 'peft', 'boto3', 'botocore') "
+            "if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "", f"heavy modules imported: {r.stdout.strip()}"

@@ -196,3 +196,26 @@ def test_run_status_line_is_printed_only_when_it_changes(capsys):
     show(dict(status, version=2), [])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 2 and "version 1/3" in lines[0] and "version 2/3" in lines[1]
+
+
+@pytest.mark.timeout(600)
+def test_cli_run_on_an_s3_repo(tmp_path, s3_bucket_url, capsys, monkeypatch):
+    """`hubgrpo run --repo s3://…`: coordinator and 2 worker processes on an S3 bucket (moto on loopback)."""
+    from hubgrpo.store.s3 import S3Store
+
+    monkeypatch.chdir(tmp_path)  # the reward plot of a remote run goes to ./runs/<project>/
+    repo = f"{s3_bucket_url}/tinyrun"
+    assert main(["run", str(TINY), "--workers", "2", "--repo", repo, *FAST]) == 0, capsys.readouterr().out
+    store = S3Store(repo, cache_dir=tmp_path / "s3-cache")
+    state = runrepo.read_state(store)
+    assert state.version == 3 and state.finished
+    assert len(state.merged_ids) == len(set(state.merged_ids)) >= 3
+    assert sorted(runrepo.version_shas(store)) == [0, 1, 2, 3]
+    merged = set(state.merged_ids)
+    assert merged <= submitted_ids(store), "every merged round is a submission folder in the bucket"
+    _loads_with_peft(str(runrepo.adapter_at(store, store.tags()["v000003"], tmp_path / "c")))
+    messages = [c.message for c in store.history()]
+    assert len(messages) == len(set(messages)), "a commit was made twice"
+    exe = Path(sys.executable).with_name("hubgrpo")  # the installed command reads the same bucket
+    r = subprocess.run([str(exe), "status", "--repo", repo], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "leaderboard" in r.stdout and "worker0" in r.stdout, r.stderr[-2000:]

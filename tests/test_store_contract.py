@@ -1,4 +1,4 @@
-"""The Store contract, run against every backend (``store_factory`` is parametrized over "local" and "hub").
+"""The Store contract, run against every backend (``store_factory``: "local", "hub" and "s3").
 
 Everything a caller of ``hubgrpo.store.base.Store`` may rely on is asserted here; backend-only behaviour lives in
 ``test_store_<backend>.py``. On the Hub a new repo already has an initial commit (and maybe ``.gitattributes``),
@@ -32,6 +32,9 @@ spec, mode, wid, n = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int
 if spec["kind"] == "local":
     from hubgrpo.store.local import LocalStore
     store = LocalStore(spec["root"])
+elif spec["kind"] == "s3":
+    from hubgrpo.store.s3 import S3Store
+    store = S3Store(spec["url"], cache_dir=spec["cache"], retry_base_s=0.05)
 else:
     from hubgrpo.store.hub import HubStore
     store = HubStore(spec["repo_id"], token=spec["token"], endpoint=spec["endpoint"])
@@ -59,6 +62,8 @@ def _spec(make, name: str) -> str:
     """How a subprocess opens the same repo as ``make(name)``."""
     if make.kind == "local":
         return json.dumps({"kind": "local", "root": make(name).location})
+    if make.kind == "s3":
+        return json.dumps({"kind": "s3", "url": make(name).location, "cache": str(make(name).cache_dir)})
     return json.dumps({"kind": "hub", "repo_id": f"alice/{name}", "token": TEST_TOKEN,
                        "endpoint": make.emulator.url})
 

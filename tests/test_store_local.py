@@ -209,11 +209,12 @@ def test_an_unsupported_scheme_is_refused_not_made_a_folder(tmp_path, monkeypatc
     from hubgrpo.store import open_store
 
     monkeypatch.chdir(tmp_path)
-    for repo in ("s3://bucket/run", "gs://b/r", "http://example.com/run"):
+    for repo in ("gs://b/r", "http://example.com/run", "S3x://bucket/run"):
         with pytest.raises(ConfigError, match="does not support"):
             open_store(repo)
+    assert type(open_store("s3://bucket/run")).__name__ == "S3Store"  # opening makes no request
     exe = Path(sys.executable).with_name("hubgrpo")
     cfg = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
-    r = subprocess.run([str(exe), "init", str(cfg), "--repo", "s3://bucket/run"], capture_output=True, text=True,
+    r = subprocess.run([str(exe), "init", str(cfg), "--repo", "gs://bucket/run"], capture_output=True, text=True,
                        timeout=120, cwd=str(tmp_path))
-    assert r.returncode != 0 and "s3://" in r.stderr and not (tmp_path / "s3:").exists()
+    assert r.returncode != 0 and "gs://" in r.stderr and not (tmp_path / "gs:").exists()

@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hubgrpo import layout, runrepo
+from hubgrpo import layout
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
 from hubgrpo.layout import Lease, Submission
 
@@ -109,9 +109,15 @@ def _check_staleness(c, lease: Lease, sub_id: str) -> None:
 
 
 def _check_folder(c, lease: Lease, sub_id: str, commit: str) -> Pending:
-    dest = c.workdir / "submissions" / f"{sub_id}-{commit[:12]}"
+    """Fetch the submission from the run's inbox (the repo at ``commit``, or a box: sizes checked first)."""
+    from hubgrpo.merge.admission import max_submission_bytes
+
+    dest = c.workdir / "submissions" / f"{sub_id}-{commit.removeprefix('sha256:')[:12]}"
+    limit = int(c.cfg.merge.max_submission_mb * 2**20)
+    if not c.inbox.in_repo and lease.base_version in c.shas:
+        limit = min(limit, max_submission_bytes(c._global()))
     try:
-        folder = runrepo.submission_at(c.store, lease.base_version, sub_id, commit, dest)
+        folder = c.inbox.fetch(lease.base_version, sub_id, commit, dest, max_bytes=limit)
     except NotFound as e:
         raise InvalidSubmission("not_found", e.message, hint=e.hint) from None
     return check_local(c, lease, folder, commit)
@@ -182,7 +188,7 @@ def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = Tr
     if prepared.duplicate or sub_id in c.state.merged_ids or sub_id in c.pending:
         return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
     c.active.pop(lease.lease_id, None)
-    if count_commit:
+    if count_commit and c.inbox.in_repo:  # a round in a box (hub.submissions) is no commit of the repo
         c.commit_times.append(now)
     err = prepared.error
     if err is None:
@@ -204,26 +210,22 @@ def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = Tr
 
 
 def unseen_submissions(c, revision: str | None = None) -> list[tuple[int, str]]:
-    """(base version, submission id) of folders in the repo that are neither merged, refused nor pending."""
+    """(base version, submission id) of rounds in the inbox that are neither merged, refused nor pending (in a
+    box: only those on base versions still young enough to be merged)."""
     done = set(c.state.merged_ids) | {r.submission_id for r in c.state.refused} | set(c.pending) \
         | {r.submission_id for r in c.new_refusals}
-    seen: dict[str, int] = {}
-    for path in c.store.list_files(layout.SUBMISSIONS, revision):
-        parsed = layout.parse_submission_path(path)
-        if parsed and parsed[2] == layout.SUBMISSION_FILE and parsed[1] not in done:
-            seen[parsed[1]] = parsed[0]
-    return sorted((base, sub_id) for sub_id, base in seen.items())
+    bases = range(max(0, c.state.version - c.cfg.merge.max_staleness), c.state.version + 1)
+    return c.inbox.unseen(done, revision, bases)
 
 
 def scan(c, *, check_deadline: bool = True) -> list[Prepared]:
-    """Prepare every committed submission the coordinator has not seen (a worker that crashed after its commit, a
-    lost submit answer, a restart). Reads the store; call without the lock, then ``accept`` each under it."""
-    head = c.store.head()
+    """Prepare every submitted round the coordinator has not seen (a worker that crashed after its commit or
+    upload, a lost submit answer, a restart). Reads the store; call without the lock, then ``accept`` each under it."""
+    head = c.inbox.revision()
     out = []
     for base, sub_id in unseen_submissions(c, head):
         try:
-            raw = c.store.read(layout.submission_path(base, sub_id, layout.SUBMISSION_FILE), head)
-            lease = Submission.from_json(raw).lease
+            lease = Submission.from_json(c.inbox.read_record(base, sub_id, head)).lease
         except (HubGrpoError, ValueError, RecursionError) as e:  # not even a readable record: skip it, say so
             out.append(Prepared(lease=None, sub_id=sub_id, commit=head or "",
                                 error=InvalidSubmission("bad_record", f"unreadable submission {sub_id}: "
@@ -231,5 +233,5 @@ def scan(c, *, check_deadline: bool = True) -> list[Prepared]:
             continue
         if layout.submission_id(lease.worker, lease.lease_id) != sub_id:
             continue  # a folder that claims another submission's lease: ignored (its lease is someone else's)
-        out.append(prepare(c, lease, head, check_deadline=check_deadline))
+        out.append(prepare(c, lease, head or "scan", check_deadline=check_deadline))
     return out

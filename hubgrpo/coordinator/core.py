@@ -10,8 +10,9 @@ Everything durable lives in the run repo, so the coordinator is a function of re
 - a merge (``merging``) writes the new root adapter, ``state.json`` and the model card in ONE compare-and-swap
   commit, then tags ``vNNNNNN``; refusals are also written to ``state.json`` on their own when no merge comes for
   ``coordinator.refusal_flush_s``.
-Commits per hour are counted (worker submissions + merges); leases are refused with a wait while a new round
-would push the repo over ``coordinator.commit_budget_per_hour``.
+Commits per hour are counted (worker submissions + merges; merges only when ``hub.submissions`` puts rounds in a
+box, ``inbox``); leases are refused with a wait while a new round would push the repo over
+``coordinator.commit_budget_per_hour``.
 
 Thread safety belongs to the server (``hubgrpo.space.api``): it calls the store-reading phases (``prepare_submission``,
 ``scan``, ``read_repo``, the merge commit) without its lock and everything else under it.
@@ -59,6 +60,9 @@ class Coordinator:
         self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (balance_rounds)
         repo = self.read_repo()
         self.apply_repo(repo)
+        from hubgrpo.coordinator.inbox import open_inbox
+
+        self.inbox = open_inbox(self.cfg, store)  # where rounds are submitted: the repo, or hub.submissions
         if len(repo["history"]) > 1:  # not a fresh run: leases of a previous process may hold the next prompts
             self.pool.next_index += self.restart_margin
         self.last_scan_at = self.clock()
@@ -118,9 +122,11 @@ class Coordinator:
 
     @property
     def restart_margin(self) -> int:
-        """Prompts a fresh process skips: every live lease of a previous process counted against the commit
-        budget, so at most that many rounds' prompts can be out there."""
-        return min(self.cfg.coordinator.commit_budget_per_hour, 10_000) * self.prompts_per_round
+        """Prompts a fresh process skips: with rounds in the repo every live lease of a previous process counted
+        against the commit budget, so at most that many rounds' prompts can be out there (rounds in a box are
+        not bounded by the budget: then 10,000 rounds)."""
+        bound = self.cfg.coordinator.commit_budget_per_hour if self.cfg.hub.submissions is None else 10_000
+        return min(bound, 10_000) * self.prompts_per_round
 
     # ------------------------------------------------------------------------------------------------ leases
 
@@ -134,9 +140,17 @@ class Coordinator:
         """A signed lease on the current version (``leasing.issue``)."""
         return leasing.issue(self, worker, user)
 
+    def with_uploads(self, lease: Lease) -> Lease:
+        """``lease`` with presigned upload URLs for its round when submissions go to an S3 box (``inbox``); local
+        signing, but credentials may need refreshing: call it WITHOUT the server's lock. The URLs are not part of
+        the lease's signature."""
+        urls = self.inbox.upload_urls(lease)
+        return lease.model_copy(update={"uploads": urls}) if urls else lease
+
     def heartbeat(self, lease: Lease) -> Lease:
-        """Extend a live lease; revives one issued before a restart if its prompts are free (``leasing.renew``)."""
-        return leasing.renew(self, lease)
+        """Extend a live lease; revives one issued before a restart if its prompts are free (``leasing.renew``).
+        The upload URLs a worker sends back are dropped (``with_uploads`` mints fresh ones)."""
+        return leasing.renew(self, lease.model_copy(update={"uploads": {}}) if lease.uploads else lease)
 
     def release(self, lease: Lease) -> None:
         """A worker gives its lease back (Ctrl-C): its prompts return to the pool."""

@@ -1,6 +1,7 @@
 """Signed leases and the prompt pool.
 
-A lease is signed with HMAC-SHA256 over its canonical JSON (every field but ``signature``), so a restarted
+A lease is signed with HMAC-SHA256 over its canonical JSON (every field but ``signature`` and the presigned
+``uploads`` URLs, which the bucket's own signature protects and which are re-minted freely), so a restarted
 coordinator recognises its own leases without storing them. Heartbeats re-sign the lease with a later deadline.
 Prompt indices are a running counter (``PromptSource.rows`` maps any index onto the data set, epoch by epoch);
 shards of expired or released leases go back to the pool and are handed out first.
@@ -19,7 +20,7 @@ from hubgrpo.layout import Lease
 
 
 def _payload(lease: Lease) -> bytes:
-    data = lease.model_dump(mode="json", exclude={"signature"})
+    data = lease.model_dump(mode="json", exclude={"signature", "uploads"})  # URLs are signed by the bucket
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -118,12 +118,14 @@ def renew(c, lease: Lease) -> Lease:
 
 def budget_wait(c, now: float, user: str | None = None) -> float:
     """Seconds until one more round (a submission commit + a share of a merge) fits in the hourly budget, and
-    in ``user``'s fair share of it when the budget is contended."""
+    in ``user``'s fair share of it when the budget is contended. Rounds submitted to a box (``hub.submissions``)
+    cost no commit: then only merges count."""
     budget = c.cfg.coordinator.commit_budget_per_hour
     c.commit_times = [t for t in c.commit_times if t > now - 3600]
     rounds = len(c.active) + len(c.pending) + 1  # rounds still to be merged, this one included
     merges = -(-rounds // c.cfg.merge.quorum)  # one merge commit per quorum of them (ceil)
-    planned = len(c.commit_times) + len(c.active) + 1 + merges  # + this round's commit + merges
+    round_commits = len(c.active) + 1 if c.inbox.in_repo else 0  # + this round's commit
+    planned = len(c.commit_times) + round_commits + merges
     if planned > budget:
         excess = planned - budget
         if excess > len(c.commit_times):

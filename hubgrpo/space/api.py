@@ -196,8 +196,14 @@ class CoordinatorApi:
                 self._refuse_while_merging(key, asked)
             with self.lock:
                 self.lease_waiters.pop(key, None)
-                return self.coord.lease(worker, who)
+                lease = self.coord.lease(worker, who)
+            return self._with_uploads(lease)
         return self._answer("lease", token, run)
+
+    def _with_uploads(self, lease: Lease) -> Lease:
+        """The lease with presigned upload URLs, when submissions go to an S3 box (signed outside the lock)."""
+        attach = getattr(self.coord, "with_uploads", None)
+        return attach(lease) if attach is not None else lease
 
     def wait_for_merge(self, timeout: float) -> bool:
         """Block (lock released) while a merge is due or running, up to ``timeout`` s; True if none is."""
@@ -237,7 +243,8 @@ class CoordinatorApi:
         def run():
             parsed = self._owned_lease(lease, token, request)
             with self.lock:
-                return self.coord.heartbeat(parsed)
+                renewed = self.coord.heartbeat(parsed)
+            return self._with_uploads(renewed)  # fresh URLs: they expire, the lease lives on
         return self._answer("heartbeat", token, run)
 
     def release(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:

@@ -37,7 +37,7 @@ from hubgrpo.layout import Lease
 
 log = logging.getLogger("hubgrpo.space.app")
 
-UPLOAD_FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG, layout.SUBMISSION_FILE)
+UPLOAD_FILES = layout.SUBMISSION_FILES
 
 
 @dataclass
@@ -119,7 +119,11 @@ class SubmissionBatcher:
         return full or self._closed or time.monotonic() >= (self._first_at or 0.0) + self.batch_wait_s
 
     def flush(self, batch: list[QueuedSubmission]) -> None:
-        """One commit with every submission folder of ``batch``, then ``coord.submit`` for each (under the lock)."""
+        """One commit with every submission folder of ``batch``, then ``coord.submit`` for each (under the lock).
+        With ``hub.submissions`` naming a box, each folder is put in the box instead (no commit)."""
+        inbox = getattr(self.coord, "inbox", None)
+        if inbox is not None and not inbox.in_repo:
+            return self._flush_to_box(batch, inbox)
         adds = {layout.submission_path(it.lease.base_version, it.sub_id, f.name): f
                 for it in batch for f in sorted(it.folder.iterdir())}
         try:
@@ -136,6 +140,21 @@ class SubmissionBatcher:
             try:  # one commit for the whole batch: count it once in the commit budget
                 answer = self.coord.submit(it.lease, sha, count_commit=i == 0, lock=self.lock)
                 it.result = {**answer, "commit": sha, "batch": len(batch)}
+                if answer.get("merge_due") and self.on_merge_due is not None:
+                    self.on_merge_due()
+            except Exception as e:  # deliberate: the error goes back to that worker only
+                it.error = e
+        self._finish(batch)
+
+    def _flush_to_box(self, batch: list[QueuedSubmission], inbox) -> None:
+        """Put each checked folder in the run's box (record last) and submit its token; errors go to each worker."""
+        for it in batch:
+            try:
+                for name in layout.SUBMISSION_FILES:
+                    inbox.box.put(layout.submission_path(it.lease.base_version, it.sub_id, name), it.folder / name)
+                token = layout.box_token((it.folder / layout.SUBMISSION_FILE).read_bytes())
+                answer = self.coord.submit(it.lease, token, lock=self.lock)
+                it.result = {**answer, "commit": token, "batch": 1}
                 if answer.get("merge_due") and self.on_merge_due is not None:
                     self.on_merge_due()
             except Exception as e:  # deliberate: the error goes back to that worker only

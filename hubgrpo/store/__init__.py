@@ -1,6 +1,7 @@
-"""The bucket: one ``Store`` contract (``base``) over a local directory (``local``) and a Hub repo (``hub``).
+"""The bucket: one ``Store`` contract (``base``) over a local directory (``local``), a Hub repo (``hub``) and an
+S3-compatible bucket (``s3``, which needs boto3: ``pip install 'hubgrpo[s3]'``).
 
-``open_store(repo)`` picks the backend from the repo string. Nothing here imports torch or gradio.
+``open_store(repo)`` picks the backend from the repo string. Nothing here imports torch, gradio or boto3.
 """
 
 from __future__ import annotations
@@ -11,16 +12,22 @@ from hubgrpo.store.base import Store
 
 
 def open_store(repo: str, *, token: str | None = None, endpoint: str | None = None) -> Store:
-    """``user/name`` (or ``hf://user/name``) means the Hub; a path or ``file://…`` means a local directory."""
+    """``user/name`` (or ``hf://user/name``) means the Hub; ``s3://bucket/prefix`` an S3-compatible bucket (endpoint
+    from ``AWS_ENDPOINT_URL``, credentials the usual boto3 way); a path or ``file://…`` a local directory."""
     import re
 
     from hubgrpo.errors import ConfigError
     from hubgrpo.store.local import LocalStore
 
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", repo)
-    if scheme and scheme.group(1).lower() not in ("file", "hf"):
+    if scheme and scheme.group(1).lower() not in ("file", "hf", "s3"):
         raise ConfigError(f"the repo {repo!r} uses the scheme {scheme.group(1)}://, which hubgrpo does not support",
-                          hint="use user/name (a Hub repo, or hf://user/name) or a local path (or file://path)")
+                          hint="use user/name (a Hub repo, or hf://user/name), s3://bucket/prefix, or a local path "
+                               "(or file://path)")
+    if repo.startswith("s3://"):
+        from hubgrpo.store.s3 import S3Store
+
+        return S3Store(repo)
     if repo.startswith("file://"):
         return LocalStore(repo[len("file://"):])
     if repo.startswith("hf://"):

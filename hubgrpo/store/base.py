@@ -8,13 +8,16 @@ default) and ``HubStore`` (a Hugging Face Hub model repo through ``HfApi``). A r
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from hubgrpo.errors import InvalidPath
+from hubgrpo.errors import InvalidPath, StoreError
 
 MARKER_PREFIX = "hubgrpo-commit-id: "
+SHA1_RE = re.compile(r"[0-9a-f]{40}")  # a revision: a 40-hex commit id on every backend
+TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,13 @@ def check_path(path: str) -> str:
     if bad:
         raise InvalidPath(f"repo path {path!r} {bad}", hint="use a relative POSIX path inside the repo")
     return path
+
+
+def check_tag_name(name: str) -> str:
+    """Refuse tag names that no backend accepts, or that could be read as a branch or a commit sha."""
+    if not isinstance(name, str) or not TAG_RE.fullmatch(name) or name == "main" or SHA1_RE.fullmatch(name):
+        raise StoreError(f"invalid tag name {name!r}", hint="use letters, digits, '.', '_' or '-' (e.g. v000001)")
+    return name
 
 
 class Store(abc.ABC):

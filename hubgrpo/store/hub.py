@@ -1,7 +1,7 @@
 """HubStore: the run repo as a Hugging Face Hub model repo, through the unmodified ``HfApi``.
 
 This is the only module that maps Hub HTTP answers onto ``hubgrpo.errors`` (``map_error``) and the only place with a
-retry policy (``retry_delay``):
+retry policy for the Hub (``retry_delay``, shared with ``hubgrpo.store.s3``):
 
 - 412 → ``CommitConflict`` (the head moved: never retried here, the caller re-reads and decides);
 - 409 on a commit → ``RepoBusy`` (one commit per repo at a time; the head has not moved) → retried with backoff;
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import random
 import re
 import time
 import uuid
@@ -52,7 +51,8 @@ from hubgrpo.errors import (
     StoreError,
     StoreUnavailable,
 )
-from hubgrpo.store.base import MARKER_PREFIX, CommitInfo, Store, check_path
+from hubgrpo.store.base import MARKER_PREFIX, CommitInfo, Store, check_path, check_tag_name
+from hubgrpo.store.retry import retry_delay
 
 try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx
     from httpx2 import TransportError
@@ -60,27 +60,10 @@ except ImportError:  # pragma: no cover
     from httpx import TransportError
 
 T = TypeVar("T")
-SHA_RE = re.compile(r"[0-9a-f]{40}")
 PARENT_RE = re.compile(r"[0-9a-fA-F]{5,40}")
-TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # same rule as LocalStore
 HUB_ERRORS = (HfHubHTTPError, EntryNotFoundError, TransportError, OfflineModeIsEnabled, FileMetadataError)
 _RATELIMIT_T = re.compile(r"""\bt\s*=\s*(\d+)""")
 _HINT_RETRY = "the operation is safe to retry; check your network and https://status.huggingface.co"
-
-
-def retry_delay(err: StoreError, attempt: int, *, base_s: float = 1.0, cap_s: float = 30.0,
-                rng: random.Random | None = None) -> float | None:
-    """Seconds to wait before retry ``attempt`` (1, 2, …) after ``err``; None means the error is final.
-
-    429: the server's wait plus up to 10 % jitter. 409 (busy) and 5xx/timeouts: full-jitter exponential backoff,
-    ``base_s·2^(attempt-1)`` capped at ``cap_s``, times a factor in [0.5, 1). Everything else is not retried.
-    """
-    r = (rng or random).random()
-    if isinstance(err, RateLimited):
-        return err.wait_s * (1.0 + 0.1 * r)
-    if isinstance(err, (RepoBusy, StoreUnavailable)):
-        return min(cap_s, base_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * r)
-    return None
 
 
 def _server_wait(exc: HfHubHTTPError, default: float = 60.0) -> float:
@@ -295,8 +278,7 @@ class HubStore(Store):
 
     def tag(self, name: str, revision: str, *, exist_ok: bool = False) -> None:
         """Tag ``revision``. A lost answer is recognised by the tag pointing at ``revision`` afterwards."""
-        if not isinstance(name, str) or not TAG_RE.fullmatch(name) or name == "main" or SHA_RE.fullmatch(name):
-            raise StoreError(f"invalid tag name {name!r}", hint="use letters, digits, '.', '_' or '-' (e.g. v000001)")
+        check_tag_name(name)
         self._run(f"tag {name}", lambda _u: self.api.create_tag(
             self.repo_id, tag=name, revision=revision, repo_type=self.repo_type, token=self.token, exist_ok=exist_ok),
             recover=lambda: True if self.tags().get(name) == revision else None, on_409=_exists_error(f"tag {name}"))

@@ -27,7 +27,6 @@ Differences from the Hub: no initial commit (``head()`` is None until the first 
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import errno
 import fcntl
@@ -44,8 +43,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from hubgrpo.errors import CommitConflict, InvalidPath, NotFound, StoreError
-from hubgrpo.store.base import MARKER_PREFIX, CommitInfo, Store, check_path
+from hubgrpo.errors import CommitConflict, NotFound, StoreError
+from hubgrpo.store.base import MARKER_PREFIX, CommitInfo, Store, check_path, check_tag_name
+from hubgrpo.store.tree import apply_changes, checked_delete, files_under, first_parents, same_commit
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,6 @@ FORMAT = 1
 BRANCH = "main"
 _CHUNK = 1 << 20
 _SHA1 = re.compile(r"[0-9a-f]{40}")
-_TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class LocalStore(Store):
@@ -139,26 +138,19 @@ class LocalStore(Store):
 
     def list_files(self, prefix: str = "", revision: str | None = None) -> list[str]:
         """Files under folder ``prefix`` (or the file ``prefix`` itself); [] when there is none."""
-        tree = self._tree_at(self._resolve(revision))
-        folder = prefix.rstrip("/")
-        if not folder:
-            return sorted(tree)
-        check_path(folder)
-        return sorted(p for p in tree if p == folder or p.startswith(folder + "/"))
+        return files_under(self._tree_at(self._resolve(revision)), prefix)
 
     def exists_file(self, path: str, revision: str | None = None) -> bool:
         return check_path(path) in self._tree_at(self._resolve(revision))
 
     def history(self, limit: int | None = None) -> list[CommitInfo]:
         """First-parent history of the main branch, newest first."""
-        out: list[CommitInfo] = []
-        sha = self.head()
-        while sha is not None and (limit is None or len(out) < limit):
+        def info(sha: str) -> CommitInfo:
             rec = self._commit(sha)
-            out.append(CommitInfo(sha=sha, message=rec["message"], created_at=rec["created_at"],
-                                  marker=rec["marker"], parents=tuple(rec["parents"])))
-            sha = rec["parents"][0] if rec["parents"] else None
-        return out
+            return CommitInfo(sha=sha, message=rec["message"], created_at=rec["created_at"], marker=rec["marker"],
+                              parents=tuple(rec["parents"]))
+
+        return first_parents(self.head(), info, limit)
 
     def tags(self) -> dict[str, str]:
         self._require()
@@ -179,16 +171,16 @@ class LocalStore(Store):
         if not isinstance(message, str) or not message.strip():
             raise StoreError("refusing a commit with an empty message", hint="say what the commit does")
         adds = {check_path(p): v for p, v in adds.items()}
-        deletes = [_checked_delete(d) for d in ([deletes] if isinstance(deletes, str) else deletes)]
+        deletes = [checked_delete(d) for d in ([deletes] if isinstance(deletes, str) else deletes)]
         blobs = {p: self._put_object(v) for p, v in adds.items()}  # slow I/O, outside the lock
         with self._locked():
             head = self.head()
-            if parent is not None and not _same_commit(parent, head):
+            if parent is not None and not same_commit(parent, head):
                 raise CommitConflict(
                     f"{self.location}: the head moved: expected parent {parent}, actual head {head}",
                     hint="re-read the repo at the new head, redo your change and commit again")
             old = self._tree_at(head)
-            new = _apply(old, blobs, deletes, head)
+            new = apply_changes(old, blobs, deletes, head)
             if head is not None and new == old:
                 return head
             sha = self._write_commit(new, head, message)
@@ -199,8 +191,7 @@ class LocalStore(Store):
 
     def tag(self, name: str, revision: str, *, exist_ok: bool = False) -> None:
         """Tag ``revision`` (a sha, tag or 'main'). An existing tag is kept as it is when ``exist_ok``."""
-        if not isinstance(name, str) or not _TAG_NAME.fullmatch(name) or name == BRANCH or _SHA1.fullmatch(name):
-            raise StoreError(f"invalid tag name {name!r}", hint="use letters, digits, '.', '_' or '-' (e.g. v000001)")
+        check_tag_name(name)
         sha = self._resolve(revision)
         if sha is None:
             raise NotFound(f"cannot tag {revision!r} in {self.location}: the repo has no commit yet")
@@ -377,40 +368,6 @@ class LocalStore(Store):
             os.replace(tmp, mark)
         except OSError as e:
             log.warning("%s: checkout at the root not updated to %s: %s", self.location, sha, e)
-
-
-def _same_commit(parent: str, head: str | None) -> bool:
-    """Whether ``parent`` (a full sha or a prefix of at least 5 hex digits, as the Hub accepts) names ``head``."""
-    return head is not None and len(parent) >= 5 and head.startswith(parent.lower()) and len(parent) <= 40
-
-
-def _checked_delete(path: str) -> str:
-    """A validated delete: a file path, or a folder path ending in '/'."""
-    if isinstance(path, str) and path.endswith("/") and path != "/":
-        return check_path(path[:-1]) + "/"
-    return check_path(path)
-
-
-def _apply(old: dict[str, str], blobs: dict[str, str], deletes: list[str], head: str | None) -> dict[str, str]:
-    """The tree after deleting ``deletes`` (files, or folders ending in '/') and then adding ``blobs``."""
-    new = dict(old)
-    for d in deletes:
-        gone = [p for p in new if p.startswith(d)] if d.endswith("/") else [d] if d in new else []
-        if not gone:
-            raise NotFound(f"cannot delete {d!r}: no such {'folder' if d.endswith('/') else 'file'} at head {head}",
-                           hint="a folder delete ends with '/'; list_files() shows what exists")
-        for p in gone:
-            del new[p]
-    new.update(blobs)
-    keys = sorted(new) if blobs else []
-    for path in blobs:
-        parts = path.split("/")
-        above = next((q for q in ("/".join(parts[:i]) for i in range(1, len(parts))) if q in new), None)
-        i = bisect.bisect_left(keys, path + "/")
-        if above or (i < len(keys) and keys[i].startswith(path + "/")):
-            raise InvalidPath(f"repo path {above or path!r} would be both a file and a folder",
-                              hint="delete the file (or folder) in the same commit, or choose another path")
-    return new
 
 
 def _remove_file(root: Path, path: str) -> None:

@@ -176,13 +176,14 @@ class Worker:
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         out = self.workdir / "rounds" / sub_id
         with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
-            sub = self.engine.run_round(adapter_dir, lease, out, on_step=self._progress(lease))
+            bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
+            sub = self.engine.run_round(adapter_dir, bare, out, on_step=self._progress(lease))
         t1 = time.time()
         if self.upload_via == "coordinator":  # the coordinator checks, commits (batched) and submits it
             answer = self._submit(hb.lease, None, folder=out)
             t_upload, t2 = time.time() - t1, time.time()
         else:
-            commit = self._commit(out, lease, sub_id)
+            commit = self._deliver(out, hb, sub_id)
             t_upload = time.time() - t1
             t2 = time.time()
             answer = self._submit(hb.lease, commit)
@@ -191,6 +192,23 @@ class Worker:
                       round_s=time.time() - t0)
         log.info("round %s: reward %.3f, %s", sub_id, sub.reward_mean, answer.get("status"))
         return answer
+
+    def _deliver(self, out: Path, hb: Heartbeat, sub_id: str) -> str:
+        """Commit the round to the run repo, or put it in the box ``hub.submissions`` names (through the lease's
+        upload URLs; expired ones are renewed with one heartbeat); what to submit."""
+        spec = self.cfg.hub.submissions
+        if not spec:
+            return self._commit(out, hb.lease, sub_id)
+        from hubgrpo.errors import AuthError
+        from hubgrpo.worker.delivery import deliver
+
+        try:
+            return deliver(spec, hb.lease, out, sleep=self.sleep)
+        except AuthError:
+            if not hb.lease.uploads:
+                raise
+            hb.lease = self.client.heartbeat(hb.lease)
+            return deliver(spec, hb.lease, out, sleep=self.sleep)
 
     def _commit(self, out: Path, lease: Lease, sub_id: str) -> str:
         """Push the submission folder in one commit (no parent: workers write disjoint paths)."""

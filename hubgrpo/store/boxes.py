@@ -1,0 +1,172 @@
+"""Submission boxes: where workers put their rounds when ``hub.submissions`` names a place outside the run repo.
+
+A box is a flat namespace of write-once objects keyed by repo-style paths (``submissions/<base>/<id>/<file>``): no
+commits, no history, no head to contend for, so a round costs no commit of the run repo. Two kinds:
+
+- ``FolderBox``: a local folder (one machine, or a shared filesystem); an object is written to a temp file and
+  linked into place, so it appears whole, once;
+- ``S3Box``: a bucket/prefix on an S3-compatible store (``hubgrpo.store.s3_bucket``): objects are PUT with
+  ``IfNoneMatch="*"``, and ``presign_put`` hands out URLs that let a worker without credentials PUT one key.
+
+Reading is for the coordinator, which trusts nothing in a box: ``list`` gives sizes before anything is read,
+``fetch`` refuses an object that is not exactly the listed size (and never more than ``max_bytes``), a
+``FolderBox`` reads only regular files and never follows a symbolic link.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import uuid
+from pathlib import Path
+
+from hubgrpo.errors import CommitConflict, ConfigError, NotFound, StoreError
+from hubgrpo.store.base import check_path
+
+_CHUNK = 1 << 20
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def check_box_spec(spec: str) -> str:
+    """Refuse a ``hub.submissions`` value that names no box: ``s3://bucket/prefix`` or a local folder written as
+    an absolute path, ``./…``, ``../…``, ``~/…`` or ``file://…``."""
+    scheme = _SCHEME.match(spec)
+    if scheme and scheme.group(1).lower() == "s3":
+        from hubgrpo.store.s3_bucket import parse_s3_url
+
+        parse_s3_url(spec)
+        return spec
+    if scheme and scheme.group(1).lower() != "file":
+        raise ConfigError(f"submissions location {spec!r}: the scheme {scheme.group(1)}:// is not supported",
+                          hint="use s3://bucket/prefix, a local folder (/abs/path, ./rel/path, file://path), or "
+                               "leave hub.submissions unset to keep submissions in the run repo")
+    if not scheme and not spec.startswith(("/", "./", "../", "~")):
+        raise ConfigError(f"submissions location {spec!r} is ambiguous",
+                          hint="write a local folder as ./name or /abs/path, a bucket as s3://bucket/prefix")
+    return spec
+
+
+def open_box(spec: str):
+    """The box that ``spec`` names (see ``check_box_spec``)."""
+    check_box_spec(spec)
+    if spec.startswith("s3://"):
+        return S3Box(spec)
+    return FolderBox(spec[len("file://"):] if spec.startswith("file://") else spec)
+
+
+class FolderBox:
+    """Write-once objects in a local folder."""
+
+    can_presign = False
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().absolute()
+        self.location = str(self.root)
+
+    def __repr__(self) -> str:
+        return f"FolderBox({self.location!r})"
+
+    def put(self, rel: str, src: bytes | Path) -> None:
+        """Write ``rel`` once; an object already there is left as it is (a retried put)."""
+        dest = self.root / check_path(rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".tmp-{os.getpid()}-{uuid.uuid4().hex}"
+        try:
+            if isinstance(src, (bytes, bytearray, memoryview)):
+                tmp.write_bytes(bytes(src))
+            else:
+                shutil.copyfile(src, tmp)
+            os.link(tmp, dest)  # fails if it exists: write-once
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def list(self, rel_prefix: str) -> list[tuple[str, int]]:
+        """(path, size) of the regular files under folder ``rel_prefix`` (links and other oddities are skipped)."""
+        base = self.root / check_path(rel_prefix.rstrip("/"))
+        out = []
+        for folder, dirs, files in os.walk(base):
+            for name in files:
+                path = Path(folder) / name
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and not name.startswith(".tmp-"):
+                    out.append((path.relative_to(self.root).as_posix(), st.st_size))
+        return sorted(out)
+
+    def fetch(self, rel: str, dest: Path, *, size: int, max_bytes: int) -> None:
+        """Copy ``rel`` into ``dest`` if it is a regular file of exactly ``size`` ≤ ``max_bytes`` bytes."""
+        _check_size(self.location, rel, size, max_bytes)
+        try:
+            fd = os.open(self.root / check_path(rel), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise NotFound(f"{self.location}/{rel} does not exist") from None
+        except OSError as e:  # ELOOP: a symbolic link
+            raise StoreError(f"{self.location}/{rel} cannot be read as a plain file ({e.strerror})",
+                             code="symlink", hint="submissions are plain files") from None
+        with os.fdopen(fd, "rb") as src:
+            if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+                raise StoreError(f"{self.location}/{rel} is not a plain file", code="symlink")
+            data = src.read(size + 1)
+        if len(data) != size:
+            raise StoreError(f"{self.location}/{rel} changed while it was read", code="corrupt",
+                             hint="submissions are written once; it will be read again at the next scan")
+        dest.write_bytes(data)
+
+    def read(self, rel: str, *, max_bytes: int) -> bytes:
+        listed = dict(self.list(rel.rsplit("/", 1)[0])).get(rel)
+        if listed is None:
+            raise NotFound(f"{self.location}/{rel} does not exist")
+        tmp = self.root / f".read-{uuid.uuid4().hex}"
+        try:
+            self.fetch(rel, tmp, size=listed, max_bytes=max_bytes)
+            return tmp.read_bytes()
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+class S3Box:
+    """Write-once objects under ``s3://bucket/prefix`` (boto3; credentials the usual way)."""
+
+    can_presign = True
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None, timeout_s: float = 30.0):
+        from hubgrpo.store.s3_bucket import S3Bucket, parse_s3_url
+
+        bucket, prefix = parse_s3_url(url)
+        self.objects = S3Bucket(bucket, prefix, endpoint_url=endpoint_url, timeout_s=timeout_s)
+        self.location = self.objects.location
+
+    def __repr__(self) -> str:
+        return f"S3Box({self.location!r})"
+
+    def put(self, rel: str, src: bytes | Path) -> None:
+        try:
+            self.objects.put(check_path(rel), src, if_none_match=True)
+        except CommitConflict:
+            pass  # already there: a retried put (write-once)
+
+    def list(self, rel_prefix: str) -> list[tuple[str, int]]:
+        return self.objects.list(check_path(rel_prefix.rstrip("/")) + "/")
+
+    def fetch(self, rel: str, dest: Path, *, size: int, max_bytes: int) -> None:
+        self.objects.download(check_path(rel), dest, size=size, max_bytes=max_bytes)
+
+    def read(self, rel: str, *, max_bytes: int) -> bytes:
+        return self.objects.get(check_path(rel), max_bytes=max_bytes)[0]
+
+    def presign_put(self, rel: str, expires_s: int) -> str:
+        return self.objects.presign_put(check_path(rel), expires_s)
+
+    def ensure(self) -> None:
+        """Create the bucket when it does not exist (the coordinator, at start-up)."""
+        if not self.objects.bucket_exists():
+            self.objects.create_bucket()
+
+
+def _check_size(where: str, rel: str, size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise StoreError(f"{where}/{rel} is {size:,} bytes, more than the {max_bytes:,} allowed", code="too_large",
+                         hint="submit only the LoRA adapter at the run's rank")
