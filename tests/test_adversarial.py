@@ -69,7 +69,8 @@ class Run:
             for v in self.client.status()["versions"]:
                 if any(sub_id.startswith(w + "-") for w in v["contributors"]) and v["version"] > 0:
                     state = RunState.from_json(self.store.read(layout.STATE_FILE))
-                    if sub_id in state.merged_ids:
+                    # committed AND adopted: the merge thread takes the new state on just after its commit
+                    if sub_id in state.merged_ids and sub_id in self.coord.state.merged_ids:
                         return next(r.version for r in state.versions if any(m.submission_id == sub_id
                                                                                 for m in r.merged))
             assert time.time() < deadline, f"{sub_id} was never merged"
