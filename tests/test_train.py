@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_train_cli_writes_a_loadable_adapter(tiny_cache, tmp_path, capsys):
     out = tmp_path / "adapter"
     rc = main(["train", str(ROOT / "configs" / "tiny.yaml"), "--steps", "4", "--output", str(out),
-               "--eval-samples", "4", "--set", "params.max_completion_length=8"])
+               "--eval-samples", "4", "--set", "params.max_completion_length=8", "--save-every", "2"])
     assert rc == 0
     captured = capsys.readouterr()
     assert "adapter written to" in captured.out
@@ -45,6 +45,10 @@ def test_train_cli_writes_a_loadable_adapter(tiny_cache, tmp_path, capsys):
     assert loaded.keys() == on_disk.keys() and all(torch.equal(loaded[k], on_disk[k]) for k in on_disk)
     card = (out / MODEL_CARD).read_text()
     assert "library_name: peft" in card and "- grpo" in card and "reward (train, sampled)" in card
+    # --save-every 2: the adapter after steps 2 and 4; the last one is the final adapter
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
+    last, mid = (load_file(out / "checkpoints" / s / ADAPTER_WEIGHTS) for s in ("step-000004", "step-000002"))
+    assert all(torch.equal(last[k], on_disk[k]) for k in on_disk) and any(not torch.equal(mid[k], last[k]) for k in mid)
 
 
 def test_model_card_metadata_and_no_secrets():

@@ -20,6 +20,9 @@ def train(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     eval_samples: int = typer.Option(16, "--eval-samples", min=0,
                                      help="Held-out prompts scored greedily before and after (0 = skip)."),
+    save_every: int = typer.Option(0, "--save-every", min=0,
+                                   help="Also write the adapter every K steps to OUTPUT/checkpoints/step-NNNNNN "
+                                        "(0 = only the final one)."),
 ) -> None:
     """Train with plain single-process GRPO + LoRA and write an adapter, model card and metrics.json."""
     from hubgrpo.config import load_config
@@ -27,7 +30,7 @@ def train(
 
     cfg = load_config(config, overrides=set_)
     outcome = run_train(cfg, steps=steps, output=output, eval_samples=eval_samples, progress=True,
-                        log=lambda msg: typer.echo(msg, err=True))
+                        log=lambda msg: typer.echo(msg, err=True), save_every=save_every)
     rewards = [m.reward for m in outcome.step_metrics]
     k = max(1, min(10, len(rewards) // 3))
     if rewards:

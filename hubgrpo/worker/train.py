@@ -8,6 +8,7 @@ order), then writes a PEFT adapter folder::
     README.md                                        model card (reward table)
     metrics.json                                     per-step metrics, greedy eval before/after, timings
     hubgrpo.yaml                                     the resolved config (secrets left out)
+    checkpoints/step-NNNNNN/                         with ``save_every=K``: the adapter after every K steps
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from hubgrpo.config import Config, to_yaml
 from hubgrpo.layout import MODEL_CARD, CONFIG_FILE, StepMetrics
 
 METRICS_FILE = "metrics.json"
+CHECKPOINTS = "checkpoints"
 
 
 @dataclass
@@ -97,9 +99,14 @@ def _line_progress(total: int) -> Callable[[int, dict], None]:
     return on_step
 
 
+def checkpoint_path(output: Path, step: int) -> Path:
+    return Path(output) / CHECKPOINTS / f"step-{step:06d}"
+
+
 def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = None, eval_samples: int = 16,
-          progress: bool = True, log: Callable[[str], None] | None = None) -> TrainOutcome:
-    """Train ``steps`` GRPO steps (default: steps_per_round × versions) and write the adapter folder."""
+          progress: bool = True, log: Callable[[str], None] | None = None, save_every: int = 0) -> TrainOutcome:
+    """Train ``steps`` GRPO steps (default: steps_per_round × versions) and write the adapter folder (and, with
+    ``save_every=K``, the adapter after every K steps under ``checkpoints/``)."""
     from hubgrpo.worker.engine import RoundEngine
 
     steps = steps if steps is not None else cfg.params.steps_per_round * cfg.params.versions
@@ -108,7 +115,12 @@ def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = 
     engine = RoundEngine(cfg, worker="train", log=log)  # holds the version-0 adapter after construction
     before = engine.evaluate(n=eval_samples) if eval_samples else None
     rows = engine.prompt_rows(range(steps * prompts_per_step(cfg)))
-    with progress_bar(steps, enabled=progress) as on_step:
+    with progress_bar(steps, enabled=progress) as show:
+        def on_step(step: int, metrics: dict) -> None:
+            show(step, metrics)
+            if save_every and step % save_every == 0:
+                engine.save_adapter(checkpoint_path(out, step))
+
         result = engine.train_steps(rows, steps, seed=cfg.params.seed, on_step=on_step)
     after = engine.evaluate(n=eval_samples) if eval_samples else None
     engine.save_adapter(out)
