@@ -26,6 +26,8 @@ from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.card import run_card
+from hubgrpo.coordinator import evals
+from hubgrpo.coordinator.pruning import merge_deletes
 from hubgrpo.errors import CommitConflict, InvalidSubmission
 from hubgrpo.layout import MergedEntry, RunState, VersionRecord
 
@@ -130,9 +132,7 @@ def plan_merge(c) -> MergePlan | None:
                         trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm, factor_split=m.factor_split)
     c.merging = c.state.version + 1
     fold = c.fold if foldable(c) and c.fold is not None and c.fold.version == c.state.version else None
-    from hubgrpo.coordinator.evals import gate_start
-
-    start = gate_start(c)  # merge.eval_gate: start from the best-scored version after a bad score
+    start = evals.gate_start(c)  # merge.eval_gate: start from the best-scored version after a bad score
     global_ = c._global() if start is None else (lambda: c._adapter(start))
     return MergePlan(version=c.state.version + 1, global_=global_, items=items, entries=entries, options=opts,
                      momentum=_momentum(c), fold=fold if start is None else None, raw_weights=raw,
@@ -239,9 +239,7 @@ def stage(c, plan: MergePlan, result) -> Staged | None:
         return None
     state = _next_state(c, plan.entries, result.report)
     state.versions[-1].start_version = plan.start_version
-    from hubgrpo.coordinator.evals import apply
-
-    saved = apply(state, c.new_evals)
+    saved = evals.apply(state, c.new_evals)
     tmp = tempfile.TemporaryDirectory(prefix="hubgrpo-merge-")
     staged = Staged(state=state, files=_files(c, result, state, Path(tmp.name)), version=state.version,
                     message=f"hubgrpo: version {state.version} ({len(plan.entries)} submissions)",
@@ -314,8 +312,8 @@ def commit(c, staged: Staged) -> bool:
                 c.pending_reload = c.read_repo()
                 return False
             try:
-                staged.sha = c.store.commit(staged.files, _prune(c, staged, head), message=staged.message,
-                                            parent=head)
+                deletes = merge_deletes(c, staged.state, head) if staged.version is not None else []
+                staged.sha = c.store.commit(staged.files, deletes, message=staged.message, parent=head)
             except CommitConflict:
                 continue
             if staged.version is not None:
@@ -326,15 +324,6 @@ def commit(c, staged: Staged) -> bool:
     finally:
         if staged.tmp is not None:
             staged.tmp.cleanup()
-
-
-def _prune(c, staged: Staged, head: str) -> list[str]:
-    """A merge commit's folder deletes: submissions of versions older than ``coordinator.keep_submissions``."""
-    if staged.version is None:
-        return []
-    from hubgrpo.coordinator.pruning import deletes
-
-    return deletes(c.store, head, staged.state, c.cfg.coordinator.keep_submissions, c.cfg.merge.max_staleness)
 
 
 def adopt(c, staged: Staged) -> bool:
@@ -394,12 +383,10 @@ def stage_refusals(c, *, force: bool = False) -> Staged | None:
     oldest = min([r.at for r in c.new_refusals] + [e[2] for e in c.new_evals.values()])
     if not force and (now - oldest < c.cfg.coordinator.refusal_flush_s or c._budget_wait(now) > 0):
         return None
-    from hubgrpo.coordinator.evals import apply
-
     st = c.state.model_copy(deep=True)
     st.refused = (st.refused + c.new_refusals)[-MAX_REFUSALS_KEPT:]
     st.next_prompt = c.pool.next_index
-    saved = apply(st, c.new_evals)
+    saved = evals.apply(st, c.new_evals)
     files = {layout.STATE_FILE: st.to_json()}
     if saved:
         files[layout.MODEL_CARD] = run_card(c.cfg, st).encode()

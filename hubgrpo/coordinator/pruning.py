@@ -17,6 +17,11 @@ from hubgrpo import layout
 from hubgrpo.layout import RunState
 
 
+def merge_deletes(c, state: RunState, head: str) -> list[str]:
+    """The folder deletes of the merge commit writing ``state`` (``coordinator.keep_submissions``)."""
+    return deletes(c.store, head, state, c.cfg.coordinator.keep_submissions, c.cfg.merge.max_staleness)
+
+
 def deletes(store, head: str, state: RunState, keep: int | None, max_staleness: int) -> list[str]:
     """Folder deletes (ending in '/') for the merge commit that writes ``state`` on top of ``head`` (a store
     read: call without the server's lock)."""

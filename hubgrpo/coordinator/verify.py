@@ -91,7 +91,8 @@ def check_shape(cfg, lease: Lease, data: Rollouts, names: list[str]) -> None:
         if sizes != {per_batch} or len(batch.rewards) != len(names):
             bad(f"batch {b} is not {per_batch} completions with one value per reward function")
         if not allowed.issuperset(batch.prompt_indices):
-            bad(f"batch {b} answers prompts the lease did not give (indices {sorted(set(batch.prompt_indices) - allowed)[:5]})")
+            foreign = sorted(set(batch.prompt_indices) - allowed)[:5]
+            bad(f"batch {b} answers prompts the lease did not give (indices {foreign})")
         idx = batch.prompt_indices
         if any(len(set(idx[k:k + group])) != 1 for k in range(0, per_batch, group)):
             bad(f"batch {b} is not in groups of {group} completions per prompt")

@@ -83,8 +83,8 @@ def read(path: Path, max_bytes: int) -> Rollouts:
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        raise InvalidSubmission("no_rollouts", f"the submission has no {ROLLOUTS_FILE}",
-                                hint="upgrade hubgrpo on the worker: submissions carry their round's rollouts") from None
+        raise InvalidSubmission("no_rollouts", f"the submission has no {ROLLOUTS_FILE}", hint="upgrade hubgrpo "
+                                "on the worker: submissions carry their round's rollouts") from None
     if size > max_bytes:
         raise InvalidSubmission("too_large", f"{ROLLOUTS_FILE} holds {size:,} bytes, more than a round of this lease "
                                 f"can produce ({max_bytes:,})", hint="submit the rollouts your round generated")
@@ -110,7 +110,8 @@ def _gunzip(data: bytes, max_bytes: int) -> bytes:
                                 hint="write it with hubgrpo (gzip-compressed JSON)") from None
     if len(out) > max_bytes or d.unconsumed_tail:
         raise InvalidSubmission("too_large", f"{ROLLOUTS_FILE} decompresses to more than {max_bytes:,} bytes, more "
-                                "than a round of this lease can produce", hint="submit the rollouts your round generated")
+                                "than a round of this lease can produce",
+                                hint="submit the rollouts your round generated")
     if not d.eof or d.unused_data:
         raise InvalidSubmission("bad_rollouts", f"{ROLLOUTS_FILE} is truncated or has trailing data",
                                 hint="the upload was probably interrupted")

@@ -181,7 +181,8 @@ class RoundEngine:
                           use_rslora=lc.use_rslora, task_type="CAUSAL_LM")
         torch.manual_seed(params["seed"])  # LoRA A is drawn inside get_peft_model: version 0 follows params.seed
         placeholder = Dataset.from_list(self.prompt_rows([0]))
-        trainer = GRPOTrainer(model=self.model, reward_funcs=self.rollouts.wrap(self.rewards), args=self._grpo_args(params, 1),
+        trainer = GRPOTrainer(model=self.model, reward_funcs=self.rollouts.wrap(self.rewards),
+                              args=self._grpo_args(params, 1),
                               train_dataset=placeholder, processing_class=self.tokenizer, peft_config=lora,
                               callbacks=[self._recorder])
         trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
