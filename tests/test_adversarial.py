@@ -87,6 +87,21 @@ class Run:
         except InvalidSubmission as e:
             return e
 
+    def refuse_each(self, attacks: dict) -> None:
+        """Every attack (name: (mutation, code)) refused with its code and recorded, an honest version merged after
+        each, every state.json written loading again and a restarted coordinator starting."""
+        outcomes = {}
+        for name, (mutate, code) in attacks.items():
+            got = self.attack(mutate)
+            assert isinstance(got, InvalidSubmission), f"{name}: admitted ({got})"
+            outcomes[name] = got.code
+            assert len(got.message) < 1000, f"{name}: the refusal quotes too much"
+            version = self.honest_version()
+            self.check_state_and_restart()
+            assert self.coord.state.version >= version
+        assert outcomes == {name: code for name, (_, code) in attacks.items()}
+        assert set(outcomes.values()) <= {r["code"] for r in self.client.status()["refusals"]}
+
     def check_state_and_restart(self) -> None:
         """Every state.json written loads again, and a coordinator restarted on the repo starts."""
         state = RunState.from_json(self.store.read(layout.STATE_FILE))
@@ -174,18 +189,7 @@ def test_every_forged_submission_is_refused_with_its_code_while_honest_versions_
     try:
         for _ in range(3):  # some history for the norm bound
             run.honest_version()
-        outcomes = {}
-        for name, (mutate, code) in ATTACKS.items():
-            got = run.attack(mutate)
-            assert isinstance(got, InvalidSubmission), f"{name}: admitted ({got})"
-            outcomes[name] = got.code
-            assert len(got.message) < 1000, f"{name}: the refusal quotes too much"
-            version = run.honest_version()
-            run.check_state_and_restart()
-            assert run.coord.state.version >= version
-        assert outcomes == {name: code for name, (_, code) in ATTACKS.items()}
-        refusals = {r["code"] for r in run.client.status()["refusals"]}
-        assert set(outcomes.values()) <= refusals
+        run.refuse_each(ATTACKS)
         # an update ~6× the usual norm, every entry inside the per-entry step bound: the history bound catches it
         got = run.attack(move_b(0.65))
         assert isinstance(got, InvalidSubmission) and got.code == "norm_outlier", got
