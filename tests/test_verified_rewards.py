@@ -125,6 +125,8 @@ TAMPERS = {  # name: (edit of the JSON, refusal code)
     "one batch missing": (lambda d: d["batches"].pop(), "bad_rollouts"),
     "groups mixed": (lambda d: _swap_ends(d["batches"][0]["prompt_indices"]), "bad_rollouts"),
     "unknown key": (_set(("extra",), 1), "bad_rollouts"),
+    "a completion longer than generation allows": (_set(("batches", 0, "completions", 0),
+                                                        "<answer>" * 10_000), "bad_rollouts"),
     "10**6 completions": (lambda d: json.dumps({**d, "batches": [{**d["batches"][0],
                                                                  "completions": ["a"] * 10**6}]}), "too_large"),
 }

@@ -23,6 +23,7 @@ from pathlib import Path
 from hubgrpo.errors import HubGrpoError, InvalidSubmission
 from hubgrpo.layout import ROLLOUTS_FILE, Lease, Rollouts
 from hubgrpo.task import rollouts as rl
+from hubgrpo.task.rewards import completion_text
 
 
 class RewardCheck:
@@ -85,7 +86,7 @@ def check_shape(cfg, lease: Lease, data: Rollouts, names: list[str]) -> None:
         bad(f"reward functions {data.reward_names[:8]} are not the run's {names}")
     if len(data.batches) != n_batches:
         bad(f"{len(data.batches)} generation batches; a round of {lease.steps} steps has {n_batches}")
-    allowed = set(lease.prompt_indices)
+    allowed, longest = set(lease.prompt_indices), rl.completion_limit(cfg, lease)
     for b, batch in enumerate(data.batches):
         sizes = {len(batch.prompt_indices), len(batch.completions), *(len(col) for col in batch.rewards)}
         if sizes != {per_batch} or len(batch.rewards) != len(names):
@@ -96,3 +97,6 @@ def check_shape(cfg, lease: Lease, data: Rollouts, names: list[str]) -> None:
         idx = batch.prompt_indices
         if any(len(set(idx[k:k + group])) != 1 for k in range(0, per_batch, group)):
             bad(f"batch {b} is not in groups of {group} completions per prompt")
+        if any(len(completion_text(c)) > longest for c in completions_of(batch)):  # before any reward runs on it
+            bad(f"batch {b} holds a completion longer than {longest:,} characters, more than "
+                f"max_completion_length tokens decode to")

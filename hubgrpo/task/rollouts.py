@@ -68,6 +68,11 @@ def expected_shape(cfg, lease) -> tuple[int, int, int]:
     return -(-steps // mu), per_batch, int(p["num_generations"])
 
 
+def completion_limit(cfg, lease) -> int:
+    """The most characters one completion of ``lease`` can decode to (``max_completion_length`` tokens)."""
+    return int(lease_params(cfg, lease)["max_completion_length"]) * BYTES_PER_TOKEN
+
+
 def size_limit(cfg, lease) -> int:
     """The largest rollouts file (decompressed) a round of ``lease`` can honestly produce."""
     batches, per_batch, _ = expected_shape(cfg, lease)
