@@ -182,3 +182,20 @@ def test_hostile_held_out_scores_are_refused_and_only_evaluators_record_them(tmp
         assert alice.record_eval(0, 0.25, 4)["status"] == "recorded"
     finally:
         app.close()
+
+
+def test_a_run_repo_s_config_cannot_make_the_coordinator_run_code(tmp_path):
+    """The coordinator recomputes rewards, so a config naming `os:system` would be code it runs: it refuses to
+    start unless its operator allows that name (--allow-reward), through the installed entry point."""
+    import subprocess
+    import sys
+
+    cfg = make_config()
+    evil = cfg.model_copy(update={"rewards": [cfg.rewards[0].model_copy(update={"function": "os:system"})]})
+    init_repo(LocalStore(tmp_path / "evil"), evil, write_adapter(tmp_path / "v0", seed=0))
+    exe = Path(sys.executable).with_name("hubgrpo")
+    r = subprocess.run([str(exe), "coordinator", "--repo", str(tmp_path / "evil"), "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "os:system" in r.stderr and "--allow-reward" in r.stderr
+    assert "HUBGRPO_ALLOW_REWARD" in r.stderr  # the Space's way to allow it
+    Coordinator(LocalStore(tmp_path / "evil"), SECRET, workdir=tmp_path / "c", allow_code=["os:system"])

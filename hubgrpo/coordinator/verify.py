@@ -30,9 +30,16 @@ class RewardCheck:
     """The run's reward functions and prompt data, loaded once on first use (the data may be a Hub dataset)."""
 
     def __init__(self, cfg, allow_code: list[str] | None = None):
-        from hubgrpo.task.rewards import check_allowed
+        from hubgrpo.errors import ConfigError
+        from hubgrpo.task.rewards import foreign_code
 
-        check_allowed(cfg.rewards, allow_code or [])  # at startup: a clear error naming --allow-reward
+        missing = [f for f in foreign_code(cfg.rewards) if f not in set(allow_code or [])]
+        if missing:  # at startup: the coordinator would otherwise import code a run repo's config names
+            flags = " ".join(f"--allow-reward {f!r}" for f in missing)
+            raise ConfigError(f"the run's config names reward code that is not built in: {', '.join(missing)}; the "
+                              "coordinator recomputes every round's rewards and runs only code its operator allows",
+                              hint=f"read that code, then start the coordinator with {flags} (on a Space: set the "
+                                   f"variable HUBGRPO_ALLOW_REWARD={','.join(missing)})")
         self.cfg = cfg
         self._lock = threading.Lock()
         self._loaded: tuple | None = None

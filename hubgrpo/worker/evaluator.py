@@ -47,12 +47,17 @@ class Evaluator:
         return sorted((v["version"] for v in status.get("versions", []) if v.get("eval_reward") is None),
                       reverse=True)
 
-    def score(self, version: int, sha: str) -> tuple[float, int]:
-        """(held-out reward, prompts scored) of the adapter at ``sha``; the downloaded copy is deleted after."""
+    def ready(self):
+        """The engine (base model + held-out prompts + rewards), built on first use."""
         if self.engine is None:
             from hubgrpo.worker.engine import RoundEngine
 
             self.engine = RoundEngine(self.cfg, worker="evaluator")
+        return self.engine
+
+    def score(self, version: int, sha: str) -> tuple[float, int]:
+        """(held-out reward, prompts scored) of the adapter at ``sha``; the downloaded copy is deleted after."""
+        self.ready()
         folder = runrepo.adapter_at(self.store, sha, self.workdir / "adapters")
         try:
             reward = self.engine.evaluate(folder, n=self.samples, greedy=True)
@@ -75,6 +80,7 @@ class Evaluator:
                 self.sleep(self.poll_s)
 
     def _score_and_record(self, version: int, sha: str) -> dict:
+        self.ready()  # seconds per version: download + greedy generation + rewards, not the engine's setup
         t0 = time.perf_counter()
         reward, n = self.score(version, sha)
         self.seconds.append(time.perf_counter() - t0)
