@@ -8,6 +8,9 @@ construction (batch shape, sampling, loss, KL…) rebuilds the trainer on a fres
 
 The KL reference (``beta > 0``) is the base model (the adapter disabled), as TRL does when it gets a peft_config.
 
+TRL calls the reward functions through ``hubgrpo.worker.rollouts.RolloutRecorder`` (training rows carry their
+prompt index): each round's folder gets ``rollouts.json.gz``, from which the coordinator recomputes the rewards.
+
 Timing breakdown of a round (``Submission.timings``, seconds): ``load`` (adapter into the model), ``generate``
 (TRL's ``_generate``: tokenising, sampling, decoding — measured by wrapping that method), ``reward`` (time inside
 the reward functions), ``train`` (the rest of ``trainer.train()``: log-prob forward passes, backward, optimizer),
