@@ -40,6 +40,9 @@ def test_scores_wait_for_a_commit_then_reach_state_json_on_their_own(tmp_path):
     _merge(c, store, tmp_path, 1)
     assert c.record_eval(1, 0.25, 8)["status"] == "recorded"
     assert c.status()["versions"][1]["eval_reward"] == 0.25  # shown at once
+    curve = view.reward_curve(c.status())  # the Space plots it beside the training reward
+    assert sorted(curve[curve["series"] == view.HELD_OUT]["version"]) == [1]
+    assert sorted(curve[curve["series"] == view.TRAINING]["version"]) == [1]
     assert runrepo.read_state(store).versions[1].eval_reward is None  # not committed yet
     _merge(c, store, tmp_path, 2)  # … the next merge commit carries it
     assert runrepo.read_state(store).versions[1].eval_reward == 0.25 and c.new_evals == {}

@@ -61,8 +61,8 @@ def _layout(coord) -> dict[str, Any]:
         # versions are whole numbers: integer tick labels, and an axis at least MIN_VERSION_AXIS wide so that the
         # ticks fall on whole numbers (see _refresher)
         c["reward"] = gr.LinePlot(x="version", y="reward", color="series", title="Reward per global version",
-                                  x_title="version", y_title="training (merged rounds) and held-out reward",
-                                  height=300, x_axis_format="d", elem_id="hg-reward-plot")
+                                  x_title="version", y_title="reward", height=300, x_axis_format="d",
+                                  elem_id="hg-reward-plot")
         c["workers"] = gr.LinePlot(x="version", y="reward", color="worker", title="Round reward per worker",
                                    x_title="version", y_title="round reward", height=300, x_axis_format="d",
                                    elem_id="hg-worker-plot")
