@@ -112,9 +112,10 @@ def render_model_card(cfg: Config, *, title: str, reward_rows: list[dict], body:
 
 
 def run_card(cfg: Config, state: RunState) -> str:
-    """The run repo's model card: a PEFT adapter card with the reward per version."""
-    rows = [{"version": v.version, "reward": v.reward_mean, "submissions": len(v.merged),
-             "samples": v.samples, "residual": v.residual} for v in state.versions]
+    """The run repo's model card: a PEFT adapter card with the reward per version (training reward recomputed by
+    the coordinator from the rounds' rollouts; held-out reward recorded by ``hubgrpo evaluate``)."""
+    rows = [{"version": v.version, "reward": v.reward_mean, "held-out reward": v.eval_reward,
+             "submissions": len(v.merged), "samples": v.samples, "residual": v.residual} for v in state.versions]
     body = (f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
             f"{state.samples_total} completions, merge method `{cfg.merge.method}`.")
     return render_model_card(cfg, title=f"{cfg.project_name} (hubgrpo run, version {state.version})",

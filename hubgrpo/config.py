@@ -138,6 +138,9 @@ class MergeSection(_Section):
         "row norms at the global's so the next round's B learns at its usual speed (keep_a).")
     max_submission_mb: float = Field(512, gt=0, description="Submissions larger than this are refused (also "
                                      "anything larger than the global adapter's own size allows).")
+    eval_gate: float | None = Field(
+        None, ge=0, description="When the newest held-out score (hubgrpo evaluate) is more than this margin below "
+        "the best so far, the next merge starts from the best version instead; None = off.")
 
     @field_validator("method")
     @classmethod
@@ -160,6 +163,11 @@ class CoordinatorSection(_Section):
         30, ge=0, description="A lease asked while a merge is due or running waits up to this long for the new "
         "version (0 = lease the current one at once, one version staler).")
     allowed_users: list[str] = Field(default_factory=list, description="Users/orgs allowed to work; empty = repo owner.")
+    evaluators: list[str] = Field(default_factory=list, description="Users/orgs allowed to record held-out scores "
+                                  "(hubgrpo evaluate); empty = the repo owner.")
+    keep_submissions: int | None = Field(2, ge=0, description="Submission folders of the last N merged versions "
+                                         "stay in the repo's head; older ones leave it with a later merge commit "
+                                         "(history keeps them until `hubgrpo gc`); None = keep all.")
     commit_budget_per_hour: int = Field(60, gt=0, description="Keep repo commits per hour under this.")
     rate_limit_per_minute: int = Field(120, gt=0, description="API calls per worker per minute.")
     max_leases_per_user: int = Field(32, gt=0, description="Live leases one user may hold at once.")

@@ -7,7 +7,8 @@ Layout of a run repo (the bucket)::
     hubgrpo.yaml                                     resolved config (secrets redacted)
     state.json                                       RunState: versions, merged/refused submissions, workers
     optimizer/outer_momentum.safetensors             outer-optimizer state (only with outer momentum)
-    submissions/<base version>/<worker>-<lease>/     adapter_model.safetensors, adapter_config.json, submission.json
+    submissions/<base version>/<worker>-<lease>/     adapter_model.safetensors, adapter_config.json,
+                                                     rollouts.json.gz, submission.json
     tags v000000, v000001, ...                       one per global version
 
 No torch import here: the coordinator's Space stays light.
@@ -25,7 +26,8 @@ from hubgrpo.errors import InvalidSubmission
 SCHEMA_VERSION = 1
 # The wire protocol between workers and coordinators; a lease request carries it and a coordinator refuses any other
 # (code ``version``). Raise it with every change a worker and a coordinator of different releases would disagree on.
-PROTOCOL_VERSION = 2  # 2: leases carry ``uploads`` (presigned URLs for submissions in an S3 box)
+PROTOCOL_VERSION = 2  # 2: leases carry ``uploads`` (presigned URLs for submissions in an S3 box); every
+# submission carries its round's rollouts (ROLLOUTS_FILE) and the coordinator recomputes the rewards
 WHEELS_DIR = "wheels"  # where `hubgrpo space deploy` publishes the hubgrpo wheel in the Space repo
 
 
@@ -46,8 +48,9 @@ STATE_FILE = "state.json"
 MOMENTUM_FILE = "optimizer/outer_momentum.safetensors"
 SUBMISSIONS = "submissions"
 SUBMISSION_FILE = "submission.json"
+ROLLOUTS_FILE = "rollouts.json.gz"  # the round's prompt indices, completions and rewards (gzip-compressed JSON)
 ADAPTER_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG)
-SUBMISSION_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG, SUBMISSION_FILE)  # in upload order: the record last
+SUBMISSION_FILES = (*ADAPTER_FILES, ROLLOUTS_FILE, SUBMISSION_FILE)  # what a worker delivers, in this order: the record last
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TAG = re.compile(r"v(\d{6,})")
@@ -134,7 +137,7 @@ class Submission(Record):
     samples: Count  # self-reported: shown, never used (the merge weight comes from the lease)
     prompts: Count
     tokens: Count
-    reward_mean: Num
+    reward_mean: Num  # self-reported: ignored (the coordinator recomputes it from the rollouts)
     reward_first: Num
     reward_last: Num
     step_metrics: list[StepMetrics] = Field(max_length=100_000)
@@ -154,9 +157,37 @@ class MergedEntry(Record):
     staleness: Version
     weight: Annotated[float, Field(ge=0, le=1e6)]
     samples: Count  # derived from the lease (completions per step × steps), never from the worker
-    reward_mean: Num
+    reward_mean: Num  # recomputed from the round's rollouts with the run's reward functions
     update_norm: Annotated[float, Field(ge=0, le=1e12)] | None = None  # ‖ΔWᵢ − ΔW_base‖ (norm bound history)
     steps: Count | None = None
+
+
+MAX_COMPLETION_CHARS = 1_000_000
+CompletionText = Annotated[str, Field(max_length=MAX_COMPLETION_CHARS)]
+
+
+class Message(Record):
+    """One chat message of a completion (TRL's conversational form)."""
+
+    role: Text
+    content: CompletionText
+
+
+class RolloutBatch(Record):
+    """One generation batch of a round, as the reward functions saw it: the lease's prompt index of each
+    completion, the completion, and each reward function's value per completion (None: no opinion)."""
+
+    prompt_indices: list[Index] = Field(max_length=100_000)
+    completions: list[CompletionText | Annotated[list[Message], Field(max_length=16)]] = Field(max_length=100_000)
+    rewards: list[list[Num | None]] = Field(max_length=64)  # [function][completion]
+
+
+class Rollouts(Record):
+    """rollouts.json.gz: every completion of a round and its rewards, so the coordinator can recompute them."""
+
+    schema_version: Literal[1] = 1
+    reward_names: list[Text] = Field(max_length=64)
+    batches: list[RolloutBatch] = Field(max_length=100_000)
 
 
 class Refusal(Record):
@@ -182,8 +213,11 @@ class VersionRecord(Record):
     update_norm: Annotated[float, Field(ge=0, le=1e12)] | None = None
     outer_lr: Annotated[float, Field(gt=0, le=1e6)] = 1.0
     merged: list[MergedEntry] = Field(default_factory=list, max_length=100_000)
-    reward_mean: Num | None = None
+    reward_mean: Num | None = None  # recomputed by the coordinator from the rounds' rollouts, never reported
     samples: Count = 0
+    eval_reward: Num | None = None  # held-out reward, recorded by an evaluator (``hubgrpo evaluate``)
+    eval_samples: Count | None = None
+    start_version: Version | None = None  # set when the merge started from another version than the previous one
 
 
 class WorkerStats(Record):

@@ -18,6 +18,7 @@ from hubgrpo.config import Config, loads
 from hubgrpo.errors import NotFound
 from hubgrpo.layout import RunState
 from hubgrpo.store.base import Store
+from hubgrpo.store.cache import evict
 
 
 def cache_root() -> Path:
@@ -37,10 +38,13 @@ def read_config(store: Store, revision: str | None = None) -> Config:
 
 def read_state(store: Store, revision: str | None = None) -> RunState:
     try:
-        return RunState.from_json(store.read(layout.STATE_FILE, revision))
+        data = store.read(layout.STATE_FILE, revision)
     except NotFound:
         raise NotFound(f"{store.location} has no {layout.STATE_FILE}: it is not a hubgrpo run repo",
                        hint="create it with `hubgrpo init CONFIG --repo REPO`") from None
+    if revision is not None:  # one state.json per merge: a long run's cache would grow with every version
+        evict(store, [layout.STATE_FILE], revision)
+    return RunState.from_json(data)
 
 
 def version_shas(store: Store) -> dict[int, str]:
@@ -54,18 +58,46 @@ def version_shas(store: Store) -> dict[int, str]:
 
 
 def fetch_dir(store: Store, files: dict[str, str], revision: str, dest: Path) -> Path:
-    """Copy repo files (repo path → local file name) at ``revision`` into ``dest`` (cached per revision)."""
+    """Copy repo files (repo path → local file name) at ``revision`` into ``dest`` (cached per revision); the
+    store's own cached copies are then evicted (``hubgrpo.store.cache``): ``dest`` is the one copy kept."""
     if dest.is_dir():  # only ever created by the atomic rename below, so it is complete
+        os.utime(dest)  # most recently used (``prune_revisions``)
         return dest
     tmp = dest.with_name(dest.name + f".tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True, exist_ok=True)
-    for repo_path, name in files.items():
-        shutil.copyfile(store.local_path(repo_path, revision), tmp / name)
+    try:
+        for repo_path, name in files.items():
+            _copy(store, repo_path, revision, tmp / name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    evict(store, list(files), revision)
     try:
         tmp.rename(dest)
     except OSError:  # another process won the race: use its copy
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _copy(store: Store, repo_path: str, revision: str, target: Path, tries: int = 3) -> None:
+    """Copy one cached file; a cached copy evicted meanwhile by another reader is fetched again."""
+    for attempt in range(tries):
+        try:
+            shutil.copyfile(store.local_path(repo_path, revision), target)
+            return
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
+
+
+def prune_revisions(parent: Path, keep: int) -> None:
+    """Delete all but the ``keep`` most recently used revision folders under ``parent`` (``fetch_dir``'s cache)."""
+    if not parent.is_dir():
+        return
+    folders = sorted((p for p in parent.iterdir() if p.is_dir() and ".tmp-" not in p.name),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in folders[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def adapter_at(store: Store, revision: str, cache: Path | None = None) -> Path:

@@ -104,7 +104,7 @@ def audit(store) -> dict:
         elif m := _VER_MSG.match(first + " "):
             ver_commits[int(m.group(1))] += 1
             ver_pos.setdefault(int(m.group(1)), i)
-    in_repo = submitted_ids(store)
+    in_repo = submitted_ids(store) | set(sub_commits)  # folders of merged rounds leave the head (keep_submissions)
     merged, refused = set(state.merged_ids), {r.submission_id for r in state.refused}
     unaccounted = in_repo - merged - refused
 

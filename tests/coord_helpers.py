@@ -86,12 +86,53 @@ def submission_record(lease: Lease, reward: float = 0.5, samples: int = 8) -> Su
         timings={"total": 1.0}, versions={"hubgrpo": "test"}, device="cpu", created_at=time.time())
 
 
+_SOURCES: dict = {}
+
+
+def honest_rollouts(lease: Lease, cfg=None, *, reward: float = 0.5):
+    """The rollouts a round of ``lease`` could have produced: in every batch the first ``reward`` share of the
+    completions answers its prompt (``<answer>…</answer>``), the rest does not; rewards scored with the run's own
+    reward functions, as the coordinator recomputes them."""
+    from hubgrpo.layout import RolloutBatch, Rollouts
+    from hubgrpo.task import rollouts as rl
+    from hubgrpo.task.data import PromptSource
+    from hubgrpo.task.rewards import load_rewards
+
+    cfg = cfg or make_config()
+    key = cfg.data.model_dump_json() + str(cfg.params.seed)
+    source = _SOURCES.get(key) or _SOURCES.setdefault(key, PromptSource.from_config(cfg))
+    rewards = load_rewards(cfg.rewards)
+    n_batches, per_batch, group = rl.expected_shape(cfg, lease)
+    prompts = list(dict.fromkeys(lease.prompt_indices))
+    batches = []
+    for b in range(n_batches):
+        idx = [prompts[(b * per_batch // group + j // group) % len(prompts)] for j in range(per_batch)]
+        rows = source.rows(idx)
+        texts = [f"<answer>{r.get('answer') if j < round(reward * per_batch) else 'no'}</answer>"
+                 for j, r in enumerate(rows)]
+        comps = [[{"role": "assistant", "content": t}] for t in texts] if cfg.data.chat_template else texts
+        batches.append(RolloutBatch(prompt_indices=idx, completions=comps,
+                                    rewards=rl.score(rewards, source, idx, comps)))
+    return Rollouts(reward_names=[r.__name__ for r in rewards], batches=batches)
+
+
+def write_rollouts(folder: Path, lease: Lease, cfg=None, *, reward: float = 0.5) -> Path:
+    """``honest_rollouts`` written as the submission's rollouts file."""
+    from hubgrpo.task.rollouts import dumps
+
+    (folder / layout.ROLLOUTS_FILE).write_bytes(dumps(honest_rollouts(lease, cfg, reward=reward)))
+    return folder
+
+
 def push_submission(store, lease: Lease, tmp: Path, *, seed: int, reward: float = 0.5, b_scale: float = 0.1,
                     mutate=None) -> str:
     """What a worker does after training: one commit with its submission folder. Returns the commit sha."""
+    from hubgrpo import runrepo
+
     sub_id = layout.submission_id(lease.worker, lease.lease_id)
     folder = trained_adapter(store, lease, tmp / sub_id, seed, b_scale)
     (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease, reward).to_json())
+    write_rollouts(folder, lease, runrepo.read_config(store), reward=reward)
     if mutate:
         mutate(folder)
     adds = {layout.submission_path(lease.base_version, sub_id, f.name): f for f in folder.iterdir()}

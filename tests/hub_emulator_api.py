@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode
 
 import yaml
 
+from tests import hub_emulator_storage as storage
 from tests.hub_emulator_jobs import JobsEmulator
 from tests.hub_emulator_spaces import SpaceSettings
 from tests.hub_emulator_state import HubError, HubState, Repo, iso, tree_items
@@ -142,7 +143,8 @@ class HubApi:
             ("POST", "tag"): ("tag", lambda: self.create_tag(req, t, rid, arg)),
             ("DELETE", "tag"): ("tag", lambda: self.delete_ref(req, t, rid, arg, "tags")),
         }
-        found = table.get((m, op)) or (self.spaces.route(self, req, rid, rest) if t == "space" else None)
+        found = table.get((m, op)) or (self.spaces.route(self, req, rid, rest) if t == "space" else None) \
+            or storage.route(self, req, t, rid, rest)
         return found or ("unknown", lambda: _raise(HubError(404, f"Unknown endpoint {req.path}")))
 
     # -- auth ----------------------------------------------------------------------------------------------
@@ -275,7 +277,7 @@ class HubApi:
         with self.state.lock:
             repo = self._repo(req, t, rid)
             c = self._commit_at(repo, rev) if repo.branches or rev != "main" else None
-            items = tree_items(c, path, req.flag("recursive"), self.state.sizes())
+            items = tree_items(c, path, req.flag("recursive"), self.state.sizes(), storage.lfs_info(self.state))
         size = min(50, self.tree_page_size) if req.flag("expand") else self.tree_page_size
         return self._page(req, items, int(req.arg("cursor", "0") or 0), size, "cursor")
 
@@ -293,7 +295,8 @@ class HubApi:
         with self.state.lock:
             repo = self._repo(req, t, rid)
             c = self._commit_at(repo, rev)
-            everything = {i["path"]: i for i in tree_items(c, "", True, self.state.sizes())}
+            items = tree_items(c, "", True, self.state.sizes(), storage.lfs_info(self.state))
+            everything = {i["path"]: i for i in items}
         return json_resp([everything[p] for p in form.get("paths", []) if p in everything])
 
     def refs(self, req: Request, t: str, rid: str) -> Resp:
@@ -363,6 +366,7 @@ class HubApi:
                 raise HubError(403, "You cannot delete the default branch")
             del refs[name]
             self.state.save_refs(repo)
+            storage.collect_garbage(self.state)  # what only that ref reached is reclaimed
         return json_resp({})
 
     # -- download ------------------------------------------------------------------------------------------

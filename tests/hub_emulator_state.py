@@ -82,6 +82,7 @@ class Repo:
     commits: dict[str, Commit] = field(default_factory=dict)
     branches: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    lfs: dict[str, dict] = field(default_factory=dict)  # sha256 → stored LFS object (``hub_emulator_storage``)
     commit_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -106,8 +107,9 @@ class Repo:
             c = self.commits.get(c.parent) if c.parent else None
 
 
-def tree_items(commit: Commit | None, path: str, recursive: bool, sizes: dict[str, int]) -> list[dict]:
-    """Tree entries under folder ``path`` ('' = root) in the Hub's JSON shape. Raises HubError if not a folder."""
+def tree_items(commit: Commit | None, path: str, recursive: bool, sizes: dict[str, int], lfs_of=None) -> list[dict]:
+    """Tree entries under folder ``path`` ('' = root) in the Hub's JSON shape (``lfs_of(path, oid)``: the entry's
+    ``lfs`` info, or None for a regular file). Raises HubError if not a folder."""
     tree = commit.tree if commit else {}
     prefix = path.rstrip("/") + "/" if path else ""
     files = sorted(p for p in tree if p.startswith(prefix))
@@ -123,6 +125,9 @@ def tree_items(commit: Commit | None, path: str, recursive: bool, sizes: dict[st
                 out[d] = {"type": "directory", "oid": hashlib.sha1(sub.encode()).hexdigest(), "path": d}
         if recursive or len(rel) == 1:
             out[p] = {"type": "file", "oid": tree[p], "size": sizes.get(tree[p], 0), "path": p}
+            lfs = lfs_of(p, tree[p]) if lfs_of else None
+            if lfs:
+                out[p]["lfs"] = lfs
     return [out[k] for k in sorted(out)]
 
 
@@ -133,6 +138,7 @@ class HubState:
         self.lock = threading.RLock()
         self.repos: dict[tuple[str, str], Repo] = {}
         self.blobs: dict[str, bytes] = {}
+        self.sha256: dict[str, str] = {}  # blob oid → sha256 of its bytes (LFS ids), computed on demand
         self.data_dir = Path(data_dir) if data_dir else None
         if self.data_dir and (self.data_dir / "events.jsonl").exists():
             self._load()
@@ -182,9 +188,13 @@ class HubState:
         if parent and not (head_sha or "").startswith(parent.lower()):
             raise HubError(412, "The branch was updated since you opened this page. Please refresh and try again.")
         tree = dict(repo.commits[head_sha].tree) if head_sha else {}
+        old = dict(tree)
         for op in ops:
             _apply_op(self, tree, op)
         title, message = header.get("summary") or "", header.get("description") or ""
+        from tests.hub_emulator_storage import register_lfs
+
+        register_lfs(self, repo, old, tree)
         return self._add_commit(repo, branch, tree, title, message, author)
 
     def delete_repo(self, repo_type: str, repo_id: str) -> None:
@@ -218,6 +228,11 @@ class HubState:
                 self.repos[key].commits[e["commit"]["sha"]] = Commit(**e["commit"])
             elif e["op"] == "refs":
                 self.repos[key].branches, self.repos[key].tags = e["branches"], e["tags"]
+            elif e["op"] == "drop":  # commits collected after a super-squash or a ref deletion
+                for sha in e["commits"]:
+                    self.repos[key].commits.pop(sha, None)
+            elif e["op"] == "lfs":
+                self.repos[key].lfs = e["lfs"]
             elif e["op"] == "delete":
                 self.repos.pop(key, None)
         for f in (self.data_dir / "blobs").glob("*"):

@@ -26,7 +26,8 @@ from hubgrpo.layout import RunState
 from hubgrpo.space.api import serve
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
-from tests.coord_helpers import FakeClock, make_config, submission_record, trained_adapter, write_adapter
+from tests.coord_helpers import (FakeClock, make_config, submission_record, trained_adapter, write_adapter,
+                                 write_rollouts)
 
 SECRET = b"adversarial-test-secret"
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,12 +37,13 @@ class Run:
     """A served coordinator over a local run repo, an honest worker and a hostile one (HTTP + repo commits)."""
 
     def __init__(self, tmp: Path, **settings):
-        cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 4, "params.versions": 1000, **settings})
+        cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 4, "params.versions": 1000,
+                             "coordinator.commit_budget_per_hour": 1000, **settings})
         self.tmp, self.store = tmp, LocalStore(tmp / "repo")
         init_repo(self.store, cfg, write_adapter(tmp / "v0", seed=0, b_scale=0.0))
         self.coord = Coordinator(self.store, SECRET, workdir=tmp / "coord")
-        self.app, url = serve(self.coord, tick_interval=0.05)
-        self.client = CoordinatorClient(url, retries=0)
+        self.app, self.url = serve(self.coord, tick_interval=0.05)
+        self.client = CoordinatorClient(self.url, retries=0)
         self.seed = 100
 
     def folder(self, lease, *, scale: float = 0.1) -> Path:
@@ -49,6 +51,7 @@ class Run:
         self.seed += 1
         folder = trained_adapter(self.store, lease, self.tmp / "rounds" / f"{lease.lease_id}", self.seed, scale)
         (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease).to_json())
+        write_rollouts(folder, lease, self.coord.cfg)
         return folder
 
     def deliver(self, lease, folder: Path) -> dict:
@@ -66,13 +69,9 @@ class Run:
     def wait_merged(self, sub_id: str) -> int:
         deadline = time.time() + 20
         while True:
-            for v in self.client.status()["versions"]:
-                if any(sub_id.startswith(w + "-") for w in v["contributors"]) and v["version"] > 0:
-                    state = RunState.from_json(self.store.read(layout.STATE_FILE))
-                    # committed AND adopted: the merge thread takes the new state on just after its commit
-                    if sub_id in state.merged_ids and sub_id in self.coord.state.merged_ids:
-                        return next(r.version for r in state.versions if any(m.submission_id == sub_id
-                                                                                for m in r.merged))
+            state = self.coord.state  # adopted: committed and in the coordinator's memory
+            if sub_id in state.merged_ids:
+                return next(r.version for r in state.versions if any(m.submission_id == sub_id for m in r.merged))
             assert time.time() < deadline, f"{sub_id} was never merged"
             time.sleep(0.05)
 
@@ -87,6 +86,21 @@ class Run:
             return self.deliver(lease, folder)
         except InvalidSubmission as e:
             return e
+
+    def refuse_each(self, attacks: dict) -> None:
+        """Every attack (name: (mutation, code)) refused with its code and recorded, an honest version merged after
+        each, every state.json written loading again and a restarted coordinator starting."""
+        outcomes = {}
+        for name, (mutate, code) in attacks.items():
+            got = self.attack(mutate)
+            assert isinstance(got, InvalidSubmission), f"{name}: admitted ({got})"
+            outcomes[name] = got.code
+            assert len(got.message) < 1000, f"{name}: the refusal quotes too much"
+            version = self.honest_version()
+            self.check_state_and_restart()
+            assert self.coord.state.version >= version
+        assert outcomes == {name: code for name, (_, code) in attacks.items()}
+        assert set(outcomes.values()) <= {r["code"] for r in self.client.status()["refusals"]}
 
     def check_state_and_restart(self) -> None:
         """Every state.json written loads again, and a coordinator restarted on the repo starts."""
@@ -175,18 +189,7 @@ def test_every_forged_submission_is_refused_with_its_code_while_honest_versions_
     try:
         for _ in range(3):  # some history for the norm bound
             run.honest_version()
-        outcomes = {}
-        for name, (mutate, code) in ATTACKS.items():
-            got = run.attack(mutate)
-            assert isinstance(got, InvalidSubmission), f"{name}: admitted ({got})"
-            outcomes[name] = got.code
-            assert len(got.message) < 1000, f"{name}: the refusal quotes too much"
-            version = run.honest_version()
-            run.check_state_and_restart()
-            assert run.coord.state.version >= version
-        assert outcomes == {name: code for name, (_, code) in ATTACKS.items()}
-        refusals = {r["code"] for r in run.client.status()["refusals"]}
-        assert set(outcomes.values()) <= refusals
+        run.refuse_each(ATTACKS)
         # an update ~6× the usual norm, every entry inside the per-entry step bound: the history bound catches it
         got = run.attack(move_b(0.65))
         assert isinstance(got, InvalidSubmission) and got.code == "norm_outlier", got
@@ -211,7 +214,7 @@ def test_self_reported_numbers_decide_nothing(tmp_path):
         run.client.release(probe)
         # the merge weight comes from the lease (completions per step × steps), not from the claimed 10**12
         assert forged.samples == honest.samples == lease_samples(run.coord.cfg, probe)
-        assert forged.reward_mean == 99.0  # shown as claimed (verified rewards are another matter), used for nothing
+        assert forged.reward_mean == honest.reward_mean == 0.5  # recomputed from the rollouts: the claimed 99 is gone
         for _ in range(3):
             run.honest_version()
         # a near-zero update is harmless (honest rounds with no reward variance make them too): admitted, but it
@@ -327,3 +330,4 @@ def test_an_ffa_run_refuses_a_trained_lora_a_instead_of_stalling_its_merges(tmp_
         run.check_state_and_restart()
     finally:
         run.close()
+

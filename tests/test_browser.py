@@ -73,6 +73,7 @@ def _open_page(url: str, shot: Path) -> dict:
             return {"table": page.locator("#hg-leaderboard").inner_text(),
                     "plot_marks": page.locator("#hg-reward-plot svg path, #hg-reward-plot canvas").count(),
                     "legend": page.locator("#hg-worker-plot").inner_text(),
+                    "reward_legend": page.locator("#hg-reward-plot").inner_text(),
                     "x_labels": page.locator("#hg-reward-plot svg g[aria-label^='X-axis'] g.role-axis-label text").evaluate_all(
                         "els => els.map(e => e.textContent)"),
                     "title": page.title()}
@@ -99,12 +100,16 @@ def test_space_page_shows_leaderboard_and_reward_plot(tmp_path):
                    SimWorker(url, "bob-box", BOB, tmp_path, reader=own)]
         answers = run_versions(workers, 2)
         assert [a["merge_due"] for a in answers] == [False, True] * 2  # merged by the Space's tick thread
+        owner = CoordinatorClient(url, token=ALICE)  # held-out scores, as `hubgrpo evaluate` records them
+        for v in range(3):
+            assert owner.record_eval(v, 0.25 * v, 4)["status"] == "recorded"
         t2 = time.time()
         seen = _open_page(url, ARTIFACTS / "space.png")
         print(f"\n`hubgrpo space`: up in {t1 - t0:.1f} s, 2 versions in {t2 - t1:.1f} s, page checked in "
               f"{time.time() - t2:.1f} s; RSS {_rss_mib(proc.pid):.0f} MiB")
         assert "alice-box" in seen["table"] and "bob-box" in seen["table"] and "rounds accepted" in seen["table"]
         assert seen["plot_marks"] > 0 and "alice-box" in seen["legend"] and "coordtest" in seen["title"]
+        assert "held-out (greedy)" in seen["reward_legend"] and "training (recomputed)" in seen["reward_legend"]
         assert seen["x_labels"][:3] == ["0", "1", "2"], seen["x_labels"]  # versions: whole numbers on the axis
         assert all(label.isdigit() for label in seen["x_labels"]), seen["x_labels"]
         assert (ARTIFACTS / "space.png").stat().st_size > 10_000

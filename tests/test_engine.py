@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from hubgrpo.worker.engine import RoundEngine
 from hubgrpo.errors import ModelError, RewardError
-from hubgrpo.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, SUBMISSION_FILE, Submission
+from hubgrpo.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, ROLLOUTS_FILE, SUBMISSION_FILE, Submission
 from tests.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)
 
 
@@ -58,7 +58,8 @@ def test_round_trains_lora_only_and_writes_a_valid_submission(engine, v0, tmp_pa
     start, end = load_file(v0 / ADAPTER_WEIGHTS), load_file(tmp_path / ADAPTER_WEIGHTS)
     assert start.keys() == end.keys()
     assert any(float(end[k].abs().max()) > 0 for k in end if "lora_B" in k)  # B left zero: training happened
-    assert sorted(p.name for p in tmp_path.iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS, SUBMISSION_FILE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS, ROLLOUTS_FILE,
+                                                          SUBMISSION_FILE]
     on_disk = Submission.from_json((tmp_path / SUBMISSION_FILE).read_text())
     assert on_disk == sub
     assert sub.lease == lease and sub.base_sha == lease.base_sha and sub.worker == "w1"
@@ -118,7 +119,8 @@ def test_lease_params_override_and_beta_rebuilds_without_saving_ref(engine, v0, 
     sub = engine.run_round(v0, make_lease(steps=2, lease_id="kl", params={"beta": 0.05}), tmp_path / "kl")
     assert sub.timings["setup"] > 0.0 and engine.trainer.beta == 0.05
     assert sub.step_metrics[-1].kl is not None
-    assert sorted(p.name for p in (tmp_path / "kl").iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS, SUBMISSION_FILE]
+    assert sorted(p.name for p in (tmp_path / "kl").iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS, ROLLOUTS_FILE,
+                                                          SUBMISSION_FILE]
     assert load_file(tmp_path / "kl" / ADAPTER_WEIGHTS).keys() == load_file(v0 / ADAPTER_WEIGHTS).keys()
     engine.run_round(v0, make_lease(steps=1, lease_id="back"), tmp_path / "back")  # and back to the config
     assert engine.trainer.beta == 0.0

@@ -100,3 +100,22 @@ def test_bad_reward_values_name_the_function_and_prompt():
         Reward(lambda prompts, completions, **kw: 1.0, name="scalar")(["p"], ["a"])
     ok = Reward(lambda prompts, completions, **kw: [None, math.nan, 2], name="skips")
     assert ok(["p"] * 3, ["a", "b", "c"]) == [None, None, 2.0]  # None/NaN: "no opinion", as in TRL
+
+
+def test_extract_answer_finds_what_the_regex_finds_in_linear_time():
+    """The coordinator scores completions a participant wrote: many opening tags and no closing one took the regex
+    seconds per 64 KiB (quadratic); the scan returns the same answer as ``_TAG.findall(text)[-1]``."""
+    import random
+    import time
+
+    from hubgrpo.task.rewards import _TAG, extract_answer
+
+    rng = random.Random(0)
+    parts = ["<answer>", "</answer>", "a", " ", "1", "<", ">", "</answer", "answer>", "\n"]
+    for _ in range(5000):
+        text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
+        found = _TAG.findall(text)
+        assert extract_answer(text) == (found[-1].strip() if found else None), repr(text)
+    start = time.perf_counter()
+    assert extract_answer("<answer>" * 100_000) is None
+    assert time.perf_counter() - start < 0.5

@@ -43,6 +43,8 @@ def test_cli_run_two_workers_three_versions_local(tmp_path, capsys):
     assert state.version == 3 and state.finished
     assert len(state.merged_ids) == len(set(state.merged_ids)) >= 3
     assert {m.worker for v in state.versions for m in v.merged} <= {"worker0", "worker1"}
+    assert [v.eval_reward is not None for v in state.versions] == [True] * 4  # the evaluator scored every version
+    assert "held-out" in out
     shas = runrepo.version_shas(store)
     assert sorted(shas) == [0, 1, 2, 3]
     for v, sha in shas.items():
@@ -163,15 +165,15 @@ def _alive(pid: int) -> bool:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_a_stopped_run_leaves_no_worker_behind(tmp_path, how):
-    """SIGTERM unwinds `hubgrpo run` like Ctrl-C (its workers are stopped); after a SIGKILL of the run, its
-    orphaned workers notice at their next call to the dead coordinator and exit."""
+    """SIGTERM unwinds `hubgrpo run` like Ctrl-C (its workers and evaluator are stopped); after a SIGKILL of the run,
+    its orphaned workers and evaluator notice at their next call to the dead coordinator and exit."""
     cmd = [sys.executable, "-m", "hubgrpo.cli", "run", str(TINY), "--workers", "2", "--repo", str(tmp_path / "run"),
            "--set", "params.steps_per_round=2", "--set", "params.versions=50"]
     run = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     workers: list[int] = []
     try:
-        wait_for(lambda: len(_children(run.pid)) == 2, 60, "the 2 worker processes")
+        wait_for(lambda: len(_children(run.pid)) == 3, 60, "the 2 worker processes and the evaluator")
         workers = _children(run.pid)
         store = LocalStore(tmp_path / "run")
         wait_for(lambda: len(submitted_ids(store)) >= 1, 120, "a first submission")

@@ -318,7 +318,7 @@ def test_build_app_adds_endpoints_to_an_existing_blocks():
     app = build_app(FakeCoordinator(), blocks=ui)
     assert app is ui
     assert sorted(app.get_api_info()["named_endpoints"]) == [
-        "/echo", "/heartbeat", "/lease", "/release", "/status", "/submit"]
+        "/echo", "/heartbeat", "/lease", "/record_eval", "/release", "/status", "/submit"]
 
 
 @pytest.mark.timeout(20)
@@ -341,7 +341,8 @@ def test_a_worker_of_another_protocol_is_refused_with_the_install_that_matches(s
 
     coord, url = served()
     old = client(url)
-    for sent in (None, PROTOCOL_VERSION + 1, "1", True):  # an old worker says nothing; a newer one another number
+    # an old worker says nothing; protocol 1 workers send no rollouts (their rounds cannot be verified); a newer one
+    for sent in (None, 1, PROTOCOL_VERSION + 1, "1", True):  # sends another number
         with pytest.raises(Refused) as e:
             old._call("lease", "w-old", None, after_token=[sent])
         assert e.value.code == "version" and "protocol" in e.value.message and __version__ in e.value.hint

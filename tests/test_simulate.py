@@ -14,7 +14,7 @@ from hubgrpo import layout
 from hubgrpo.errors import ConfigError
 from hubgrpo.sim.fleet import parse_speeds
 from hubgrpo.sim.loop import SimOptions, Simulation
-from tests.coord_helpers import make_config, submission_record, write_adapter
+from tests.coord_helpers import make_config, submission_record, write_adapter, write_rollouts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 class FakeEngine:
     """The round engine's interface without a model: adapters drawn from the lease, a score from the adapter."""
 
-    def __init__(self):
-        self.rounds = []
+    def __init__(self, cfg=None):
+        self.rounds, self.cfg = [], cfg
 
     def init_adapter(self, out: Path) -> Path:
         return write_adapter(Path(out), seed=0, b_scale=0.0)
@@ -39,6 +39,7 @@ class FakeEngine:
                   str(folder / layout.ADAPTER_WEIGHTS))
         (folder / layout.ADAPTER_CONFIG).write_bytes((Path(base) / layout.ADAPTER_CONFIG).read_bytes())
         sub = submission_record(lease)
+        write_rollouts(folder, lease, self.cfg)
         (folder / layout.SUBMISSION_FILE).write_bytes(sub.to_json())
         return sub
 
@@ -55,7 +56,7 @@ class FakeEngine:
 def simulate(tmp: Path, name: str, settings: dict | None = None, **opts):
     cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.steps_per_round": 2, **(settings or {})})
     defaults = dict(workers=4, step_s=1.0, jitter=0.0, until_version=8)
-    sim = Simulation(cfg, SimOptions(**{**defaults, **opts}), tmp / name, engine=FakeEngine())
+    sim = Simulation(cfg, SimOptions(**{**defaults, **opts}), tmp / name, engine=FakeEngine(cfg))
     sim.run()
     return sim
 

@@ -22,11 +22,11 @@ from hubgrpo.space.view import snapshot
 from hubgrpo.store.hub import HubStore
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.loop import Worker
-from tests.coord_helpers import FakeClock, make_config, submission_record
+from tests.coord_helpers import FakeClock, make_config, submission_record, write_rollouts
 from tests.test_space_support import (ALICE, BOB, MALLORY, SimWorker, make_run, new_coordinator, run_versions,
                                       start_emulator, submission_folder, wait_for_version, write_adapter)
 
-PUBLIC_API = {"lease", "heartbeat", "release", "submit", "status", "upload"}
+PUBLIC_API = {"lease", "heartbeat", "release", "submit", "status", "record_eval", "upload"}
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,7 @@ class FakeEngine:
         moved = {k: base[k] + delta[k] if "lora_B" in k else base[k] for k in base}
         save_file(moved, str(out / layout.ADAPTER_WEIGHTS))
         sub = submission_record(lease, self.reward)
+        write_rollouts(out, lease, reward=self.reward)
         (out / layout.SUBMISSION_FILE).write_bytes(sub.to_json())
         return sub
 

@@ -16,7 +16,8 @@ from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.store.hub import HubStore
 from tests.chaos_helpers import wait_for
-from tests.coord_helpers import D_IN, D_OUT, MODULES, R, make_config, submission_record, trained_adapter
+from tests.coord_helpers import (D_IN, D_OUT, MODULES, R, make_config, submission_record, trained_adapter,
+                                 write_rollouts)
 
 SECRET = b"space-test-secret"
 ALICE, BOB, MALLORY = "hf_space_alice", "hf_space_bob", "hf_space_mallory"
@@ -84,6 +85,7 @@ def submission_folder(lease, dest: Path, *, seed: int, reward: float, mutate=Non
     where = dest / layout.submission_id(lease.worker, lease.lease_id)
     folder = trained_adapter(reader, lease, where, seed, 0.1) if reader is not None else write_adapter(where, seed, 0.1)
     (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease, reward).to_json())
+    write_rollouts(folder, lease, reward=reward)
     if mutate:
         mutate(folder)
     return folder

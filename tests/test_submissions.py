@@ -18,7 +18,8 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import InvalidSubmission, Refused
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.delivery import deliver
-from tests.coord_helpers import FakeClock, make_config, submission_record, trained_adapter, write_adapter
+from tests.coord_helpers import (FakeClock, make_config, submission_record, trained_adapter, write_adapter,
+                                 write_rollouts)
 
 SECRET = b"test-secret"
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +36,7 @@ def _setup(tmp_path, box: str, **overrides):
 def _round(store, lease, tmp_path, seed: int, mutate=None) -> Path:
     """A trained round's folder, as the worker engine leaves it."""
     folder = trained_adapter(store, lease, tmp_path / "rounds" / f"{lease.lease_id}", seed, 0.1)
+    write_rollouts(folder, lease, runrepo.read_config(store))
     (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease).to_json())
     if mutate:
         mutate(folder)
@@ -68,7 +70,7 @@ def test_hostile_box_folders_are_refused(tmp_path):
 
     box = str(tmp_path / "box")
     store, c, _ = _setup(tmp_path, box)
-    lease = c.lease("extra")  # a worker that writes more than its three files
+    lease = c.lease("extra")  # a worker that writes more than its files
     token = deliver(box, lease, _round(store, lease, tmp_path, seed=2))
     sub_dir = layout.submission_dir(lease.base_version, layout.submission_id("extra", lease.lease_id))
     open_box(box).put(f"{sub_dir}/notes.txt", b"hi")
@@ -120,7 +122,7 @@ def test_uploads_through_the_space_go_to_the_box(tmp_path):
         uploads.close()
     assert answer["status"] == "admitted" and answer["commit"] == layout.box_token(
         (folder / layout.SUBMISSION_FILE).read_bytes())
-    assert len(store.history()) == 1 and len(open_box(box).list(layout.SUBMISSIONS)) == 3
+    assert len(store.history()) == 1 and len(open_box(box).list(layout.SUBMISSIONS)) == len(layout.SUBMISSION_FILES)
 
 
 @pytest.mark.timeout(180)
@@ -151,7 +153,7 @@ def test_s3_box_presigned_uploads_through_the_api(tmp_path, s3_bucket_url):
         r = httpx.put(urls[layout.ADAPTER_WEIGHTS], content=b"overwrite", headers={"If-None-Match": "*"})
         assert r.status_code == 412  # a round's objects are written once
         listed = open_box(box).list(layout.SUBMISSIONS)
-        assert len(listed) == 6 and store.list_files(layout.SUBMISSIONS) == []
+        assert len(listed) == 2 * len(layout.SUBMISSION_FILES) and store.list_files(layout.SUBMISSIONS) == []
     finally:
         app.close()
 

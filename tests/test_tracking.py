@@ -78,7 +78,7 @@ def test_coordinator_logs_one_point_per_version(tmp_path):
     c.tracker = rec = Recorder()
     for i in range(2):
         lease = c.lease(f"w{i}")
-        c.submit(lease, push_submission(store, lease, tmp_path, seed=i + 1, reward=0.1 * (i + 1)))
+        c.submit(lease, push_submission(store, lease, tmp_path, seed=i + 1, reward=0.25 * (i + 1)))
     assert [s for s, _ in rec.points] == [1, 2]
-    assert rec.points[1][1]["version/reward"] == pytest.approx(0.2)
+    assert rec.points[1][1]["version/reward"] == pytest.approx(0.5)  # recomputed from the round's rollouts
     assert rec.points[1][1]["version/submissions"] == 1.0

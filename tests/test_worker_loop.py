@@ -15,7 +15,7 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import ConfigError, CoordinatorError, Refused, StoreUnavailable
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.loop import Worker
-from tests.coord_helpers import make_config, submission_record, write_adapter
+from tests.coord_helpers import make_config, submission_record, write_adapter, write_rollouts
 
 SECRET = b"loop-secret"
 
@@ -31,6 +31,7 @@ class FakeEngine:
         save_file(moved, str(out / layout.ADAPTER_WEIGHTS))
         (out / layout.ADAPTER_CONFIG).write_bytes((Path(adapter_dir) / layout.ADAPTER_CONFIG).read_bytes())
         sub = submission_record(lease)
+        write_rollouts(out, lease)
         (out / layout.SUBMISSION_FILE).write_bytes(sub.to_json())
         return sub
 

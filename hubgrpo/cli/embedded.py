@@ -1,5 +1,6 @@
-"""``hubgrpo run``: a whole run on one machine — coordinator API on 127.0.0.1 and N worker processes that use the
-same HTTP path as remote workers, with a local directory (or a Hub repo) as the bucket."""
+"""``hubgrpo run``: a whole run on one machine — coordinator API on 127.0.0.1, N worker processes that use the
+same HTTP path as remote workers and an evaluator process (``hubgrpo evaluate``: held-out scores of every
+version), with a local directory (or a Hub repo) as the bucket."""
 
 from __future__ import annotations
 
@@ -54,19 +55,26 @@ def spawn_workers(repo: str, url: str, n: int, *, log_dir: Path, threads: int | 
     """Start N ``hubgrpo worker`` processes with torch threads split between them (cores // N each); ``allow``:
     the config's non-built-in reward functions (the owner runs their own config here)."""
     threads = threads or max(1, (os.cpu_count() or 1) // n)
-    procs = []
-    log_dir.mkdir(parents=True, exist_ok=True)
-    for i in range(n):
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                   HUBGRPO_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-                   HUBGRPO_PARENT_PID=str(os.getpid()))  # a worker whose run is gone stops (worker.orphaned)
-        cmd = [sys.executable, "-m", "hubgrpo.cli", "worker", "--repo", repo, "--coordinator", url,
-               "--name", f"worker{i}", "--threads", str(threads)]
-        cmd += [x for f in allow or [] for x in ("--allow-reward", f)]
-        out = open(log_dir / f"worker{i}.log", "ab")
-        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
-    return procs
+    return [_spawn(["worker", "--repo", repo, "--coordinator", url, "--name", f"worker{i}"], threads, allow,
+                   log_dir / f"worker{i}.log") for i in range(n)]
+
+
+def spawn_evaluator(repo: str, url: str, *, log_dir: Path, samples: int = 16, allow: list[str] | None = None):
+    """Start ``hubgrpo evaluate`` (one torch thread): it scores every version and exits once the run is finished
+    and every version is scored."""
+    return _spawn(["evaluate", "--repo", repo, "--coordinator", url, "--samples", str(samples)], 1, allow,
+                  log_dir / "evaluator.log")
+
+
+def _spawn(args: list[str], threads: int, allow: list[str] | None, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               HUBGRPO_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+               HUBGRPO_PARENT_PID=str(os.getpid()))  # a process whose run is gone stops (worker.orphaned)
+    cmd = [sys.executable, "-m", "hubgrpo.cli", *args, "--threads", str(threads)]
+    cmd += [x for f in allow or [] for x in ("--allow-reward", f)]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_workers(procs: list, timeout: float = 20.0) -> None:
@@ -84,8 +92,9 @@ def stop_workers(procs: list, timeout: float = 20.0) -> None:
 
 
 def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int = 0, on_status=None,
-        max_wall_s: float | None = None, force: bool = False) -> dict:
-    """Run until ``params.versions`` versions exist (or Ctrl-C / max_wall_s); return the final status."""
+        max_wall_s: float | None = None, force: bool = False, evaluate: bool = True, eval_samples: int = 16) -> dict:
+    """Run until ``params.versions`` versions exist (or Ctrl-C / max_wall_s), then let the evaluator score the
+    last versions (``evaluate``); return the final status."""
     import torch
 
     ensure_repo(store, cfg, force=force)
@@ -95,7 +104,7 @@ def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int
     previous = _unwind_on_sigterm()
     try:
         return _serve_and_watch(cfg, store, workers=workers, repo_arg=repo_arg, port=port, on_status=on_status,
-                                max_wall_s=max_wall_s)
+                                max_wall_s=max_wall_s, eval_samples=eval_samples if evaluate else 0)
     finally:
         torch.set_num_threads(threads)
         if previous is not None:
@@ -115,20 +124,22 @@ def _unwind_on_sigterm():
 
 
 def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, port: int, on_status,
-                     max_wall_s: float | None) -> dict:
-    """The coordinator API in this process, N worker processes, and a status loop until the run finishes."""
+                     max_wall_s: float | None, eval_samples: int = 0) -> dict:
+    """The coordinator API in this process, N worker processes (and an evaluator), and a status loop until the run
+    finishes."""
     from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import serve
-
-    coord = Coordinator(store, coordinator_secret(store), workdir=runrepo.cache_root() / "coordinator"
-                        / cfg.project_name)
-    app, url = serve(coord, port=port)
-    client = CoordinatorClient(url)
     from hubgrpo.task.rewards import foreign_code
 
-    procs = spawn_workers(repo_arg, url, workers, log_dir=runrepo.cache_root() / "logs" / cfg.project_name,
-                          allow=foreign_code(cfg.rewards))
+    coord = Coordinator(store, coordinator_secret(store), workdir=runrepo.cache_root() / "coordinator"
+                        / cfg.project_name, allow_code=foreign_code(cfg.rewards))  # the owner runs their own config
+    app, url = serve(coord, port=port)
+    client = CoordinatorClient(url)
+    log_dir = runrepo.cache_root() / "logs" / cfg.project_name
+    procs = spawn_workers(repo_arg, url, workers, log_dir=log_dir, allow=foreign_code(cfg.rewards))
+    evaluator = spawn_evaluator(repo_arg, url, log_dir=log_dir, samples=eval_samples,
+                                allow=foreign_code(cfg.rewards)) if eval_samples else None
     start = time.time()
     status = client.status()
     try:
@@ -143,11 +154,26 @@ def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, 
             if max_wall_s and time.time() - start > max_wall_s:
                 log.warning("stopping after max_wall_s=%s", max_wall_s)
                 break
-    finally:
         stop_workers(procs)
+        if evaluator is not None and status["finished"]:
+            _wait_for(evaluator, EVAL_WAIT_S)  # it scores the last versions, then exits
+        coord.flush(app.hubgrpo_ticker.api.lock)  # held-out scores and refusals not in state.json yet
+        status = client.status()
+    finally:
+        stop_workers(procs + ([evaluator] if evaluator is not None else []))
         app.close()
     status["wall_s"] = time.time() - start
     return status
+
+
+EVAL_WAIT_S = 600.0  # longest `hubgrpo run` waits, once the run is finished, for the evaluator's last scores
+
+
+def _wait_for(proc, timeout: float) -> None:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("the evaluator did not finish within %.0f s; stopping it", timeout)
 
 
 def plot(status: dict, path: Path) -> Path:
@@ -158,12 +184,16 @@ def plot(status: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     rows = [v for v in status["versions"] if v["reward"] is not None]
+    held = [v for v in status["versions"] if v.get("eval_reward") is not None]
     t0 = status["versions"][0]["created_at"] if status["versions"] else 0.0
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot([r["version"] for r in rows], [r["reward"] for r in rows], marker="o")
+    for ax, x in ((a, lambda r: r["version"]), (b, lambda r: (r["created_at"] - t0) / 60)):
+        ax.plot([x(r) for r in rows], [r["reward"] for r in rows], marker="o", label="training (merged rounds)")
+        if held:
+            ax.plot([x(r) for r in held], [r["eval_reward"] for r in held], marker="s", label="held-out (greedy)")
+        ax.legend()
     a.set_xlabel("version")
-    a.set_ylabel("mean training reward of merged rounds")
-    b.plot([(r["created_at"] - t0) / 60 for r in rows], [r["reward"] for r in rows], marker="o")
+    a.set_ylabel("reward")
     b.set_xlabel("wall-clock (minutes)")
     fig.suptitle(f"hubgrpo run {status['project']}")
     fig.tight_layout()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import typer
 
 from hubgrpo import __version__
-from hubgrpo.cli import config_cmd, launch_cmd, merge_cmd, run_cmd, sim_cmd, space_cmd, train_cmd
+from hubgrpo.cli import (config_cmd, eval_cmd, gc_cmd, launch_cmd, merge_cmd, run_cmd, sim_cmd, space_cmd,
+                         train_cmd)
 
 app = typer.Typer(
     name="hubgrpo",
@@ -29,7 +30,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """hubgrpo: GRPO + LoRA across machines that share only a Hub repo and a Gradio Space."""
 
 
-for _module in (config_cmd, train_cmd, merge_cmd, run_cmd, sim_cmd, space_cmd, launch_cmd):
+for _module in (config_cmd, train_cmd, merge_cmd, run_cmd, eval_cmd, gc_cmd, sim_cmd, space_cmd, launch_cmd):
     _module.register(app)
 
 

@@ -26,12 +26,14 @@ def _console():
 def print_versions(status: dict) -> None:
     from rich.table import Table
 
-    t = Table(title=f"{status['project']}: reward per version")
-    for col in ("version", "reward", "submissions", "samples", "max τ", "residual"):
+    t = Table(title=f"{status['project']}: reward per version (training: recomputed from the rounds' rollouts)")
+    for col in ("version", "reward", "held-out", "from", "submissions", "samples", "max τ", "residual"):
         t.add_column(col, no_wrap=True)
     t.add_column("contributors", overflow="fold", min_width=16)
     for v in status["versions"]:
-        t.add_row(str(v["version"]), _fmt(v["reward"]), str(v["submissions"]), str(v["samples"]),
+        start = v.get("start_version")
+        t.add_row(str(v["version"]), _fmt(v["reward"]), _fmt(v.get("eval_reward")),
+                  "-" if start is None else f"v{start} (eval gate)", str(v["submissions"]), str(v["samples"]),
                   str(v["max_staleness"]), _fmt(v["residual"], ".2e"), ", ".join(v["contributors"]))
     _console().print(t)
 

@@ -10,6 +10,8 @@ import typer
 
 SET_HELP = "Override a config field, e.g. --set params.versions=5 (repeatable)."
 REPO_HELP = "Run repo: user/name on the Hub (honours HF_ENDPOINT, HF_TOKEN), or a local path / file://path."
+ALLOW_HELP = ("A non-built-in reward function of the run's config (module:function or file.py:function) that this "
+              "process may run (repeatable). Built-ins always run.")
 
 
 def _store(repo: str):
@@ -47,8 +49,10 @@ def init(config: Path = typer.Argument(..., help="YAML config file."),
 def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
                 host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
                 port: int = typer.Option(7860, help="Port (0 = any free port)."),
+                allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP + " The coordinator "
+                                                       "recomputes every round's rewards with them."),
                 verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
-    """Serve the coordinator API (lease, heartbeat, release, submit, status) for a run repo."""
+    """Serve the coordinator API (lease, heartbeat, release, submit, status, record_eval) for a run repo."""
     import time
 
     from hubgrpo.coordinator.core import Coordinator
@@ -57,7 +61,7 @@ def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
 
     _logging(verbose)
     store = _store(repo)
-    coord = Coordinator(store, coordinator_secret(store))
+    coord = Coordinator(store, coordinator_secret(store), allow_code=allow_reward)
     app, url = serve(coord, host=host, port=port)
     typer.echo(f"coordinator for {store.location} at {url}")
     try:
@@ -75,9 +79,7 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
            threads: int = typer.Option(None, "--threads", help="torch threads (default: all cores)."),
            upload_via: str = typer.Option("store", "--upload-via", help="store: commit submissions to the run "
                                           "repo; coordinator: upload them to the coordinator (no write access)."),
-           allow_reward: list[str] = typer.Option([], "--allow-reward", help="A non-built-in reward function of "
-                                                  "the run's config (module:function or file.py:function) that "
-                                                  "this worker may run (repeatable). Built-ins always run."),
+           allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
            verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
     """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes.
 
@@ -111,9 +113,12 @@ def run(config: Path = typer.Argument(..., help="YAML config file."),
         repo: str = typer.Option(None, "--repo", help=REPO_HELP + " Default: ./runs/<project_name>."),
         set_: list[str] = typer.Option([], "--set", help=SET_HELP),
         force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run."),
-        max_wall_s: float = typer.Option(None, "--max-wall-s", help="Stop after this many seconds.")) -> None:
-    """A whole run: coordinator on 127.0.0.1 + N local workers until params.versions versions; with
-    `backend: hf-jobs` the coordinator on a Space and backend_options.workers HF Jobs instead."""
+        max_wall_s: float = typer.Option(None, "--max-wall-s", help="Stop after this many seconds."),
+        evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Run `hubgrpo evaluate` beside the workers: "
+                                      "a held-out score for every version."),
+        eval_samples: int = typer.Option(16, "--eval-samples", min=1, help="Held-out prompts per version.")) -> None:
+    """A whole run: coordinator on 127.0.0.1 + N local workers (+ an evaluator) until params.versions versions;
+    with `backend: hf-jobs` the coordinator on a Space and backend_options.workers HF Jobs instead."""
     from hubgrpo.cli.report import print_run_report
     from hubgrpo.config import load_config
     from hubgrpo.cli.embedded import run as run_all
@@ -139,7 +144,7 @@ def run(config: Path = typer.Argument(..., help="YAML config file."),
     typer.echo(f"hubgrpo run {cfg.project_name}: {workers} workers, bucket {store.location}, "
                f"target {cfg.params.versions} versions")
     status = run_all(cfg, store, workers=workers, repo_arg=repo, force=force, max_wall_s=max_wall_s,
-                     on_status=_live_printer())
+                     on_status=_live_printer(), evaluate=evaluate, eval_samples=eval_samples)
     print_run_report(status, store, cfg)
 
 
@@ -152,8 +157,10 @@ def _live_printer():
         last = status["versions"][-1] if status["versions"] else {}
         alive = sum(p.poll() is None for p in procs)
         reward = last.get("reward")
+        scored = [v for v in status["versions"] if v.get("eval_reward") is not None]
+        held = f"  held-out v{scored[-1]['version']} {scored[-1]['eval_reward']:.3f}" if scored else ""
         text = (f"  version {status['version']}/{status['target_versions']}  reward "
-                f"{'-' if reward is None else f'{reward:.3f}'}  pending {len(status.get('pending', []))}  "
+                f"{'-' if reward is None else f'{reward:.3f}'}{held}  pending {len(status.get('pending', []))}  "
                 f"leases {len(status.get('leases', []))}  workers alive {alive}")
         if text != shown[0]:
             shown[0] = text

@@ -27,6 +27,9 @@ def space(ctx: typer.Context,
           refresh_s: float = typer.Option(5.0, "--refresh-s", help="UI refresh interval in seconds."),
           batch_size: int = typer.Option(8, "--batch-size", help="Commit uploaded submissions when this many wait."),
           batch_wait_s: float = typer.Option(5.0, "--batch-wait-s", help="... or this long after the first."),
+          allow_reward: list[str] = typer.Option([], "--allow-reward", help="A non-built-in reward function of "
+                                                 "the run's config that the coordinator may run to recompute "
+                                                 "rewards (repeatable). Built-ins always run."),
           verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
     """Serve the coordinator API + web UI for a run repo (Ctrl-C to stop)."""
     if ctx.invoked_subcommand is not None:
@@ -47,7 +50,7 @@ def space(ctx: typer.Context,
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     store = open_store(repo, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"))
-    coord = Coordinator(store, coordinator_secret(store))
+    coord = Coordinator(store, coordinator_secret(store), allow_code=allow_reward)
     auth = make_auth(coord)
     app, url = serve_space(coord, host=host, port=port, auth=auth, refresh_s=refresh_s, batch_size=batch_size,
                            batch_wait_s=batch_wait_s)

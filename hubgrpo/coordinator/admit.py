@@ -16,6 +16,7 @@ state.json with every merged entry, so a restart keeps the bound) — from histo
 
 from __future__ import annotations
 
+import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ class Pending:
     samples: int = 0  # derived from the lease
     steps: int = 0
     update_norm: float | None = None
+    reward_mean: float = 0.0  # recomputed from the round's rollouts (``verify``), never the reported one
 
 
 @dataclass
@@ -111,16 +113,20 @@ def _check_staleness(c, lease: Lease, sub_id: str) -> None:
 def _check_folder(c, lease: Lease, sub_id: str, commit: str) -> Pending:
     """Fetch the submission from the run's inbox (the repo at ``commit``, or a box: sizes checked first)."""
     from hubgrpo.merge.admission import max_submission_bytes
+    from hubgrpo.task.rollouts import size_limit
 
     dest = c.workdir / "submissions" / f"{sub_id}-{commit.removeprefix('sha256:')[:12]}"
     limit = int(c.cfg.merge.max_submission_mb * 2**20)
     if not c.inbox.in_repo and lease.base_version in c.shas:
-        limit = min(limit, max_submission_bytes(c._global()))
+        limit = min(limit, max_submission_bytes(c._global())) + size_limit(c.cfg, lease)
     try:
         folder = c.inbox.fetch(lease.base_version, sub_id, commit, dest, max_bytes=limit)
     except NotFound as e:
         raise InvalidSubmission("not_found", e.message, hint=e.hint) from None
-    return check_local(c, lease, folder, commit)
+    try:
+        return check_local(c, lease, folder, commit)
+    finally:  # the admitted adapter is in memory now: no copy stays on the coordinator's disk
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
@@ -131,10 +137,13 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
     if lease.base_version not in c.shas:
         raise InvalidSubmission("unknown_base", f"base version {lease.base_version} is not a version of this run")
     global_, base = c._global(), c._adapter(lease.base_version)
-    limit = min(int(c.cfg.merge.max_submission_mb * 2**20), max_submission_bytes(global_))
+    from hubgrpo.task.rollouts import size_limit
+
+    limit = min(int(c.cfg.merge.max_submission_mb * 2**20), max_submission_bytes(global_)) + size_limit(c.cfg, lease)
     steps = int(lease.steps)
     adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.shas),
                                base_version=lease.base_version)
+    reward = c.reward_check.check(lease, folder)  # the rewards recomputed from the rollouts (``verify``)
     if c.cfg.merge.method == "ffa":
         check_frozen_a(adapter, global_)
     bound, why = step_bound(c.cfg, lease, base)
@@ -148,7 +157,7 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
                                 f"{c.cfg.merge.max_norm_factor:g}× the median of the last accepted updates "
                                 f"(limit {limit:.4g} for {steps} steps)", hint="submit what the round's training produced")
     return Pending(sub=sub, adapter=adapter, commit=commit, samples=lease_samples(c.cfg, lease), steps=steps,
-                   update_norm=norm)
+                   update_norm=norm, reward_mean=reward)
 
 
 def check_frozen_a(adapter, global_) -> None:

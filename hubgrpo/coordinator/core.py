@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -42,16 +43,21 @@ Pending = admit.Pending
 class Coordinator:
     """Leases, admission, staleness, merging and run state for one run repo."""
 
-    def __init__(self, store: Store, secret: bytes, *, clock=time.time, workdir: Path | None = None):
+    def __init__(self, store: Store, secret: bytes, *, clock=time.time, workdir: Path | None = None,
+                 allow_code: list[str] | None = None):
+        """``allow_code``: the non-built-in reward functions of the run's config that this coordinator may run
+        to recompute rewards (``--allow-reward``); any other one is refused here, at startup."""
         self.store, self.secret, self.clock = store, secret, clock
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-coord-"))
         self.active: dict[str, Lease] = {}
         self.pending: dict[str, Pending] = {}
         self.fold = None  # merging.prefold: FFA submissions folded in before their merge is due
         self.new_refusals: list[Refusal] = []
+        self.new_evals: dict[int, tuple] = {}  # version → (held-out reward, samples, when): not in state.json yet
         self.commit_times: list[float] = []
         self._adapters: dict[int, object] = {}
         self._cache_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self.tracker = None
         self.merging: int | None = None  # the version a merge is computing right now
         self.background_merges = False  # set by the server: submit/tick leave merges to its merge thread
@@ -63,6 +69,9 @@ class Coordinator:
         from hubgrpo.coordinator.inbox import open_inbox
 
         self.inbox = open_inbox(self.cfg, store)  # where rounds are submitted: the repo, or hub.submissions
+        from hubgrpo.coordinator.verify import RewardCheck
+
+        self.reward_check = RewardCheck(self.cfg, allow_code)  # recomputes every round's rewards (verify)
         if len(repo["history"]) > 1:  # not a fresh run: leases of a previous process may hold the next prompts
             self.pool.next_index += self.restart_margin
         self.last_scan_at = self.clock()
@@ -259,7 +268,11 @@ class Coordinator:
             return cached
         from hubgrpo.merge import load_adapter_dir
 
-        adapter = load_adapter_dir(runrepo.adapter_at(self.store, self.shas[version], self.workdir / "adapters"))
+        folder = runrepo.adapter_at(self.store, self.shas[version], self.workdir / "adapters")
+        try:
+            adapter = load_adapter_dir(folder)
+        finally:  # in memory now; a version needed again after it left the cache is read again
+            shutil.rmtree(folder, ignore_errors=True)
         with self._cache_lock:
             self._adapters[version] = adapter
             for old in [v for v in self._adapters if v < self.state.version - self.cfg.merge.max_staleness]:
@@ -282,20 +295,36 @@ class Coordinator:
 
     def housekeeping(self, lock=None) -> None:
         """The repo scan (when due) and the refusal flush (when due); store I/O runs outside ``lock``."""
-        from hubgrpo.coordinator.merging import commit, stage_refusals
-
         lock = lock or contextlib.nullcontext()
         if self.scan_due():
             prepared = self.scan()
             with lock:
                 for p in prepared:
                     self.accept_quietly(p)
-        with lock:
-            staged = stage_refusals(self)
-        if staged is not None:
+        self.flush(lock, force=False)
+
+    def flush(self, lock=None, *, force: bool = True) -> bool:
+        """Write unsaved refusals and held-out scores to state.json in a state-only commit — now (``force``), or
+        when the oldest waited ``refusal_flush_s``; store I/O outside ``lock``. True when something was written."""
+        from hubgrpo.coordinator.merging import commit, stage_refusals
+
+        lock = lock or contextlib.nullcontext()
+        with self._flush_lock:  # the server's tick thread and `hubgrpo run` at its end: one flush at a time
+            with lock:
+                staged = stage_refusals(self, force=force)
+            if staged is None:
+                return False
             ok = commit(self, staged)
             with lock:
                 self.adopt(staged) if ok else self.apply_repo(self.pending_reload)
+            return ok
+
+    def record_eval(self, version, reward, samples) -> dict:
+        """A held-out score of a version, reported by an evaluator: checked as hostile input, kept until the next
+        state.json commit (``evals``). Call under the server's lock."""
+        from hubgrpo.coordinator import evals
+
+        return evals.record(self, *evals.parse(self.cfg, version, reward, samples))
 
     def adopt(self, staged) -> bool:
         from hubgrpo.coordinator.merging import adopt

@@ -2,9 +2,9 @@
 
 - ``RepoInbox``: a round is a commit of the run repo (a folder under ``submissions/``); ``submit`` names the commit.
   Every round is one commit, so rounds count against ``coordinator.commit_budget_per_hour`` (``in_repo``).
-- ``BoxInbox``: a round is three write-once objects in a ``hubgrpo.store.boxes`` box, ``submission.json`` last;
+- ``BoxInbox``: a round is four write-once objects in a ``hubgrpo.store.boxes`` box, ``submission.json`` last;
   ``submit`` names ``sha256:<hex>`` of that submission.json. Rounds cost no commit of the run repo: the budget then
-  covers merges only. On S3 every lease carries presigned PUT URLs for its three keys (``upload_urls``), so a
+  covers merges only. On S3 every lease carries presigned PUT URLs for its four keys (``upload_urls``), so a
   worker needs no bucket credentials; they are minted outside the API lock (``Coordinator.with_uploads``).
 
 Both read a submission as untrusted input: a box folder is listed first, and refused before anything is read when
@@ -140,7 +140,7 @@ class BoxInbox:
         return self.box.read(layout.submission_path(base, sub_id, layout.SUBMISSION_FILE), max_bytes=RECORD_MAX)
 
     def upload_urls(self, lease) -> dict[str, str]:
-        """Presigned PUT URLs for the lease's three keys (S3 boxes); {} when the box cannot sign (a folder) or
+        """Presigned PUT URLs for the lease's four keys (S3 boxes); {} when the box cannot sign (a folder) or
         the coordinator has no credentials to sign with (workers then write with their own)."""
         if not self.box.can_presign:
             return {}

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.card import run_card
+from hubgrpo.coordinator import evals
+from hubgrpo.coordinator.pruning import merge_deletes
 from hubgrpo.errors import CommitConflict, InvalidSubmission
 from hubgrpo.layout import MergedEntry, RunState, VersionRecord
 
@@ -47,6 +49,7 @@ class MergePlan:
 
     fold: object = None  # an FfaFold of the submissions folded in before the quorum completed (ffa), or None
     raw_weights: dict = field(default_factory=dict)  # submission id → weight before normalisation
+    start_version: int | None = None  # merge.eval_gate: the version this merge starts from instead of the last
 
     def compute(self):
         """The merge itself (``hubgrpo.merge.merge``); safe to run without the coordinator's lock. With a fold,
@@ -54,6 +57,8 @@ class MergePlan:
         from hubgrpo.merge import merge
 
         momentum = self.momentum() if callable(self.momentum) else self.momentum
+        if callable(self.global_):  # a version to start from that is not cached: read it here, without the lock
+            self.global_ = self.global_()
         if self.fold is not None:
             for (adapter, base, _), entry in zip(self.items, self.entries):
                 self.fold.add(entry.submission_id, adapter, base, self.raw_weights[entry.submission_id])
@@ -72,6 +77,7 @@ class Staged:
     message: str
     version: int | None  # the version it tags (None: a state-only commit, e.g. a refusal flush)
     refusals_saved: int  # how many of ``c.new_refusals`` it holds
+    evals_saved: dict = field(default_factory=dict)  # the held-out scores it writes (version → score)
     workers_then: dict = field(default_factory=dict)  # (refused, accepted) per leaderboard row when staged
     result: object = None
     tmp: object = None
@@ -126,8 +132,11 @@ def plan_merge(c) -> MergePlan | None:
                         trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm, factor_split=m.factor_split)
     c.merging = c.state.version + 1
     fold = c.fold if foldable(c) and c.fold is not None and c.fold.version == c.state.version else None
-    return MergePlan(version=c.state.version + 1, global_=c._global(), items=items, entries=entries, options=opts,
-                     momentum=_momentum(c), fold=fold, raw_weights=raw)
+    start = evals.gate_start(c)  # merge.eval_gate: start from the best-scored version after a bad score
+    global_ = c._global() if start is None else (lambda: c._adapter(start))
+    return MergePlan(version=c.state.version + 1, global_=global_, items=items, entries=entries, options=opts,
+                     momentum=_momentum(c), fold=fold if start is None else None, raw_weights=raw,
+                     start_version=start)
 
 
 def foldable(c) -> bool:
@@ -195,7 +204,7 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
         raw.append((p.adapter, c._adapter(p.sub.base_version), w))
         entries.append(MergedEntry(submission_id=sub_id, worker=p.sub.worker, user=p.sub.lease.user,
                                    base_version=p.sub.base_version, staleness=tau, weight=w, samples=p.samples,
-                                   reward_mean=p.sub.reward_mean, update_norm=p.update_norm, steps=p.steps))
+                                   reward_mean=p.reward_mean, update_norm=p.update_norm, steps=p.steps))
     total = sum(w for _, _, w in raw) or 1.0
     items = [(a, b, w / total) for a, b, w in raw]
     raw_weights = {e.submission_id: e.weight for e in entries}
@@ -229,10 +238,13 @@ def stage(c, plan: MergePlan, result) -> Staged | None:
         log.warning("dropping the merge for version %d: the run is at version %d", plan.version, c.state.version)
         return None
     state = _next_state(c, plan.entries, result.report)
+    state.versions[-1].start_version = plan.start_version
+    saved = evals.apply(state, c.new_evals)
     tmp = tempfile.TemporaryDirectory(prefix="hubgrpo-merge-")
     staged = Staged(state=state, files=_files(c, result, state, Path(tmp.name)), version=state.version,
                     message=f"hubgrpo: version {state.version} ({len(plan.entries)} submissions)",
-                    refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c), result=result, tmp=tmp)
+                    refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c), result=result, tmp=tmp,
+                    evals_saved=saved)
     return staged
 
 
@@ -300,7 +312,8 @@ def commit(c, staged: Staged) -> bool:
                 c.pending_reload = c.read_repo()
                 return False
             try:
-                staged.sha = c.store.commit(staged.files, message=staged.message, parent=head)
+                deletes = merge_deletes(c, staged.state, head) if staged.version is not None else []
+                staged.sha = c.store.commit(staged.files, deletes, message=staged.message, parent=head)
             except CommitConflict:
                 continue
             if staged.version is not None:
@@ -329,6 +342,7 @@ def adopt(c, staged: Staged) -> bool:
     c.pending = {k: p for k, p in c.pending.items() if k not in merged}
     c.state, c.head = state, sha
     c.new_refusals = c.new_refusals[staged.refusals_saved:]
+    c.new_evals = {v: e for v, e in c.new_evals.items() if v not in staged.evals_saved}
     c.commit_times.append(state.versions[-1].created_at if staged.version is not None else c.clock())
     if staged.version is None:
         return True
@@ -359,17 +373,23 @@ def _track(c, state: RunState) -> None:
                        "run/samples_total": state.samples_total}, step=v.version)
 
 
-def stage_refusals(c) -> Staged | None:
-    """A state.json-only commit holding the unsaved refusals, when the oldest waited ``refusal_flush_s`` without
-    a merge and the commit budget has room (under the lock); else None."""
-    if not c.new_refusals or c.merging is not None or c.state.finished:
+def stage_refusals(c, *, force: bool = False) -> Staged | None:
+    """A state.json-only commit holding the unsaved refusals and held-out scores, when the oldest waited
+    ``refusal_flush_s`` without a merge and the commit budget has room, or at once with ``force`` (under the
+    lock); else None."""
+    if not (c.new_refusals or c.new_evals) or c.merging is not None:
         return None
     now = c.clock()
-    if now - c.new_refusals[0].at < c.cfg.coordinator.refusal_flush_s or c._budget_wait(now) > 0:
+    oldest = min([r.at for r in c.new_refusals] + [e[2] for e in c.new_evals.values()])
+    if not force and (now - oldest < c.cfg.coordinator.refusal_flush_s or c._budget_wait(now) > 0):
         return None
     st = c.state.model_copy(deep=True)
     st.refused = (st.refused + c.new_refusals)[-MAX_REFUSALS_KEPT:]
     st.next_prompt = c.pool.next_index
-    return Staged(state=st, files={layout.STATE_FILE: st.to_json()}, version=None,
-                  message=f"hubgrpo: {len(c.new_refusals)} refusal(s) at version {st.version}",
-                  refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c))
+    saved = evals.apply(st, c.new_evals)
+    files = {layout.STATE_FILE: st.to_json()}
+    if saved:
+        files[layout.MODEL_CARD] = run_card(c.cfg, st).encode()
+    return Staged(state=st, files=files, version=None, evals_saved=saved,
+                  message=f"hubgrpo: {len(c.new_refusals)} refusal(s), {len(saved)} held-out score(s) at version "
+                          f"{st.version}", refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c))

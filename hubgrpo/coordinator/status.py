@@ -17,8 +17,14 @@ def leaderboard(state: RunState) -> list[dict]:
     return rows
 
 
-def versions_table(state: RunState) -> list[dict]:
+def versions_table(state: RunState, evals: dict | None = None) -> list[dict]:
+    """One row per version: ``reward`` is the merged rounds' recomputed training reward, ``eval_reward`` the
+    held-out score (state.json's, or an unsaved one from ``evals``: version → (reward, samples, when))."""
+    evals = evals or {}
     return [{"version": v.version, "tag": v.tag, "created_at": v.created_at, "reward": v.reward_mean,
+             "eval_reward": v.eval_reward if v.eval_reward is not None else evals.get(v.version, (None,))[0],
+             "eval_samples": v.eval_samples if v.eval_reward is not None else evals.get(v.version, (0, None))[1],
+             "start_version": v.start_version,
              "samples": v.samples, "submissions": len(v.merged), "residual": v.residual,
              "max_staleness": max((m.staleness for m in v.merged), default=0), "method": v.method,
              "algorithm": v.algorithm, "contributors": sorted({m.worker for m in v.merged})}
@@ -40,6 +46,7 @@ def run_status(c) -> dict:
     """Live status of a Coordinator: state plus leases, pending submissions and the commit budget."""
     now = c.clock()
     out = state_status(c.state, c.cfg.params.versions)
+    out["versions"] = versions_table(c.state, dict(c.new_evals))  # with the held-out scores not saved yet
     # the last 50 saved refusals, plus every refusal not yet in state.json (saved with the next merge), so that
     # none is out of sight — e.g. a round refused as stale when a merge was planned, after which no merge came
     out["refusals"] = [r.model_dump() for r in c.state.refused[-50:] + c.new_refusals[-UNSAVED_SHOWN:]]

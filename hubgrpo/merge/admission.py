@@ -11,7 +11,7 @@ first; the stable codes are:
 ``nested_dir``         the folder contains a directory
 ``not_safetensors``    a pickle-based weight file (.bin, .pt, .pth, .pkl, .ckpt, …) is present
 ``unexpected_file``    any other file than adapter_model.safetensors, adapter_config.json, submission.json,
-                       README.md
+                       rollouts.json.gz (checked by the coordinator), README.md
 ``empty_file``         a zero-byte file
 ``too_large``          the files together exceed ``max_bytes``
 ``unknown_base``       the claimed base version is not one of ``known_versions``
@@ -44,7 +44,7 @@ from hubgrpo.errors import InvalidSubmission
 
 WEIGHTS_NAME = "adapter_model.safetensors"
 CONFIG_NAME = "adapter_config.json"
-ALLOWED_FILES = {WEIGHTS_NAME, CONFIG_NAME, "submission.json", "README.md"}
+ALLOWED_FILES = {WEIGHTS_NAME, CONFIG_NAME, "submission.json", "rollouts.json.gz", "README.md"}
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz", ".h5", ".msgpack"}
 MAX_CONFIG_BYTES = 1 << 20
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit

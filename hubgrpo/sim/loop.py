@@ -131,8 +131,10 @@ class Simulation:
             self.engine = RoundEngine(self.cfg, worker="sim")
         self.store = LocalStore(self.output / "repo")
         init_repo(self.store, self.cfg, self.engine.init_adapter(self.output / "v0"), clock=lambda: 0.0)
+        from hubgrpo.task.rewards import foreign_code
+
         self.coord = Coordinator(self.store, f"hubgrpo-sim-{self.opts.seed}".encode(), clock=lambda: self.now,
-                                 workdir=self.output / "coordinator")
+                                 workdir=self.output / "coordinator", allow_code=foreign_code(self.cfg.rewards))
         ids = itertools.count()
         self.coord.new_lease_id = lambda: f"l{next(ids):06d}"
         self.compute["setup_s"] = time.perf_counter() - t0
@@ -223,7 +225,7 @@ class Simulation:
         holder, rec, folder = ev.data
         lease = holder["lease"]
         adds = {layout.submission_path(lease.base_version, layout.submission_id(lease.worker, lease.lease_id), f):
-                folder / f for f in (*layout.ADAPTER_FILES, layout.SUBMISSION_FILE)}
+                folder / f for f in layout.SUBMISSION_FILES}
         commit = self.store.commit(adds, message=f"hubgrpo: submission {lease.worker}-{lease.lease_id}")
         rec.t_deliver, rec.staleness_at_delivery = self.now, self.coord.state.version - lease.base_version
         self.coord.tick()

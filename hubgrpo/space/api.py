@@ -1,7 +1,7 @@
 """The coordinator's HTTP API: a thin Gradio layer over a ``Coordinator`` (leases, heartbeats, submissions).
 
-Five ``gr.api`` endpoints, named exactly ``lease``, ``heartbeat``, ``release``, ``submit`` and ``status``, take and
-return plain JSON. Every answer is an envelope, never a raw exception or a traceback::
+Six ``gr.api`` endpoints, named exactly ``lease``, ``heartbeat``, ``release``, ``submit``, ``status`` and
+``record_eval`` (an evaluator's held-out score of a version), take and return plain JSON. Every answer is an envelope, never a raw exception or a traceback::
 
     {"ok": true,  "result": ...}
     {"ok": false, "error": {"error": "LeaseError", "code": "lease", "message": "...", "hint": "..."}}
@@ -55,7 +55,7 @@ from hubgrpo.layout import PROTOCOL_VERSION, Lease  # noqa: E402
 
 log = logging.getLogger("hubgrpo.space.api")
 
-ENDPOINTS = ("lease", "heartbeat", "release", "submit", "status")
+ENDPOINTS = ("lease", "heartbeat", "release", "submit", "status", "record_eval")
 LEASE_HOLD_S = 2.0  # longest a lease request holds a server thread waiting for a merge
 LEASE_RETRY_S = 1.0  # the wait_s of a ``merging`` refusal: when the worker asks again
 
@@ -71,6 +71,7 @@ class CoordinatorLike(Protocol):
     def release(self, lease: Lease) -> None: ...
     def submit(self, lease: Lease, commit: str, *, lock: Any = None) -> dict: ...  # store reads outside lock
     def status(self) -> dict: ...
+    def record_eval(self, version: Any, reward: Any, samples: Any) -> dict: ...  # checks its hostile input
     def tick(self) -> None: ...
     def housekeeping(self, lock: Any = None) -> None: ...  # repo scan, refusal flush (store I/O outside lock)
     def plan_merge(self) -> Any: ...  # None when no merge is due; else an object with compute()
@@ -271,6 +272,19 @@ class CoordinatorApi:
     def status(self, token: str | None = None, request: gr.Request = None) -> dict:
         """Run status (public, read-only, not serialised behind the lock)."""
         return self._answer("status", token, self.coord.status)
+
+    def record_eval(self, version: int, reward: float, samples: int, token: str | None = None,
+                    protocol: int | None = None, request: gr.Request = None) -> dict:
+        """Record the held-out reward of a version (``hubgrpo evaluate``): ``{status: recorded | duplicate,
+        version}``. With auth, only ``coordinator.evaluators`` (default: the repo owner) may call it."""
+        def run():
+            check_protocol(protocol)
+            if self.auth is not None:
+                evaluator = getattr(self.auth, "evaluator", None)
+                evaluator(token, request) if evaluator is not None else self._user(token, request)
+            with self.lock:
+                return self.coord.record_eval(version, reward, samples)
+        return self._answer("record_eval", token, run)
 
 
 # ------------------------------------------------------------------------------------------------ tick thread

@@ -1,18 +1,19 @@
 """The Gradio Space: the coordinator's API endpoints plus the page people look at, in one app.
 
-``build_space(coord, auth=...)`` lays out the UI, then lets ``hubgrpo.space.api.build_app`` add the five API endpoints
-(``lease``, ``heartbeat``, ``release``, ``submit``, ``status``) to the same ``gr.Blocks``, and adds a sixth,
-``upload``, for workers without write access to the run repo (``hubgrpo.space.upload``: checked before it is
-committed, many submissions per commit). The page shows
+``build_space(coord, auth=...)`` lays out the UI, then lets ``hubgrpo.space.api.build_app`` add the six API endpoints
+(``lease``, ``heartbeat``, ``release``, ``submit``, ``status``, ``record_eval``) to the same ``gr.Blocks``, and adds
+a seventh, ``upload``, for workers without write access to the run repo (``hubgrpo.space.upload``: checked before
+it is committed, many submissions per commit). The page shows
 
 - header cards (version / target, samples, workers, live leases, pending submissions, commits in the last hour);
-- reward curves: the merged reward per version, and each worker's round rewards per version;
+- reward curves: per version the merged rounds' training reward (recomputed from their rollouts) beside the
+  held-out reward an evaluator recorded, and each worker's round rewards per version;
 - the leaderboard, the versions table (merge residual, staleness, contributors, a link to each commit),
   live leases, refusals with their reasons, and the run config (YAML, secrets shown as ``***``).
 
 A ``gr.Timer`` refreshes everything every ``refresh_s`` seconds from ``coord.status()`` (lock-free). Its events and
 the page-load event are ``api_visibility="private"``: they are not part of the public API (``view_api`` lists only
-the six coordinator endpoints, and API clients cannot call them).
+the seven coordinator endpoints, and API clients cannot call them).
 
 Run it with ``hubgrpo space --repo REPO`` (this module's ``serve_space``) or on a Space with ``space/app.py``.
 Gradio 6 takes the theme and CSS at ``launch()``: pass ``**launch_kwargs()``.
@@ -59,9 +60,9 @@ def _layout(coord) -> dict[str, Any]:
     with gr.Row(equal_height=True):
         # versions are whole numbers: integer tick labels, and an axis at least MIN_VERSION_AXIS wide so that the
         # ticks fall on whole numbers (see _refresher)
-        c["reward"] = gr.LinePlot(x="version", y="reward", title="Reward per global version",
-                                  x_title="version", y_title="mean reward of merged rounds", height=300,
-                                  x_axis_format="d", elem_id="hg-reward-plot")
+        c["reward"] = gr.LinePlot(x="version", y="reward", color="series", title="Reward per global version",
+                                  x_title="version", y_title="reward", height=300, x_axis_format="d",
+                                  elem_id="hg-reward-plot")
         c["workers"] = gr.LinePlot(x="version", y="reward", color="worker", title="Round reward per worker",
                                    x_title="version", y_title="round reward", height=300, x_axis_format="d",
                                    elem_id="hg-worker-plot")
@@ -115,8 +116,9 @@ def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, 
                       on_merge_due=api.merge_is_due)
 
     def upload(lease: dict, files: dict, token: str | None = None, request: gr.Request = None) -> dict:
-        """Upload a round's submission ({file name: base64} of adapter_model.safetensors, adapter_config.json and
-        submission.json) for a worker without write access; checked, committed in a batch, then submitted."""
+        """Upload a round's submission ({file name: base64} of adapter_model.safetensors, adapter_config.json,
+        rollouts.json.gz and submission.json) for a worker without write access; checked, committed in a batch,
+        then submitted."""
         def run():
             return uploads.handle(api._owned_lease(lease, token, request), files)
         return api._answer("upload", token, run)

@@ -9,7 +9,9 @@ every mutating endpoint (``lease``, ``heartbeat``, ``release``, ``submit`` and t
    (5 minutes; unknown tokens 30 s), so the strictly rate-limited ``whoami-v2`` is called rarely. Tokens are never
    logged, shown or kept in clear (only their hash is a cache key).
 3. The user is admitted when their name or one of their orgs (``orgs[].name``) is in ``coordinator.allowed_users``.
-   An empty list means the owner of the run repo only (the namespace of its repo id). For a **local** run repo with
+   An empty list means the owner of the run repo only (the namespace of its repo id). Held-out scores
+   (``record_eval``) are admitted from ``coordinator.evaluators`` only (``HubAuth.evaluator``; empty: the owner):
+   with ``merge.eval_gate`` a score decides where merges start, so training rounds alone give no say in it. For a **local** run repo with
    an empty list there is no owner to check against: ``make_auth`` returns None and the API is open (no auth, no
    rate limit) — fine on 127.0.0.1, never on a public Space.
 4. A token bucket per user (``coordinator.rate_limit_per_minute`` calls, refilled continuously, clock injected)
@@ -121,10 +123,12 @@ class HubAuth:
     """The auth hook: resolves tokens (cached), checks the allow-list, then the user's rate limit."""
 
     def __init__(self, allowed: list[str], *, whoami: WhoAmI, rate_limit_per_minute: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, cache_s: float = 300.0, negative_cache_s: float = 30.0):
+                 clock: Callable[[], float] = time.monotonic, cache_s: float = 300.0, negative_cache_s: float = 30.0,
+                 evaluators: list[str] | None = None):
         if not allowed:
             raise ValueError("HubAuth needs at least one allowed user or org")
         self.allowed = {a.lower() for a in allowed}
+        self.evaluators = {a.lower() for a in evaluators} if evaluators else set(self.allowed)
         self.whoami, self.clock = whoami, clock
         self.cache_s, self.negative_cache_s = float(cache_s), float(negative_cache_s)
         self.limiter = RateLimiter(rate_limit_per_minute, clock=clock) if rate_limit_per_minute else None
@@ -134,6 +138,13 @@ class HubAuth:
 
     def __call__(self, token: str | None, request: Any = None) -> str:
         """Return the caller's user name, or raise ``Refused("auth" | "rate", ...)``."""
+        return self._admit(token, request, self.allowed, "work on", "coordinator.allowed_users")
+
+    def evaluator(self, token: str | None, request: Any = None) -> str:
+        """Like calling the hook, for a held-out score: the caller must be in ``coordinator.evaluators``."""
+        return self._admit(token, request, self.evaluators, "record held-out scores on", "coordinator.evaluators")
+
+    def _admit(self, token: str | None, request: Any, allowed: set[str], what: str, setting: str) -> str:
         token = token or request_token(request)
         if not token:
             raise Refused("auth", "no token was sent: this coordinator only works with authenticated workers",
@@ -142,9 +153,9 @@ class HubAuth:
         if entry.name is None:
             raise Refused("auth", "the Hub does not recognise this token (invalid, expired or revoked)",
                           hint="create a new token at https://huggingface.co/settings/tokens and set HF_TOKEN")
-        if entry.name.lower() not in self.allowed and not self.allowed.intersection(o.lower() for o in entry.orgs):
-            raise Refused("auth", f"user {entry.name!r} may not work on this run",
-                          hint="ask the run's owner to add you (or one of your orgs) to coordinator.allowed_users")
+        if entry.name.lower() not in allowed and not allowed.intersection(o.lower() for o in entry.orgs):
+            raise Refused("auth", f"user {entry.name!r} may not {what} this run",
+                          hint=f"ask the run's owner to add you (or one of your orgs) to {setting}")
         if self.limiter is not None:
             self.limiter.check(entry.name)
         return entry.name
@@ -208,5 +219,7 @@ def make_auth(coord, *, whoami: WhoAmI | None = None, endpoint: str | None = Non
         return None
     if whoami is None:
         whoami = hub_whoami(endpoint or getattr(coord.store, "endpoint", None))
+    repo_id = getattr(coord.store, "repo_id", None) or ""
+    evaluators = list(coord.cfg.coordinator.evaluators) or ([repo_id.split("/")[0]] if "/" in repo_id else allowed)
     return HubAuth(allowed, whoami=whoami, rate_limit_per_minute=coord.cfg.coordinator.rate_limit_per_minute,
-                   clock=clock)
+                   clock=clock, evaluators=evaluators)

@@ -4,7 +4,7 @@ A worker calls the ``upload`` endpoint with its lease and its submission folder 
 (``CoordinatorClient.upload``). The coordinator then
 
 1. checks the lease (signature, run, deadline, staleness) and the upload (only ``adapter_model.safetensors``,
-   ``adapter_config.json`` and ``submission.json``; at most ``merge.max_submission_mb`` decoded) and runs every
+   ``adapter_config.json``, ``rollouts.json.gz`` and ``submission.json``; at most ``merge.max_submission_mb`` decoded) and runs every
    ``hubgrpo.merge.admission`` check and the submission-record check on a temporary copy — BEFORE anything is
    committed, so junk never reaches the repo (a refusal is recorded like any other, with its reason);
 2. queues it in a ``SubmissionBatcher``, which commits every queued submission in ONE commit (no parent:

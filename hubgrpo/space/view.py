@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 
 LEADERBOARD_COLUMNS = ["worker", "user", "rounds accepted", "rounds refused", "samples", "mean reward",
                        "reward gain", "last seen"]
-VERSION_COLUMNS = ["version", "created (UTC)", "reward", "submissions", "samples", "merge residual",
-                   "max staleness", "method", "contributors", "commit"]
+VERSION_COLUMNS = ["version", "created (UTC)", "reward", "held-out reward", "started from", "submissions", "samples",
+                   "merge residual", "max staleness", "method", "contributors", "commit"]
 LEASE_COLUMNS = ["lease", "worker", "user", "base version", "expires in (s)"]
 REFUSAL_COLUMNS = ["when (UTC)", "worker", "submission", "code", "reason"]
 
@@ -75,7 +75,9 @@ def version_rows(status: dict, shas: dict[int, str], store) -> list[list]:
     """One row per global version, newest first, columns ``VERSION_COLUMNS``."""
     rows = []
     for v in reversed(status.get("versions", [])):
-        rows.append([v["version"], utc(v["created_at"]), _num(v["reward"]), v["submissions"], v["samples"],
+        start = v.get("start_version")
+        rows.append([v["version"], utc(v["created_at"]), _num(v["reward"]), _num(v.get("eval_reward")),
+                     "-" if start is None else f"v{start} (eval gate)", v["submissions"], v["samples"],
                      _num(v["residual"], 6), v["max_staleness"], v["method"], ", ".join(v["contributors"]) or "-",
                      commit_cell(store, shas.get(v["version"]))])
     return rows
@@ -93,12 +95,18 @@ def refusal_rows(status: dict) -> list[list]:
             for r in reversed(status.get("refusals", []))]
 
 
+TRAINING, HELD_OUT = "training (recomputed)", "held-out (greedy)"
+
+
 def reward_curve(status: dict):
-    """DataFrame(version, reward): the merged rounds' mean training reward per global version."""
+    """DataFrame(version, reward, series): per global version the merged rounds' training reward (recomputed by
+    the coordinator from their rollouts) and the held-out reward an evaluator recorded."""
     import pandas as pd
 
-    rows = [(v["version"], float(v["reward"])) for v in status.get("versions", []) if v["reward"] is not None]
-    return pd.DataFrame(rows, columns=["version", "reward"])
+    rows = [(v["version"], float(v["reward"]), TRAINING) for v in status.get("versions", []) if v["reward"] is not None]
+    rows += [(v["version"], float(v["eval_reward"]), HELD_OUT) for v in status.get("versions", [])
+             if v.get("eval_reward") is not None]
+    return pd.DataFrame(rows, columns=["version", "reward", "series"])
 
 
 def worker_curves(state):

@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 from hubgrpo.config import RewardConfig
 from hubgrpo.errors import HubGrpoError, RewardError
 
-_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)  # what extract_answer finds (it scans without the regex)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -63,9 +63,16 @@ def completion_text(completion: Any) -> str:
 
 
 def extract_answer(text: str) -> str | None:
-    """The stripped content of the last ``<answer>…</answer>``, or None."""
-    found = _TAG.findall(text)
-    return found[-1].strip() if found else None
+    """The stripped content of the last ``<answer>…</answer>`` (``_TAG.findall(text)[-1]``), or None. A linear scan:
+    the regex is quadratic on text with many opening tags and no closing one, and the coordinator scores
+    completions a participant wrote (``hubgrpo.coordinator.verify``)."""
+    found, pos = None, 0
+    while (start := text.find("<answer>", pos)) >= 0:
+        end = text.find("</answer>", start + 8)
+        if end < 0:
+            break
+        found, pos = text[start + 8:end], end + 9
+    return found.strip() if found is not None else None
 
 
 def _last_number(text: str) -> float | None:

@@ -1,6 +1,7 @@
 """The worker's side of the coordinator API (see ``hubgrpo.space.api`` for the wire format).
 
-``CoordinatorClient`` mirrors the coordinator: ``lease``, ``heartbeat``, ``release``, ``submit``, ``status``.
+``CoordinatorClient`` mirrors the coordinator: ``lease``, ``heartbeat``, ``release``, ``submit``, ``status``,
+``record_eval``.
 Two transports carry the same JSON envelopes:
 
 - ``http``: raw HTTP with one persistent ``httpx.Client``: ``POST {url}/gradio_api/run/<name>`` (one round trip;
@@ -304,11 +305,18 @@ class CoordinatorClient:
         from pathlib import Path
 
         files = {name: base64.b64encode((Path(folder) / name).read_bytes()).decode("ascii")
-                 for name in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG, layout.SUBMISSION_FILE)
+                 for name in layout.SUBMISSION_FILES
                  if (Path(folder) / name).is_file()}
         result = self._call("upload", _lease_dict(lease), files)
         if not isinstance(result, dict):
             raise CoordinatorError(f"the coordinator answered upload with {str(result)[:100]}", code="protocol")
+        return result
+
+    def record_eval(self, version: int, reward: float, samples: int) -> dict:
+        """Report the held-out reward of ``version`` (``hubgrpo evaluate``): ``{"status": "recorded"|"duplicate"}``."""
+        result = self._call("record_eval", int(version), float(reward), int(samples), after_token=[PROTOCOL_VERSION])
+        if not isinstance(result, dict):
+            raise CoordinatorError(f"the coordinator answered record_eval with {str(result)[:100]}", code="protocol")
         return result
 
     def status(self) -> dict:

@@ -1,7 +1,8 @@
 """Putting a round where the run wants it, when ``hub.submissions`` names a box instead of the run repo.
 
-The three files go in the order the coordinator relies on (the adapter, its config, then ``submission.json``: a
-round is present once its record is) and the worker then submits ``sha256:<hex of submission.json>``:
+The four files go in the order the coordinator relies on (the adapter, its config, the rollouts, then
+``submission.json``: a round is present once its record is) and the worker then submits
+``sha256:<hex of submission.json>``:
 
 - with presigned URLs in the lease (an S3 box): plain HTTP ``PUT`` of each file to its URL — no boto3 and no bucket
   credentials on the worker. A 412 means the object is already there (our own earlier try whose answer was

@@ -8,6 +8,9 @@ construction (batch shape, sampling, loss, KL…) rebuilds the trainer on a fres
 
 The KL reference (``beta > 0``) is the base model (the adapter disabled), as TRL does when it gets a peft_config.
 
+TRL calls the reward functions through ``hubgrpo.worker.rollouts.RolloutRecorder`` (training rows carry their
+prompt index): each round's folder gets ``rollouts.json.gz``, from which the coordinator recomputes the rewards.
+
 Timing breakdown of a round (``Submission.timings``, seconds): ``load`` (adapter into the model), ``generate``
 (TRL's ``_generate``: tokenising, sampling, decoding — measured by wrapping that method), ``reward`` (time inside
 the reward functions), ``train`` (the rest of ``trainer.train()``: log-prob forward passes, backward, optimizer),
@@ -36,9 +39,11 @@ from hubgrpo.worker.adapter_io import check_adapter, save_adapter
 from hubgrpo.config import Config, ParamsConfig
 from hubgrpo.task.data import PromptSource, truncate_prompt
 from hubgrpo.errors import ConfigError, DataError, LeaseError, ModelError
-from hubgrpo.layout import SUBMISSION_FILE, Lease, StepMetrics, Submission, check_name, submission_id
+from hubgrpo.layout import ROLLOUTS_FILE, SUBMISSION_FILE, Lease, StepMetrics, Submission, check_name, submission_id
 from hubgrpo.worker.models import load_model, resolve_device
+from hubgrpo.worker.rollouts import INDEX_COLUMN, RolloutRecorder
 from hubgrpo.task.rewards import load_rewards, weighted_rewards
+from hubgrpo.task.rollouts import weighted_mean
 
 StepCallback = Callable[[int, dict], None]  # (optimizer step, StepMetrics fields as a dict)
 
@@ -124,6 +129,7 @@ class RoundEngine:
                              hint="set data.chat_template: false to send plain-text prompts")
         self.source = PromptSource.from_config(cfg)
         self.rewards = load_rewards(cfg.rewards)
+        self.rollouts = RolloutRecorder(self.source)  # TRL calls the rewards through it: the round's rollouts file
         self._recorder = _StepRecorder()
         self._workdir = tempfile.TemporaryDirectory(prefix="hubgrpo-trainer-")
         self._counts = {"generate": 0.0, "samples": 0, "tokens": 0}
@@ -180,7 +186,8 @@ class RoundEngine:
                           use_rslora=lc.use_rslora, task_type="CAUSAL_LM")
         torch.manual_seed(params["seed"])  # LoRA A is drawn inside get_peft_model: version 0 follows params.seed
         placeholder = Dataset.from_list(self.prompt_rows([0]))
-        trainer = GRPOTrainer(model=self.model, reward_funcs=list(self.rewards), args=self._grpo_args(params, 1),
+        trainer = GRPOTrainer(model=self.model, reward_funcs=self.rollouts.wrap(self.rewards),
+                              args=self._grpo_args(params, 1),
                               train_dataset=placeholder, processing_class=self.tokenizer, peft_config=lora,
                               callbacks=[self._recorder])
         trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
@@ -247,11 +254,14 @@ class RoundEngine:
     # -------------------------------------------------------------------------------------- training
 
     def prompt_rows(self, indices, max_prompt_length: int | None = None) -> list[dict]:
-        """The shard's rows, prompts left-truncated to max_prompt_length (default: the config's)."""
+        """The shard's rows, prompts left-truncated to max_prompt_length (default: the config's), each with its
+        prompt index (``INDEX_COLUMN``: the reward functions get the row by it, see ``hubgrpo.worker.rollouts``)."""
+        indices = list(indices)
         rows = self.source.rows(indices)
         limit = max_prompt_length or self.cfg.params.max_prompt_length
-        for r in rows:
+        for i, r in zip(indices, rows):
             r["prompt"] = truncate_prompt(r["prompt"], self.tokenizer, limit)
+            r[INDEX_COLUMN] = int(i)
         return rows
 
     def _prepare_optimizer(self, params: dict, key: str | None = None) -> None:
@@ -291,6 +301,7 @@ class RoundEngine:
         self._counts.update(generate=0.0, samples=0, tokens=0)
         reward_before = sum(r.seconds for r in self.rewards)
         self._recorder.steps, self._recorder.on_step = [], on_step
+        self.rollouts.reset()
         start = time.perf_counter()
         if steps > 0:
             set_seed(seed)
@@ -323,6 +334,7 @@ class RoundEngine:
         t3 = time.perf_counter()
         out_dir = Path(out_dir)
         self.save_adapter(out_dir)
+        self.rollouts.save(out_dir / ROLLOUTS_FILE)
         sub = self._submission(lease, result)
         sub.timings.update(setup=setup, load=t2 - t1)
         sub.timings["save"] = time.perf_counter() - t3  # the JSON write below is part of it too (≈ ms)
@@ -341,7 +353,7 @@ class RoundEngine:
             submission_id=submission_id(lease.worker, lease.lease_id), worker=lease.worker, user=lease.user,
             lease=lease, base_version=lease.base_version, base_sha=lease.base_sha, base_model=self.cfg.base_model,
             steps=len(result.step_metrics), samples=result.samples, prompts=result.prompts, tokens=result.tokens,
-            reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+            reward_mean=weighted_mean([r.weight for r in self.rewards], self.rollouts.batches) if rewards else 0.0,
             reward_first=rewards[0] if rewards else 0.0, reward_last=rewards[-1] if rewards else 0.0,
             step_metrics=result.step_metrics, timings=dict(result.timings), versions=library_versions(),
             device=self.device_name, created_at=time.time())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -172,21 +173,25 @@ class Worker:
         """Train one leased round and submit it."""
         t0 = time.time()
         adapter_dir = runrepo.adapter_at(self.store, lease.base_sha, self.workdir / "adapters")
+        runrepo.prune_revisions(adapter_dir.parent, keep=2)  # the version trained on and the one before
         t_download = time.time() - t0
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         out = self.workdir / "rounds" / sub_id
-        with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
-            bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
-            sub = self.engine.run_round(adapter_dir, bare, out, on_step=self._progress(lease))
-        t1 = time.time()
-        if self.upload_via == "coordinator":  # the coordinator checks, commits (batched) and submits it
-            answer = self._submit(hb.lease, None, folder=out)
-            t_upload, t2 = time.time() - t1, time.time()
-        else:
-            commit = self._deliver(out, hb, sub_id)
-            t_upload = time.time() - t1
-            t2 = time.time()
-            answer = self._submit(hb.lease, commit)
+        try:
+            with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
+                bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
+                sub = self.engine.run_round(adapter_dir, bare, out, on_step=self._progress(lease))
+            t1 = time.time()
+            if self.upload_via == "coordinator":  # the coordinator checks, commits (batched) and submits it
+                answer = self._submit(hb.lease, None, folder=out)
+                t_upload, t2 = time.time() - t1, time.time()
+            else:
+                commit = self._deliver(out, hb, sub_id)
+                t_upload = time.time() - t1
+                t2 = time.time()
+                answer = self._submit(hb.lease, commit)
+        finally:  # delivered or given up: the round's folder is not needed again (the disk stays bounded)
+            shutil.rmtree(out, ignore_errors=True)
         answer.update(submission_id=sub_id, reward_mean=sub.reward_mean, download_s=t_download,
                       train_s=t1 - t0 - t_download, upload_s=t_upload, submit_s=time.time() - t2,
                       round_s=time.time() - t0)
@@ -213,7 +218,7 @@ class Worker:
     def _commit(self, out: Path, lease: Lease, sub_id: str) -> str:
         """Push the submission folder in one commit (no parent: workers write disjoint paths)."""
         adds = {layout.submission_path(lease.base_version, sub_id, f): out / f
-                for f in (*layout.ADAPTER_FILES, layout.SUBMISSION_FILE)}
+                for f in layout.SUBMISSION_FILES}
         msg = f"hubgrpo: submission {sub_id} (base v{lease.base_version})"
         delay = 2.0
         for attempt in range(10):

@@ -1,0 +1,44 @@
+"""Bounded storage: which submission folders leave the head of the run repo with a merge commit.
+
+``coordinator.keep_submissions`` = K (default 2): a merge commit producing version N also deletes, from the head,
+the folders ``submissions/<base>/<id>/`` of
+
+- submissions merged into a version older than the last K (version ≤ N − K);
+- refused submissions, once their refusal is older than the last K versions;
+- folders nobody submitted (a crashed worker, junk) whose base version is so old that they could never be
+  admitted again (staleness > ``merge.max_staleness``) and older than the last K versions.
+
+The history keeps every deleted folder until it is reclaimed (``hubgrpo gc``). ``None`` keeps everything.
+"""
+
+from __future__ import annotations
+
+from hubgrpo import layout
+from hubgrpo.layout import RunState
+
+
+def merge_deletes(c, state: RunState, head: str) -> list[str]:
+    """The folder deletes of the merge commit writing ``state`` (``coordinator.keep_submissions``)."""
+    return deletes(c.store, head, state, c.cfg.coordinator.keep_submissions, c.cfg.merge.max_staleness)
+
+
+def deletes(store, head: str, state: RunState, keep: int | None, max_staleness: int) -> list[str]:
+    """Folder deletes (ending in '/') for the merge commit that writes ``state`` on top of ``head`` (a store
+    read: call without the server's lock)."""
+    if keep is None:
+        return []
+    oldest_kept = state.version - keep + 1  # folders tied to this version or newer stay
+    tied = {r.submission_id: r.version for r in state.refused}
+    tied.update({m.submission_id: v.version for v in state.versions for m in v.merged})
+    folders = set()
+    for path in store.list_files(layout.SUBMISSIONS, head):
+        parts = path.split("/")
+        if len(parts) >= 4 and parts[1].isdigit():  # submissions/<base>/<id>/…, whatever is inside
+            folders.add((parts[1], parts[2]))
+    out = []
+    for base, sub_id in sorted(folders):
+        version = tied.get(sub_id)
+        hopeless = version is None and state.version - int(base) > max_staleness and int(base) < oldest_kept
+        if (version is not None and version < oldest_kept) or hopeless:
+            out.append(f"{layout.SUBMISSIONS}/{base}/{sub_id}/")
+    return out

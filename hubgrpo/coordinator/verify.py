@@ -1,0 +1,109 @@
+"""Verified rewards: the coordinator recomputes every submitted round's rewards from its rollouts file.
+
+A submission carries ``rollouts.json.gz`` (``hubgrpo.task.rollouts``): for each generation batch the lease's prompt
+index of every completion, the completion, and each reward function's value. ``check(c, lease, folder)`` reads it
+within bounds derived from the lease (never from the worker), checks its shape against what the lease's round
+generates (batches, completions per batch, groups of ``num_generations`` per prompt, prompt indices of this lease
+only, the run's reward functions by name), recomputes every value with the run's own reward functions on the
+prompts and columns of the run's own data, and refuses any difference (``reward_mismatch``). The reward of the
+round shown everywhere (leaderboard, curves, state.json, model card) is the mean it recomputed; ``reward_mean`` in
+submission.json is ignored. No model is needed: a round's rewards take milliseconds.
+
+This proves that the rewards match the completions, not that the submitted adapter wrote them.
+
+The coordinator runs only reward code its operator allowed: built-ins, and ``module:function`` / ``file.py:function``
+names passed as ``allow_code`` (``--allow-reward``; a run repo's config alone never makes it import anything).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from hubgrpo.errors import HubGrpoError, InvalidSubmission
+from hubgrpo.layout import ROLLOUTS_FILE, Lease, Rollouts
+from hubgrpo.task import rollouts as rl
+from hubgrpo.task.rewards import completion_text
+
+
+class RewardCheck:
+    """The run's reward functions and prompt data, loaded once on first use (the data may be a Hub dataset)."""
+
+    def __init__(self, cfg, allow_code: list[str] | None = None):
+        from hubgrpo.errors import ConfigError
+        from hubgrpo.task.rewards import foreign_code
+
+        missing = [f for f in foreign_code(cfg.rewards) if f not in set(allow_code or [])]
+        if missing:  # at startup: the coordinator would otherwise import code a run repo's config names
+            flags = " ".join(f"--allow-reward {f!r}" for f in missing)
+            raise ConfigError(f"the run's config names reward code that is not built in: {', '.join(missing)}; the "
+                              "coordinator recomputes every round's rewards and runs only code its operator allows",
+                              hint=f"read that code, then start the coordinator with {flags} (on a Space: set the "
+                                   f"variable HUBGRPO_ALLOW_REWARD={','.join(missing)})")
+        self.cfg = cfg
+        self._lock = threading.Lock()
+        self._loaded: tuple | None = None
+
+    def loaded(self) -> tuple[list, object]:
+        """(reward functions, prompt source)."""
+        with self._lock:
+            if self._loaded is None:
+                from hubgrpo.task.data import PromptSource
+                from hubgrpo.task.rewards import load_rewards
+
+                self._loaded = (load_rewards(self.cfg.rewards), PromptSource.from_config(self.cfg))
+            return self._loaded
+
+    def check(self, lease: Lease, folder: Path) -> float:
+        """The round's mean weighted reward, recomputed; ``InvalidSubmission`` when the file is missing, too large,
+        malformed, shaped unlike the lease's round, or its rewards differ from the recomputed ones."""
+        data = rl.read(folder / ROLLOUTS_FILE, rl.size_limit(self.cfg, lease))
+        rewards, source = self.loaded()
+        check_shape(self.cfg, lease, data, [r.__name__ for r in rewards])
+        for b, batch in enumerate(data.batches):
+            try:
+                again = rl.score(rewards, source, batch.prompt_indices, completions_of(batch))
+            except HubGrpoError as e:  # a reward function failed on these completions
+                raise InvalidSubmission("reward_mismatch", f"batch {b}: {e.message[:300]}",
+                                        hint="submit the completions your round generated") from None
+            for j, (said, real) in enumerate(zip(batch.rewards, again)):
+                for i, (x, y) in enumerate(zip(said, real)):
+                    if not rl.same_reward(x, y):
+                        raise InvalidSubmission(
+                            "reward_mismatch", f"{ROLLOUTS_FILE}: reward {rewards[j].__name__} of completion {i} in "
+                            f"batch {b} is {x}, but its completion scores {y}",
+                            hint="submit the rewards the run's reward functions give your completions")
+        return rl.weighted_mean([r.weight for r in rewards], data.batches)
+
+
+def completions_of(batch) -> list:
+    """The batch's completions as reward functions get them (text, or chat messages as dicts)."""
+    return [c if isinstance(c, str) else [m.model_dump() for m in c] for c in batch.completions]
+
+
+def check_shape(cfg, lease: Lease, data: Rollouts, names: list[str]) -> None:
+    """The file holds exactly what a round of ``lease`` generates, scored by the run's reward functions."""
+    n_batches, per_batch, group = rl.expected_shape(cfg, lease)
+
+    def bad(why: str):
+        raise InvalidSubmission("bad_rollouts", f"{ROLLOUTS_FILE}: {why}",
+                                hint="submit the rollouts file your round wrote, unchanged")
+
+    if data.reward_names != names:
+        bad(f"reward functions {data.reward_names[:8]} are not the run's {names}")
+    if len(data.batches) != n_batches:
+        bad(f"{len(data.batches)} generation batches; a round of {lease.steps} steps has {n_batches}")
+    allowed, longest = set(lease.prompt_indices), rl.completion_limit(cfg, lease)
+    for b, batch in enumerate(data.batches):
+        sizes = {len(batch.prompt_indices), len(batch.completions), *(len(col) for col in batch.rewards)}
+        if sizes != {per_batch} or len(batch.rewards) != len(names):
+            bad(f"batch {b} is not {per_batch} completions with one value per reward function")
+        if not allowed.issuperset(batch.prompt_indices):
+            foreign = sorted(set(batch.prompt_indices) - allowed)[:5]
+            bad(f"batch {b} answers prompts the lease did not give (indices {foreign})")
+        idx = batch.prompt_indices
+        if any(len(set(idx[k:k + group])) != 1 for k in range(0, per_batch, group)):
+            bad(f"batch {b} is not in groups of {group} completions per prompt")
+        if any(len(completion_text(c)) > longest for c in completions_of(batch)):  # before any reward runs on it
+            bad(f"batch {b} holds a completion longer than {longest:,} characters, more than "
+                f"max_completion_length tokens decode to")

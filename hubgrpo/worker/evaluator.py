@@ -1,0 +1,107 @@
+"""``hubgrpo evaluate``: score every global version that has no held-out score yet, and record it.
+
+The evaluator asks the coordinator's status which versions lack an ``eval_reward``, downloads each one's adapter at
+its tag, scores it greedily on the first ``samples`` held-out prompts of the run (``RoundEngine.evaluate``: the
+run's own reward functions) and reports ``(version, reward, samples)`` through the ``record_eval`` endpoint,
+authenticated like a worker (on a Space only ``coordinator.evaluators`` may). The newest unscored version goes
+first (so a gate and the live curve see it soon), then the older ones. ``once=True`` scores what is there and
+returns; otherwise it follows new versions until the run is finished and every version is scored.
+
+Its disk stays bounded: each adapter is deleted once scored (and its HF cache entry is evicted on download).
+Like a worker, it runs only reward code its owner allowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from hubgrpo import runrepo
+from hubgrpo.errors import CoordinatorError, Refused
+from hubgrpo.store.base import Store
+
+log = logging.getLogger("hubgrpo.evaluator")
+
+
+class Evaluator:
+    """Scores versions of one run and records the scores with its coordinator."""
+
+    def __init__(self, store: Store, client, *, samples: int = 16, engine=None, workdir: Path | None = None,
+                 poll_s: float = 5.0, sleep=time.sleep, threads: int | None = None,
+                 allow_code: list[str] | None = None):
+        from hubgrpo.task.rewards import check_allowed
+
+        self.store, self.client, self.samples = store, client, int(samples)
+        self.cfg = runrepo.read_config(store)
+        check_allowed(self.cfg.rewards, allow_code or [])
+        if threads:
+            self.cfg.params.num_threads = threads
+        self.engine, self.poll_s, self.sleep = engine, float(poll_s), sleep
+        self.workdir = Path(workdir or runrepo.cache_root() / "evaluator" / self.cfg.project_name)
+        self.seconds: list[float] = []  # seconds per scored version (download + greedy generation + rewards)
+
+    def todo(self, status: dict) -> list[int]:
+        """Versions without a held-out score, newest first."""
+        return sorted((v["version"] for v in status.get("versions", []) if v.get("eval_reward") is None),
+                      reverse=True)
+
+    def ready(self):
+        """The engine (base model + held-out prompts + rewards), built on first use."""
+        if self.engine is None:
+            from hubgrpo.worker.engine import RoundEngine
+
+            self.engine = RoundEngine(self.cfg, worker="evaluator")
+        return self.engine
+
+    def score(self, version: int, sha: str) -> tuple[float, int]:
+        """(held-out reward, prompts scored) of the adapter at ``sha``; the downloaded copy is deleted after."""
+        self.ready()
+        folder = runrepo.adapter_at(self.store, sha, self.workdir / "adapters")
+        try:
+            reward = self.engine.evaluate(folder, n=self.samples, greedy=True)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return float(reward), min(self.samples, self.engine.source.eval_size)
+
+    def run(self, once: bool = False) -> list[dict]:
+        """Score and record until nothing is left (``once``) or the run is finished and fully scored."""
+        results: list[dict] = []
+        while True:
+            status = self._status()
+            todo = self.todo(status)
+            shas = runrepo.version_shas(self.store) if todo else {}
+            scored = [self._score_and_record(v, shas[v]) for v in todo if v in shas]  # untagged: not loadable
+            results += scored
+            if once or (status.get("finished") and not scored):
+                return results
+            if not scored:
+                self.sleep(self.poll_s)
+
+    def _score_and_record(self, version: int, sha: str) -> dict:
+        self.ready()  # seconds per version: download + greedy generation + rewards, not the engine's setup
+        t0 = time.perf_counter()
+        reward, n = self.score(version, sha)
+        self.seconds.append(time.perf_counter() - t0)
+        answer = self.client.record_eval(version, reward, n)
+        log.info("version %d: held-out reward %.4f on %d prompts (%.1f s), %s", version, reward, n,
+                 self.seconds[-1], answer.get("status"))
+        return {"version": version, "eval_reward": reward, "samples": n, "seconds": self.seconds[-1], **answer}
+
+    def _status(self) -> dict:
+        """The coordinator's status, waiting out outages (a refusal such as ``auth`` stops the evaluator)."""
+        delay = 1.0
+        while True:
+            try:
+                return self.client.status()
+            except Refused:
+                raise
+            except CoordinatorError as e:
+                from hubgrpo.worker.loop import orphaned
+
+                if e.code != "unreachable" or orphaned():  # stop with the `hubgrpo run` that started it
+                    raise
+                log.warning("coordinator unreachable; retrying in %.0f s", delay)
+                self.sleep(delay)
+                delay = min(2 * delay, 60.0)
