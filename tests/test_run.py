@@ -213,8 +213,12 @@ def test_cli_run_on_an_s3_repo(tmp_path, s3_bucket_url, capsys, monkeypatch):
     assert state.version == 3 and state.finished
     assert len(state.merged_ids) == len(set(state.merged_ids)) >= 3
     assert sorted(runrepo.version_shas(store)) == [0, 1, 2, 3]
-    merged = set(state.merged_ids)
-    assert merged <= submitted_ids(store), "every merged round is a submission folder in the bucket"
+    keep = 2  # coordinator.keep_submissions' default: the folders of the last 2 versions stay at the head
+    recent = {m.submission_id for v in state.versions if v.version > state.version - keep for m in v.merged}
+    old = set(state.merged_ids) - recent
+    at_head = submitted_ids(store)
+    assert recent and recent <= at_head, "the last versions' merged rounds are submission folders in the bucket"
+    assert old and not old & at_head, "older merged rounds left the head (keep_submissions)"
     _loads_with_peft(str(runrepo.adapter_at(store, store.tags()["v000003"], tmp_path / "c")))
     messages = [c.message for c in store.history()]
     assert len(messages) == len(set(messages)), "a commit was made twice"
