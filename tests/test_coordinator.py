@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -272,3 +273,45 @@ def test_two_coordinators_on_one_repo_never_lose_or_double_a_step(tmp_path):
     want3 = merge(v2, [(sub3, v1, 1.0)], opts, momentum=got).momentum
     got3 = load(store.read(layout.MOMENTUM_FILE))
     assert all(torch.allclose(got3[k], want3[k], atol=1e-6) for k in want3)
+
+
+class _SlowStore(LocalStore):
+    """The real local store, slower to read (a remote bucket): concurrent readers overlap for sure."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.adapter_reads = 0
+
+    def local_path(self, path, revision=None):
+        if path == "adapter_model.safetensors":
+            self.adapter_reads += 1
+        time.sleep(0.05)
+        return super().local_path(path, revision)
+
+
+def test_submits_checked_at_once_read_the_global_adapter_once_and_all_get_it(tmp_path):
+    """Parallel admission checks all need the base version's adapter: one read, no caller sees a half-deleted
+    folder (it used to answer 'is not a PEFT adapter folder' to a worker, which then died)."""
+    import threading
+
+    store, _, clock = _setup(tmp_path)
+    slow = _SlowStore(tmp_path / "repo")
+    c = Coordinator(slow, SECRET, clock=clock, workdir=tmp_path / "work2")
+    c._adapters.clear()
+    barrier, results, errors = threading.Barrier(6), [], []
+
+    def read():
+        barrier.wait()
+        try:
+            results.append(c._adapter(0))
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=read) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert len(results) == 6 and all(r is results[0] for r in results)
+    assert slow.adapter_reads == 1

@@ -32,7 +32,8 @@ from pathlib import Path
 from hubgrpo import layout, runrepo
 from hubgrpo.config import Config
 from hubgrpo.coordinator import admit, leases, leasing
-from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
+from hubgrpo.errors import (CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, MergeError, NotFound,
+                            RateLimited, StoreUnavailable)
 from hubgrpo.layout import Lease, Refusal, RunState, WorkerStats
 from hubgrpo.store.base import Store
 
@@ -57,6 +58,7 @@ class Coordinator:
         self.commit_times: list[float] = []
         self._adapters: dict[int, object] = {}
         self._cache_lock = threading.Lock()
+        self._loading: dict[int, threading.Lock] = {}  # one adapter read per version at a time (_adapter)
         self._flush_lock = threading.Lock()
         self.tracker = None
         self.merging: int | None = None  # the version a merge is computing right now
@@ -261,22 +263,37 @@ class Coordinator:
         return self._adapter(self.state.version)
 
     def _adapter(self, version: int):
-        """The global adapter of ``version`` (cached; read from its tag — a store read on a miss)."""
+        """The global adapter of ``version`` (cached; read from its tag — a store read on a miss). One read per
+        version at a time: concurrent callers (submits checked in parallel) wait for it instead of downloading
+        into, and deleting, the same folder. A read that fails is ``CoordinatorError("unavailable")``: the
+        coordinator's own problem, which a worker waits out (not a verdict on its round)."""
         with self._cache_lock:
             cached = self._adapters.get(version)
+            loading = self._loading.setdefault(version, threading.Lock())
         if cached is not None:
             return cached
+        with loading:  # no API lock is held here: only callers that need this very adapter wait
+            with self._cache_lock:
+                cached = self._adapters.get(version)
+            return cached if cached is not None else self._read_adapter(version)
+
+    def _read_adapter(self, version: int):
         from hubgrpo.merge import load_adapter_dir
 
-        folder = runrepo.adapter_at(self.store, self.shas[version], self.workdir / "adapters")
         try:
-            adapter = load_adapter_dir(folder)
-        finally:  # in memory now; a version needed again after it left the cache is read again
-            shutil.rmtree(folder, ignore_errors=True)
+            folder = runrepo.adapter_at(self.store, self.shas[version], self.workdir / "adapters")
+            try:
+                adapter = load_adapter_dir(folder)
+            finally:  # in memory now; a version needed again after it left the cache is read again
+                shutil.rmtree(folder, ignore_errors=True)
+        except (MergeError, StoreUnavailable, RateLimited) as e:
+            raise CoordinatorError(f"the coordinator could not read version {version}'s adapter: {e.message}",
+                                   code="unavailable", hint="submit again in a few seconds") from e
         with self._cache_lock:
             self._adapters[version] = adapter
             for old in [v for v in self._adapters if v < self.state.version - self.cfg.merge.max_staleness]:
                 del self._adapters[old]
+                self._loading.pop(old, None)
         return adapter
 
     # -------------------------------------------------------------------------------------------- ticks, merges
