@@ -50,13 +50,21 @@ FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--drop
 
 
 def simulate(out: Path, config: str, workers: int, seed: int, args: list[str]) -> dict:
-    """``hubgrpo simulate`` in a subprocess; its simulation.json."""
+    """``hubgrpo simulate`` in a subprocess; its simulation.json (one already in ``out`` from an earlier run of the
+    same command with the same ``--work`` is reused: the simulations are deterministic for a seed)."""
+    done = out / "simulation.json"
+    if done.is_file() and (out / "command.json").is_file():
+        if json.loads((out / "command.json").read_text()) == [config, workers, seed, args]:
+            result = json.loads(done.read_text())
+            result["real_wall_s"] = result.get("real_wall_s", 0.0)
+            return result
     cmd = [sys.executable, "-m", "hubgrpo.cli", "simulate", config, "--workers", str(workers), "--seed", str(seed),
            "--output", str(out), "--no-progress", *args]
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result = json.loads((out / "simulation.json").read_text())
     result["real_wall_s"] = time.time() - t0
+    (out / "command.json").write_text(json.dumps([config, workers, seed, args]))
     return result
 
 

@@ -1,0 +1,126 @@
+"""Which merge makes 2 asynchronous workers learn fastest? The variants behind configs/demo.yaml's merge section.
+
+    .venv/bin/python benchmarks/merge_choice.py [--seeds 0,1] [--variants svd,keep_a,keep_a_adam,nesterov]
+                                                [--work DIR] [--train-seeds 0,1,2,3]
+
+Each variant is a ``hubgrpo simulate configs/demo.yaml --workers 2`` (real SmolLM2 GRPO rounds, virtual clock:
+8 s per step, 1 thread; quorum 1; greedy held-out eval on 32 prompts after every version) until version 14, with
+every knob the variants differ in set explicitly (so the figures do not depend on the YAML's current defaults):
+
+- ``svd``: the earlier demo — svd merge, outer_lr 1, balanced factor split, a fresh AdamW every round;
+- ``keep_a``: + ``merge.factor_split=keep_a``;
+- ``keep_a_adam``: + each worker keeps its AdamW moments (``params.reset_optimizer=false``);
+- ``nesterov``: + outer Nesterov momentum 0.9 with outer_lr 0.3 (DiLoCo-style outer optimizer; the shipped demo).
+
+Reported per variant and seed: virtual seconds until a version's merged rounds reach a training reward of 0.9 (the
+issue's target), the held-out reward at the end and its minimum after version 4 (dips), the staleness histogram.
+``hubgrpo train`` (the single-process reference, 40 steps) reports the virtual seconds (steps × 8 s) until its
+5-step mean reaches 0.9. Simulations and trainings already in ``--work`` from the same command are reused.
+
+Writes benchmarks/results/merge-choice.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CONFIG = "configs/demo.yaml"
+STEP_S = 8.0
+BASE = ["params.reset_optimizer=true", "merge.method=svd", "merge.factor_split=balanced", "merge.outer_lr=1.0",
+        "merge.outer_momentum=0.0", "merge.nesterov=false", "merge.quorum=1", "params.num_threads=1"]
+VARIANTS = {
+    "svd": [],
+    "keep_a": ["merge.factor_split=keep_a"],
+    "keep_a_adam": ["merge.factor_split=keep_a", "params.reset_optimizer=false"],
+    "nesterov": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=0.3",
+                 "merge.outer_momentum=0.9", "merge.nesterov=true"],
+}
+
+
+def sets(overrides: list[str]) -> list[str]:
+    return [x for o in overrides for x in ("--set", o)]
+
+
+def run_once(out: Path, cmd: list[str], result_file: str) -> dict:
+    """Run ``cmd`` (a hubgrpo command) unless ``out`` holds its result from the same command; the result JSON."""
+    stamp = out / "command.json"
+    if (out / result_file).is_file() and stamp.is_file() and json.loads(stamp.read_text()) == cmd:
+        return json.loads((out / result_file).read_text())
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "hubgrpo.cli", *cmd, "--output", str(out)], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stamp.write_text(json.dumps(cmd))
+    result = json.loads((out / result_file).read_text())
+    result["real_wall_s"] = round(time.time() - t0, 1)
+    return result
+
+
+def simulate(work: Path, variant: str, seed: int) -> dict:
+    cmd = ["simulate", CONFIG, "--workers", "2", "--seed", str(seed), "--step-s", str(STEP_S), "--until-version",
+           "14", "--eval-samples", "32", "--no-progress", *sets([*BASE, *VARIANTS[variant]])]
+    res = run_once(work / f"{variant}-s{seed}", cmd, "simulation.json")
+    rows = res["versions"]
+    hit = next((v for v in rows[1:] if (v["train_reward"] or 0) >= 0.9), None)
+    evals = [v["eval_reward"] for v in rows if v["eval_reward"] is not None]
+    return {"variant": variant, "seed": seed, "t_train_0.9": hit["virtual_time_s"] if hit else None,
+            "version_0.9": hit["version"] if hit else None, "eval_first": evals[0], "eval_last": evals[-1],
+            "eval_min_after_v4": min(evals[5:]) if len(evals) > 5 else None,
+            "staleness_histogram": res["staleness_histogram"], "virtual_wall_s": res["virtual_wall_s"],
+            "curve": [(v["version"], v["virtual_time_s"], v["train_reward"], v["eval_reward"]) for v in rows]}
+
+
+def train(work: Path, seed: int) -> dict:
+    cmd = ["train", CONFIG, "--steps", "40", "--eval-samples", "32", "--set", "params.num_threads=1",
+           "--set", f"params.seed={seed}"]
+    res = run_once(work / f"train-s{seed}", cmd, "metrics.json")
+    r = [m["reward"] for m in res["step_metrics"]]
+    step = next((i + 1 for i in range(4, len(r)) if sum(r[i - 4:i + 1]) / 5 >= 0.9), None)
+    return {"seed": seed, "t_train_0.9": step * STEP_S if step else None, "step_0.9": step,
+            "eval_before": res["eval"]["before"], "eval_after": res["eval"]["after"]}
+
+
+def report(sims: list[dict], trains: list[dict]) -> str:
+    f = lambda x: "–" if x is None else (f"{x:.0f}" if isinstance(x, (int, float)) and x > 5 else f"{x:.3f}")  # noqa: E731
+    lines = ["# Which merge for 2 asynchronous workers (configs/demo.yaml, `hubgrpo simulate --workers 2`)", "",
+             f"Virtual clock {STEP_S:.0f} s per GRPO step (1 thread), quorum 1, 14 versions, greedy held-out on 32 "
+             f"prompts. Machine: {platform.machine()}, Python {platform.python_version()}.", "",
+             "| variant | seed | s to training reward 0.9 (version) | held-out v0 → v14 | held-out min after v4 | τ histogram |",
+             "|---|---|---|---|---|---|"]
+    for s in sims:
+        lines.append(f"| {s['variant']} | {s['seed']} | {f(s['t_train_0.9'])} ({s['version_0.9']}) | "
+                     f"{s['eval_first']:.3f} → {s['eval_last']:.3f} | {f(s['eval_min_after_v4'])} | "
+                     f"{s['staleness_histogram']} |")
+    lines += ["", "`hubgrpo train --steps 40` (one process, 1 thread; s = steps × 8):", "",
+              "| seed | s to a 5-step mean of 0.9 (step) | held-out before → after |", "|---|---|---|"]
+    lines += [f"| {t['seed']} | {f(t['t_train_0.9'])} ({t['step_0.9']}) | {t['eval_before']:.3f} → "
+              f"{t['eval_after']:.3f} |" for t in trains]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--train-seeds", default="0,1,2,3")
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "merge-choice")
+    args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    sims = [simulate(args.work, v, s) for v in args.variants.split(",") for s in seeds]
+    trains = [train(args.work, int(s)) for s in args.train_seeds.split(",") if s]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "merge-choice.json").write_text(json.dumps({"sims": sims, "train": trains}, indent=1))
+    text = report(sims, trains)
+    (RESULTS / "merge-choice.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
