@@ -1,36 +1,34 @@
 """Coordinator under an honest load: the server in one process, a cheap open-loop load generator (one asyncio
-process, raw HTTP) in another, and the server's own CPU per call read from /proc.
+process, raw HTTP; ``load_fleet.py``) in another, and the server's own CPU per call read from /proc.
 
-    .venv/bin/python benchmarks/coordinator_load.py [--workers 100,250,500,1000] [--round-s 60] [--beat-s 30]
-                                                    [--measure-s 90] [--modes s3,repo]
+    .venv/bin/python benchmarks/coordinator_load.py [--workers 250,500,1000] [--repo-workers 1000] [--round-s 60]
+        [--beat-s 30] [--measure-s 60] [--modes s3,repo] [--route plain|gradio] [--server-cpus 0 --load-cpus 1]
 
-Each simulated worker leases at a fixed phase in its round (``--round-s``), heartbeats every ``--beat-s`` and
-submits at the end of the round, on a schedule that does not wait for the server (open loop: a slow answer does
-not slow the arrivals, so latency grows without bound past saturation instead of hiding it). A round's adapter is a
-pre-built synthetic LoRA (r=16 on q_proj/v_proj of 8 layers of width 896, 1.75 MB fp32, like a 0.5B model's), so
-the coordinator does its real work on every submit: it reads the folder, checks it (safetensors, shapes, norms) and
-merges at the quorum. Modes:
+The fleet is described in ``load_fleet.py``. A round's adapter is a pre-built synthetic LoRA (r=16 on q_proj/v_proj
+of 8 layers of width 896, 1.75 MB fp32, like a 0.5B model's) with honest rollouts, so the coordinator does its real
+work on every submit: it reads the round, checks it (safetensors, shapes, finiteness, step bound, norms), recomputes
+its rewards and folds it into the merge at the quorum. Modes:
 
-- ``s3``: ``hub.submissions`` is a bucket on a moto S3 server (a third process on the same cores); the generator
-  PUTs each round through the lease's presigned URLs; the run repo gets merge commits only.
-- ``repo``: rounds are commits of the run repo (a LocalStore, committed by the generator in a thread), so leases
-  are bound by ``coordinator.commit_budget_per_hour`` (``--budget``, Hub-like).
+- ``s3``: ``hub.submissions`` is a bucket on a moto S3 server (a third process); the fleet PUTs each round through
+  the lease's presigned URLs; the run repo gets merge commits only.
+- ``repo``: rounds are commits of the run repo (a LocalStore, committed by the fleet in a thread), so leases are
+  bound by ``coordinator.commit_budget_per_hour`` (``--budget``, Hub-like).
 
-Measured per (mode, workers): p50/p99/max of lease, heartbeat and submit over the last ``--measure-s`` seconds (a
-warm-up of one round first), the server process's CPU seconds per call and its utilisation, outcomes (refusals
-by code, errors), and at the end lost submissions (delivered, neither merged, refused nor pending: must be 0) and
-duplicates merged (must be 0). Writes ``benchmarks/results/coordinator_load.{md,json}``.
+``--server-cpus`` / ``--load-cpus`` pin the coordinator, and the fleet with moto, to CPU lists (``taskset -c``), so
+the coordinator's share of the machine is one known core. Measured per (mode, workers): p50/p99/max of lease,
+heartbeat and submit over ``--measure-s`` seconds (after a warm-up of one round), the time from submit to the
+round's verdict, the server process's CPU seconds per call and its utilisation, the load average and the busiest
+other processes on the machine, outcomes (refusals by code, errors), and at the end lost submissions (delivered,
+neither merged, refused nor pending: must be 0) and duplicates merged (must be 0). Writes
+``benchmarks/results/coordinator_load.{md,json}`` (``--results DIR`` elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import collections
 import json
 import os
 import platform
-import random
 import subprocess
 import sys
 import tempfile
@@ -40,11 +38,13 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from load_fleet import CALLS, ENDPOINTS, generate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SECRET = b"load-secret"
 LAYERS, WIDTH, RANK, MODULES = 8, 896, 16, ("q_proj", "v_proj")
-ENDPOINTS = ("lease", "heartbeat", "submit")
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -110,159 +110,6 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS
 
 
-class Recorder:
-    """Latency samples (within the measurement window) and outcome counters."""
-
-    def __init__(self):
-        self.lat: dict[str, list[float]] = collections.defaultdict(list)
-        self.outcomes: collections.Counter = collections.Counter()
-        self.window: tuple[float, float] = (0.0, 0.0)
-        self.delivered: set[str] = set()
-        self.refused: set[str] = set()
-
-    def sample(self, endpoint: str, started: float, seconds: float) -> None:
-        if self.window[0] <= started < self.window[1]:
-            self.lat[endpoint].append(seconds)
-
-
-class Generator:
-    """The simulated fleet: one coroutine per worker, every request on its own schedule (open loop)."""
-
-    def __init__(self, args, mode: str, url: str, repo: Path, variant: Path, rec: Recorder):
-        import httpx
-
-        from hubgrpo import layout
-
-        self.args, self.mode, self.rec, self.layout = args, mode, rec, layout
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-        self.api = httpx.AsyncClient(base_url=url + "/gradio_api/run", timeout=120, limits=limits)
-        self.s3 = httpx.AsyncClient(timeout=120, limits=limits)
-        self.files = {n: (variant / n).read_bytes() for n in layout.ADAPTER_FILES}
-        self.variant = variant
-        self.store = None
-        if mode == "repo":
-            from hubgrpo.store.local import LocalStore
-
-            self.store = LocalStore(repo, fsync=False)
-        self.tasks: set[asyncio.Task] = set()
-
-    def spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def call(self, name: str, data: list) -> tuple[bool, object]:
-        started = time.time()
-        t = time.perf_counter()
-        try:
-            resp = await self.api.post(f"/{name}", json={"data": data})
-            envelope = resp.json()["data"][0]
-        except Exception as e:  # deliberate: a benchmark counts every failure, whatever it is
-            self.rec.outcomes[f"{name}_transport_{type(e).__name__}"] += 1
-            return False, None
-        finally:
-            self.rec.sample(name, started, time.perf_counter() - t)
-        if envelope.get("ok"):
-            return True, envelope["result"]
-        err = envelope.get("error") or {}
-        self.rec.outcomes[f"{name}_refused_{err.get('code')}"] += 1
-        return False, err
-
-    async def worker(self, i: int, t0: float, stop_leasing: float) -> None:
-        rng = random.Random(i)
-        start = t0 + rng.uniform(0, self.args.round_s)
-        while start < stop_leasing:
-            await asyncio.sleep(max(0.0, start - time.time()))
-            self.spawn(self.round(f"sim{i:04d}", start))
-            start += self.args.round_s
-
-    async def round(self, name: str, start: float) -> None:
-        from hubgrpo.layout import PROTOCOL_VERSION
-
-        ok, lease = await self.call("lease", [name, None, None, PROTOCOL_VERSION])
-        if not ok:
-            return
-        self.rec.outcomes["lease_ok"] += 1
-        held = {"lease": lease}
-        end = start + self.args.round_s - 1.5  # upload, then submit 0.5 s before the next round's lease
-        beat = start + self.args.beat_s
-        while beat < end:
-            self.spawn(self.heartbeat(held, beat))
-            beat += self.args.beat_s
-        await asyncio.sleep(max(0.0, end - time.time()))
-        token = await self.deliver(held["lease"])
-        if token is None:
-            return
-        sub_id = self.layout.submission_id(lease["worker"], lease["lease_id"])
-        self.rec.delivered.add(sub_id)
-        await asyncio.sleep(max(0.0, end + 1.0 - time.time()))
-        ok, answer = await self.call("submit", [held["lease"], token, None])
-        if ok:
-            self.rec.outcomes[f"submit_{answer['status']}"] += 1
-        elif answer and answer.get("error") in ("InvalidSubmission", "LeaseError"):
-            self.rec.refused.add(sub_id)
-
-    async def heartbeat(self, held: dict, at: float) -> None:
-        await asyncio.sleep(max(0.0, at - time.time()))
-        ok, renewed = await self.call("heartbeat", [held["lease"], None])
-        if ok:
-            held["lease"] = renewed
-            self.rec.outcomes["heartbeat_ok"] += 1
-
-    async def deliver(self, lease: dict) -> str | None:
-        """Upload the round (S3: presigned PUTs; repo: a commit in a thread); the token or commit to submit."""
-        from hubgrpo.layout import Lease
-        from tests.coord_helpers import submission_record
-
-        layout = self.layout
-        record = submission_record(Lease.model_validate({**lease, "uploads": {}}), reward=random.random()).to_json()
-        try:
-            if self.mode == "s3":
-                for name in layout.SUBMISSION_FILES:
-                    body = record if name == layout.SUBMISSION_FILE else self.files[name]
-                    r = await self.s3.put(lease["uploads"][name], content=body, headers={"If-None-Match": "*"})
-                    if r.status_code not in (200, 412):
-                        raise RuntimeError(f"PUT {name}: HTTP {r.status_code}")
-                return layout.box_token(record)
-            sub_id = layout.submission_id(lease["worker"], lease["lease_id"])
-            adds = {layout.submission_path(lease["base_version"], sub_id, n): self.variant / n
-                    for n in layout.ADAPTER_FILES}
-            adds[layout.submission_path(lease["base_version"], sub_id, layout.SUBMISSION_FILE)] = record
-            return await asyncio.to_thread(self.store.commit, adds, message=f"hubgrpo: submission {sub_id}")
-        except Exception as e:  # deliberate: counted, the round is then not submitted
-            self.rec.outcomes[f"deliver_failed_{type(e).__name__}"] += 1
-            return None
-
-    async def close(self) -> None:
-        await self.api.aclose()
-        await self.s3.aclose()
-
-
-def generate(args, mode: str, url: str, repo: Path, variant: Path, workers: int, out: Path) -> None:
-    """``--generate``: run the fleet in this process; write its Recorder as JSON to ``out``."""
-    async def main() -> Recorder:
-        rec = Recorder()
-        gen = Generator(args, mode, url, repo, variant, rec)
-        t0 = time.time() + 1.0
-        warm = t0 + args.round_s
-        rec.window = (warm, warm + args.measure_s)
-        stop = warm + args.measure_s
-        fleet = [asyncio.get_running_loop().create_task(gen.worker(i, t0, stop)) for i in range(workers)]
-        await asyncio.gather(*fleet)
-        deadline = time.time() + args.round_s + 60
-        while gen.tasks and time.time() < deadline:  # rounds leased before the stop finish
-            await asyncio.sleep(0.5)
-        rec.outcomes["rounds_unfinished_at_end"] = len(gen.tasks)
-        await gen.close()
-        return rec
-
-    t_cpu = time.process_time()
-    rec = asyncio.run(main())
-    out.write_text(json.dumps({"lat": rec.lat, "outcomes": rec.outcomes, "window": rec.window,
-                               "delivered": sorted(rec.delivered), "refused": sorted(rec.refused),
-                               "generator_cpu_s": time.process_time() - t_cpu}))
-
-
 def pct(samples: list[float]) -> dict:
     s = sorted(samples)
     if not s:
@@ -289,36 +136,50 @@ def wait_up(check, what: str, timeout: float = 120.0) -> None:
 
 
 def calibrate(url: str, pid: int, n: int = 200) -> dict:
-    """Server CPU per call in isolation: sequential calls from one client, CPU read from /proc around them."""
+    """Server CPU per call in isolation: sequential calls from one client, CPU read from /proc around them, on the
+    plain routes and (for comparison) Gradio's ``/gradio_api/run``."""
     import httpx
 
     from hubgrpo.layout import PROTOCOL_VERSION
 
     out = {}
-    with httpx.Client(base_url=url + "/gradio_api/run", timeout=60) as http:
-        def run(name, data):
-            return http.post(f"/{name}", json={"data": data}).json()["data"][0]
+    with httpx.Client(base_url=url, timeout=60) as http:
+        def run(route, name, data):
+            if route == "plain":
+                return http.post(f"/hubgrpo/api/{name}", json={"data": data}).json()
+            return http.post(f"/gradio_api/run/{name}", json={"data": data}).json()["data"][0]
 
-        lease = run("lease", ["calib", None, None, PROTOCOL_VERSION])["result"]
-        for name, make in (("status", lambda: [None]), ("heartbeat", lambda: [lease, None])):
+        def measure(key: str, calls: int, fn) -> None:
             c0, t0 = cpu_seconds(pid), time.perf_counter()
-            for _ in range(n):
-                run(name, make())
-            out[name] = {"cpu_ms": round((cpu_seconds(pid) - c0) / n * 1e3, 2),
-                         "wall_ms": round((time.perf_counter() - t0) / n * 1e3, 2)}
-        run("release", [lease, None])
-        c0, t0 = cpu_seconds(pid), time.perf_counter()
-        for i in range(n // 2):
-            got = run("lease", [f"calib{i}", None, None, PROTOCOL_VERSION])["result"]
-            run("release", [got, None])
-        out["lease+release"] = {"cpu_ms": round((cpu_seconds(pid) - c0) / (n // 2) * 1e3, 2),
-                                "wall_ms": round((time.perf_counter() - t0) / (n // 2) * 1e3, 2)}
+            for i in range(calls):
+                fn(i)
+            out[key] = {"cpu_ms": round((cpu_seconds(pid) - c0) / calls * 1e3, 2),
+                        "wall_ms": round((time.perf_counter() - t0) / calls * 1e3, 2)}
+
+        for route in ("plain", "gradio"):
+            lease = run(route, "lease", [f"calib-{route}", None, None, PROTOCOL_VERSION])["result"]
+            measure(f"status ({route})", n, lambda i: run(route, "status", [None]))
+            measure(f"heartbeat ({route})", n, lambda i: run(route, "heartbeat", [lease, None]))
+            run(route, "release", [lease, None])
+            measure(f"lease+release ({route})", n // 2, lambda i: run(route, "release", [run(
+                route, "lease", [f"calib{route}{i}", None, None, PROTOCOL_VERSION])["result"], None]))
     return out
 
 
-def start_stack(args, mode: str, workers: int, tmp: Path, procs: list) -> tuple[str, int, int | None, Path, Path]:
+def pinned(cpus: str | None) -> list[str]:
+    """The ``taskset`` prefix that pins a command to ``cpus`` (none when not asked)."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+def busiest(n: int = 6) -> list[str]:
+    """The processes using the most CPU right now (what else ran), as ps prints them."""
+    r = subprocess.run(["ps", "-eo", "pcpu,etime,args", "--sort=-pcpu"], capture_output=True, text=True)
+    return [" ".join(line.split()[:2] + [" ".join(line.split()[2:])[:90]]) for line in r.stdout.splitlines()[1:n + 1]]
+
+
+def start_stack(args, mode: str, workers: int, tmp: Path, procs: list) -> tuple:
     """The S3 server (mode s3), a fresh run repo and the coordinator process; (url, server pid, moto pid, repo,
-    the round adapter). Started processes are appended to ``procs``."""
+    the round adapter, the box URL or None). Started processes are appended to ``procs``."""
     import socket
 
     import httpx
@@ -331,8 +192,8 @@ def start_stack(args, mode: str, workers: int, tmp: Path, procs: list) -> tuple[
         env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
                    AWS_SECRET_ACCESS_KEY="bench-secret", AWS_DEFAULT_REGION="us-east-1",
                    AWS_EC2_METADATA_DISABLED="true")
-        procs.append(start([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                           tmp / "moto.log", env))
+        procs.append(start([*pinned(args.load_cpus), sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                            "-p", str(port)], tmp / "moto.log", env))
         moto = procs[-1].pid
         wait_up(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() or True, "moto")
         box = f"s3://load-{os.getpid()}-{workers}/rounds"
@@ -341,12 +202,23 @@ def start_stack(args, mode: str, workers: int, tmp: Path, procs: list) -> tuple[
     init_run(repo, tmp, args, box)
     variant = make_adapter(tmp / "variant", 7, 0.01)
     port = free_port()
-    procs.append(start([sys.executable, __file__, "--serve", str(repo), str(port), str(tmp / "coord")],
-                       tmp / "coordinator.log", env))
+    procs.append(start([*pinned(args.server_cpus), sys.executable, __file__, "--serve", str(repo), str(port),
+                        str(tmp / "coord")], tmp / "coordinator.log", env))
     url = f"http://127.0.0.1:{port}"
     wait_up(lambda: httpx.post(f"{url}/gradio_api/run/status", json={"data": [None]}).status_code == 200,
             "the coordinator")
-    return url, procs[-1].pid, moto, repo, variant
+    return url, procs[-1].pid, moto, repo, variant, box
+
+
+def box_rounds(box: str | None) -> int:
+    """Rounds in the S3 box: its ``submission.json`` objects (boto3 against the moto server of this run)."""
+    if box is None:
+        return 0
+    import boto3
+
+    bucket, _, prefix = box.removeprefix("s3://").partition("/")
+    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sum(1 for page in pages for o in page.get("Contents", []) if o["Key"].endswith("/submission.json"))
 
 
 def drive(args, mode: str, workers: int, tmp: Path, url: str, repo: Path, variant: Path, pids: dict,
@@ -355,11 +227,13 @@ def drive(args, mode: str, workers: int, tmp: Path, url: str, repo: Path, varian
     seconds each pid used inside the measurement window and the window's length)."""
     out = tmp / "generator.json"
     gen_args = json.dumps({**vars(args), "results": str(args.results)})
-    procs.append(start([sys.executable, __file__, "--generate", gen_args, mode, url, str(repo), str(variant),
-                        str(workers), str(out)], tmp / "generator.log"))
-    gen, marks = procs[-1], []
+    procs.append(start([*pinned(args.load_cpus), sys.executable, __file__, "--generate", gen_args, mode, url,
+                        str(repo), str(variant), str(workers), str(out)], tmp / "generator.log"))
+    gen, marks, others = procs[-1], [], []
     while gen.poll() is None:
-        marks.append((time.time(), {k: cpu_seconds(p) for k, p in pids.items()}))
+        marks.append((time.time(), {k: cpu_seconds(p) for k, p in pids.items()}, os.getloadavg()[0]))
+        if not others and len(marks) > args.round_s + args.measure_s / 2:  # mid-window: what else runs
+            others = busiest()
         time.sleep(1.0)
     if gen.returncode != 0:
         raise RuntimeError(f"the generator failed: {(tmp / 'generator.log').read_text()[-3000:]}")
@@ -367,7 +241,8 @@ def drive(args, mode: str, workers: int, tmp: Path, url: str, repo: Path, varian
     inside = [m for m in marks if g["window"][0] <= m[0] <= g["window"][1]]
     span = inside[-1][0] - inside[0][0] if len(inside) > 1 else 0.0
     cpu = {k: inside[-1][1][k] - inside[0][1][k] for k in pids} if span else {}
-    return g, {"span_s": span, **cpu}
+    load = [m[2] for m in inside] or [os.getloadavg()[0]]
+    return g, {"span_s": span, **cpu, "load": (round(min(load), 1), round(max(load), 1)), "others": others}
 
 
 def settle(url: str, repo: Path, wait_s: float) -> tuple[dict, object, list]:
@@ -393,42 +268,54 @@ def one_run(args, mode: str, workers: int, tmp: Path) -> dict:
     tmp.mkdir(parents=True)
     procs: list = []
     try:
-        url, server, moto, repo, variant = start_stack(args, mode, workers, tmp, procs)
+        url, server, moto, repo, variant, box = start_stack(args, mode, workers, tmp, procs)
         calib = calibrate(url, server)
         pids = {"server": server, **({"moto": moto} if moto else {})}
         g, cpu = drive(args, mode, workers, tmp, url, repo, variant, pids, procs)
         status, state, history = settle(url, repo, 2 * args.round_s)
+        on_s3 = box_rounds(box)
     finally:
         for p in reversed(procs):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    return {"mode": mode, "workers": workers, "calibration": calib, **account(g, cpu),
+            **audit(g, status, state, history), "rounds_on_s3": on_s3}
+
+
+def account(g: dict, cpu: dict) -> dict:
+    """Latencies, calls and the server's CPU inside the measurement window."""
     w0, w1 = g["window"]
-    calls = sum(len(v) for v in g["lat"].values())
+    calls = sum(len(g["lat"].get(k, [])) for k in CALLS)
     span = cpu["span_s"]
+    per_call = cpu["server"] / (calls * span / (w1 - w0)) * 1e3 if calls and span else None
+    return {"latency": {k: pct(g["lat"].get(k, [])) for k in (*CALLS, "submit_to_verdict")},
+            "calls_measured": calls, "calls_per_s": round(calls / (w1 - w0), 1),
+            "server_cpu_cores": round(cpu["server"] / span, 2) if span else None,
+            "server_cpu_ms_per_call": round(per_call, 2) if per_call else None,
+            "moto_cpu_cores": round(cpu["moto"] / span, 2) if span and "moto" in cpu else None,
+            "generator_cpu_s": round(g["generator_cpu_s"], 1), "load_range": cpu["load"],
+            "busiest_processes": cpu["others"]}
+
+
+def audit(g: dict, status: dict, state, history: list) -> dict:
+    """What became of every delivered round (lost must be 0, merged twice must be 0) and the repo's commits."""
     merged = set(state.merged_ids)
     refused = {r.submission_id for r in state.refused} | {r["submission_id"] for r in status["refusals"]}
     delivered = set(g["delivered"])
     lost = delivered - merged - refused - set(g["refused"]) - set(status["pending"])
-    return {"mode": mode, "workers": workers, "calibration": calib,
-            "latency": {k: pct(g["lat"].get(k, [])) for k in ENDPOINTS},
-            "calls_measured": calls, "calls_per_s": round(calls / (w1 - w0), 1),
-            "server_cpu_cores": round(cpu["server"] / span, 2) if span else None,
-            "server_cpu_ms_per_call": round(cpu["server"] / (calls * span / (w1 - w0)) * 1e3, 2) if calls and span
-            else None, "moto_cpu_cores": round(cpu["moto"] / span, 2) if span and "moto" in cpu else None,
-            "generator_cpu_s": round(g["generator_cpu_s"], 1), "outcomes": dict(sorted(g["outcomes"].items())),
-            "delivered": len(delivered), "merged": len(delivered & merged),
-            "refused": len(delivered & (refused | set(g["refused"]))), "pending_at_end": len(status["pending"]),
-            "lost": len(lost), "duplicates_merged": len(state.merged_ids) - len(merged), "versions": state.version,
+    return {"outcomes": dict(sorted(g["outcomes"].items())), "delivered": len(delivered),
+            "merged": len(delivered & merged), "refused": len(delivered & (refused | set(g["refused"]))),
+            "pending_at_end": len(status["pending"]), "lost": len(lost),
+            "duplicates_merged": len(state.merged_ids) - len(merged), "versions": state.version,
             "repo_commits": len(history) - 1,
             "merge_commits": sum(c.message.startswith("hubgrpo: version ") for c in history),
-            "submission_commits": sum(c.message.startswith("hubgrpo: submission ") for c in history),
-            "load_average": [round(x, 1) for x in os.getloadavg()]}
+            "submission_commits": sum(c.message.startswith("hubgrpo: submission ") for c in history)}
 
 
 def machine() -> str:
     return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared), Python "
-            f"{platform.python_version()}, load average {tuple(round(x, 1) for x in os.getloadavg())}")
+            f"{platform.python_version()}")
 
 
 def served_within(runs: list[dict], mode: str, limit_ms: float = 100.0) -> int | None:
@@ -438,34 +325,43 @@ def served_within(runs: list[dict], mode: str, limit_ms: float = 100.0) -> int |
     return max(ok) if ok else None
 
 
+def _cell(lat: dict) -> str:
+    return f"{lat.get('p50_ms', '-')} / {lat.get('p99_ms', '-')} ms"
+
+
 def to_markdown(res: dict) -> str:
     a = res["args"]
+    pins = (f"coordinator pinned to CPU {a['server_cpus']}, fleet and moto to CPU {a['load_cpus']}"
+            if a.get("server_cpus") else "no CPU pinning")
     lines = [f"# Coordinator under load ({res['date']})", "",
-             f"Open-loop fleet (one asyncio process, raw HTTP `/gradio_api/run`), {a['round_s']:.0f}-s rounds, "
+             f"Open-loop fleet (one asyncio process, raw HTTP, route `{a['route']}`), {a['round_s']:.0f}-s rounds, "
              f"{a['beat_s']:.0f}-s heartbeats, quorum {a['quorum']} (merge.method ffa, prefolded), commit budget "
-             f"{a['budget']}/hour, 1.75 MB adapters checked on every submit; latencies over {a['measure_s']:.0f} s "
-             f"after one round of warm-up. Coordinator, generator and (mode s3) the moto S3 server are separate "
-             f"processes on the same machine: {res['machine']}.", "",
-             "| mode | workers | calls/s | lease p50 / p99 | heartbeat p50 / p99 | submit p50 / p99 | server CPU "
-             "(cores) | server CPU per call | moto CPU (cores) | load avg | lost | merged twice | repo commits "
-             "(merges) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{a['budget']}/hour, 1.75 MB adapters and honest rollouts checked on every submit; latencies over "
+             f"{a['measure_s']:.0f} s after one round of warm-up; {pins}. {res['machine']}.", "",
+             "| mode | workers | calls/s | lease p50 / p99 | heartbeat p50 / p99 | submit p50 / p99 | submit → "
+             "verdict p50 / p99 | server CPU (cores) | server CPU per call | moto CPU (cores) | load avg (min–max) | "
+             "lost | merged twice | rounds on S3 | repo commits (merges; rounds) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
         lat = r["latency"]
-        cells = [f"{lat[k].get('p50_ms', '-')} / {lat[k].get('p99_ms', '-')} ms" for k in ENDPOINTS]
-        lines.append(f"| {r['mode']} | {r['workers']} | {r['calls_per_s']} | {' | '.join(cells)} | "
-                     f"{r['server_cpu_cores']} | {r['server_cpu_ms_per_call']} ms | {r['moto_cpu_cores'] or '-'} | "
-                     f"{r['load_average'][0]} | {r['lost']} | "
-                     f"{r['duplicates_merged']} | {r['repo_commits']} ({r['merge_commits']}) |")
+        cells = " | ".join(_cell(lat[k]) for k in (*ENDPOINTS, "submit_to_verdict"))
+        lo, hi = r["load_range"]
+        lines.append(f"| {r['mode']} | {r['workers']} | {r['calls_per_s']} | {cells} | {r['server_cpu_cores']} | "
+                     f"{r['server_cpu_ms_per_call']} ms | {r['moto_cpu_cores'] or '-'} | {lo}–{hi} | {r['lost']} | "
+                     f"{r['duplicates_merged']} | {r['rounds_on_s3']} | {r['repo_commits']} ({r['merge_commits']}; "
+                     f"{r['submission_commits']}) |")
     lines += ["", "Largest fleet with every p99 ≤ 100 ms: " + ", ".join(
         f"{m}: {served_within(res['runs'], m) or 'none measured'}" for m in res["args"]["modes"]), "",
-        "Server CPU per call in isolation (sequential calls, one client):", ""]
+        "Server CPU per call in isolation (sequential calls, one client; before the first run):", ""]
     calib = res["runs"][0]["calibration"] if res["runs"] else {}
     lines += [f"- {k}: {v['cpu_ms']} ms CPU, {v['wall_ms']} ms wall" for k, v in calib.items()]
-    lines += ["", "Outcomes per run:", ""]
+    lines += ["", "Outcomes per run, and the busiest processes on the machine mid-window (%CPU, elapsed, command):",
+              ""]
     for r in res["runs"]:
         lines.append(f"- {r['mode']} × {r['workers']}: delivered {r['delivered']}, merged {r['merged']}, refused "
                      f"{r['refused']}, pending at end {r['pending_at_end']}, versions {r['versions']}; "
                      + ", ".join(f"{k} {v}" for k, v in r["outcomes"].items()))
+        lines += [f"  - `{p}`" for p in r["busiest_processes"]]
     return "\n".join(lines) + "\n"
 
 
@@ -486,21 +382,25 @@ def main() -> None:
     ap.add_argument("--quorum", type=int, default=256, help="merge.quorum (1000 workers / 256 ≈ 4 merges a minute)")
     ap.add_argument("--budget", type=int, default=300, help="coordinator.commit_budget_per_hour (Hub-like)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="folder for coordinator_load.{md,json}")
+    ap.add_argument("--name", default="coordinator_load", help="file name of the results (NAME.md, NAME.json)")
+    ap.add_argument("--route", choices=("plain", "gradio"), default="plain",
+                    help="the fleet calls /hubgrpo/api/<name> (plain) or Gradio's /gradio_api/run/<name>")
+    ap.add_argument("--server-cpus", default=None, help="taskset CPU list for the coordinator (e.g. 0)")
+    ap.add_argument("--load-cpus", default=None, help="taskset CPU list for the fleet and moto (e.g. 1)")
     args = ap.parse_args()
     args.modes = args.modes.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-load-"))
-    runs = []
+    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+           "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "runs": []}
+    args.results.mkdir(parents=True, exist_ok=True)
     for mode in args.modes:
         sizes = args.workers if mode == "s3" else args.repo_workers
         for n in (int(x) for x in sizes.split(",")):
             print(f"{mode} × {n} …", flush=True)
-            runs.append(one_run(args, mode, n, tmp / f"{mode}-{n}"))
-            print(json.dumps(runs[-1]["latency"]), flush=True)
-    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-           "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "runs": runs}
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "coordinator_load.json").write_text(json.dumps(res, indent=1) + "\n")
-    (args.results / "coordinator_load.md").write_text(to_markdown(res))
+            res["runs"].append(one_run(args, mode, n, tmp / f"{mode}-{n}"))
+            print(json.dumps(res["runs"][-1]["latency"]), flush=True)
+            (args.results / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")  # after every run
+            (args.results / f"{args.name}.md").write_text(to_markdown(res))
     print(to_markdown(res))
 
 

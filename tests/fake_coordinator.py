@@ -117,6 +117,12 @@ class FakeCoordinator:
         self._verify(lease)
         del self.active[lease.lease_id]
 
+    def precheck(self, lease: Lease) -> None:
+        """The server's cheap check before it queues a round: the lease's signature (as the real one, not whether
+        the lease is still live: a resubmitted round's lease is not)."""
+        if not hmac.compare_digest(self.sign(lease), lease.signature):
+            raise LeaseError(f"lease {lease.lease_id} has a bad signature", hint="do not edit leases")
+
     def submit(self, lease: Lease, commit: str, *, lock=None) -> dict:
         """Admit a submission; merge a new version at ``quorum`` pending ones (all under ``lock``: no I/O here)."""
         with lock or contextlib.nullcontext():

@@ -19,9 +19,10 @@ from hubgrpo.space.api import build_app, free_port, serve
 from tests.fake_coordinator import FakeCoordinator
 
 SHA = "ab" * 20
-# (transport, http route): raw HTTP one-shot /run, raw HTTP queued /call + SSE, gradio_client
-TRANSPORTS = [("http", "run"), ("http", "call"), ("gradio", "run")]
-TRANSPORT_IDS = ["http-run", "http-call", "gradio"]
+# (transport, http route): the plain routes (submit checked in the background), raw HTTP one-shot /run, raw HTTP
+# queued /call + SSE, gradio_client
+TRANSPORTS = [("http", "plain"), ("http", "run"), ("http", "call"), ("gradio", "run")]
+TRANSPORT_IDS = ["http-plain", "http-run", "http-call", "gradio"]
 
 
 class Swappable:
@@ -41,6 +42,7 @@ def shared():
     proxy = Swappable()
     app, url = serve(proxy, tick_interval=0.05)
     clients: dict = {}
+    proxy.admissions = app.hubgrpo_ticker.api.admissions
     yield proxy, url, clients
     for c in clients.values():
         c.close()
@@ -52,8 +54,9 @@ def api(shared):
     """use(coord=None, transport) -> (coord, client): a fresh fake coordinator behind the shared app."""
     proxy, url, clients = shared
 
-    def use(coord: FakeCoordinator | None = None, transport=("http", "run")):
+    def use(coord: FakeCoordinator | None = None, transport=("http", "plain")):
         proxy.target = coord or FakeCoordinator()
+        proxy.admissions._verdicts.clear()  # verdicts belong to one coordinator: a fresh one has none
         c = clients.get(transport) or clients.setdefault(transport, client(url, transport))
         c.sleep = time.sleep
         return proxy.target, c
@@ -79,7 +82,7 @@ def served():
         app.close(verbose=False)
 
 
-def client(url: str, transport=("http", "run"), **kw) -> CoordinatorClient:
+def client(url: str, transport=("http", "plain"), **kw) -> CoordinatorClient:
     return CoordinatorClient(url, transport=transport[0], http_route=transport[1], timeout=20, **kw)
 
 
@@ -318,7 +321,7 @@ def test_build_app_adds_endpoints_to_an_existing_blocks():
     app = build_app(FakeCoordinator(), blocks=ui)
     assert app is ui
     assert sorted(app.get_api_info()["named_endpoints"]) == [
-        "/echo", "/heartbeat", "/lease", "/record_eval", "/release", "/status", "/submit"]
+        "/echo", "/heartbeat", "/lease", "/record_eval", "/release", "/status", "/submit", "/verdict"]
 
 
 @pytest.mark.timeout(20)
@@ -329,7 +332,7 @@ def test_http_client_works_where_the_rest_api_is_closed(served, queue):
     import gradio as gr
 
     coord, url = served(blocks=gr.Blocks().queue(api_open=False), queue=queue)
-    with client(url) as c:
+    with client(url, ("http", "run")) as c:
         assert c.lease("w1").lease_id == "L000000" and c.status()["issued"] == 1
         assert c._transport.route == ("call" if queue else "run")
 

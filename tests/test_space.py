@@ -26,7 +26,7 @@ from tests.coord_helpers import FakeClock, make_config, submission_record, write
 from tests.test_space_support import (ALICE, BOB, MALLORY, SimWorker, make_run, new_coordinator, run_versions,
                                       start_emulator, submission_folder, wait_for_version, write_adapter)
 
-PUBLIC_API = {"lease", "heartbeat", "release", "submit", "status", "record_eval", "upload"}
+PUBLIC_API = {"lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval", "upload"}
 
 
 @pytest.fixture(scope="module")

@@ -206,7 +206,8 @@ def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = Tr
         except InvalidSubmission as e:
             err = e
     if err is not None:
-        c._refuse(sub_id, lease.worker, err, now, user=lease.user)
+        if not any(r.submission_id == sub_id for r in (*c.new_refusals, *c.state.refused)):
+            c._refuse(sub_id, lease.worker, err, now, user=lease.user)  # once: a scan may race a submit
         raise err
     c.pending[sub_id] = prepared.pending
     from hubgrpo.coordinator.leasing import measure
@@ -222,7 +223,7 @@ def unseen_submissions(c, revision: str | None = None) -> list[tuple[int, str]]:
     """(base version, submission id) of rounds in the inbox that are neither merged, refused nor pending (in a
     box: only those on base versions still young enough to be merged)."""
     done = set(c.state.merged_ids) | {r.submission_id for r in c.state.refused} | set(c.pending) \
-        | {r.submission_id for r in c.new_refusals}
+        | {r.submission_id for r in c.new_refusals} | set(c.in_flight())
     bases = range(max(0, c.state.version - c.cfg.merge.max_staleness), c.state.version + 1)
     return c.inbox.unseen(done, revision, bases)
 

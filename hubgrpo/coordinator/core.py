@@ -63,6 +63,7 @@ class Coordinator:
         self.tracker = None
         self.merging: int | None = None  # the version a merge is computing right now
         self.background_merges = False  # set by the server: submit/tick leave merges to its merge thread
+        self.in_flight = set  # set by the server: ids of submitted rounds its admission queue holds (scans skip them)
         self.new_lease_id = leases.new_lease_id  # injectable: the simulator numbers leases for determinism
         self.momentum = None
         self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (balance_rounds)
@@ -207,6 +208,15 @@ class Coordinator:
         prepared = self.prepare_submission(lease, commit)
         with lock or contextlib.nullcontext():
             return self.accept_submission(prepared, count_commit=count_commit)
+
+    def precheck(self, lease: Lease) -> None:
+        """The cheap part of ``submit`` for the request path: the lease's signature and run (``LeaseError``)."""
+        self._verify(lease, self.clock(), check_deadline=False)
+
+    def hand_in(self, lease: Lease) -> None:
+        """A round delivered and queued for its check (under the server's lock): its lease stops being live, as
+        ``accept_submission`` would make it (the worker's name may lease again; expiry gives no prompts back)."""
+        self.active.pop(lease.lease_id, None)
 
     def prepare_submission(self, lease: Lease, commit: str) -> admit.Prepared:
         """Read and check a submission (store reads; no state change): call it WITHOUT the server's lock."""

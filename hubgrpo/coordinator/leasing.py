@@ -101,8 +101,8 @@ def renew(c, lease: Lease) -> Lease:
     c._verify(lease, now)
     renewed = leases.sign(lease.model_copy(update={"deadline": now + c.cfg.coordinator.lease_timeout_s}), c.secret)
     sub_id = layout.submission_id(lease.worker, lease.lease_id)
-    if sub_id in c.pending or sub_id in c.state.merged_ids:
-        return renewed  # already submitted: nothing to keep alive
+    if sub_id in c.pending or sub_id in c.state.merged_ids or sub_id in c.in_flight():
+        return renewed  # already submitted (or queued for its check): nothing to keep alive
     if lease.lease_id not in c.active:
         held = {i for l in c.active.values() for i in l.prompt_indices}
         if held.intersection(lease.prompt_indices):
@@ -122,9 +122,10 @@ def budget_wait(c, now: float, user: str | None = None) -> float:
     cost no commit: then only merges count."""
     budget = c.cfg.coordinator.commit_budget_per_hour
     c.commit_times = [t for t in c.commit_times if t > now - 3600]
-    rounds = len(c.active) + len(c.pending) + 1  # rounds still to be merged, this one included
+    queued = len(c.in_flight())  # delivered, waiting for their check: their commits are not counted yet
+    rounds = len(c.active) + len(c.pending) + queued + 1  # rounds still to be merged, this one included
     merges = -(-rounds // c.cfg.merge.quorum)  # one merge commit per quorum of them (ceil)
-    round_commits = len(c.active) + 1 if c.inbox.in_repo else 0  # + this round's commit
+    round_commits = len(c.active) + queued + 1 if c.inbox.in_repo else 0  # + this round's commit
     planned = len(c.commit_times) + round_commits + merges
     if planned > budget:
         excess = planned - budget

@@ -1,7 +1,9 @@
 """The coordinator's HTTP API: a thin Gradio layer over a ``Coordinator`` (leases, heartbeats, submissions).
 
-Six ``gr.api`` endpoints, named exactly ``lease``, ``heartbeat``, ``release``, ``submit``, ``status`` and
-``record_eval`` (an evaluator's held-out score of a version), take and return plain JSON. Every answer is an envelope, never a raw exception or a traceback::
+Seven ``gr.api`` endpoints, named exactly ``lease``, ``heartbeat``, ``release``, ``submit``, ``verdict``,
+``status`` and ``record_eval`` (an evaluator's held-out score of a version), take and return plain JSON; the same
+functions are served as plain routes ``POST /hubgrpo/api/<name>`` on the same app (``hubgrpo.space.routes``: a
+fraction of Gradio's CPU per call). Every answer is an envelope, never a raw exception or a traceback::
 
     {"ok": true,  "result": ...}
     {"ok": false, "error": {"error": "LeaseError", "code": "lease", "message": "...", "hint": "..."}}
@@ -10,27 +12,30 @@ Six ``gr.api`` endpoints, named exactly ``lease``, ``heartbeat``, ``release``, `
 ``hubgrpo.errors.from_dict`` rebuilds it on the worker's side. Anything that is not a ``HubGrpoError`` is logged
 here (with tokens redacted) and answered as ``CoordinatorError`` with code ``internal``.
 
+Submissions are checked off the request path (``hubgrpo.space.admissions``): ``submit`` does the cheap checks
+(lease form, owner, signature; the commit id), queues the round and — on the plain route — answers ``checking``
+at once; admission threads read and check the round and keep its verdict, which ``verdict`` answers. The
+``gr.api`` ``submit`` waits for the verdict and answers it (synchronous, as gradio_client users expect).
+
 Thread safety lives here, not in the coordinator: one lock serialises ``lease``/``heartbeat``/``release``/
-``submit``/``tick``; ``status`` runs unlocked. No network I/O ever runs under the lock: ``submit`` reads the
-submission from the store before taking it, merges commit without it, and the repo scan and the refusal flush
-(``coord.housekeeping``) take it only to update the state — a Hub answering 429 with a long Retry-After delays
-a merge commit, never a heartbeat. A daemon thread calls ``coord.tick()`` every ``tick_interval``
-seconds while the app runs (started by the app's startup event, so ``blocks.launch()`` on a Space ticks too).
+admission/``tick``; ``status`` runs unlocked. No network I/O ever runs under the lock: an admission reads the
+submission from the store before taking it, merges commit without it, auth (``whoami``) runs before it, and the
+repo scan and the refusal flush (``coord.housekeeping``) take it only to update the state — a Hub answering 429
+with a long Retry-After delays a merge commit, never a heartbeat. A daemon thread (``hubgrpo.space.ticker``)
+calls ``coord.tick()`` every ``tick_interval`` seconds while the app runs (started by the app's startup event, so
+``blocks.launch()`` on a Space ticks too).
 
-Merges run in that same thread, off the request path: ``submit`` only admits (the answer says ``merge_due``) and
-wakes the thread, which plans the merge under the lock, computes it WITHOUT the lock (heartbeats and other
-submissions go on meanwhile) and commits it under the lock again. A ``lease`` asked while a merge is due or
-running waits for it, up to ``coordinator.lease_waits_for_merge_s`` (``merge_wait_s``) in all, so that a worker
-does not start a round on a version about to be replaced (a staleness the merge would then have to discount). A
-request holds a server thread for at most ``LEASE_HOLD_S`` of that wait; then it is answered with a ``merging``
-refusal carrying a short ``wait_s`` and the worker loop asks again (a long merge must not tie up Gradio's worker
-threads that heartbeats need). Past the whole wait the worker gets the current version (with ``max_staleness:
-0``: ``merging`` refusals until the merge is done).
+Merges run in that same thread, off the request path: an admission only admits (the answer says ``merge_due``)
+and wakes the thread, which plans the merge under the lock, computes it WITHOUT the lock and commits it under the
+lock again. A ``lease`` asked while a merge is due or running waits for it, up to
+``coordinator.lease_waits_for_merge_s`` (``merge_wait_s``) in all, so that a worker does not start a round on a
+version about to be replaced. A request holds a server thread for at most ``LEASE_HOLD_S`` of that wait; then it
+is answered with a ``merging`` refusal carrying a short ``wait_s`` and the worker loop asks again. Past the whole
+wait the worker gets the current version (with ``max_staleness: 0``: ``merging`` refusals until the merge is done).
 
-The endpoints are registered with ``queue=False``: on this machine that made no difference to gradio_client
-latency but lets the raw-HTTP client use ``POST /gradio_api/run/<name>`` (one round trip, ~4x faster than the
-queued ``/call`` POST + SSE GET), which Gradio serves even on Spaces (where ``api_open`` is off) because the
-endpoints skip the queue. See ``benchmarks/results/api_latency.md``.
+The ``gr.api`` endpoints are registered with ``queue=False``, so that raw HTTP may use ``POST
+/gradio_api/run/<name>`` (one round trip), which Gradio serves even on Spaces (where ``api_open`` is off). See
+``benchmarks/results/api_latency.md``.
 """
 
 from __future__ import annotations
@@ -51,13 +56,17 @@ from pydantic import BaseModel, ValidationError  # noqa: E402
 
 from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, Refused  # noqa: E402
 from hubgrpo import __version__  # noqa: E402
+from hubgrpo import layout  # noqa: E402
 from hubgrpo.layout import PROTOCOL_VERSION, Lease  # noqa: E402
+from hubgrpo.space.admissions import Admissions  # noqa: E402
+from hubgrpo.space.ticker import Ticker  # noqa: E402
 
 log = logging.getLogger("hubgrpo.space.api")
 
-ENDPOINTS = ("lease", "heartbeat", "release", "submit", "status", "record_eval")
+ENDPOINTS = ("lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval")
 LEASE_HOLD_S = 2.0  # longest a lease request holds a server thread waiting for a merge
 LEASE_RETRY_S = 1.0  # the wait_s of a ``merging`` refusal: when the worker asks again
+SYNC_SUBMIT_S = 600.0  # longest the synchronous (Gradio) submit waits for its round's check
 
 AuthHook = Callable[[Any, Any], str]
 """``auth(token: str | None, request: gr.Request) -> user name``; raises ``Refused("auth", ...)`` to refuse."""
@@ -129,9 +138,9 @@ def parse_lease(value: Any) -> Lease:
                          hint="send the lease exactly as the coordinator returned it") from None
 
 
-def _redact(text: str, secrets: tuple[str | None, ...]) -> str:
+def _redact(text: str, secrets: tuple[Any, ...]) -> str:
     for s in secrets:
-        if s:
+        if isinstance(s, str) and s:
             text = text.replace(s, "***")
     return text
 
@@ -140,12 +149,14 @@ def _redact(text: str, secrets: tuple[str | None, ...]) -> str:
 
 
 class CoordinatorApi:
-    """The five endpoint functions, bound to one coordinator, one lock and an optional auth hook."""
+    """The endpoint functions, bound to one coordinator, one lock, an optional auth hook and the admission queue."""
 
-    def __init__(self, coord: CoordinatorLike, auth: AuthHook | None = None):
+    def __init__(self, coord: CoordinatorLike, auth: AuthHook | None = None, *,
+                 alive: Callable[[], bool] = lambda: True, admission_threads: int = 2):
         self.coord = coord
         self.auth = auth
         self.lock = threading.Lock()
+        self.admissions = Admissions(self._admit, threads=admission_threads, alive=alive)
         self.merge_wanted = threading.Event()  # set by submit when a merge is due: wakes the tick thread
         self.merge_busy = False  # a merge is due or running (guarded by merge_done)
         self.merge_done = threading.Condition()
@@ -153,8 +164,12 @@ class CoordinatorApi:
 
     def _answer(self, name: str, token: str | None, fn: Callable[[], Any]) -> dict:
         """Run ``fn`` and wrap its result or error in the wire envelope; never raises."""
+        return self._guarded(name, token, lambda: {"ok": True, "result": plain(fn())})
+
+    def _guarded(self, name: str, token: str | None, fn: Callable[[], dict]) -> dict:
+        """Run ``fn`` (which answers an envelope) and answer its error as an envelope instead; never raises."""
         try:
-            return {"ok": True, "result": plain(fn())}
+            return fn()
         except HubGrpoError as e:
             log.debug("%s refused: %s (%s)", name, e.code, _redact(e.message, (token,)))
             return {"ok": False, "error": error_dict(e)}
@@ -185,7 +200,7 @@ class CoordinatorApi:
                           hint="heartbeat and submit with the token that leased the round")
         return parsed
 
-    def lease(self, worker: str, user: str | None = None, token: str | None = None, protocol: int | None = None,
+    def lease(self, worker: str, user: str | None = None, token: str | None = None, protocol: Any = None,
               request: gr.Request = None) -> dict:
         """Lease a round to ``worker``. With an auth hook the authenticated name replaces ``user``. ``protocol``
         is the worker's wire protocol version; any other than this coordinator's is refused (code ``version``)."""
@@ -257,24 +272,62 @@ class CoordinatorApi:
         return self._answer("release", token, run)
 
     def submit(self, lease: dict, commit: str, token: str | None = None, request: gr.Request = None) -> dict:
-        """Report the commit holding a round's submission; answers admitted / merged / duplicate."""
+        """Report the commit holding a round's submission; answers admitted / merged / duplicate (synchronous: the
+        answer waits for the round's check; the plain route ``/hubgrpo/api/submit`` answers at once instead)."""
         def run():
-            parsed = self._owned_lease(lease, token, request)
-            if not isinstance(commit, str) or not commit or len(commit) > 200:
-                raise InvalidSubmission("bad_commit", f"commit {str(commit)[:80]!r} is not a commit id",
-                                        hint="send the commit sha returned by the upload")
-            answer = self.coord.submit(parsed, commit, lock=self.lock)  # reads the store without the lock
+            first = self._queue_round(lease, commit, token, request)
+            result = first.get("result") if first.get("ok") else None
+            if isinstance(result, dict) and result.get("status") == "checking":
+                return self.admissions.wait(result["submission_id"], SYNC_SUBMIT_S)
+            return first
+        return self._guarded("submit", token, run)
+
+    def submit_queued(self, lease: dict, commit: str, token: str | None = None,
+                      request: gr.Request = None) -> dict:
+        """Report a round's commit; answers ``{status: checking, submission_id, wait_s}`` at once, after the cheap
+        checks (lease signature and owner, the commit id); ``verdict`` then tells how the check went."""
+        return self._guarded("submit", token, lambda: self._queue_round(lease, commit, token, request))
+
+    def _queue_round(self, lease: Any, commit: Any, token: str | None, request: Any) -> dict:
+        """The cheap checks of a submit (lease form, owner and signature; the commit id's form), then the round
+        queued for its check: the ``Admissions.enqueue`` envelope."""
+        parsed = self._owned_lease(lease, token, request)
+        if not isinstance(commit, str) or not commit or len(commit) > 200:
+            raise InvalidSubmission("bad_commit", f"commit {str(commit)[:80]!r} is not a commit id",
+                                    hint="send the commit sha returned by the upload")
+        precheck, hand_in = getattr(self.coord, "precheck", None), getattr(self.coord, "hand_in", None)
+        if precheck is not None:
+            precheck(parsed)  # the lease's signature: a forged lease is refused before it is queued
+        answer = self.admissions.enqueue(parsed, commit)
+        result = answer.get("result") if answer.get("ok") else None
+        if hand_in is not None and isinstance(result, dict) and result.get("status") == "checking":
+            with self.lock:
+                hand_in(parsed)  # delivered: the lease is no longer live (the worker may lease its next round)
+        return answer
+
+    def _admit(self, lease: Lease, commit: str) -> dict:
+        """One queued round's check (an admission thread): ``coord.submit`` reads the store without the lock."""
+        def run():
+            answer = self.coord.submit(lease, commit, lock=self.lock)
             if isinstance(answer, dict) and answer.get("merge_due"):
                 self.merge_is_due()
             return answer
-        return self._answer("submit", token, run)
+        return self._answer("submit", None, run)
+
+    def verdict(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
+        """How the check of a submitted round went: the answer ``submit`` would have given (admitted / merged /
+        duplicate, or the refusal), ``checking`` while it waits, ``unknown`` for a round never submitted here."""
+        def run():
+            parsed = self._owned_lease(lease, token, request)
+            return self.admissions.verdict(layout.submission_id(parsed.worker, parsed.lease_id))
+        return self._guarded("verdict", token, run)
 
     def status(self, token: str | None = None, request: gr.Request = None) -> dict:
         """Run status (public, read-only, not serialised behind the lock)."""
         return self._answer("status", token, self.coord.status)
 
     def record_eval(self, version: int, reward: float, samples: int, token: str | None = None,
-                    protocol: int | None = None, request: gr.Request = None) -> dict:
+                    protocol: Any = None, request: gr.Request = None) -> dict:
         """Record the held-out reward of a version (``hubgrpo evaluate``): ``{status: recorded | duplicate,
         version}``. With auth, only ``coordinator.evaluators`` (default: the repo owner) may call it."""
         def run():
@@ -285,69 +338,6 @@ class CoordinatorApi:
             with self.lock:
                 return self.coord.record_eval(version, reward, samples)
         return self._answer("record_eval", token, run)
-
-
-# ------------------------------------------------------------------------------------------------ tick thread
-
-
-class Ticker:
-    """Calls ``coord.tick()`` under the API lock every ``interval`` seconds while ``blocks`` is running, and runs
-    due merges (woken at once by a submit that completes a quorum) with the lock released during the compute."""
-
-    def __init__(self, api: CoordinatorApi, blocks: gr.Blocks, interval: float):
-        self.api, self.blocks, self.interval = api, blocks, float(interval)
-        self._guard = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Start the daemon thread unless one is already alive (idempotent)."""
-        with self._guard:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._thread = threading.Thread(target=self._run, name="hubgrpo-tick", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            self.api.merge_wanted.wait(self.interval)
-            self.api.merge_wanted.clear()
-            if not self.blocks.is_running:
-                return
-            try:
-                self.step()
-            except Exception:  # deliberate: housekeeping must survive one bad tick
-                log.exception("coordinator tick failed")
-
-    def step(self) -> bool:
-        """One tick, then the due merge if any (compute and commit outside the lock), then housekeeping (repo
-        scan, refusal flush; store I/O outside the lock). True when a version was merged."""
-        api, coord = self.api, self.api.coord
-        with api.lock:
-            coord.tick()
-            plan = coord.plan_merge()
-            api.set_merge_busy(plan is not None)  # under the lock: a submit cannot make one due in between
-        merged = False
-        if plan is None and hasattr(coord, "prefold"):
-            coord.prefold(lock=api.lock)  # FFA: fold what is pending now, so the merge at the quorum is short
-        if plan is not None:
-            try:
-                result = plan.compute()
-            except BaseException:
-                with api.lock:
-                    coord.abort_merge(plan)
-                api.set_merge_busy(False)
-                raise
-            try:
-                merged = coord.finish_merge(plan, result, lock=api.lock)
-            finally:
-                api.set_merge_busy(False)
-        coord.housekeeping(lock=api.lock)
-        return merged
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the thread to end (it ends within one interval of the app closing)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
 
 
 # ------------------------------------------------------------------------------------------------ app
@@ -361,21 +351,36 @@ def build_app(coord: CoordinatorLike, *, tick_interval: float = 1.0, blocks: gr.
     starts when the app starts (``launch()`` or a mounted app's startup) and stops when it closes.
     ``queue=True`` routes calls through Gradio's queue instead (kept for benchmarks).
     """
-    api = CoordinatorApi(coord, auth=auth)
-    coord.background_merges = True  # merges run in the tick thread, off the request path
     blocks = blocks if blocks is not None else gr.Blocks(title="hubgrpo coordinator")
+    api = CoordinatorApi(coord, auth=auth, alive=lambda: blocks.is_running)
+    coord.background_merges = True  # merges run in the tick thread, off the request path
+    in_flight = getattr(coord, "in_flight", None)
+    if in_flight is not None:
+        coord.in_flight = api.admissions.ids  # the repo scan leaves queued rounds to their queue
     with blocks:
         for name in ENDPOINTS:
             gr.api(getattr(api, name), api_name=name, queue=queue, concurrency_limit=None,
                    api_description=getattr(api, name).__doc__)
     ticker = Ticker(api, blocks, tick_interval)
+    blocks.hubgrpo_endpoints = {name: getattr(api, name) for name in ENDPOINTS}
+    blocks.hubgrpo_endpoints.update(submit=api.submit_queued, verdict=api.verdict)
 
-    async def _start_ticker() -> None:
+    async def _start() -> None:
+        attach_routes(blocks)
         ticker.start()
 
-    blocks.extra_startup_events.append(_start_ticker)
+    blocks.extra_startup_events.append(_start)
     blocks.hubgrpo_ticker = ticker  # serve() starts it too, in case a Gradio version skips startup events
     return blocks
+
+
+def attach_routes(blocks: gr.Blocks) -> None:
+    """Serve ``blocks.hubgrpo_endpoints`` as plain routes (``hubgrpo.space.routes``) on the launched app."""
+    from hubgrpo.space import routes
+
+    app = getattr(blocks, "server_app", None) or getattr(blocks, "app", None)
+    if app is not None:
+        routes.attach(app, blocks.hubgrpo_endpoints, getattr(blocks, "hubgrpo_body_limits", None))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -395,5 +400,6 @@ def serve(coord: CoordinatorLike, host: str = "127.0.0.1", port: int = 0, *, tic
     app = build_app(coord, tick_interval=tick_interval, blocks=blocks, auth=auth, queue=queue)
     launch_kw = {"prevent_thread_lock": True, "quiet": True, "ssr_mode": False, **launch_kw}
     app.launch(server_name=host, server_port=port or free_port(host), **launch_kw)
+    attach_routes(app)
     app.hubgrpo_ticker.start()
     return app, app.local_url.rstrip("/")

@@ -29,7 +29,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is i
 import gradio as gr  # noqa: E402
 
 from hubgrpo.space import view  # noqa: E402
-from hubgrpo.space.api import AuthHook, build_app, free_port  # noqa: E402
+from hubgrpo.space.api import AuthHook, attach_routes, build_app, free_port  # noqa: E402
 from hubgrpo.space.upload import UPLOAD_FILES, Uploads  # noqa: E402
 
 CSS = """
@@ -125,6 +125,8 @@ def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, 
 
     with blocks:
         gr.api(upload, api_name="upload", queue=False, concurrency_limit=None, api_description=upload.__doc__)
+    blocks.hubgrpo_endpoints["upload"] = upload  # on the plain routes too, with a body fit for a submission:
+    blocks.hubgrpo_body_limits = {"upload": int(coord.cfg.merge.max_submission_mb * 2**20) * 4 // 3 + (1 << 20)}
     blocks.hubgrpo_uploads = uploads
     return blocks
 
@@ -137,6 +139,7 @@ def serve_space(coord, host: str = "127.0.0.1", port: int = 0, *, auth: AuthHook
                       batch_wait_s=batch_wait_s)
     launch_kw = {"prevent_thread_lock": True, "quiet": True, **launch_kwargs(), **launch_kw}
     app.launch(server_name=host, server_port=port or free_port(host), **launch_kw)
+    attach_routes(app)
     app.hubgrpo_ticker.start()
     return app, app.local_url.rstrip("/")
 

@@ -1,14 +1,19 @@
 """The worker's side of the coordinator API (see ``hubgrpo.space.api`` for the wire format).
 
-``CoordinatorClient`` mirrors the coordinator: ``lease``, ``heartbeat``, ``release``, ``submit``, ``status``,
-``record_eval``.
+``CoordinatorClient`` mirrors the coordinator: ``lease``, ``heartbeat``, ``release``, ``submit`` (polling
+``verdict``), ``status``, ``record_eval``, and the Space's ``upload``.
 Two transports carry the same JSON envelopes:
 
-- ``http``: raw HTTP with one persistent ``httpx.Client``: ``POST {url}/gradio_api/run/<name>`` (one round trip;
-  the server's endpoints skip Gradio's queue), falling back to the queued ``POST /gradio_api/call/<name>`` +
-  SSE ``GET`` when ``/run`` answers 404/405. Milliseconds per call.
+- ``http``: raw HTTP with one persistent ``httpx.Client``: ``POST {url}/hubgrpo/api/<name>`` (the coordinator's
+  plain routes, ``hubgrpo.space.routes``: a fraction of Gradio's server CPU per call), falling back to
+  ``POST {url}/gradio_api/run/<name>`` (Gradio's one-round-trip API; coordinators before the plain routes) and
+  then to the queued ``POST /gradio_api/call/<name>`` + SSE ``GET`` when ``/run`` answers 404/405
+  (``http_route`` picks where to start: ``plain``, ``run`` or ``call``).
 - ``gradio``: ``gradio_client.Client`` (a URL or a Space id ``user/space``; resolves Spaces through the Hub and
   sends the token for private ones). Its 0.05 s polling puts a floor of ~75 ms on every call.
+
+On the plain routes ``submit`` answers ``checking`` at once and the coordinator checks the round in the background;
+``CoordinatorClient.submit`` then polls ``verdict`` and returns (or raises) what a synchronous submit would have.
 
 ``transport="auto"`` picks ``http`` for http(s) URLs and ``gradio`` for Space ids. Refusals arrive as the typed
 errors the coordinator raised (``hubgrpo.errors.from_dict``) and are never retried here; a ``Refused`` with a
@@ -33,6 +38,8 @@ from hubgrpo.errors import CoordinatorError
 from hubgrpo.layout import PROTOCOL_VERSION, Lease
 
 API_PREFIX = "/gradio_api"
+PLAIN_PREFIX = "/hubgrpo/api"  # the coordinator's plain routes (hubgrpo.space.routes)
+VERDICT_WAIT_S = 1800.0  # longest submit() polls `verdict` for a round the coordinator is still checking
 _SPACE_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
@@ -77,10 +84,22 @@ def _http_failure(e: BaseException, where: str) -> Exception:
                             code="protocol", hint="client and coordinator versions may differ")
 
 
-class HttpTransport:
-    """Raw HTTP to a Gradio app's call API, over one persistent (thread-safe) ``httpx.Client``."""
+def _envelope(resp: httpx.Response) -> dict | None:
+    """The envelope a plain route answered (any status below 500), or None (not a hubgrpo answer)."""
+    if resp.status_code >= 500:
+        return None
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and "ok" in body else None
 
-    def __init__(self, url: str, *, token: str | None, timeout: float, route: str = "run"):
+
+class HttpTransport:
+    """Raw HTTP to the coordinator's plain routes (``/hubgrpo/api/<name>``) or a Gradio app's call API, over one
+    persistent (thread-safe) ``httpx.Client``."""
+
+    def __init__(self, url: str, *, token: str | None, timeout: float, route: str = "plain"):
         self.url = url.rstrip("/")
         self.route = route
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -91,7 +110,7 @@ class HttpTransport:
     def _client(self) -> httpx.Client:
         with self._lock:
             if self._http is None:
-                self._http = httpx.Client(base_url=self.url + API_PREFIX, headers=self._headers,
+                self._http = httpx.Client(base_url=self.url, headers=self._headers,
                                           timeout=self._timeout, follow_redirects=True)
             return self._http
 
@@ -108,8 +127,17 @@ class HttpTransport:
     def call(self, name: str, args: list) -> Any:
         """POST ``args`` to endpoint ``name`` and return its (enveloped) answer."""
         try:
+            if self.route == "plain":
+                resp = self._client().post(f"{PLAIN_PREFIX}/{name}", json={"data": args})
+                answer = _envelope(resp)
+                if answer is not None:  # also a 400/404/413 naming the problem
+                    return answer
+                if resp.status_code not in (404, 405):
+                    self._check(resp)  # 5xx: Unavailable (retried); anything else: a protocol error
+                    raise ValueError(f"HTTP {resp.status_code} without an envelope from {resp.request.url.path}")
+                self.route = "run"  # a coordinator without plain routes (older hubgrpo): Gradio's API
             if self.route == "run":
-                resp = self._client().post(f"/run/{name}", json={"data": args})
+                resp = self._client().post(f"{API_PREFIX}/run/{name}", json={"data": args})
                 if resp.status_code not in (404, 405):
                     return self._check(resp).json()["data"][0]
                 self.route = "call"  # endpoint queued (e.g. on a Space): use the queue's call API
@@ -123,8 +151,8 @@ class HttpTransport:
     def _queued(self, name: str, args: list) -> Any:
         """The queued path: POST /call/<name> → event id, then GET the SSE stream until ``complete``."""
         http = self._client()
-        event_id = self._check(http.post(f"/call/{name}", json={"data": args})).json()["event_id"]
-        text = self._check(http.get(f"/call/{name}/{event_id}")).text
+        event_id = self._check(http.post(f"{API_PREFIX}/call/{name}", json={"data": args})).json()["event_id"]
+        text = self._check(http.get(f"{API_PREFIX}/call/{name}/{event_id}")).text
         event = None
         for line in text.splitlines():
             if line.startswith("event:"):
@@ -205,6 +233,15 @@ def unwrap(answer: Any) -> Any:
     raise err
 
 
+def _clamped(value: Any, low: float, high: float) -> float:
+    """A wait the coordinator suggested, as a number within [low, high] (anything else: low)."""
+    try:
+        wait = float(value)
+    except (TypeError, ValueError):
+        return low
+    return min(max(wait, low), high) if wait == wait else low
+
+
 def _lease_dict(lease: Lease | dict) -> dict:
     return lease.model_dump(mode="json") if isinstance(lease, Lease) else dict(lease)
 
@@ -222,13 +259,15 @@ class CoordinatorClient:
 
     ``token`` authenticates to the coordinator (sent as the endpoints' ``token`` argument, and as the HTTP
     credential for a private Space). ``retries`` failed attempts are retried after sleeping
-    ``min(max_backoff, backoff·2^i)·U(0.5, 1)`` seconds via ``sleep``; ``timeout`` bounds each attempt.
+    ``min(max_backoff, backoff·2^i)·U(0.5, 1)`` seconds via ``sleep``; ``timeout`` bounds each attempt. Polls for
+    a submitted round's verdict wait with ``poll_sleep``.
     Thread-safe: one client may be shared by a worker's training and heartbeat threads.
     """
 
     def __init__(self, url_or_space: str, *, token: str | None = None, timeout: float = 60, retries: int = 8,
                  sleep: Callable[[float], None] = time.sleep, transport: str = "auto", backoff: float = 0.5,
-                 max_backoff: float = 30.0, http_route: str = "run"):
+                 max_backoff: float = 30.0, http_route: str = "plain", verdict_wait_s: float = VERDICT_WAIT_S,
+                 poll_sleep: Callable[[float], None] = time.sleep):
         is_url = url_or_space.startswith(("http://", "https://"))
         if not is_url and not _SPACE_ID.fullmatch(url_or_space):
             raise CoordinatorError(f"{url_or_space!r} is neither an http(s) URL nor a Space id", code="config",
@@ -244,6 +283,7 @@ class CoordinatorClient:
                                    hint="use 'auto', 'http' or 'gradio'")
         self.target, self.transport_name, self.token = url_or_space, transport, token
         self.retries, self.backoff, self.max_backoff, self.sleep = int(retries), backoff, max_backoff, sleep
+        self.verdict_wait_s, self.poll_sleep = float(verdict_wait_s), poll_sleep  # polls wait for real work
         if transport == "http":
             url = url_or_space if is_url else space_url(url_or_space)
             self._transport = HttpTransport(url, token=token, timeout=timeout, route=http_route)
@@ -289,10 +329,31 @@ class CoordinatorClient:
 
     def submit(self, lease: Lease | dict, commit: str) -> dict:
         """Report the commit with this round's submission: ``{"status": "admitted"|"merged"|"duplicate",
-        "merge_due": bool, ...}`` (a served coordinator answers ``admitted`` and merges in the background)."""
-        result = self._call("submit", _lease_dict(lease), commit)
+        "merge_due": bool, ...}``; raises the refusal. A coordinator that checks rounds in the background answers
+        ``checking`` first: then this polls ``verdict`` (at the wait it suggests) until the check is done, for at
+        most ``verdict_wait_s`` (then the ``checking`` answer is returned: the round is in the store, and the
+        coordinator decides it without the worker)."""
+        result = self._dict("submit", self._call("submit", _lease_dict(lease), commit))
+        waited, resubmits = 0.0, 0
+        while result.get("status") in ("checking", "unknown"):
+            if result["status"] == "unknown":  # a restarted coordinator never saw it: submit again
+                if resubmits >= 3:
+                    return result
+                resubmits += 1
+                result = self._dict("submit", self._call("submit", _lease_dict(lease), commit))
+                continue
+            if waited >= self.verdict_wait_s:
+                return result
+            delay = _clamped(result.get("wait_s"), 0.05, 5.0)
+            self.poll_sleep(delay)
+            waited += delay
+            result = self._dict("verdict", self._call("verdict", _lease_dict(lease)))
+        return result
+
+    @staticmethod
+    def _dict(name: str, result: Any) -> dict:
         if not isinstance(result, dict):
-            raise CoordinatorError(f"the coordinator answered submit with {str(result)[:100]}", code="protocol")
+            raise CoordinatorError(f"the coordinator answered {name} with {str(result)[:100]}", code="protocol")
         return result
 
     def upload(self, lease: Lease | dict, folder) -> dict:
@@ -307,24 +368,16 @@ class CoordinatorClient:
         files = {name: base64.b64encode((Path(folder) / name).read_bytes()).decode("ascii")
                  for name in layout.SUBMISSION_FILES
                  if (Path(folder) / name).is_file()}
-        result = self._call("upload", _lease_dict(lease), files)
-        if not isinstance(result, dict):
-            raise CoordinatorError(f"the coordinator answered upload with {str(result)[:100]}", code="protocol")
-        return result
+        return self._dict("upload", self._call("upload", _lease_dict(lease), files))
 
     def record_eval(self, version: int, reward: float, samples: int) -> dict:
         """Report the held-out reward of ``version`` (``hubgrpo evaluate``): ``{"status": "recorded"|"duplicate"}``."""
-        result = self._call("record_eval", int(version), float(reward), int(samples), after_token=[PROTOCOL_VERSION])
-        if not isinstance(result, dict):
-            raise CoordinatorError(f"the coordinator answered record_eval with {str(result)[:100]}", code="protocol")
-        return result
+        answer = self._call("record_eval", int(version), float(reward), int(samples), after_token=[PROTOCOL_VERSION])
+        return self._dict("record_eval", answer)
 
     def status(self) -> dict:
         """The run's public status."""
-        result = self._call("status")
-        if not isinstance(result, dict):
-            raise CoordinatorError(f"the coordinator answered status with {str(result)[:100]}", code="protocol")
-        return result
+        return self._dict("status", self._call("status"))
 
     def close(self) -> None:
         """Close connections (the client reconnects if used again)."""

@@ -1,0 +1,192 @@
+"""The simulated fleet of ``coordinator_load.py``: one asyncio process, raw HTTP, every request on its own schedule.
+
+Each worker leases at a fixed phase of its round, heartbeats every ``beat_s`` and submits at the end of the round,
+on a schedule that does not wait for the server (open loop: a slow answer does not slow the arrivals, so latency
+grows without bound past saturation instead of hiding it). The calls go to the coordinator's plain routes
+(``POST /hubgrpo/api/<name>``, ``--route gradio`` for Gradio's ``/gradio_api/run/<name>``). A round is delivered as
+the worker would: four PUTs through the lease's presigned URLs (rounds on S3) or one commit of the run repo (rounds
+in the repo), the adapter a pre-built synthetic one, the rollouts honest ones for the lease's prompts (the
+coordinator recomputes their rewards), submission.json last. Where submit answers ``checking`` the worker polls
+``verdict`` as the real client does; the time from the submit to the final verdict is ``submit_to_verdict``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import random
+import time
+from pathlib import Path
+
+ENDPOINTS = ("lease", "heartbeat", "submit")  # the calls of the target (verdict polls are counted too)
+CALLS = (*ENDPOINTS, "verdict")
+
+
+class Recorder:
+    """Latency samples (within the measurement window) and outcome counters."""
+
+    def __init__(self):
+        self.lat: dict[str, list[float]] = collections.defaultdict(list)
+        self.outcomes: collections.Counter = collections.Counter()
+        self.window: tuple[float, float] = (0.0, 0.0)
+        self.delivered: set[str] = set()
+        self.refused: set[str] = set()
+
+    def sample(self, endpoint: str, started: float, seconds: float) -> None:
+        if self.window[0] <= started < self.window[1]:
+            self.lat[endpoint].append(seconds)
+
+
+class Fleet:
+    """The simulated workers against one coordinator URL."""
+
+    def __init__(self, args, mode: str, url: str, repo: Path, variant: Path, rec: Recorder):
+        import httpx
+
+        from hubgrpo import layout
+        from hubgrpo.store.local import LocalStore
+
+        self.args, self.mode, self.rec, self.layout = args, mode, rec, layout
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+        self.plain = getattr(args, "route", "plain") == "plain"
+        base = url + ("/hubgrpo/api" if self.plain else "/gradio_api/run")
+        self.api = httpx.AsyncClient(base_url=base, timeout=120, limits=limits)
+        self.s3 = httpx.AsyncClient(timeout=120, limits=limits)
+        self.files = {n: (variant / n).read_bytes() for n in layout.ADAPTER_FILES}
+        self.variant = variant
+        self.store = LocalStore(repo, fsync=False)
+        self.cfg = None
+        self.tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def call(self, name: str, data: list) -> tuple[bool, object]:
+        started, t = time.time(), time.perf_counter()
+        try:
+            resp = await self.api.post(f"/{name}", json={"data": data})
+            envelope = resp.json() if self.plain else resp.json()["data"][0]
+        except Exception as e:  # deliberate: a benchmark counts every failure, whatever it is
+            self.rec.outcomes[f"{name}_transport_{type(e).__name__}"] += 1
+            return False, None
+        finally:
+            self.rec.sample(name, started, time.perf_counter() - t)
+        if envelope.get("ok"):
+            return True, envelope["result"]
+        err = envelope.get("error") or {}
+        self.rec.outcomes[f"{name}_refused_{err.get('code')}"] += 1
+        return False, err
+
+    async def worker(self, i: int, t0: float, stop_leasing: float) -> None:
+        rng = random.Random(i)
+        start = t0 + rng.uniform(0, self.args.round_s)
+        while start < stop_leasing:
+            await asyncio.sleep(max(0.0, start - time.time()))
+            self.spawn(self.round(f"sim{i:04d}", start))
+            start += self.args.round_s
+
+    async def round(self, name: str, start: float) -> None:
+        from hubgrpo.layout import PROTOCOL_VERSION
+
+        ok, lease = await self.call("lease", [name, None, None, PROTOCOL_VERSION])
+        if not ok:
+            return
+        self.rec.outcomes["lease_ok"] += 1
+        held = {"lease": lease}
+        end = start + self.args.round_s - 1.5  # upload, then submit 0.5 s before the next round's lease
+        beat = start + self.args.beat_s
+        while beat < end:
+            self.spawn(self.heartbeat(held, beat))
+            beat += self.args.beat_s
+        await asyncio.sleep(max(0.0, end - time.time()))
+        token = await self.deliver(held["lease"])
+        if token is None:
+            return
+        sub_id = self.layout.submission_id(lease["worker"], lease["lease_id"])
+        self.rec.delivered.add(sub_id)
+        await asyncio.sleep(max(0.0, end + 1.0 - time.time()))
+        await self.submit(held["lease"], token, sub_id)
+
+    async def submit(self, lease: dict, token: str, sub_id: str) -> None:
+        """Submit, then (plain routes) poll the verdict as the client does; record the time to the verdict."""
+        started, t = time.time(), time.perf_counter()
+        ok, answer = await self.call("submit", [lease, token, None])
+        while ok and answer.get("status") == "checking":
+            await asyncio.sleep(min(5.0, max(0.05, float(answer.get("wait_s") or 0.5))))
+            ok, answer = await self.call("verdict", [lease, None])
+        self.rec.sample("submit_to_verdict", started, time.perf_counter() - t)
+        if ok:
+            self.rec.outcomes[f"submit_{answer['status']}"] += 1
+        elif answer and answer.get("error") in ("InvalidSubmission", "LeaseError"):
+            self.rec.refused.add(sub_id)
+
+    async def heartbeat(self, held: dict, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.time()))
+        ok, renewed = await self.call("heartbeat", [held["lease"], None])
+        if ok:
+            held["lease"] = renewed
+            self.rec.outcomes["heartbeat_ok"] += 1
+
+    def round_files(self, lease: dict) -> dict[str, bytes | Path]:
+        """What the worker delivers for ``lease``: the adapter, honest rollouts, submission.json (last)."""
+        from hubgrpo import runrepo
+        from hubgrpo.layout import Lease
+        from hubgrpo.task.rollouts import dumps
+        from tests.coord_helpers import honest_rollouts, submission_record
+
+        self.cfg = self.cfg or runrepo.read_config(self.store)
+        bare = Lease.model_validate({**lease, "uploads": {}})
+        layout = self.layout
+        return {**self.files, layout.ROLLOUTS_FILE: dumps(honest_rollouts(bare, self.cfg)),
+                layout.SUBMISSION_FILE: submission_record(bare, reward=random.random()).to_json()}
+
+    async def deliver(self, lease: dict) -> str | None:
+        """Upload the round (S3: presigned PUTs; repo: a commit in a thread); the token or commit to submit."""
+        layout = self.layout
+        try:
+            files = self.round_files(lease)
+            if self.mode == "s3":
+                for name in layout.SUBMISSION_FILES:
+                    r = await self.s3.put(lease["uploads"][name], content=files[name],
+                                          headers={"If-None-Match": "*"})
+                    if r.status_code not in (200, 412):
+                        raise RuntimeError(f"PUT {name}: HTTP {r.status_code}")
+                return layout.box_token(files[layout.SUBMISSION_FILE])
+            sub_id = layout.submission_id(lease["worker"], lease["lease_id"])
+            adds = {layout.submission_path(lease["base_version"], sub_id, n): body for n, body in files.items()}
+            return await asyncio.to_thread(self.store.commit, adds, message=f"hubgrpo: submission {sub_id}")
+        except Exception as e:  # deliberate: counted, the round is then not submitted
+            self.rec.outcomes[f"deliver_failed_{type(e).__name__}"] += 1
+            return None
+
+    async def close(self) -> None:
+        await self.api.aclose()
+        await self.s3.aclose()
+
+
+def generate(args, mode: str, url: str, repo: Path, variant: Path, workers: int, out: Path) -> None:
+    """``--generate``: run the fleet in this process; write its Recorder as JSON to ``out``."""
+    async def main() -> Recorder:
+        rec = Recorder()
+        fleet = Fleet(args, mode, url, repo, variant, rec)
+        t0 = time.time() + 1.0
+        warm = t0 + args.round_s
+        rec.window = (warm, warm + args.measure_s)
+        stop = warm + args.measure_s
+        workers_ = [asyncio.get_running_loop().create_task(fleet.worker(i, t0, stop)) for i in range(workers)]
+        await asyncio.gather(*workers_)
+        deadline = time.time() + args.round_s + 60
+        while fleet.tasks and time.time() < deadline:  # rounds leased before the stop finish
+            await asyncio.sleep(0.5)
+        rec.outcomes["rounds_unfinished_at_end"] = len(fleet.tasks)
+        await fleet.close()
+        return rec
+
+    t_cpu = time.process_time()
+    rec = asyncio.run(main())
+    out.write_text(json.dumps({"lat": rec.lat, "outcomes": rec.outcomes, "window": rec.window,
+                               "delivered": sorted(rec.delivered), "refused": sorted(rec.refused),
+                               "generator_cpu_s": time.process_time() - t_cpu}))

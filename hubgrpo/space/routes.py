@@ -1,0 +1,210 @@
+"""The coordinator's JSON API as plain HTTP routes on the Gradio app: ``POST /hubgrpo/api/<name>``.
+
+The same endpoint functions as the ``gr.api`` endpoints (``hubgrpo.space.api.CoordinatorApi``), the same positional
+arguments in a body ``{"data": [args…]}``, the same envelope as the answer (not wrapped in Gradio's
+``{"data": [...]}``) — without Gradio's routing, pre- and post-processing, which cost most of the server's CPU per
+call (``benchmarks/coordinator_load.py`` measures both). The app, its page and its ``gr.api`` endpoints stay as
+they are (one Space still; gradio_client users see no change).
+
+One difference from the ``gr.api`` endpoints: ``submit`` answers ``checking`` at once and the check runs in the
+background (``hubgrpo.space.admissions``; ``verdict`` tells how it went).
+
+Everything a caller sends is hostile until checked. Before an endpoint function runs, the body must be at most
+``MAX_BODY`` bytes (``upload``, which carries a base64 submission: the limit its app sets, and at most
+``UPLOADS_AT_ONCE`` of them read at once), strict JSON (no NaN/Infinity, no number out of float range or longer
+than ``MAX_NUMBER`` digits, nesting at most ``MAX_DEPTH`` deep, no lone surrogates) of the form ``{"data": [...]}``,
+and its arguments must fit the endpoint's signature: their count, and the JSON type each parameter is annotated
+with (``str``, ``int``, ``float``, ``dict``, optionally ``| None``). Anything else is answered 400/404/413 with an
+envelope naming the problem; the endpoint functions themselves answer envelopes and never raise. Auth is theirs,
+exactly as on the ``gr.api`` endpoints: the ``token`` argument, else the ``Authorization: Bearer`` header. Nothing
+here logs a body or a header.
+
+The endpoint functions run on a thread pool of their own (``THREADS``): a lease waiting for a merge holds one
+thread, never the event loop nor Gradio's threads.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import typing
+from typing import Any, Callable
+
+PREFIX = "/hubgrpo/api"
+MAX_BODY = 1 << 20  # a lease, a commit id, a token: far below this
+MAX_DEPTH = 32  # a lease is 3 levels deep
+MAX_NUMBER = 40  # characters of one JSON number
+THREADS = 64  # endpoint calls running at once (each mostly waits: for the API lock, or a lease for a merge)
+UPLOADS_AT_ONCE = 4  # upload bodies (megabytes each) held in memory at once
+
+
+class BadRequest(Exception):
+    """A request refused before any endpoint function runs: HTTP ``status`` and what is wrong."""
+
+    def __init__(self, status: int, message: str, hint: str = "send what the hubgrpo client sends"):
+        super().__init__(message)
+        self.status, self.message, self.hint = status, message, hint
+
+
+def envelope_error(status: int, message: str, hint: str) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"ok": False, "error": {"error": "CoordinatorError", "code": "protocol",
+                                                "message": message, "hint": hint}}, status_code=status)
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request body; ``BadRequest(413)`` once it is longer than ``limit`` (read no further)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(413, f"the body ({int(declared):,} bytes) is larger than the limit of {limit:,} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(413, f"the body is larger than the limit of {limit:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _number(text: str) -> float:
+    if len(text) > MAX_NUMBER:
+        raise ValueError(f"a number of {len(text)} characters (at most {MAX_NUMBER})")
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is out of range")
+    return value
+
+
+def _integer(text: str) -> int:
+    if len(text) > MAX_NUMBER:
+        raise ValueError(f"a number of {len(text)} characters (at most {MAX_NUMBER})")
+    return int(text)
+
+
+def _constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_tree(value: Any) -> None:
+    """Depth and strings of a parsed body (iteratively: a deep body cannot exhaust the stack here)."""
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+            children = list(item.keys()) + list(item.values()) if isinstance(item, dict) else item
+            todo.extend((c, depth + 1) for c in children)
+        elif isinstance(item, str) and not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("a string with a lone surrogate") from None
+
+
+def parse_arguments(raw: bytes) -> list:
+    """The ``data`` list of a strict-JSON body ``{"data": [...]}``; ``BadRequest(400)`` naming what is wrong."""
+    try:
+        body = json.loads(raw, parse_float=_number, parse_int=_integer, parse_constant=_constant)
+        _check_tree(body)
+    except RecursionError:
+        raise BadRequest(400, f"the body is not accepted JSON: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:  # also UnicodeDecodeError and json.JSONDecodeError
+        raise BadRequest(400, f"the body is not accepted JSON: {str(e)[:200]}") from None
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise BadRequest(400, "the body is not a JSON object with a 'data' list", 'send {"data": [arguments…]}')
+    return data
+
+
+# ------------------------------------------------------------------------------------------------ signatures
+
+_JSON_TYPES = {str: (str,), int: (int,), float: (int, float), dict: (dict,), list: (list,), bool: (bool,)}
+
+
+def _accepted(annotation: Any) -> tuple | None:
+    """The Python types of parsed JSON a parameter annotated ``annotation`` accepts; None: anything."""
+    if annotation in _JSON_TYPES:
+        return _JSON_TYPES[annotation]
+    args = typing.get_args(annotation)
+    if args and type(None) in args:
+        inner = [_accepted(a) for a in args if a is not type(None)]
+        if all(i is not None for i in inner):
+            return tuple(t for i in inner for t in i) + (type(None),)
+    return None
+
+
+def signature_check(name: str, fn: Callable) -> Callable[[list], None]:
+    """A check of the positional arguments ``fn`` (an endpoint function) is called with; ``BadRequest(400)``."""
+    params = [p for p in inspect.signature(fn).parameters.values() if p.name != "request"]
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # deliberate: an annotation that does not resolve only means no type check for it
+        hints = {}
+    required = sum(1 for p in params if p.default is inspect.Parameter.empty)
+    types = [(p.name, _accepted(hints.get(p.name, Any))) for p in params]
+
+    def check(args: list) -> None:
+        if not required <= len(args) <= len(params):
+            raise BadRequest(400, f"{name!r} takes {required} to {len(params)} arguments "
+                             f"({', '.join(p.name for p in params)}), not {len(args)}",
+                             "client and coordinator versions may differ")
+        for i, (value, (pname, ok)) in enumerate(zip(args, types)):
+            if ok is not None and (not isinstance(value, ok) or (isinstance(value, bool) and bool not in ok)):
+                want = " or ".join("null" if t is type(None) else t.__name__ for t in ok)
+                raise BadRequest(400, f"argument {i + 1} ({pname}) of {name!r} must be {want}, not "
+                                 f"{type(value).__name__}")
+    return check
+
+
+# ------------------------------------------------------------------------------------------------ the route
+
+
+def make_route(endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None) -> Callable:
+    """The Starlette endpoint serving ``endpoints`` (name → function answering an envelope); ``limits``: body
+    limits of endpoints allowed more than ``MAX_BODY`` (read ``UPLOADS_AT_ONCE`` at a time)."""
+    import anyio
+    from starlette.responses import Response
+
+    threads, big = anyio.CapacityLimiter(THREADS), anyio.CapacityLimiter(UPLOADS_AT_ONCE)
+    checks = {name: signature_check(name, fn) for name, fn in endpoints.items()}
+    limits = dict(limits or {})
+
+    async def handle(name: str, request: Any) -> Any:
+        args = parse_arguments(await read_body(request, limits.get(name, MAX_BODY)))
+        checks[name](args)
+        answer = await anyio.to_thread.run_sync(lambda: endpoints[name](*args, request=request), limiter=threads)
+        try:
+            text = json.dumps(answer, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError):
+            text = json.dumps({"ok": False, "error": {"error": "CoordinatorError", "code": "internal",
+                                                      "message": f"{name!r} answered what JSON cannot carry",
+                                                      "hint": "a coordinator bug; retry later"}})
+        return Response(text, media_type="application/json")
+
+    async def route(request: Any) -> Any:
+        name = request.path_params["name"]
+        if name not in endpoints:
+            return envelope_error(404, f"no endpoint {name[:60]!r} here (endpoints: {', '.join(sorted(endpoints))})",
+                                  "client and coordinator versions may differ")
+        try:
+            if name in limits:
+                async with big:
+                    return await handle(name, request)
+            return await handle(name, request)
+        except BadRequest as e:
+            return envelope_error(e.status, f"{name}: {e.message}", e.hint)
+
+    return route
+
+
+def attach(app: Any, endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None) -> None:
+    """Add ``POST {PREFIX}/{name}`` to the Starlette/FastAPI ``app`` (once; later calls add nothing)."""
+    from starlette.routing import Route
+
+    if getattr(app, "hubgrpo_routes", False):
+        return
+    app.router.routes.insert(0, Route(PREFIX + "/{name}", make_route(endpoints, limits), methods=["POST"]))
+    app.hubgrpo_routes = True

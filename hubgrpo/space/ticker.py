@@ -1,0 +1,76 @@
+"""The coordinator's background thread: ticks (lease expiry) and due merges, off the request path.
+
+``Ticker`` calls ``coord.tick()`` under the API lock every ``interval`` seconds while the app runs, and runs a due
+merge as soon as a submit completes a quorum (``CoordinatorApi.merge_wanted`` wakes it): planned under the lock,
+computed WITHOUT it (heartbeats and other submissions go on meanwhile), committed under it again. Then
+``coord.housekeeping`` (the repo scan, the refusal flush; store I/O outside the lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+log = logging.getLogger("hubgrpo.space.api")
+
+
+
+class Ticker:
+    """Calls ``coord.tick()`` under the API lock every ``interval`` seconds while ``blocks`` is running, and runs
+    due merges (woken at once by a submit that completes a quorum) with the lock released during the compute."""
+
+    def __init__(self, api: Any, blocks: Any, interval: float):
+        self.api, self.blocks, self.interval = api, blocks, float(interval)
+        self._guard = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the daemon thread unless one is already alive (idempotent)."""
+        with self._guard:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._run, name="hubgrpo-tick", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.api.merge_wanted.wait(self.interval)
+            self.api.merge_wanted.clear()
+            if not self.blocks.is_running:
+                return
+            try:
+                self.step()
+            except Exception:  # deliberate: housekeeping must survive one bad tick
+                log.exception("coordinator tick failed")
+
+    def step(self) -> bool:
+        """One tick, then the due merge if any (compute and commit outside the lock), then housekeeping (repo
+        scan, refusal flush; store I/O outside the lock). True when a version was merged."""
+        api, coord = self.api, self.api.coord
+        with api.lock:
+            coord.tick()
+            plan = coord.plan_merge()
+            api.set_merge_busy(plan is not None)  # under the lock: a submit cannot make one due in between
+        merged = False
+        if plan is None and hasattr(coord, "prefold"):
+            coord.prefold(lock=api.lock)  # FFA: fold what is pending now, so the merge at the quorum is short
+        if plan is not None:
+            try:
+                result = plan.compute()
+            except BaseException:
+                with api.lock:
+                    coord.abort_merge(plan)
+                api.set_merge_busy(False)
+                raise
+            try:
+                merged = coord.finish_merge(plan, result, lock=api.lock)
+            finally:
+                api.set_merge_busy(False)
+        coord.housekeeping(lock=api.lock)
+        return merged
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (it ends within one interval of the app closing)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
