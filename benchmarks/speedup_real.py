@@ -2,14 +2,15 @@
 thread each, the two cores), same config, same task; time to a target reward.
 
     .venv/bin/python benchmarks/speedup_real.py [--config configs/demo.yaml] [--seeds 0] [--train-steps 48]
-        [--versions 16] [--target 0.9] [--eval 16] [--set KEY=VALUE …] [--name speedup-real] [--skip-train]
+        [--versions 16] [--target 0.9] [--eval 16] [--set KEY=VALUE …] [--name speedup-real]
 
 Both runs are the real CLI in subprocesses, one after the other (never at the same time). For each seed:
 
 - **train**: ``hubgrpo train CONFIG --steps T --set params.num_threads=1``. Its clock is the sum of TRL's
   per-step ``step_time`` from the first step (model load excluded), plus, separately, the process wall time.
   Training reward: the mean of the last 5 steps' sampled reward (one 5-step round's worth).
-- **run**: ``hubgrpo run CONFIG --workers 2 --set params.versions=V``. Its clock starts at the first lease
+- **run**: ``hubgrpo run CONFIG --workers 2 --no-eval --set params.versions=V`` (no evaluator process beside the
+  two workers: the held-out scores are computed afterwards, as for train). Its clock starts at the first lease
   (workers loaded their models before; the same exclusion as train's) and is also given from the process start.
   Training reward per version: the mean reward of the rounds merged into it, as ``hubgrpo status`` shows it.
 - **held-out**: after both, every checkpoint is scored here in one process: train's final adapter, and every
@@ -65,7 +66,7 @@ def run_workers(args, tmp: Path, seed: int) -> dict:
 
     repo = tmp / f"run-s{seed}"
     since = time.time()
-    wall = hubgrpo("run", args.config, "--workers", "2", "--repo", str(repo), *sets(
+    wall = hubgrpo("run", args.config, "--workers", "2", "--repo", str(repo), "--no-eval", *sets(
         [*args.set, f"params.versions={args.versions}", f"params.seed={seed}", f"project_name=speedup-s{seed}"]))
     store = LocalStore(repo)
     state = runrepo.read_state(store)
