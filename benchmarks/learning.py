@@ -77,6 +77,21 @@ def sets(overrides: list[str]) -> list[str]:
     return [x for o in overrides for x in ("--set", o)]
 
 
+def cached_run(out: Path, cmd: list, result_file: str) -> dict:
+    """``hubgrpo CMD --output OUT`` (output silenced) unless ``out`` holds its result from the same command (the
+    runs are deterministic for a seed, so a long benchmark resumes); the result JSON, with ``real_wall_s`` when run."""
+    stamp = out / "command.json"
+    if (out / result_file).is_file() and stamp.is_file() and json.loads(stamp.read_text()) == cmd:
+        return json.loads((out / result_file).read_text())
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "hubgrpo.cli", *map(str, cmd), "--output", str(out)], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stamp.write_text(json.dumps(cmd))
+    result = json.loads((out / result_file).read_text())
+    result["real_wall_s"] = round(time.time() - t0, 1)
+    return result
+
+
 def run_baseline(mode: dict, tmp: Path, seed: int) -> dict:
     out = tmp / f"baseline-s{seed}"
     wall = hubgrpo("train", mode["config"], "--steps", str(mode["steps"]), "--output", str(out),

@@ -25,17 +25,18 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = "configs/demo.yaml"
 STEP_S = 8.0
 BASE = ["params.reset_optimizer=true", "merge.method=svd", "merge.factor_split=balanced", "merge.outer_lr=1.0",
         "merge.outer_momentum=0.0", "merge.nesterov=false", "merge.quorum=1", "params.num_threads=1"]
+from benchmarks.learning import cached_run, sets  # noqa: E402
+
 VARIANTS = {
     "svd": [],
     "keep_a": ["merge.factor_split=keep_a"],
@@ -45,28 +46,10 @@ VARIANTS = {
 }
 
 
-def sets(overrides: list[str]) -> list[str]:
-    return [x for o in overrides for x in ("--set", o)]
-
-
-def run_once(out: Path, cmd: list[str], result_file: str) -> dict:
-    """Run ``cmd`` (a hubgrpo command) unless ``out`` holds its result from the same command; the result JSON."""
-    stamp = out / "command.json"
-    if (out / result_file).is_file() and stamp.is_file() and json.loads(stamp.read_text()) == cmd:
-        return json.loads((out / result_file).read_text())
-    t0 = time.time()
-    subprocess.run([sys.executable, "-m", "hubgrpo.cli", *cmd, "--output", str(out)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    stamp.write_text(json.dumps(cmd))
-    result = json.loads((out / result_file).read_text())
-    result["real_wall_s"] = round(time.time() - t0, 1)
-    return result
-
-
 def simulate(work: Path, variant: str, seed: int) -> dict:
     cmd = ["simulate", CONFIG, "--workers", "2", "--seed", str(seed), "--step-s", str(STEP_S), "--until-version",
            "14", "--eval-samples", "32", "--no-progress", *sets([*BASE, *VARIANTS[variant]])]
-    res = run_once(work / f"{variant}-s{seed}", cmd, "simulation.json")
+    res = cached_run(work / f"{variant}-s{seed}", cmd, "simulation.json")
     rows = res["versions"]
     hit = next((v for v in rows[1:] if (v["train_reward"] or 0) >= 0.9), None)
     evals = [v["eval_reward"] for v in rows if v["eval_reward"] is not None]
@@ -80,7 +63,7 @@ def simulate(work: Path, variant: str, seed: int) -> dict:
 def train(work: Path, seed: int) -> dict:
     cmd = ["train", CONFIG, "--steps", "40", "--eval-samples", "32", "--set", "params.num_threads=1",
            "--set", f"params.seed={seed}"]
-    res = run_once(work / f"train-s{seed}", cmd, "metrics.json")
+    res = cached_run(work / f"train-s{seed}", cmd, "metrics.json")
     r = [m["reward"] for m in res["step_metrics"]]
     step = next((i + 1 for i in range(4, len(r)) if sum(r[i - 4:i + 1]) / 5 >= 0.9), None)
     return {"seed": seed, "t_train_0.9": step * STEP_S if step else None, "step_0.9": step,

@@ -39,6 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
+
+from benchmarks.learning import cached_run, sets  # noqa: E402
+
 MODES = {
     # config, virtual budget of the single worker (GRPO steps), held-out eval flags, extra overrides
     "tiny": {"config": "configs/tiny.yaml", "budget_steps": 48,
@@ -50,26 +53,10 @@ FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--drop
 
 
 def simulate(out: Path, config: str, workers: int, seed: int, args: list[str]) -> dict:
-    """``hubgrpo simulate`` in a subprocess; its simulation.json (one already in ``out`` from an earlier run of the
-    same command with the same ``--work`` is reused: the simulations are deterministic for a seed)."""
-    done = out / "simulation.json"
-    if done.is_file() and (out / "command.json").is_file():
-        if json.loads((out / "command.json").read_text()) == [config, workers, seed, args]:
-            result = json.loads(done.read_text())
-            result["real_wall_s"] = result.get("real_wall_s", 0.0)
-            return result
-    cmd = [sys.executable, "-m", "hubgrpo.cli", "simulate", config, "--workers", str(workers), "--seed", str(seed),
-           "--output", str(out), "--no-progress", *args]
-    t0 = time.time()
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    result = json.loads((out / "simulation.json").read_text())
-    result["real_wall_s"] = time.time() - t0
-    (out / "command.json").write_text(json.dumps([config, workers, seed, args]))
-    return result
-
-
-def sets(overrides: list[str]) -> list[str]:
-    return [x for o in overrides for x in ("--set", o)]
+    """``hubgrpo simulate`` in a subprocess; its simulation.json (reused from an earlier run of the same command
+    with the same ``--work``)."""
+    return cached_run(out, ["simulate", config, "--workers", str(workers), "--seed", str(seed), "--no-progress",
+                            *args], "simulation.json")
 
 
 def eval_at(result: dict, t: float) -> float | None:
@@ -111,7 +98,7 @@ def row(fleet: str, n: int, res: dict, target: float, t1: float, t_hit: float | 
             "eval_final": evals[-1] if evals else None, "versions": res["versions"][-1]["version"],
             "virtual_wall_s": res["virtual_wall_s"], "staleness_histogram": res["staleness_histogram"],
             "rounds_by_status": res["rounds_by_status"], "refusal_codes": res["refusal_codes"],
-            "real_wall_s": round(res["real_wall_s"], 1), "compute": res["compute"],
+            "real_wall_s": res.get("real_wall_s"), "compute": res["compute"],
             "curve": [(v["virtual_time_s"], v["samples"], v["eval_reward"]) for v in res["versions"]]}
 
 
