@@ -230,6 +230,7 @@ def drive(args, mode: str, workers: int, tmp: Path, url: str, repo: Path, varian
     procs.append(start([*pinned(args.load_cpus), sys.executable, __file__, "--generate", gen_args, mode, url,
                         str(repo), str(variant), str(workers), str(out)], tmp / "generator.log"))
     gen, marks, others = procs[-1], [], []
+    pids = {**pids, "generator": gen.pid}
     while gen.poll() is None:
         marks.append((time.time(), {k: cpu_seconds(p) for k, p in pids.items()}, os.getloadavg()[0]))
         if not others and len(marks) > args.round_s + args.measure_s / 2:  # mid-window: what else runs
@@ -289,11 +290,12 @@ def account(g: dict, cpu: dict) -> dict:
     calls = sum(len(g["lat"].get(k, [])) for k in CALLS)
     span = cpu["span_s"]
     per_call = cpu["server"] / (calls * span / (w1 - w0)) * 1e3 if calls and span else None
-    return {"latency": {k: pct(g["lat"].get(k, [])) for k in (*CALLS, "submit_to_verdict")},
+    return {"latency": {k: pct(g["lat"].get(k, [])) for k in (*CALLS, "submit_to_verdict", "loop_lag")},
             "calls_measured": calls, "calls_per_s": round(calls / (w1 - w0), 1),
             "server_cpu_cores": round(cpu["server"] / span, 2) if span else None,
             "server_cpu_ms_per_call": round(per_call, 2) if per_call else None,
             "moto_cpu_cores": round(cpu["moto"] / span, 2) if span and "moto" in cpu else None,
+            "generator_cpu_cores": round(cpu["generator"] / span, 2) if span and "generator" in cpu else None,
             "generator_cpu_s": round(g["generator_cpu_s"], 1), "load_range": cpu["load"],
             "busiest_processes": cpu["others"]}
 
@@ -339,15 +341,16 @@ def to_markdown(res: dict) -> str:
              f"{a['budget']}/hour, 1.75 MB adapters and honest rollouts checked on every submit; latencies over "
              f"{a['measure_s']:.0f} s after one round of warm-up; {pins}. {res['machine']}.", "",
              "| mode | workers | calls/s | lease p50 / p99 | heartbeat p50 / p99 | submit p50 / p99 | submit → "
-             "verdict p50 / p99 | server CPU (cores) | server CPU per call | moto CPU (cores) | load avg (min–max) | "
-             "lost | merged twice | rounds on S3 | repo commits (merges; rounds) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "verdict p50 / p99 | fleet loop lag p50 / p99 | server CPU (cores) | server CPU per call | fleet + moto CPU "
+             "(cores) | load avg (min–max) | lost | merged twice | rounds on S3 | repo commits (merges; rounds) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
         lat = r["latency"]
-        cells = " | ".join(_cell(lat[k]) for k in (*ENDPOINTS, "submit_to_verdict"))
+        cells = " | ".join(_cell(lat.get(k, {})) for k in (*ENDPOINTS, "submit_to_verdict", "loop_lag"))
         lo, hi = r["load_range"]
+        fleet = f"{r.get('generator_cpu_cores', '-')} + {r['moto_cpu_cores'] or '-'}"
         lines.append(f"| {r['mode']} | {r['workers']} | {r['calls_per_s']} | {cells} | {r['server_cpu_cores']} | "
-                     f"{r['server_cpu_ms_per_call']} ms | {r['moto_cpu_cores'] or '-'} | {lo}–{hi} | {r['lost']} | "
+                     f"{r['server_cpu_ms_per_call']} ms | {fleet} | {lo}–{hi} | {r['lost']} | "
                      f"{r['duplicates_merged']} | {r['rounds_on_s3']} | {r['repo_commits']} ({r['merge_commits']}; "
                      f"{r['submission_commits']}) |")
     lines += ["", "Largest fleet with every p99 ≤ 100 ms: " + ", ".join(

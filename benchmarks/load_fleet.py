@@ -167,6 +167,15 @@ class Fleet:
         await self.s3.aclose()
 
 
+async def loop_lag(rec: Recorder, stop: float, every: float = 0.05) -> None:
+    """How late this process's event loop wakes a 50-ms sleep (``loop_lag``): when it is as large as the calls'
+    latency, the latency is spent in the generator, not in the server."""
+    while time.time() < stop:
+        started, t = time.time(), time.perf_counter()
+        await asyncio.sleep(every)
+        rec.sample("loop_lag", started, max(0.0, time.perf_counter() - t - every))
+
+
 def generate(args, mode: str, url: str, repo: Path, variant: Path, workers: int, out: Path) -> None:
     """``--generate``: run the fleet in this process; write its Recorder as JSON to ``out``."""
     async def main() -> Recorder:
@@ -177,7 +186,8 @@ def generate(args, mode: str, url: str, repo: Path, variant: Path, workers: int,
         rec.window = (warm, warm + args.measure_s)
         stop = warm + args.measure_s
         workers_ = [asyncio.get_running_loop().create_task(fleet.worker(i, t0, stop)) for i in range(workers)]
-        await asyncio.gather(*workers_)
+        lag = asyncio.get_running_loop().create_task(loop_lag(rec, stop))
+        await asyncio.gather(*workers_, lag)
         deadline = time.time() + args.round_s + 60
         while fleet.tasks and time.time() < deadline:  # rounds leased before the stop finish
             await asyncio.sleep(0.5)
