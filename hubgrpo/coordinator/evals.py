@@ -74,9 +74,10 @@ def scores(state: RunState, pending: dict | None = None) -> dict[int, float]:
 def apply(state: RunState, pending: dict) -> dict:
     """Write the unsaved scores into ``state`` (a copy being staged); returns what it wrote."""
     saved = {}
-    for v in state.versions:
-        if v.version in pending and v.eval_reward is None:
-            v.eval_reward, v.eval_samples = pending[v.version][:2]
+    for i, v in enumerate(state.versions):
+        if v.version in pending and v.eval_reward is None:  # copy-on-write: the record may be shared (fork_state)
+            reward, samples = pending[v.version][:2]
+            state.versions[i] = v.model_copy(update={"eval_reward": reward, "eval_samples": samples})
             saved[v.version] = pending[v.version]
     return saved
 
