@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from load_fleet import CALLS, ENDPOINTS, generate  # noqa: E402
+from load_stats import cpu_seconds, gc_pauses, pauses_in, pct, slow_near_merges  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SECRET = b"load-secret"
 LAYERS, WIDTH, RANK, MODULES = 8, 896, 16, ("q_proj", "v_proj")
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def make_adapter(folder: Path, seed: int, scale: float) -> Path:
@@ -99,23 +99,10 @@ def serve_forever(repo: str, port: int, workdir: str) -> None:
     from hubgrpo.store.local import LocalStore
 
     torch.set_num_threads(1)
+    gc_pauses(Path(workdir).parent / "gc_pauses.txt")
     serve(Coordinator(LocalStore(repo, fsync=False), SECRET, workdir=Path(workdir)), port=port, tick_interval=1.0)
     print("up", flush=True)
     time.sleep(24 * 3600)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (and its finished children), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS
-
-
-def pct(samples: list[float]) -> dict:
-    s = sorted(samples)
-    if not s:
-        return {"n": 0}
-    return {"n": len(s), "p50_ms": round(s[len(s) // 2] * 1e3, 1),
-            "p99_ms": round(s[int(0.99 * (len(s) - 1))] * 1e3, 1), "max_ms": round(s[-1] * 1e3, 1)}
 
 
 def start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
@@ -281,6 +268,7 @@ def one_run(args, mode: str, workers: int, tmp: Path) -> dict:
                 p.kill()
                 p.wait()
     return {"mode": mode, "workers": workers, "calibration": calib, **account(g, cpu),
+            "server_gc_pauses": pauses_in(tmp / "gc_pauses.txt", tuple(g["window"])),
             **audit(g, status, state, history), "rounds_on_s3": on_s3}
 
 
@@ -312,7 +300,8 @@ def audit(g: dict, status: dict, state, history: list) -> dict:
             "duplicates_merged": len(state.merged_ids) - len(merged), "versions": state.version,
             "repo_commits": len(history) - 1,
             "merge_commits": sum(c.message.startswith("hubgrpo: version ") for c in history),
-            "submission_commits": sum(c.message.startswith("hubgrpo: submission ") for c in history)}
+            "submission_commits": sum(c.message.startswith("hubgrpo: submission ") for c in history),
+            "slow_calls": slow_near_merges(g, history)}
 
 
 def machine() -> str:
@@ -331,6 +320,11 @@ def _cell(lat: dict) -> str:
     return f"{lat.get('p50_ms', '-')} / {lat.get('p99_ms', '-')} ms"
 
 
+def _gc(r: dict) -> str:
+    p = r.get("server_gc_pauses") or {}
+    return f"{p['count']} ({p['max_ms']} ms)" if p else "-"
+
+
 def to_markdown(res: dict) -> str:
     a = res["args"]
     pins = (f"coordinator pinned to CPU {a['server_cpus']}, fleet and moto to CPU {a['load_cpus']}"
@@ -342,15 +336,15 @@ def to_markdown(res: dict) -> str:
              f"{a['measure_s']:.0f} s after one round of warm-up; {pins}. {res['machine']}.", "",
              "| mode | workers | calls/s | lease p50 / p99 | heartbeat p50 / p99 | submit p50 / p99 | submit → "
              "verdict p50 / p99 | fleet loop lag p50 / p99 | server CPU (cores) | server CPU per call | fleet + moto CPU "
-             "(cores) | load avg (min–max) | lost | merged twice | rounds on S3 | repo commits (merges; rounds) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(cores) | server GC pauses ≥ 10 ms (longest) | load avg (min–max) | lost | merged twice | rounds on S3 | "
+             "repo commits (merges; rounds) |", "|" + "---|" * 17]
     for r in res["runs"]:
         lat = r["latency"]
         cells = " | ".join(_cell(lat.get(k, {})) for k in (*ENDPOINTS, "submit_to_verdict", "loop_lag"))
         lo, hi = r["load_range"]
         fleet = f"{r.get('generator_cpu_cores', '-')} + {r['moto_cpu_cores'] or '-'}"
         lines.append(f"| {r['mode']} | {r['workers']} | {r['calls_per_s']} | {cells} | {r['server_cpu_cores']} | "
-                     f"{r['server_cpu_ms_per_call']} ms | {fleet} | {lo}–{hi} | {r['lost']} | "
+                     f"{r['server_cpu_ms_per_call']} ms | {fleet} | {_gc(r)} | {lo}–{hi} | {r['lost']} | "
                      f"{r['duplicates_merged']} | {r['rounds_on_s3']} | {r['repo_commits']} ({r['merge_commits']}; "
                      f"{r['submission_commits']}) |")
     lines += ["", "Largest fleet with every p99 ≤ 100 ms: " + ", ".join(

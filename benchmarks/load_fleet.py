@@ -1,4 +1,4 @@
-"""The simulated fleet of ``coordinator_load.py``: one asyncio process, raw HTTP, every request on its own schedule.
+"""The simulated fleet of ``coordinator_load.py``: one asyncio process, raw HTTP (``raw_http.py``), every request on its own schedule.
 
 Each worker leases at a fixed phase of its round, heartbeats every ``beat_s`` and submits at the end of the round,
 on a schedule that does not wait for the server (open loop: a slow answer does not slow the arrivals, so latency
@@ -21,6 +21,7 @@ from pathlib import Path
 
 ENDPOINTS = ("lease", "heartbeat", "submit")  # the calls of the target (verdict polls are counted too)
 CALLS = (*ENDPOINTS, "verdict")
+SLOW_S = 0.05  # calls at least this slow are kept with their start time (do they cluster around merges?)
 
 
 class Recorder:
@@ -32,27 +33,28 @@ class Recorder:
         self.window: tuple[float, float] = (0.0, 0.0)
         self.delivered: set[str] = set()
         self.refused: set[str] = set()
+        self.slow: list[tuple[str, float, float]] = []  # (endpoint, started, seconds) of calls ≥ SLOW_S
 
     def sample(self, endpoint: str, started: float, seconds: float) -> None:
         if self.window[0] <= started < self.window[1]:
             self.lat[endpoint].append(seconds)
+            if seconds >= SLOW_S and endpoint in ENDPOINTS:
+                self.slow.append((endpoint, round(started, 3), round(seconds, 4)))
 
 
 class Fleet:
     """The simulated workers against one coordinator URL."""
 
     def __init__(self, args, mode: str, url: str, repo: Path, variant: Path, rec: Recorder):
-        import httpx
+        from raw_http import RawHTTP
 
         from hubgrpo import layout
         from hubgrpo.store.local import LocalStore
 
         self.args, self.mode, self.rec, self.layout = args, mode, rec, layout
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
         self.plain = getattr(args, "route", "plain") == "plain"
-        base = url + ("/hubgrpo/api" if self.plain else "/gradio_api/run")
-        self.api = httpx.AsyncClient(base_url=base, timeout=120, limits=limits)
-        self.s3 = httpx.AsyncClient(timeout=120, limits=limits)
+        self.base = url + ("/hubgrpo/api" if self.plain else "/gradio_api/run")
+        self.api, self.s3 = RawHTTP(512), RawHTTP(512)  # a cheap client: see raw_http.py
         self.files = {n: (variant / n).read_bytes() for n in layout.ADAPTER_FILES}
         self.variant = variant
         self.store = LocalStore(repo, fsync=False)
@@ -67,8 +69,10 @@ class Fleet:
     async def call(self, name: str, data: list) -> tuple[bool, object]:
         started, t = time.time(), time.perf_counter()
         try:
-            resp = await self.api.post(f"/{name}", json={"data": data})
-            envelope = resp.json() if self.plain else resp.json()["data"][0]
+            status, body = await self.api.request("POST", f"{self.base}/{name}", json.dumps({"data": data}).encode(),
+                                                  {"Content-Type": "application/json"})
+            answer = json.loads(body)
+            envelope = answer if self.plain else answer["data"][0]
         except Exception as e:  # deliberate: a benchmark counts every failure, whatever it is
             self.rec.outcomes[f"{name}_transport_{type(e).__name__}"] += 1
             return False, None
@@ -150,10 +154,10 @@ class Fleet:
             files = self.round_files(lease)
             if self.mode == "s3":
                 for name in layout.SUBMISSION_FILES:
-                    r = await self.s3.put(lease["uploads"][name], content=files[name],
-                                          headers={"If-None-Match": "*"})
-                    if r.status_code not in (200, 412):
-                        raise RuntimeError(f"PUT {name}: HTTP {r.status_code}")
+                    status, _ = await self.s3.request("PUT", lease["uploads"][name], files[name],
+                                                      {"If-None-Match": "*"})
+                    if status not in (200, 412):
+                        raise RuntimeError(f"PUT {name}: HTTP {status}")
                 return layout.box_token(files[layout.SUBMISSION_FILE])
             sub_id = layout.submission_id(lease["worker"], lease["lease_id"])
             adds = {layout.submission_path(lease["base_version"], sub_id, n): body for n, body in files.items()}
@@ -198,5 +202,5 @@ def generate(args, mode: str, url: str, repo: Path, variant: Path, workers: int,
     t_cpu = time.process_time()
     rec = asyncio.run(main())
     out.write_text(json.dumps({"lat": rec.lat, "outcomes": rec.outcomes, "window": rec.window,
-                               "delivered": sorted(rec.delivered), "refused": sorted(rec.refused),
+                               "delivered": sorted(rec.delivered), "refused": sorted(rec.refused), "slow": rec.slow,
                                "generator_cpu_s": time.process_time() - t_cpu}))

@@ -12,7 +12,9 @@ every knob the variants differ in set explicitly (so the figures do not depend o
 - ``keep_a_adam``: + each worker keeps its AdamW moments (``params.reset_optimizer=false``);
 - ``nesterov``: + outer Nesterov momentum 0.9 with outer_lr 0.3 (DiLoCo-style outer optimizer; the shipped demo);
 - ``nesterov_k2`` / ``nesterov_k2_lr05``: the same with 2-step rounds (outer_lr 0.3 / 0.5), until version 30, held-out
-  scored every 5th version (fresher rounds: less drift between the two workers' bases).
+  scored every 5th version (fresher rounds: less drift between the two workers' bases);
+- ``sync_nesterov``: quorum 2 (both workers' rounds from the same version, averaged: synchronous DiLoCo, no
+  staleness) with DiLoCo's outer Nesterov (lr 0.7, momentum 0.9), until version 8 (16 rounds).
 
 Reported per variant and seed: virtual seconds until a version's merged rounds reach a training reward of 0.9 (the
 issue's target), the held-out reward at the end and its minimum after version 4 (dips), the staleness histogram.
@@ -49,10 +51,13 @@ VARIANTS = {
                     "merge.outer_momentum=0.9", "merge.nesterov=true", "params.steps_per_round=2"],
     "nesterov_k2_lr05": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=0.5",
                          "merge.outer_momentum=0.9", "merge.nesterov=true", "params.steps_per_round=2"],
+    "sync_nesterov": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=0.7",
+                      "merge.outer_momentum=0.9", "merge.nesterov=true", "merge.quorum=2"],
 }
 # Variants with shorter rounds run more versions for the same samples and score held-out less often.
 RUN_ARGS = {"nesterov_k2": ["--until-version", "30", "--eval-every", "5"],
-            "nesterov_k2_lr05": ["--until-version", "30", "--eval-every", "5"]}
+            "nesterov_k2_lr05": ["--until-version", "30", "--eval-every", "5"],
+            "sync_nesterov": ["--until-version", "8"]}
 STEP_SAMPLES = 8  # completions per GRPO step (configs/demo.yaml)
 
 

@@ -1,0 +1,61 @@
+"""Measurements of ``coordinator_load.py`` that are not the fleet: process CPU from /proc, latency percentiles, the
+server's garbage-collector pauses, and where the slow calls fell relative to the merges."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def gc_pauses(path: Path, min_s: float = 0.01) -> None:
+    """Append every garbage-collector pass of this process longer than ``min_s`` to ``path`` (time, generation,
+    seconds): full passes over a large heap hold the GIL and stall every request."""
+    import gc
+
+    started = [0.0]
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif time.perf_counter() - started[0] > min_s:
+            with path.open("a") as f:
+                f.write(f"{time.time():.3f} {info['generation']} {time.perf_counter() - started[0]:.4f}\n")
+
+    gc.callbacks.append(note)
+
+
+
+def pauses_in(path: Path, window: tuple[float, float]) -> dict:
+    """Count and longest of the server's GC pauses inside the measurement window."""
+    rows = [line.split() for line in path.read_text().splitlines()] if path.is_file() else []
+    inside = [float(s) for t, _, s in rows if window[0] <= float(t) <= window[1]]
+    return {"count": len(inside), "max_ms": round(max(inside) * 1e3, 1) if inside else 0.0}
+
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (and its finished children), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS
+
+
+
+def pct(samples: list[float]) -> dict:
+    s = sorted(samples)
+    if not s:
+        return {"n": 0}
+    return {"n": len(s), "p50_ms": round(s[len(s) // 2] * 1e3, 1),
+            "p99_ms": round(s[int(0.99 * (len(s) - 1))] * 1e3, 1), "max_ms": round(s[-1] * 1e3, 1)}
+
+
+
+def slow_near_merges(g: dict, history: list, near_s: float = 2.0) -> dict:
+    """How many of the calls slower than the fleet's SLOW_S started within ``near_s`` before a merge commit (the
+    merge computes, then commits: its CPU and lock time lie just before the commit's timestamp)."""
+    merges = sorted(c.created_at for c in history if c.message.startswith("hubgrpo: version "))
+    near = sum(1 for _, t, _ in g.get("slow", []) if any(0.0 <= m - t <= near_s for m in merges))
+    return {"slow": len(g.get("slow", [])), "within_2s_before_a_merge": near,
+            "merge_commits_in_window": sum(g["window"][0] <= m <= g["window"][1] for m in merges)}
