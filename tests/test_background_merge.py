@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hubgrpo import runrepo
+from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.coordinator.core import Coordinator
@@ -16,7 +16,7 @@ from hubgrpo.coordinator.merging import MergePlan
 from hubgrpo.space.api import LEASE_HOLD_S, LEASE_RETRY_S, serve
 from hubgrpo.store.local import LocalStore
 from tests.coord_helpers import make_config, push_submission, write_adapter
-from tests.test_space_support import wait_for_version
+from tests.test_space_support import wait_for, wait_for_version
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,6 +115,37 @@ def test_the_merge_commit_renders_its_files_with_the_api_lock_released(tmp_path,
         live = coord.state.workers  # the adopted state: the merged rows, and w4's row from the lease meanwhile
         assert live["w1"].accepted == 1 and live["w2"].accepted == 1 and live["w4"].last_seen
         assert client.heartbeat(l4).lease_id == l4.lease_id
+    finally:
+        gate.set()
+        app.close(verbose=False)
+
+
+def test_a_slow_repo_scan_never_delays_a_merge(tmp_path, monkeypatch):
+    """The repo scan runs in its own thread: while a scan pass is stuck (a box listing took 10–19 s at 1000
+    workers), a quorum still merges at once, and the scan's finds are admitted when it returns."""
+    gate, scanning, scan = threading.Event(), threading.Event(), Coordinator.scan
+
+    def slow_scan(self):
+        scanning.set()
+        assert gate.wait(30), "the test never released the scan"
+        return scan(self)
+
+    monkeypatch.setattr(Coordinator, "scan", slow_scan)
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, make_config(**{"coordinator.scan_interval_s": 0.1}), write_adapter(tmp_path / "v0", seed=0))
+    coord = Coordinator(store, b"secret", workdir=tmp_path / "work")
+    app, url = serve(coord, tick_interval=0.2)
+    try:
+        client = CoordinatorClient(url, retries=1)
+        assert scanning.wait(10)  # a scan pass is in progress, and stays there until the gate opens
+        l1, l2, l3 = client.lease("w1"), client.lease("w2"), client.lease("w3")
+        client.submit(l1, push_submission(store, l1, tmp_path, seed=1))
+        client.submit(l2, push_submission(store, l2, tmp_path, seed=2))  # quorum 2: due now
+        wait_for_version(client, 1, timeout=10)  # merged while the scan is stuck
+        push_submission(store, l3, tmp_path, seed=3)  # committed, never submitted: only the scan can find it
+        gate.set()
+        sub_id = layout.submission_id("w3", l3.lease_id)
+        wait_for(lambda: sub_id in client.status()["pending"], 20, "the scanned round")
     finally:
         gate.set()
         app.close(verbose=False)

@@ -20,7 +20,7 @@ at once; admission threads read and check the round and keep its verdict, which 
 Thread safety lives here, not in the coordinator: one lock serialises ``lease``/``heartbeat``/``release``/
 admission/``tick``; ``status`` runs unlocked. No network I/O ever runs under the lock: an admission reads the
 submission from the store before taking it, merges commit without it, auth (``whoami``) runs before it, and the
-repo scan and the refusal flush (``coord.housekeeping``) take it only to update the state — a Hub answering 429
+repo scan (``coord.scan_pass``, in its own thread) and the refusal flush take it only to update the state — a Hub answering 429
 with a long Retry-After delays a merge commit, never a heartbeat. A daemon thread (``hubgrpo.space.ticker``)
 calls ``coord.tick()`` every ``tick_interval`` seconds while the app runs (started by the app's startup event, so
 ``blocks.launch()`` on a Space ticks too).
