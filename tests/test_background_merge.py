@@ -35,19 +35,23 @@ def slow_run(tmp_path, monkeypatch):
     monkeypatch.setattr(MergePlan, "compute", slow_compute)
 
     def start(**overrides):
-        cfg = make_config(**overrides)
-        store = LocalStore(tmp_path / "repo")
-        init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0))
-        coord = Coordinator(store, b"secret", workdir=tmp_path / "work")
-        app, url = serve(coord, tick_interval=0.2)
-        apps.append(app)
-        return store, coord, CoordinatorClient(url, retries=1)
+        return served(tmp_path, apps, **overrides)
 
     apps: list = []
     yield start, gate, started
     gate.set()
     for app in apps:
         app.close(verbose=False)
+
+
+def served(tmp_path, apps: list, **overrides):
+    """(store, coordinator, client) of a real coordinator served on loopback; its app is appended to ``apps``."""
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, make_config(**overrides), write_adapter(tmp_path / "v0", seed=0))
+    coord = Coordinator(store, b"secret", workdir=tmp_path / "work")
+    app, url = serve(coord, tick_interval=0.2)
+    apps.append(app)
+    return store, coord, CoordinatorClient(url, retries=1)
 
 
 def test_submit_answers_before_the_merge_and_the_api_stays_responsive(slow_run, tmp_path):
@@ -95,12 +99,9 @@ def test_the_merge_commit_renders_its_files_with_the_api_lock_released(tmp_path,
         return card(cfg, state)
 
     monkeypatch.setattr(merging, "run_card", slow_card)
-    store = LocalStore(tmp_path / "repo")
-    init_repo(store, make_config(**{"coordinator.lease_waits_for_merge_s": 0}), write_adapter(tmp_path / "v0", seed=0))
-    coord = Coordinator(store, b"secret", workdir=tmp_path / "work")
-    app, url = serve(coord, tick_interval=0.2)
+    apps: list = []
     try:
-        client = CoordinatorClient(url, retries=1)
+        store, coord, client = served(tmp_path, apps, **{"coordinator.lease_waits_for_merge_s": 0})
         l1, l2, l3 = client.lease("w1"), client.lease("w2"), client.lease("w3")
         client.submit(l1, push_submission(store, l1, tmp_path, seed=1))
         client.submit(l2, push_submission(store, l2, tmp_path, seed=2))  # quorum 2: the merge is due
@@ -117,7 +118,8 @@ def test_the_merge_commit_renders_its_files_with_the_api_lock_released(tmp_path,
         assert client.heartbeat(l4).lease_id == l4.lease_id
     finally:
         gate.set()
-        app.close(verbose=False)
+        for app in apps:
+            app.close(verbose=False)
 
 
 def test_a_slow_repo_scan_never_delays_a_merge(tmp_path, monkeypatch):
@@ -131,12 +133,9 @@ def test_a_slow_repo_scan_never_delays_a_merge(tmp_path, monkeypatch):
         return scan(self)
 
     monkeypatch.setattr(Coordinator, "scan", slow_scan)
-    store = LocalStore(tmp_path / "repo")
-    init_repo(store, make_config(**{"coordinator.scan_interval_s": 0.1}), write_adapter(tmp_path / "v0", seed=0))
-    coord = Coordinator(store, b"secret", workdir=tmp_path / "work")
-    app, url = serve(coord, tick_interval=0.2)
+    apps: list = []
     try:
-        client = CoordinatorClient(url, retries=1)
+        store, coord, client = served(tmp_path, apps, **{"coordinator.scan_interval_s": 0.1})
         assert scanning.wait(10)  # a scan pass is in progress, and stays there until the gate opens
         l1, l2, l3 = client.lease("w1"), client.lease("w2"), client.lease("w3")
         client.submit(l1, push_submission(store, l1, tmp_path, seed=1))
@@ -148,7 +147,8 @@ def test_a_slow_repo_scan_never_delays_a_merge(tmp_path, monkeypatch):
         wait_for(lambda: sub_id in client.status()["pending"], 20, "the scanned round")
     finally:
         gate.set()
-        app.close(verbose=False)
+        for app in apps:
+            app.close(verbose=False)
 
 
 def test_a_lease_waits_for_the_due_merge_and_gets_the_new_version(slow_run, tmp_path):
