@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from load_fleet import CALLS, ENDPOINTS, generate  # noqa: E402
-from load_stats import cpu_seconds, gc_pauses, pauses_in, pct, slow_near_merges  # noqa: E402
+from load_stats import (busiest, cpu_seconds, cpu_set, gc_pauses, pauses_in, pct, pinned,  # noqa: E402
+                        slow_near_merges)
 
 RESULTS = ROOT / "benchmarks" / "results"
 SECRET = b"load-secret"
@@ -153,17 +154,6 @@ def calibrate(url: str, pid: int, n: int = 200) -> dict:
     return out
 
 
-def pinned(cpus: str | None) -> list[str]:
-    """The ``taskset`` prefix that pins a command to ``cpus`` (none when not asked)."""
-    return ["taskset", "-c", cpus] if cpus else []
-
-
-def busiest(n: int = 6) -> list[str]:
-    """The processes using the most CPU right now (what else ran), as ps prints them."""
-    r = subprocess.run(["ps", "-eo", "pcpu,etime,args", "--sort=-pcpu"], capture_output=True, text=True)
-    return [" ".join(line.split()[:2] + [" ".join(line.split()[2:])[:90]]) for line in r.stdout.splitlines()[1:n + 1]]
-
-
 def start_stack(args, mode: str, workers: int, tmp: Path, procs: list) -> tuple:
     """The S3 server (mode s3), a fresh run repo and the coordinator process; (url, server pid, moto pid, repo,
     the round adapter, the box URL or None). Started processes are appended to ``procs``."""
@@ -269,6 +259,7 @@ def one_run(args, mode: str, workers: int, tmp: Path) -> dict:
                 p.wait()
     return {"mode": mode, "workers": workers, "calibration": calib, **account(g, cpu),
             "server_gc_pauses": pauses_in(tmp / "gc_pauses.txt", tuple(g["window"])),
+            "fleet_gc_pauses": pauses_in(tmp / "fleet_gc_pauses.txt", tuple(g["window"])),
             **audit(g, status, state, history), "rounds_on_s3": on_s3}
 
 
@@ -321,8 +312,8 @@ def _cell(lat: dict) -> str:
 
 
 def _gc(r: dict) -> str:
-    p = r.get("server_gc_pauses") or {}
-    return f"{p['count']} ({p['max_ms']} ms)" if p else "-"
+    p, f = r.get("server_gc_pauses") or {}, r.get("fleet_gc_pauses") or {}
+    return (f"{p['count']} ({p['max_ms']} ms)" if p else "-") + (f"; fleet {f['count']} ({f['max_ms']} ms)" if f else "")
 
 
 def to_markdown(res: dict) -> str:
@@ -336,7 +327,7 @@ def to_markdown(res: dict) -> str:
              f"{a['measure_s']:.0f} s after one round of warm-up; {pins}. {res['machine']}.", "",
              "| mode | workers | calls/s | lease p50 / p99 | heartbeat p50 / p99 | submit p50 / p99 | submit → "
              "verdict p50 / p99 | fleet loop lag p50 / p99 | server CPU (cores) | server CPU per call | fleet + moto CPU "
-             "(cores) | server GC pauses ≥ 10 ms (longest) | load avg (min–max) | lost | merged twice | rounds on S3 | "
+             "(cores) | GC pauses ≥ 10 ms (longest): server; fleet | load avg (min–max) | lost | merged twice | rounds on S3 | "
              "repo commits (merges; rounds) |", "|" + "---|" * 17]
     for r in res["runs"]:
         lat = r["latency"]
@@ -385,6 +376,8 @@ def main() -> None:
     ap.add_argument("--server-cpus", default=None, help="taskset CPU list for the coordinator (e.g. 0)")
     ap.add_argument("--load-cpus", default=None, help="taskset CPU list for the fleet and moto (e.g. 1)")
     args = ap.parse_args()
+    if args.load_cpus:  # this driver (its /proc sampling, `ps` mid-window) stays off the coordinator's core too
+        os.sched_setaffinity(0, cpu_set(args.load_cpus))
     args.modes = args.modes.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-load-"))
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),

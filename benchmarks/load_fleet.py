@@ -199,6 +199,15 @@ def generate(args, mode: str, url: str, repo: Path, variant: Path, workers: int,
         await fleet.close()
         return rec
 
+    import gc
+
+    from load_stats import gc_pauses
+
+    gc_pauses(out.parent / "fleet_gc_pauses.txt")
+    gc.collect()
+    gc.freeze()
+    gc.disable()  # measured: the fleet's own full GC passes (up to 286 ms) stalled its event loop and every call in
+    # flight — ~80 calls of a 1000-worker window at once; a run of minutes can afford its cyclic garbage
     t_cpu = time.process_time()
     rec = asyncio.run(main())
     out.write_text(json.dumps({"lat": rec.lat, "outcomes": rec.outcomes, "window": rec.window,

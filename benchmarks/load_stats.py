@@ -1,9 +1,10 @@
-"""Measurements of ``coordinator_load.py`` that are not the fleet: process CPU from /proc, latency percentiles, the
-server's garbage-collector pauses, and where the slow calls fell relative to the merges."""
+"""Measurements and process placement of ``coordinator_load.py`` that are not the fleet: process CPU from /proc,
+latency percentiles, garbage-collector pauses, where the slow calls fell relative to the merges, CPU pinning."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -59,3 +60,25 @@ def slow_near_merges(g: dict, history: list, near_s: float = 2.0) -> dict:
     near = sum(1 for _, t, _ in g.get("slow", []) if any(0.0 <= m - t <= near_s for m in merges))
     return {"slow": len(g.get("slow", [])), "within_2s_before_a_merge": near,
             "merge_commits_in_window": sum(g["window"][0] <= m <= g["window"][1] for m in merges)}
+
+
+def pinned(cpus: str | None) -> list[str]:
+    """The ``taskset`` prefix that pins a command to ``cpus`` (none when not asked)."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+
+def cpu_set(cpus: str) -> set[int]:
+    """``taskset``-style CPU list ("1", "0,2", "2-3") as a set."""
+    out: set[int] = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+
+def busiest(n: int = 6) -> list[str]:
+    """The processes using the most CPU right now (what else ran), as ps prints them."""
+    r = subprocess.run(["ps", "-eo", "pcpu,etime,args", "--sort=-pcpu"], capture_output=True, text=True)
+    return [" ".join(line.split()[:2] + [" ".join(line.split()[2:])[:90]]) for line in r.stdout.splitlines()[1:n + 1]]
