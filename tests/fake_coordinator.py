@@ -171,8 +171,11 @@ class FakeCoordinator:
     def finish_merge(self, plan, result, *, lock=None) -> bool:
         return False
 
-    def housekeeping(self, lock=None) -> None:
-        pass
+    def scan_pass(self, lock=None) -> int:
+        return 0
+
+    def flush(self, lock=None, *, force: bool = True) -> bool:
+        return False
 
     def abort_merge(self, plan) -> None:
         pass

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,7 +76,7 @@ class Staged:
     """A commit ready to go: files, message, the state it writes, and what it already holds."""
 
     state: RunState
-    files: dict | None  # None: ``render`` builds them, outside the lock (adapter files, state.json, model card)
+    render: Callable[[], dict]  # () -> the files; ``commit`` calls it without the lock (adapter, state.json, card)
     message: str
     version: int | None  # the version it tags (None: a state-only commit, e.g. a refusal flush)
     refusals_saved: int  # how many of ``c.new_refusals`` it holds
@@ -84,7 +85,6 @@ class Staged:
     result: object = None
     tmp: object = None
     sha: str | None = None
-    render: object = None  # () -> files, called by ``commit`` without the lock when ``files`` is None
 
 
 def merge_version(c) -> bool:
@@ -247,8 +247,7 @@ def stage(c, plan: MergePlan, result) -> Staged | None:
     state.versions[-1].start_version = plan.start_version
     saved = evals.apply(state, c.new_evals)
     tmp = tempfile.TemporaryDirectory(prefix="hubgrpo-merge-")
-    staged = Staged(state=state, files=None, render=lambda: _files(c, result, state, Path(tmp.name)),
-                    version=state.version,
+    staged = Staged(state=state, render=lambda: _files(c, result, state, Path(tmp.name)), version=state.version,
                     message=f"hubgrpo: version {state.version} ({len(plan.entries)} submissions)",
                     refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c), result=result, tmp=tmp,
                     evals_saved=saved)
@@ -324,8 +323,7 @@ def commit(c, staged: Staged) -> bool:
     commits moved the head; False — and the coordinator reloads from the repo — when another coordinator wrote
     state.json first."""
     try:
-        if staged.files is None:
-            staged.files = staged.render()  # tensors to files, state.json, the model card: no lock held
+        files = staged.render()  # tensors to files, state.json, the model card: no lock held
         for _ in range(MAX_CAS_RETRIES):
             head = c.store.head()
             if head != c.head and runrepo.read_state(c.store, head).version != c.state.version:
@@ -334,7 +332,7 @@ def commit(c, staged: Staged) -> bool:
                 return False
             try:
                 deletes = merge_deletes(c, staged.state, head) if staged.version is not None else []
-                staged.sha = c.store.commit(staged.files, deletes, message=staged.message, parent=head)
+                staged.sha = c.store.commit(files, deletes, message=staged.message, parent=head)
             except CommitConflict:
                 continue
             if staged.version is not None:
@@ -416,6 +414,6 @@ def stage_refusals(c, *, force: bool = False) -> Staged | None:
             files[layout.MODEL_CARD] = run_card(c.cfg, st).encode()
         return files
 
-    return Staged(state=st, files=None, render=render, version=None, evals_saved=saved,
+    return Staged(state=st, render=render, version=None, evals_saved=saved,
                   message=f"hubgrpo: {len(c.new_refusals)} refusal(s), {len(saved)} held-out score(s) at version "
                           f"{st.version}", refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c))

@@ -82,7 +82,8 @@ class CoordinatorLike(Protocol):
     def status(self) -> dict: ...
     def record_eval(self, version: Any, reward: Any, samples: Any) -> dict: ...  # checks its hostile input
     def tick(self) -> None: ...
-    def housekeeping(self, lock: Any = None) -> None: ...  # repo scan, refusal flush (store I/O outside lock)
+    def scan_pass(self, lock: Any = None) -> int: ...  # the repo scan when due (store I/O outside lock)
+    def flush(self, lock: Any = None, *, force: bool = True) -> bool: ...  # refusals/scores to state.json
     def plan_merge(self) -> Any: ...  # None when no merge is due; else an object with compute()
     def finish_merge(self, plan: Any, result: Any, *, lock: Any = None) -> bool: ...  # commit outside lock
     def abort_merge(self, plan: Any) -> None: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger("hubgrpo.space.api")
@@ -41,19 +42,17 @@ class Ticker:
         self._guard = threading.Lock()
         self._thread: threading.Thread | None = None
         self._scanner: threading.Thread | None = None
-        self._stop = threading.Event()  # never set: the scan loop ends when the app stops running
 
     def start(self) -> None:
-        """Start the daemon threads unless they are alive (idempotent): ticks and merges in one, the repo scan
-        (when the coordinator has ``scan_pass``) in another, so that a long scan never delays a merge."""
+        """Start the daemon threads unless they are alive (idempotent): ticks and merges in one, the repo scan in
+        another, so that a long scan never delays a merge."""
         with self._guard:
             if self._thread is not None and self._thread.is_alive():
                 return
             self._thread = threading.Thread(target=self._run, name="hubgrpo-tick", daemon=True)
             self._thread.start()
-            if hasattr(self.api.coord, "scan_pass"):
-                self._scanner = threading.Thread(target=self._scan_loop, name="hubgrpo-scan", daemon=True)
-                self._scanner.start()
+            self._scanner = threading.Thread(target=self._scan_loop, name="hubgrpo-scan", daemon=True)
+            self._scanner.start()
 
     def _scan_loop(self) -> None:
         while self.blocks.is_running:
@@ -61,7 +60,7 @@ class Ticker:
                 self.api.coord.scan_pass(lock=self.api.lock)
             except Exception:  # deliberate: the scan must survive one bad pass (the next one retries)
                 log.exception("coordinator repo scan failed")
-            self._stop.wait(self.interval)
+            time.sleep(self.interval)  # no lock held
 
     def _run(self) -> None:
         freezes = FREEZES - 1
@@ -81,9 +80,8 @@ class Ticker:
                 freeze_heap()
 
     def step(self) -> bool:
-        """One tick, then the due merge if any (compute and commit outside the lock), then the refusal flush (and
-        the repo scan, for a coordinator without ``scan_pass``; store I/O outside the lock). True when a version
-        was merged."""
+        """One tick, then the due merge if any (compute and commit outside the lock), then the refusal flush (store
+        I/O outside the lock; the repo scan has its own thread). True when a version was merged."""
         api, coord = self.api, self.api.coord
         with api.lock:
             coord.tick()
@@ -104,10 +102,7 @@ class Ticker:
                 merged = coord.finish_merge(plan, result, lock=api.lock)
             finally:
                 api.set_merge_busy(False)
-        if self._scanner is not None:
-            coord.flush(api.lock, force=False)  # the scan has its own thread
-        else:
-            coord.housekeeping(lock=api.lock)
+        coord.flush(api.lock, force=False)
         return merged
 
     def join(self, timeout: float | None = None) -> None:
