@@ -174,6 +174,9 @@ class FakeCoordinator:
     def scan_pass(self, lock=None) -> int:
         return 0
 
+    def warm_up(self) -> None:
+        pass
+
     def flush(self, lock=None, *, force: bool = True) -> bool:
         return False
 

@@ -295,6 +295,20 @@ def test_ffa_rounds_are_folded_in_before_the_quorum_and_the_merge_equals_the_ful
     assert runrepo.read_state(store).versions[1].algorithm == "ffa"
 
 
+def test_a_served_coordinator_loads_what_admission_needs_before_the_first_round(tmp_path):
+    """The reward functions, the prompt data and the current global adapter are loaded when the app is built (with
+    torch), not by the first admission while requests are in flight."""
+    apps: list = []
+    try:
+        _, coord, client = served(tmp_path, apps)
+        assert coord.reward_check._loaded is not None
+        assert coord.state.version in coord._adapters
+        assert client.status()["version"] == coord.state.version
+    finally:
+        for app in apps:
+            app.close(verbose=False)
+
+
 @pytest.mark.parametrize("method", ["svd", "ffa"])
 def test_an_idle_coordinator_tick_imports_no_torch(tmp_path, method):
     """The merge thread's first ticks run while Gradio checks that the app answers (3 s budget): importing torch

@@ -245,3 +245,25 @@ def scan(c, *, check_deadline: bool = True) -> list[Prepared]:
             continue  # a folder that claims another submission's lease: ignored (its lease is someone else's)
         out.append(prepare(c, lease, head or "scan", check_deadline=check_deadline))
     return out
+
+
+def warm_up(c) -> None:
+    """Load now what the first admission loads lazily: torch and safetensors (the adapter checks), the merge code,
+    the run's reward functions and prompt data, the current global adapter. A served coordinator calls it once,
+    before its app launches (so that the tick thread's first ``gc.freeze`` covers these modules too), rather than
+    in an admission thread while the first rounds' requests are in flight, competing with them for the GIL (here:
+    ``import torch`` 1.5 s in a fresh process, ``import datasets`` 0.4 s after gradio and torch). A failure (say, a
+    Hub dataset that cannot be reached now) is logged and left to the first admission, which retries the load."""
+    import logging
+
+    import safetensors.torch  # noqa: F401
+    import torch  # noqa: F401
+
+    import hubgrpo.merge  # noqa: F401
+    import hubgrpo.merge.admission  # noqa: F401
+
+    try:
+        c.reward_check.loaded()
+        c._global()
+    except HubGrpoError as e:
+        logging.getLogger("hubgrpo.coordinator").warning("warm-up: %s (the first admission retries)", e.message)

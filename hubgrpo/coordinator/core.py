@@ -269,6 +269,10 @@ class Coordinator:
 
     # -------------------------------------------------------------------------------------------- adapters
 
+    def warm_up(self) -> None:
+        """Load what the first admission would load lazily (``admit.warm_up``); a served coordinator calls it once."""
+        admit.warm_up(self)
+
     def _global(self):
         return self._adapter(self.state.version)
 

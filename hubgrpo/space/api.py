@@ -82,6 +82,7 @@ class CoordinatorLike(Protocol):
     def status(self) -> dict: ...
     def record_eval(self, version: Any, reward: Any, samples: Any) -> dict: ...  # checks its hostile input
     def tick(self) -> None: ...
+    def warm_up(self) -> None: ...  # load what the first admission would (called before the launch)
     def scan_pass(self, lock: Any = None) -> int: ...  # the repo scan when due (store I/O outside lock)
     def flush(self, lock: Any = None, *, force: bool = True) -> bool: ...  # refusals/scores to state.json
     def plan_merge(self) -> Any: ...  # None when no merge is due; else an object with compute()
@@ -353,6 +354,7 @@ def build_app(coord: CoordinatorLike, *, tick_interval: float = 1.0, blocks: gr.
     ``queue=True`` routes calls through Gradio's queue instead (kept for benchmarks).
     """
     blocks = blocks if blocks is not None else gr.Blocks(title="hubgrpo coordinator")
+    coord.warm_up()  # before the launch: not in the tick thread while Gradio checks that the app answers
     api = CoordinatorApi(coord, auth=auth, alive=lambda: blocks.is_running)
     coord.background_merges = True  # merges run in the tick thread, off the request path
     in_flight = getattr(coord, "in_flight", None)
