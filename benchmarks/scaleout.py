@@ -50,6 +50,14 @@ MODES = {
                 "set": ["params.steps_per_round=5"]},
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
+# How the merge follows the fleet size N (``--rule``; N = 1 always runs the config as it is):
+RULES = {
+    "fixed": lambda n: [],  # the config's own merge for every N
+    "fedasync": lambda n: ["merge.staleness_scaling=absolute"],  # a round τ versions stale moves by (1+τ)^-0.5
+    "fedbuff": lambda n: [f"merge.quorum={max(1, n // 2)}"],  # a buffer of half the fleet per version
+    "fedbuff_sqrt": lambda n: [f"merge.quorum={max(1, n // 2)}", f"merge.outer_lr={max(1, n // 2) ** 0.5:.4g}"],
+    "sync_sqrt": lambda n: [f"merge.quorum={n}", f"merge.outer_lr={n ** 0.5:.4g}"],  # every worker, then a step
+}
 
 
 def simulate(out: Path, config: str, workers: int, seed: int, args: list[str]) -> dict:
@@ -82,9 +90,10 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
         for n in args.workers:
             if n == 1 and fleet == "homog":
                 continue
-            res = simulate(work / f"s{seed}-{fleet}-{n}", mode["config"], n, seed,
-                           [*common, *FLEETS[fleet], "--until-reward", str(target), "--min-virtual-s", str(t1),
-                            "--max-virtual-s", str(budget_s)])
+            rule = RULES[args.rule](n)
+            res = simulate(work / f"s{seed}-{fleet}-{n}" + "".join(f"-{r}" for r in rule), mode["config"], n, seed,
+                           [*common, *sets(rule), *FLEETS[fleet], "--until-reward", str(target),
+                            "--min-virtual-s", str(t1), "--max-virtual-s", str(budget_s)])
             rows.append(row(fleet, n, res, target, t1, res.get("time_to_target_s")))
     return {"seed": seed, "target": target, "single_final": statistics.mean(finals), "t1": t1,
             "budget_s": budget_s, "step_s": step_s, "rows": rows}
@@ -205,6 +214,7 @@ def to_markdown(report: dict) -> str:
     a = report["args"]
     lines = [f"# Scale-out: time to target vs workers — {a['mode']} ({report['date']})", "",
              f"Config `{report['config']}`{' with ' + ', '.join(a['set']) if a['set'] else ''}; seeds {a['seeds']}; "
+             f"merge rule `{a.get('rule', 'fixed')}` (N > 1: {', '.join(RULES[a.get('rule', 'fixed')](8)) or 'the config as it is'} at N = 8); "
              f"virtual seconds from the cost model ({report['seeds'][0]['step_s']} s per GRPO step at speed 1). "
              f"Target: {a['target_fraction']:.0%} of the single worker's final held-out reward "
              f"(per seed: {', '.join(fmt(s['target'], '.3f') for s in report['seeds'])}). Machine: {report['machine']}.",
@@ -265,6 +275,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--target-fraction", type=float, default=0.9)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--rule", choices=sorted(RULES), default="fixed", help="how the merge follows N (RULES)")
     ap.add_argument("--no-train", action="store_true", help="skip the hubgrpo train reference")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--name", default=None)
