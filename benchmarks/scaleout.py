@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/scaleout.py --mode tiny     [--workers 1,2,4,8,16] [--fleets homog,hetero] [--seeds 0,1,2]
     .venv/bin/python benchmarks/scaleout.py --mode smollm2  [--workers 1,2,4,8]    [--fleets hetero] [--seeds 0]
     .venv/bin/python benchmarks/scaleout.py --mode tiny --validate REAL.json     # simulator vs a real run
+    .venv/bin/python benchmarks/scaleout.py --mode tiny --rule sync_sqrt         # quorum / outer lr as a rule of N
 
 For each mode and seed: N = 1 (speed 1) runs for the single worker's budget (``--budget-steps`` GRPO steps of
 virtual time); the target is ``--target-fraction`` (0.9) of its final held-out reward (the mean of its last 3
@@ -91,7 +92,7 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
             if n == 1 and fleet == "homog":
                 continue
             rule = RULES[args.rule](n)
-            res = simulate(work / f"s{seed}-{fleet}-{n}" + "".join(f"-{r}" for r in rule), mode["config"], n, seed,
+            res = simulate(work / (f"s{seed}-{fleet}-{n}" + "".join(f"-{r}" for r in rule)), mode["config"], n, seed,
                            [*common, *sets(rule), *FLEETS[fleet], "--until-reward", str(target),
                             "--min-virtual-s", str(t1), "--max-virtual-s", str(budget_s)])
             rows.append(row(fleet, n, res, target, t1, res.get("time_to_target_s")))

@@ -31,7 +31,7 @@ class Swappable:
     target: FakeCoordinator | None = None
 
     def __getattr__(self, name: str):
-        if self.target is None and name in ("tick", "plan_merge", "scan_pass", "flush"):
+        if self.target is None and name in ("tick", "plan_merge", "scan_pass", "flush", "warm_up"):
             return lambda *a, **kw: None
         return getattr(self.target, name)
 
