@@ -53,11 +53,13 @@ VARIANTS = {
                          "merge.outer_momentum=0.9", "merge.nesterov=true", "params.steps_per_round=2"],
     "sync_nesterov": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=0.7",
                       "merge.outer_momentum=0.9", "merge.nesterov=true", "merge.quorum=2"],
+    "sync_sqrt": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=1.414",
+                  "merge.quorum=2"],  # both rounds averaged, the step √2 larger (round_agreement: they are ~orthogonal)
 }
 # Variants with shorter rounds run more versions for the same samples and score held-out less often.
 RUN_ARGS = {"nesterov_k2": ["--until-version", "30", "--eval-every", "5"],
             "nesterov_k2_lr05": ["--until-version", "30", "--eval-every", "5"],
-            "sync_nesterov": ["--until-version", "8"]}
+            "sync_nesterov": ["--until-version", "8"], "sync_sqrt": ["--until-version", "8"]}
 STEP_SAMPLES = 8  # completions per GRPO step (configs/demo.yaml)
 
 
