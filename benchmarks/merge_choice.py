@@ -109,7 +109,8 @@ def train(work: Path, seed: int) -> dict:
 def report(sims: list[dict], trains: list[dict]) -> str:
     f = lambda x: "–" if x is None else (f"{x:.0f}" if isinstance(x, (int, float)) and x > 5 else f"{x:.3f}")  # noqa: E731
     lines = ["# Which merge for 2 asynchronous workers (configs/demo.yaml, `hubgrpo simulate --workers 2`)", "",
-             f"Virtual clock {STEP_S:.0f} s per GRPO step (1 thread), quorum 1, 14 versions (k2 variants: 30, 2-step rounds), "
+             f"Virtual clock {STEP_S:.0f} s per GRPO step (1 thread), quorum 1, 14 versions (k2 variants: 30, "
+             f"2-step rounds; sync variants: quorum 2, 8 versions), "
              f"greedy held-out on 32 prompts. The target is the first version whose merged rounds, with the versions "
              f"just before it, cover 40 samples (one 5-step round, like train's 5-step mean) at a mean reward ≥ 0.9. Machine: {platform.machine()}, Python {platform.python_version()}.", "",
              "| variant | seed | s to training reward 0.9 (version) | held-out v0 → last | held-out min after v4 | τ histogram |",

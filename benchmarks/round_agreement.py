@@ -1,12 +1,12 @@
-"""Do rounds trained from the same base add up? The agreement of K workers' round updates, against rounds in sequence.
+"""Do rounds trained from one base add up? The agreement of K workers' round updates, against rounds in sequence.
 
     .venv/bin/python benchmarks/round_agreement.py --config configs/tiny.yaml [--rounds 4] [--bases 0,3]
-    .venv/bin/python benchmarks/round_agreement.py --config configs/demo.yaml --rounds 3 --bases 0 --name round-agreement-demo
+    .venv/bin/python benchmarks/round_agreement.py --config configs/demo.yaml --rounds 3 --name round-agreement-demo
 
-For each base (the version-0 adapter, then the adapter after m rounds trained one after another from it), K rounds
-are trained from that same base on K different prompt shards and seeds, as K workers would; a round's update is
-ΔW = scale·(B·A − B_base·A_base) over every LoRA module (inner products computed on the factors, never on the dense
-matrices). Reported per base: the mean pairwise cosine of the K updates, and ‖mean ΔW‖ ÷ mean ‖ΔW‖ (1 when they
+For each base (the version-0 adapter, then the adapter after m rounds trained one after another from it), K
+rounds are trained from that same base on K different prompt shards and seeds, as K workers would; a round's
+update is ΔW = scale·(B·A − B_base·A_base) over every LoRA module (inner products computed on the factors, never
+on the dense matrices). Reported per base: the mean pairwise cosine of the K updates, and ‖mean ΔW‖ ÷ mean ‖ΔW‖ (1 when they
 agree, 1/√K when they are orthogonal: averaging K of them then moves the model √K× less than one round);
 and, for K rounds in sequence from version 0, the cosine between consecutive rounds' updates. Every round starts
 with a fresh AdamW, so the two settings differ only in the base each round starts from. The real round engine
@@ -42,7 +42,7 @@ def factors(state: dict) -> dict:
 
 
 def inner(x: list, y: list) -> float:
-    """⟨Σ c·B·A, Σ d·C·D⟩ of two updates given as [(coef, {module: (B, A)})], via tr((BᵀC)(DAᵀ)) per module."""
+    """⟨Σ c·B·A, Σ d·C·D⟩ of two updates given as [(coef, {module: (B, A)})]: tr((BᵀC)(DAᵀ)) per module."""
     total = 0.0
     for (c, fx), (d, fy) in itertools.product(x, y):
         for m, (b, a) in fx.items():
@@ -64,7 +64,8 @@ class Trainer:
         self.cfg, self.work = cfg, work
         self.engine = RoundEngine(cfg, worker="agreement")
         self.scale = cfg.lora.alpha / (cfg.lora.r ** 0.5 if cfg.lora.use_rslora else cfg.lora.r)
-        self.per_round = cfg.params.steps_per_round * cfg.params.per_device_train_batch_size // cfg.params.num_generations
+        p = cfg.params
+        self.per_round = p.steps_per_round * p.per_device_train_batch_size // p.num_generations  # prompts
         self.shard = 0
 
     def state(self) -> dict:
