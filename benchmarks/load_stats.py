@@ -28,13 +28,11 @@ def gc_pauses(path: Path, min_s: float = 0.01) -> None:
     gc.callbacks.append(note)
 
 
-
 def pauses_in(path: Path, window: tuple[float, float]) -> dict:
     """Count and longest of the server's GC pauses inside the measurement window."""
     rows = [line.split() for line in path.read_text().splitlines()] if path.is_file() else []
     inside = [float(s) for t, _, s in rows if window[0] <= float(t) <= window[1]]
     return {"count": len(inside), "max_ms": round(max(inside) * 1e3, 1) if inside else 0.0}
-
 
 
 def cpu_seconds(pid: int) -> float:
@@ -43,14 +41,12 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS
 
 
-
 def pct(samples: list[float]) -> dict:
     s = sorted(samples)
     if not s:
         return {"n": 0}
     return {"n": len(s), "p50_ms": round(s[len(s) // 2] * 1e3, 1),
             "p99_ms": round(s[int(0.99 * (len(s) - 1))] * 1e3, 1), "max_ms": round(s[-1] * 1e3, 1)}
-
 
 
 def slow_near_merges(g: dict, history: list, near_s: float = 2.0) -> dict:
@@ -67,7 +63,6 @@ def pinned(cpus: str | None) -> list[str]:
     return ["taskset", "-c", cpus] if cpus else []
 
 
-
 def cpu_set(cpus: str) -> set[int]:
     """``taskset``-style CPU list ("1", "0,2", "2-3") as a set."""
     out: set[int] = set()
@@ -75,7 +70,6 @@ def cpu_set(cpus: str) -> set[int]:
         lo, _, hi = part.partition("-")
         out.update(range(int(lo), int(hi or lo) + 1))
     return out
-
 
 
 def busiest(n: int = 6) -> list[str]:

@@ -129,7 +129,7 @@ def report(sims: list[dict], trains: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--variants", default="svd,keep_a,keep_a_adam,nesterov,nesterov_k2")  # those measured so far
+    ap.add_argument("--variants", default="svd,keep_a,keep_a_adam,nesterov,nesterov_k2,sync_nesterov,sync_sqrt")  # measured
     ap.add_argument("--train-seeds", default="0,1,2,3")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "merge-choice")
     args = ap.parse_args()

@@ -101,8 +101,7 @@ def agreement(updates: list[list]) -> dict:
 def measure(cfg, k: int, bases: list[int], work: Path) -> dict:
     t = Trainer(cfg, work)
     v0 = t.engine.init_adapter(work / "v0")
-    chain, seq = [t.state()], []
-    t.engine.load_adapter(v0)
+    chain, seq = [t.state()], []  # init_adapter left the model at version 0
     for j in range(max([k, *bases])):  # rounds one after another from v0
         chain.append(t.round_from(None, seed=1000 + j))
         t.save(f"seq{j + 1}")

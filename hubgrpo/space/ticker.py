@@ -19,7 +19,6 @@ from typing import Any
 log = logging.getLogger("hubgrpo.space.api")
 
 
-
 FREEZES = 2  # the heap is frozen at start and after the first merges (torch and the merge code load at the first)
 
 
@@ -72,7 +71,7 @@ class Ticker:
                 return
             try:
                 merged = self.step()
-            except Exception:  # deliberate: housekeeping must survive one bad tick
+            except Exception:  # deliberate: the tick thread must survive one bad tick
                 log.exception("coordinator tick failed")
                 continue
             if merged and freezes > 0:
