@@ -49,6 +49,11 @@ MODES = {
              "eval": ["--eval-sampled", "2", "--eval-samples", "64"], "set": ["params.steps_per_round=4"]},
     "smollm2": {"config": "configs/demo.yaml", "budget_steps": 40, "eval": ["--eval-samples", "32"],
                 "set": ["params.steps_per_round=5"]},
+    # greedy held-out on 1-digit addition saturates after one round (0.56 -> ~0.94 for every N), so it cannot
+    # separate fleet sizes; the sampled held-out reward (temperature 1, like training) rises over ~20 steps
+    "smollm2-sampled": {"config": "configs/demo.yaml", "budget_steps": 40,
+                        "eval": ["--eval-sampled", "1", "--eval-samples", "64"],
+                        "set": ["params.steps_per_round=5", "params.num_threads=1"]},
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
 # How the merge follows the fleet size N (``--rule``; N = 1 always runs the config as it is):
@@ -112,13 +117,18 @@ def row(fleet: str, n: int, res: dict, target: float, t1: float, t_hit: float | 
             "curve": [(v["virtual_time_s"], v["samples"], v["eval_reward"]) for v in res["versions"]]}
 
 
-def train_reference(mode: dict, args, seed: int, work: Path) -> dict:
-    """``hubgrpo train`` for the single worker's budget of steps, scored like the simulations."""
-    out = work / f"train-s{seed}"
+def _train(mode: dict, args, seed: int, out: Path) -> None:
     subprocess.run([sys.executable, "-m", "hubgrpo.cli", "train", mode["config"], "--steps", str(mode["budget_steps"]),
                     "--output", str(out), "--eval-samples", "0", *sets([*mode["set"], *args.set,
                                                                        f"params.seed={seed}"])],
                    check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def train_reference(mode: dict, args, seed: int, work: Path) -> dict:
+    """``hubgrpo train`` for the single worker's budget of steps, scored like the simulations."""
+    out = work / f"train-s{seed}"
+    if not (out / "metrics.json").is_file():  # reused from an earlier run with the same --work
+        _train(mode, args, seed, out)
     from hubgrpo.config import load_config
     from hubgrpo.worker.engine import RoundEngine
 

@@ -119,6 +119,10 @@ class MergeSection(_Section):
     outer_lr: float = Field(1.0, gt=0, description="Outer learning rate applied to the mean update (DiLoCo: 0.7).")
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="Outer momentum (DiLoCo: 0.9); 0 = none.")
     nesterov: bool = Field(False, description="Nesterov form of the outer momentum.")
+    momentum_every: int = Field(
+        1, ge=1, le=1024, description="Delayed Nesterov (Liu et al. 2024): the outer momentum is updated every k-th "
+        "merge, with the mean of the k outer gradients; the merges in between step by their own gradient only. "
+        "1 = every merge.")
     max_staleness: int = Field(4, ge=0, description="Submissions more than this many versions old are refused.")
     staleness_decay: float = Field(0.5, ge=0, description="Weight ∝ samples · (1+τ)^(−decay).")
     staleness_scaling: Literal["relative", "absolute"] = Field(

@@ -275,6 +275,35 @@ def test_two_coordinators_on_one_repo_never_lose_or_double_a_step(tmp_path):
     assert all(torch.allclose(got3[k], want3[k], atol=1e-6) for k in want3)
 
 
+def test_a_restarted_coordinator_continues_the_delayed_nesterov_buffer_from_the_repo(tmp_path):
+    """merge.momentum_every 2: the buffer and its count live in the momentum file, so a coordinator that restarts
+    between two merges updates the momentum at the right merge, with both outer gradients."""
+    from hubgrpo.merge import MergeOptions, load_adapter_dir, merge
+    from safetensors.torch import load
+
+    store, c, clock = _setup(tmp_path, **{"merge.quorum": 1, "merge.outer_momentum": 0.9, "merge.nesterov": "true",
+                                          "merge.momentum_every": 2})
+    counts, states, shas = [], [], []
+    for i in range(3):
+        if i == 1:  # restart: nothing in memory, the momentum and its buffer come from the repo
+            c = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / f"work{i}")
+        lease = c.lease(f"w{i}")
+        shas.append(push_submission(store, lease, tmp_path, seed=i + 1))
+        assert c.submit(lease, shas[-1])["status"] == "merged"
+        states.append(load(store.read(layout.MOMENTUM_FILE)))
+        counts.append(int(states[-1]["delayed_nesterov.buffered"]))
+    assert counts == [1, 0, 1]
+    assert not any(k.endswith(".momentum_B") for k in states[0]) and any(k.endswith(".buffer_B") for k in states[0])
+    assert any(k.endswith(".momentum_B") for k in states[1]) and not any(k.endswith(".buffer_B") for k in states[1])
+    # version 2's momentum is the mean of both outer gradients, as one uninterrupted merge sequence computes it
+    opts = MergeOptions(outer_momentum=0.9, nesterov=True, momentum_every=2, rank=c.cfg.lora.r)
+    v1 = load_adapter_dir(runrepo.adapter_at(store, c.shas[1], tmp_path / "a1"))
+    entry = runrepo.read_state(store).versions[2].merged[0]
+    sub = load_adapter_dir(runrepo.submission_at(store, 1, entry.submission_id, shas[1], tmp_path / "s"))
+    want = merge(v1, [(sub, v1, 1.0)], opts, momentum=states[0]).momentum
+    assert all(torch.allclose(states[1][k].float(), want[k].float(), atol=1e-6) for k in want)
+
+
 class _SlowStore(LocalStore):
     """The real local store, slower to read (a remote bucket): concurrent readers overlap for sure."""
 

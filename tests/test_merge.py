@@ -160,6 +160,71 @@ def test_outer_momentum_two_steps(method, nesterov):
     assert all(v.dtype == torch.float32 for v in r2.momentum.values())
 
 
+def _dense_delayed_run(steps, lr, mu, nesterov, k):
+    """Hand-computed delayed Nesterov: merges in between step by g and buffer it; every k-th sets
+    m′ = μm + mean(buffered g's, its own included) and steps by g + μ·m′ (Nesterov) or g + μ·m."""
+    delta, m, buf, out = None, None, [], []
+    for global_, items in steps:
+        delta = dense_delta(global_) if delta is None else delta
+        g = {key: v - dense_delta(global_)[key] for key, v in mean_delta(items, global_).items()}
+        buf.append(g)
+        step = g
+        if len(buf) == k:
+            mean = {key: sum(b[key] for b in buf) / k for key in g}
+            new_m = mean if m is None else {key: mu * m[key] + mean[key] for key in g}
+            push = new_m if nesterov else (m or {key: torch.zeros_like(v) for key, v in g.items()})
+            step = {key: g[key] + mu * push[key] for key in g}
+            m, buf = new_m, []
+        delta = {key: delta[key] + lr * step[key] for key in g}
+        out.append(delta)
+    return out
+
+
+@pytest.mark.parametrize("method", ["svd", "ffa"])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_delayed_nesterov_updates_the_momentum_every_k_merges_and_its_state_survives_a_file(method, nesterov):
+    from safetensors.torch import load, save
+
+    lr, mu, k = 0.5, 0.9, 2
+    opts = MergeOptions(method=method, outer_lr=lr, outer_momentum=mu, nesterov=nesterov, momentum_every=k,
+                        svd_algorithm="exact", rank=None if method == "ffa" else 96, momentum_rank=96)
+    adapters, steps, state = [make_adapter(seed=0)], [], None
+    for t in range(5):  # boundaries after merges 2 and 4; merge 5 starts a new buffer
+        g = adapters[-1]
+        subs = [_ffa(g, 0.2, seed=10 * t + i) if method == "ffa" else drifted(g, 0.3, seed=10 * t + i)
+                for i in (1, 2)]
+        steps.append((g, [(s, g, 1.0) for s in subs]))
+        r = merge(g, steps[-1][1], opts, momentum=state)
+        state = load(save({key: v.contiguous() for key, v in r.momentum.items()}))  # as the coordinator keeps it
+        assert int(state["delayed_nesterov.buffered"]) == (t + 1) % k
+        assert any(key.endswith(".buffer_B") for key in state) == ((t + 1) % k != 0)
+        assert any(key.endswith(".momentum_B") for key in state) == (t + 1 >= k)
+        adapters.append(r.adapter)
+    want = _dense_delayed_run(steps, lr, mu, nesterov, k)
+    for t in range(5):
+        assert rel_err(dense_delta(adapters[t + 1]), want[t]) <= TOL, t
+
+
+def test_delayed_nesterov_with_k_1_is_plain_momentum_and_a_tampered_count_is_refused():
+    g = make_adapter(seed=0)
+    items = [(drifted(g, 0.3, seed=1), g, 1.0)]
+    plain = merge(g, items, MergeOptions(outer_momentum=0.9, nesterov=True))
+    same = merge(g, items, MergeOptions(outer_momentum=0.9, nesterov=True, momentum_every=1))
+    assert all(torch.equal(plain.adapter.weights[key], same.adapter.weights[key]) for key in plain.adapter.weights)
+    assert "delayed_nesterov.buffered" not in same.momentum
+    opts = MergeOptions(outer_momentum=0.9, nesterov=True, momentum_every=4)
+    r = merge(g, items, opts)
+    for bad in (torch.tensor(-1), torch.tensor(0.5), torch.tensor([1, 2])):
+        with pytest.raises(MergeError, match="momentum state"):
+            merge(r.adapter, items, opts, momentum={**r.momentum, "delayed_nesterov.buffered": bad})
+    half = {key: v for key, v in r.momentum.items() if not key.endswith(".buffer_A")}  # B without A
+    with pytest.raises(MergeError, match="momentum state"):
+        merge(r.adapter, items, opts, momentum=half)
+    lowered = merge(r.adapter, items, MergeOptions(outer_momentum=0.9, nesterov=True, momentum_every=1),
+                    momentum=r.momentum)  # k lowered to 1: the buffer is folded into the momentum now
+    assert set(lowered.momentum) == {key for key in lowered.momentum if ".momentum_" in key}
+
+
 def test_momentum_state_must_match_method():
     g = make_adapter(seed=0)
     r = merge(g, [(make_adapter(seed=1), g, 1.0)], MergeOptions(outer_momentum=0.9))
@@ -393,6 +458,16 @@ def test_an_ffa_fold_equals_the_full_merge_and_declines_what_it_cannot_stand_for
         assert torch.allclose(got.adapter.weights[k], full.adapter.weights[k], atol=1e-6), k
     assert all(torch.allclose(got.momentum[k], full.momentum[k], atol=1e-6) for k in full.momentum)
     assert abs(got.report["update_norm"] - full.report["update_norm"]) < 1e-4 * full.report["update_norm"]
+    delayed = opts.model_copy(update={"momentum_every": 3})
+    for count in (0, 2):  # in between (buffered) and at the momentum update
+        state = {**momentum, "delayed_nesterov.buffered": torch.tensor(count)}
+        if count:
+            state.update({key.replace("momentum_B", "buffer_B"): torch.randn_like(v) for key, v in momentum.items()})
+        a, b = fold.result(weights, delayed, momentum=state), merge(g, [(s, b, w / total) for s, b, w in items],
+                                                                    delayed, momentum=state)
+        assert set(a.momentum) == set(b.momentum) and int(a.momentum["delayed_nesterov.buffered"]) == (count + 1) % 3
+        assert all(torch.allclose(a.adapter.weights[key], b.adapter.weights[key], atol=1e-6) for key in b.adapter.weights)
+        assert all(torch.allclose(a.momentum[key].float(), b.momentum[key].float(), atol=1e-6) for key in b.momentum)
     assert fold.result({**weights, "s0": 9.0}, opts) is None  # another weight than was folded
     assert fold.result({k: w for k, w in weights.items() if k != "s4"}, opts) is None  # another set
     assert fold.result(weights, MergeOptions(method="ffa", clip_factor=2.0)) is None  # needs every norm first

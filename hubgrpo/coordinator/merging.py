@@ -134,6 +134,7 @@ def plan_merge(c) -> MergePlan | None:
     m = c.cfg.merge
     outer_lr = m.outer_lr * (discount if m.staleness_scaling == "absolute" else 1.0)
     opts = MergeOptions(method=m.method, outer_lr=outer_lr, outer_momentum=m.outer_momentum, nesterov=m.nesterov,
+                        momentum_every=m.momentum_every,
                         rank=c.cfg.lora.r, max_rank=m.max_rank, clip_factor=m.clip_factor,
                         trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm, factor_split=m.factor_split)
     c.merging = c.state.version + 1

@@ -5,11 +5,12 @@ API::
     Adapter(weights: dict[str, Tensor], config: dict)              # adapter_model.safetensors + adapter_config.json
     load_adapter_dir(path) -> Adapter;  save_adapter_dir(adapter, path) -> Path
     MergeOptions(method="svd"|"stack"|"ffa"|"naive", outer_lr=1.0, outer_momentum=0.0, nesterov=False,
-                 rank=None, max_rank=None, momentum_rank=None, clip_factor=None, trim_fraction=0.0,
+                 momentum_every=1, rank=None, max_rank=None, momentum_rank=None, clip_factor=None, trim_fraction=0.0,
                  svd_algorithm="auto"|"exact"|"randomized", oversample=5, passes=3, probes=4, seed=0)
     merge(global_, [(submission, its base adapter, weight), …], options, momentum=None) -> MergeResult
         MergeResult.adapter   new global (PEFT keys + adapter_config dict, loadable by PeftModel.from_pretrained)
-        MergeResult.momentum  outer momentum state (dict of float32 tensors: save as safetensors, pass back)
+        MergeResult.momentum  outer momentum state (dict of tensors: save as safetensors, pass back; with
+                              momentum_every > 1 also the delayed-Nesterov buffer and its count)
         MergeResult.report    JSON: method, algorithm, residual (overall + per module), merged/clipped/trimmed
                               counts, update norms, weights, timing
     staleness_weight(samples, tau, decay=0.5, max_staleness=None) -> float   # raises InvalidSubmission("stale")

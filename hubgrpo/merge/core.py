@@ -28,6 +28,8 @@ class MergeOptions(BaseModel):
     outer_lr: float = Field(1.0, gt=0, description="outer learning rate (DiLoCo: 0.7)")
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="outer SGD momentum μ (DiLoCo: 0.9)")
     nesterov: bool = Field(False, description="Nesterov momentum: step = g + μ·m′")
+    momentum_every: int = Field(1, ge=1, le=1024, description="delayed Nesterov (Liu et al. 2024): update the "
+                                "momentum every k merges with the mean of their outer gradients; plain steps between")
     rank: int | None = Field(None, ge=1, description="svd: output rank (None = the global's rank per module)")
     max_rank: int | None = Field(None, ge=1, description="stack: rank limit; beyond it, svd to max_rank")
     momentum_rank: int | None = Field(None, ge=1, description="rank of the stored momentum (None = 2·r)")
@@ -112,17 +114,44 @@ def _momentum_fits(key: str, value: torch.Tensor, spec: ModuleSpec, ffa: bool) -
     return value.shape[0] == spec.out_dim if key.endswith("_B") else value.shape[1] == spec.in_dim
 
 
+BUFFERED_KEY = "delayed_nesterov.buffered"  # scalar in the momentum state: merges in the buffer
+
+
 def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method: str) -> dict:
-    """The caller's momentum state as float32, after checking it was written for this method and layout."""
+    """The caller's momentum state as float32 (and the int ``BUFFERED_KEY``), after checking it was written for
+    this method and layout: the momentum and the delayed-Nesterov buffer are each present for every module or
+    for none."""
     if not momentum:
         return {}
-    suffixes = (".momentum_B",) if method == "ffa" else (".momentum_B", ".momentum_A")
-    expected = {p + s: spec for p, spec in specs.items() for s in suffixes}
-    if set(momentum) != set(expected) or not all(
-            _momentum_fits(k, v, expected[k], method == "ffa") for k, v in momentum.items()):
+    state = dict(momentum)
+    buffered = state.pop(BUFFERED_KEY, None)
+    sides = ("_B",) if method == "ffa" else ("_B", "_A")
+    groups = [{f"{p}.{name}{side}": spec for p, spec in specs.items() for side in sides}
+              for name in ("momentum", "buffer")]
+    present = [g for g in groups if set(g) & set(state)]
+    ok = (buffered is None or (buffered.numel() == 1 and not buffered.is_floating_point()
+                               and 0 <= int(buffered) < 1 << 20))
+    if not ok or set(state) != {k for g in present for k in g} or not all(
+            _momentum_fits(k, v, g[k], method == "ffa") for g in present for k, v in state.items() if k in g):
         raise MergeError(f"the momentum state does not belong to method {method!r} and this adapter layout",
                          hint="pass momentum=None to restart the outer momentum after changing method or layout")
-    return {k: v.float() for k, v in momentum.items()}
+    out = {k: v.float() for k, v in state.items()}
+    if buffered is not None:
+        out[BUFFERED_KEY] = buffered.reshape(()).long()
+    return out
+
+
+def buffered_count(momentum: dict) -> int:
+    """Merges already in the delayed-Nesterov buffer of a checked momentum state."""
+    value = momentum.get(BUFFERED_KEY)
+    return int(value) if value is not None else 0
+
+
+def with_count(new_momentum: dict, buffered: int, o: "MergeOptions") -> dict:
+    """The state after a merge that found ``buffered`` merges in the buffer: the count goes with it (k > 1)."""
+    if o.momentum_every > 1:
+        new_momentum[BUFFERED_KEY] = torch.tensor((buffered + 1) % o.momentum_every, dtype=torch.int64)
+    return new_momentum
 
 
 def merge(global_: Adapter, items: list[tuple[Adapter, Adapter, float]], options: MergeOptions | None = None,
@@ -151,12 +180,15 @@ def merge(global_: Adapter, items: list[tuple[Adapter, Adapter, float]], options
     for idx, c in grad.items():
         final[idx] = final.get(idx, 0.0) + o.outer_lr * c
     final = {idx: c for idx, c in final.items() if abs(c) > _ZERO}
-    ctx = Context(adapters, [spec_cache[id(a)] for a in adapters], grad, final, o,
-                  _check_momentum(momentum, g[0], o.method) if o.outer_momentum > 0 else {})
+    state = _check_momentum(momentum, g[0], o.method) if o.outer_momentum > 0 else {}
+    buffered = min(buffered_count(state), o.momentum_every - 1)  # k lowered since: update the momentum now
+    state.pop(BUFFERED_KEY, None)
+    ctx = Context(adapters, [spec_cache[id(a)] for a in adapters], grad, final, o, state, buffered)
     fn = METHODS[o.method]
     results = {prefix: fn(ctx, prefix, i) for i, prefix in enumerate(g[0])}
     adapter = assemble(global_, g[0], results, ctx)
-    new_momentum = {k: v for r in results.values() for k, v in r.momentum.items()} if o.outer_momentum > 0 else None
+    new_momentum = with_count({k: v for r in results.values() for k, v in r.momentum.items()}, buffered, o) \
+        if o.outer_momentum > 0 else None
     report = build_report(o, g[0], results, robust, norms, len(items), time.perf_counter() - start)
     report["update_norm"] = applied_update_norm(global_, g[0], adapter)
     report["seconds"] = round(time.perf_counter() - start, 4)
@@ -244,5 +276,6 @@ def build_report(o: MergeOptions, specs: dict[str, ModuleSpec], results: dict[st
         "submitted": n_items, "clipped": robust["clipped"], "trimmed": robust["trimmed"],
         "clip_bound": robust["clip_bound"], "weights": robust["weights"], "update_norms": norms,
         "outer_lr": o.outer_lr, "outer_momentum": o.outer_momentum, "nesterov": o.nesterov,
+        "momentum_every": o.momentum_every,
         "momentum_residual": max(mom) if mom else None, "seconds": round(seconds, 4),
     }

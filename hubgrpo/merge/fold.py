@@ -65,7 +65,8 @@ class FfaFold:
     def result(self, weights: dict[str, float], options, momentum: dict | None = None):
         """The merge of exactly ``weights`` (submission id → raw weight, as folded) with ``options``; None when
         the fold does not stand for that merge."""
-        from hubgrpo.merge.core import MergeResult, _check_momentum, build_report
+        from hubgrpo.merge.core import BUFFERED_KEY, MergeResult, _check_momentum, build_report, buffered_count, \
+            with_count
 
         o = options
         if (self.broken or o.method != "ffa" or o.clip_factor is not None or o.trim_fraction > 0
@@ -74,11 +75,16 @@ class FfaFold:
         start = time.perf_counter()
         total = sum(weights.values())
         mom = _check_momentum(momentum, self.specs, "ffa") if o.outer_momentum > 0 else {}
+        buffered = min(buffered_count(mom), o.momentum_every - 1)
+        mom.pop(BUFFERED_KEY, None)
         new, new_momentum = dict(self.global_.weights), {}
         for prefix, spec in self.specs.items():
-            b, m = ffa_outer_step(factors(self.global_, spec)[0], self.sums[prefix] / total, mom, prefix, o)
+            b, m = ffa_outer_step(factors(self.global_, spec)[0], self.sums[prefix] / total, mom, prefix, o,
+                                  buffered)
             new_momentum.update(m)
             new[spec.key_b] = b.to(self.global_.weights[spec.key_b].dtype).contiguous()
+        if o.outer_momentum > 0:
+            with_count(new_momentum, buffered, o)
         adapter = Adapter(weights=new, config=dict(self.global_.config))
         robust = {"weights": [w / total for w in weights.values()], "clipped": 0, "trimmed": 0, "clip_bound": None}
         report = build_report(o, self.specs, {}, robust, None, len(weights), time.perf_counter() - start)

@@ -4,7 +4,11 @@ Notation, per module (all in ΔW = s·B·A space): the outer "gradient" is the w
 ``g = Σᵢ cᵢ·(ΔWᵢ − ΔW_base(i))`` (Σ cᵢ = 1 unless clipped); the global moves by
 ``ΔW′ = ΔW_G + lr·step`` with ``step = g`` (no momentum), ``step = m′`` (momentum, ``m′ = μ·m + g``) or
 ``step = g + μ·m′`` (Nesterov) — PyTorch's SGD convention, which is DiLoCo's outer optimizer with the sign
-flipped (our g points towards the workers).
+flipped (our g points towards the workers). With ``momentum_every`` k > 1 (delayed Nesterov, Liu et al. 2024,
+asynchronous Local-SGD for language models) the momentum is updated once every k merges, with the mean of their
+k outer gradients (kept in a buffer meanwhile), and the merges in between step by their own ``g``: with k
+asynchronous workers the momentum then accelerates about once per round of the fleet instead of once per
+submission.
 
 - ``lowrank_module`` (methods ``svd`` and ``stack``): the new ΔW is a sum of rank-r terms, kept implicit.
   ``svd`` re-factorises it to the global's rank (exact or randomized, see ``lowrank``); ``stack`` (FLoRA)
@@ -41,6 +45,7 @@ class Context:
     final: dict[int, float]
     options: object  # MergeOptions (avoids a circular import)
     momentum: dict[str, torch.Tensor] = field(default_factory=dict)
+    buffered: int = 0  # delayed Nesterov: merges whose outer gradients are in the buffer
 
     def terms(self, coefs: dict[int, float], prefix: str) -> list[Term]:
         """``[(c_t·s_t, B_t, A_t)]`` for module ``prefix`` of each adapter with a non-zero coefficient."""
@@ -75,31 +80,56 @@ def _randomized_kw(o) -> dict:
     return {"oversample": o.oversample, "passes": o.passes, "probes": o.probes}
 
 
+def _stored(ctx: Context, prefix: str, name: str, coef: float = 1.0) -> list[Term]:
+    """The stored factored state ``name`` (momentum or buffer) of a module as terms, [] when absent."""
+    key = f"{prefix}.{name}_B"
+    return [(coef, ctx.momentum[key], ctx.momentum[f"{prefix}.{name}_A"])] if key in ctx.momentum else []
+
+
 def _momentum_step(ctx: Context, prefix: str, g: list[Term], gen: torch.Generator, dims: tuple[int, int]):
-    """``m′ = μ·m + g`` re-truncated to ``momentum_rank``; returns (step terms, m′ factorization)."""
+    """The outer step with momentum; returns (step terms, new state tensors, truncation residual of the state).
+
+    Every merge (``momentum_every`` 1): ``m′ = μ·m + g`` re-truncated to ``momentum_rank``, step ``m′`` or
+    ``g + μ·m′``. Delayed Nesterov (``momentum_every`` k > 1, Liu et al. 2024): the merges in between step by
+    ``g`` and add it to a buffer; every k-th updates ``m′ = μ·m + mean(buffered g's)`` and steps by
+    ``g + μ·m′`` (Nesterov) or ``g + μ·m``."""
     o, spec = ctx.options, ctx.specs[0][prefix]
-    prev = [(o.outer_momentum, ctx.momentum[prefix + ".momentum_B"], ctx.momentum[prefix + ".momentum_A"])] \
-        if prefix + ".momentum_B" in ctx.momentum else []
-    rank = o.momentum_rank or 2 * spec.rank
-    fm = refactor(LowRankSum.from_terms(g + prev, *dims), rank, o.svd_algorithm, gen, **_randomized_kw(o))
-    step = [(1.0, fm.B, fm.A)] if not o.nesterov else g + [(o.outer_momentum, fm.B, fm.A)]
-    return step, fm
+    rank, kw = o.momentum_rank or 2 * spec.rank, _randomized_kw(o)
+    k = o.momentum_every
+
+    def truncate(terms: list[Term]):
+        return refactor(LowRankSum.from_terms(terms, *dims), rank, o.svd_algorithm, gen, **kw)
+
+    def state(name: str, f) -> dict[str, torch.Tensor]:
+        return {f"{prefix}.{name}_B": f.B.contiguous(), f"{prefix}.{name}_A": f.A.contiguous()}
+
+    if k <= 1:
+        fm = truncate(g + _stored(ctx, prefix, "momentum", o.outer_momentum))
+        step = [(1.0, fm.B, fm.A)] if not o.nesterov else g + [(o.outer_momentum, fm.B, fm.A)]
+        return step, state("momentum", fm), fm.residual
+    kept = {key: v for key, v in ctx.momentum.items() if key.startswith(prefix + ".momentum_")}
+    if ctx.buffered + 1 < k:  # in between: plain step, g joins the buffer
+        fb = truncate(g + _stored(ctx, prefix, "buffer"))
+        return g, {**kept, **state("buffer", fb)}, fb.residual
+    mean = [(c / k, b, a) for c, b, a in g + _stored(ctx, prefix, "buffer")]
+    fm = truncate(mean + _stored(ctx, prefix, "momentum", o.outer_momentum))
+    old = _stored(ctx, prefix, "momentum", o.outer_momentum)
+    step = g + ([(o.outer_momentum, fm.B, fm.A)] if o.nesterov else old)
+    return step, state("momentum", fm), fm.residual
 
 
 def lowrank_module(ctx: Context, prefix: str, index: int) -> ModuleResult:
     """``svd`` / ``stack`` for one module: ΔW′ = ΔW_G + lr·step as an implicit low-rank sum, then factors."""
     o, spec = ctx.options, ctx.specs[0][prefix]
     gen, dims = ctx.generator(index), (spec.out_dim, spec.in_dim)
-    momentum, fm = {}, None
+    momentum, mom_res = {}, None
     if o.outer_momentum > 0:
-        step, fm = _momentum_step(ctx, prefix, ctx.terms(ctx.g, prefix), gen, dims)
+        step, momentum, mom_res = _momentum_step(ctx, prefix, ctx.terms(ctx.g, prefix), gen, dims)
         final = ctx.terms({0: 1.0}, prefix) + [(o.outer_lr * c, b, a) for c, b, a in step]
-        momentum = {prefix + ".momentum_B": fm.B.contiguous(), prefix + ".momentum_A": fm.A.contiguous()}
     else:
         final = ctx.terms(ctx.final, prefix)  # {G: 1} + lr·g with the fresh bases collapsed into G
     m = LowRankSum.from_terms(final, *dims)  # ΔW′ = B·diag(c)·A, (out × R)·(R × in)
     total_rank = m.shape[2]
-    mom_res = fm.residual if fm is not None else None
     if o.method == "stack" and 0 < total_rank and (o.max_rank is None or total_rank <= o.max_rank):
         return ModuleResult(m.b_cat() * m.c, m.A, "stack", momentum=momentum, momentum_residual=mom_res)
     target = o.max_rank if o.method == "stack" and o.max_rank else (o.rank or spec.rank)
@@ -136,18 +166,29 @@ def ffa_module(ctx: Context, prefix: str, index: int) -> ModuleResult:
                              "than the global adapter", hint="freeze lora_A in the workers or use method 'svd'")
     b_g, a = factors(ctx.adapters[0], spec)
     g_b = _b_step(ctx, ctx.g, prefix)  # (out × r), g = g_b·A in the global's scaling
-    b, momentum = ffa_outer_step(b_g, g_b, ctx.momentum, prefix, o)
+    b, momentum = ffa_outer_step(b_g, g_b, ctx.momentum, prefix, o, ctx.buffered)
     return ModuleResult(b, a, "ffa", global_units=True, momentum=momentum)
 
 
-def ffa_outer_step(b_g: torch.Tensor, g_b: torch.Tensor, momentum: dict, prefix: str, o) -> tuple[torch.Tensor, dict]:
-    """The new B of an FFA module, ``B_G + lr·step`` with ``step = g_B``, the momentum ``m′ = μ·m + g_B`` or its
-    Nesterov step; and the new momentum entry (empty without momentum)."""
+def ffa_outer_step(b_g: torch.Tensor, g_b: torch.Tensor, momentum: dict, prefix: str, o,
+                   buffered: int = 0) -> tuple[torch.Tensor, dict]:
+    """The new B of an FFA module, ``B_G + lr·step``, and its new state entries (empty without momentum): the
+    same outer steps as ``_momentum_step`` (``buffered``: merges already in the delayed-Nesterov buffer), kept
+    exactly in B space."""
     if o.outer_momentum <= 0:
         return b_g + o.outer_lr * g_b, {}
-    prev = momentum.get(prefix + ".momentum_B")
-    m_b = g_b + (o.outer_momentum * prev if prev is not None else 0.0)
-    step = m_b if not o.nesterov else g_b + o.outer_momentum * m_b
+    mu, k = o.outer_momentum, o.momentum_every
+    prev, buf = momentum.get(prefix + ".momentum_B"), momentum.get(prefix + ".buffer_B")
+    if k > 1 and buffered + 1 < k:
+        kept = {prefix + ".momentum_B": prev} if prev is not None else {}
+        return b_g + o.outer_lr * g_b, {**kept, prefix + ".buffer_B": (g_b + (buf if buf is not None else 0.0))
+                                         .contiguous()}
+    mean = g_b if k <= 1 else (g_b + (buf if buf is not None else 0.0)) / k
+    m_b = mean + (mu * prev if prev is not None else 0.0)
+    if k <= 1:
+        step = m_b if not o.nesterov else g_b + mu * m_b
+    else:
+        step = g_b + mu * (m_b if o.nesterov else (prev if prev is not None else 0.0))
     return b_g + o.outer_lr * step, {prefix + ".momentum_B": m_b.contiguous()}
 
 
