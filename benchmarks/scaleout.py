@@ -63,6 +63,11 @@ RULES = {
     "fedbuff": lambda n: [f"merge.quorum={max(1, n // 2)}"],  # a buffer of half the fleet per version
     "fedbuff_sqrt": lambda n: [f"merge.quorum={max(1, n // 2)}", f"merge.outer_lr={max(1, n // 2) ** 0.5:.4g}"],
     "sync_sqrt": lambda n: [f"merge.quorum={n}", f"merge.outer_lr={n ** 0.5:.4g}"],  # every worker, then a step
+    # delayed Nesterov (Liu et al. 2024): the outer momentum moves once per N merges, i.e. once per fleet round
+    "dn": lambda n: [f"merge.momentum_every={n}"],
+    # dynamic local steps (their DyLU): faster workers get more steps per lease, so rounds arrive evenly
+    "balance": lambda n: ["params.balance_rounds=true"],
+    "dn_balance": lambda n: [f"merge.momentum_every={n}", "params.balance_rounds=true"],
 }
 
 

@@ -107,6 +107,8 @@ def gradient_coefficients(global_: Adapter, items: list, coefs: list[float]) -> 
 
 def _momentum_fits(key: str, value: torch.Tensor, spec: ModuleSpec, ffa: bool) -> bool:
     """ffa keeps m in B space (out × r); svd/stack keep m = B_m·A_m with B_m (out × k), A_m (k × in)."""
+    if not value.is_floating_point() or not bool(torch.isfinite(value).all()):
+        return False
     if ffa:
         return tuple(value.shape) == (spec.out_dim, spec.rank)
     if value.dim() != 2:
@@ -117,27 +119,38 @@ def _momentum_fits(key: str, value: torch.Tensor, spec: ModuleSpec, ffa: bool) -
 BUFFERED_KEY = "delayed_nesterov.buffered"  # scalar in the momentum state: merges in the buffer
 
 
+def _count(value: torch.Tensor | None) -> int | None:
+    """The buffered-merge count of a state, None when it is not a non-negative int32/int64 scalar."""
+    if value is None:
+        return 0
+    if value.dtype not in (torch.int32, torch.int64) or value.numel() != 1 or not 0 <= int(value) < 1 << 20:
+        return None
+    return int(value)
+
+
 def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method: str) -> dict:
     """The caller's momentum state as float32 (and the int ``BUFFERED_KEY``), after checking it was written for
-    this method and layout: the momentum and the delayed-Nesterov buffer are each present for every module or
-    for none."""
+    this method and layout: finite float factors; the momentum and the delayed-Nesterov buffer each present for
+    every module or for none (B and A of one rank), the buffer exactly when the count is positive."""
     if not momentum:
         return {}
     state = dict(momentum)
-    buffered = state.pop(BUFFERED_KEY, None)
+    count = _count(state.pop(BUFFERED_KEY, None))
     sides = ("_B",) if method == "ffa" else ("_B", "_A")
-    groups = [{f"{p}.{name}{side}": spec for p, spec in specs.items() for side in sides}
-              for name in ("momentum", "buffer")]
-    present = [g for g in groups if set(g) & set(state)]
-    ok = (buffered is None or (buffered.numel() == 1 and not buffered.is_floating_point()
-                               and 0 <= int(buffered) < 1 << 20))
-    if not ok or set(state) != {k for g in present for k in g} or not all(
-            _momentum_fits(k, v, g[k], method == "ffa") for g in present for k, v in state.items() if k in g):
+    groups = {name: {f"{p}.{name}{side}": spec for p, spec in specs.items() for side in sides}
+              for name in ("momentum", "buffer")}
+    present = [g for g in groups.values() if set(g) & set(state)]
+    ok = (count is not None and set(state) == {k for g in present for k in g}
+          and bool(count) == bool(set(groups["buffer"]) & set(state))
+          and all(_momentum_fits(k, v, g[k], method == "ffa") for g in present for k, v in state.items() if k in g)
+          and (method == "ffa" or all(state[f"{p}.{name}_B"].shape[1] == state[f"{p}.{name}_A"].shape[0]
+                                      for name, g in groups.items() if g in present for p in specs)))
+    if not ok:
         raise MergeError(f"the momentum state does not belong to method {method!r} and this adapter layout",
                          hint="pass momentum=None to restart the outer momentum after changing method or layout")
     out = {k: v.float() for k, v in state.items()}
-    if buffered is not None:
-        out[BUFFERED_KEY] = buffered.reshape(()).long()
+    if count:
+        out[BUFFERED_KEY] = torch.tensor(count, dtype=torch.int64)
     return out
 
 
@@ -150,7 +163,8 @@ def buffered_count(momentum: dict) -> int:
 def with_count(new_momentum: dict, buffered: int, o: "MergeOptions") -> dict:
     """The state after a merge that found ``buffered`` merges in the buffer: the count goes with it (k > 1)."""
     if o.momentum_every > 1:
-        new_momentum[BUFFERED_KEY] = torch.tensor((buffered + 1) % o.momentum_every, dtype=torch.int64)
+        after = buffered + 1 if buffered + 1 < o.momentum_every else 0
+        new_momentum[BUFFERED_KEY] = torch.tensor(after, dtype=torch.int64)
     return new_momentum
 
 
@@ -181,7 +195,7 @@ def merge(global_: Adapter, items: list[tuple[Adapter, Adapter, float]], options
         final[idx] = final.get(idx, 0.0) + o.outer_lr * c
     final = {idx: c for idx, c in final.items() if abs(c) > _ZERO}
     state = _check_momentum(momentum, g[0], o.method) if o.outer_momentum > 0 else {}
-    buffered = min(buffered_count(state), o.momentum_every - 1)  # k lowered since: update the momentum now
+    buffered = buffered_count(state)  # ≥ k − 1 when k was lowered since: the momentum is updated now
     state.pop(BUFFERED_KEY, None)
     ctx = Context(adapters, [spec_cache[id(a)] for a in adapters], grad, final, o, state, buffered)
     fn = METHODS[o.method]

@@ -75,7 +75,7 @@ class FfaFold:
         start = time.perf_counter()
         total = sum(weights.values())
         mom = _check_momentum(momentum, self.specs, "ffa") if o.outer_momentum > 0 else {}
-        buffered = min(buffered_count(mom), o.momentum_every - 1)
+        buffered = buffered_count(mom)
         mom.pop(BUFFERED_KEY, None)
         new, new_momentum = dict(self.global_.weights), {}
         for prefix, spec in self.specs.items():

@@ -16,7 +16,8 @@ submission.
   The momentum buffer ``m`` lives in ΔW space but is stored factored, ``m = B_m·A_m`` (scale 1), and is
   re-truncated to ``momentum_rank`` (default 2r) after each update with the same algorithm: it is exact while
   rank(μ·m + g) ≤ momentum_rank, otherwise the best rank-``momentum_rank`` approximation of it (exact path) —
-  the error is reported as ``momentum_residual``.
+  the error is reported as ``momentum_residual`` (the delayed-Nesterov buffer is kept and truncated likewise; at
+  the merges in between, its residual is the one reported).
 - ``ffa_module`` (FFA-LoRA): A is frozen and shared, so ``g = (Σ cᵢ sᵢ Bᵢ / s_G) · A``; B is averaged exactly
   and the momentum buffer is kept exactly in B space (``out × r``).
 - ``naive_module``: factor averaging ``B′ = B_G + lr·Σ cᵢ (Bᵢ − B_base(i))``, likewise A — only a benchmark
@@ -103,17 +104,19 @@ def _momentum_step(ctx: Context, prefix: str, g: list[Term], gen: torch.Generato
     def state(name: str, f) -> dict[str, torch.Tensor]:
         return {f"{prefix}.{name}_B": f.B.contiguous(), f"{prefix}.{name}_A": f.A.contiguous()}
 
-    if k <= 1:
+    n = ctx.buffered
+    if k <= 1 and n == 0:  # every merge
         fm = truncate(g + _stored(ctx, prefix, "momentum", o.outer_momentum))
         step = [(1.0, fm.B, fm.A)] if not o.nesterov else g + [(o.outer_momentum, fm.B, fm.A)]
         return step, state("momentum", fm), fm.residual
-    kept = {key: v for key, v in ctx.momentum.items() if key.startswith(prefix + ".momentum_")}
-    if ctx.buffered + 1 < k:  # in between: plain step, g joins the buffer
+    if n + 1 < k:  # in between: plain step, g joins the buffer
+        kept = {key: v for key, v in ctx.momentum.items() if key.startswith(prefix + ".momentum_")}
         fb = truncate(g + _stored(ctx, prefix, "buffer"))
         return g, {**kept, **state("buffer", fb)}, fb.residual
-    mean = [(c / k, b, a) for c, b, a in g + _stored(ctx, prefix, "buffer")]
-    fm = truncate(mean + _stored(ctx, prefix, "momentum", o.outer_momentum))
+    # the momentum update: the mean of the n buffered gradients and this one (n + 1 = k unless k was lowered)
+    mean = [(c / (n + 1), b, a) for c, b, a in g + _stored(ctx, prefix, "buffer")]
     old = _stored(ctx, prefix, "momentum", o.outer_momentum)
+    fm = truncate(mean + old)
     step = g + ([(o.outer_momentum, fm.B, fm.A)] if o.nesterov else old)
     return step, state("momentum", fm), fm.residual
 
@@ -177,18 +180,18 @@ def ffa_outer_step(b_g: torch.Tensor, g_b: torch.Tensor, momentum: dict, prefix:
     exactly in B space."""
     if o.outer_momentum <= 0:
         return b_g + o.outer_lr * g_b, {}
-    mu, k = o.outer_momentum, o.momentum_every
+    mu, k, n = o.outer_momentum, o.momentum_every, buffered
     prev, buf = momentum.get(prefix + ".momentum_B"), momentum.get(prefix + ".buffer_B")
-    if k > 1 and buffered + 1 < k:
+    old = mu * prev if prev is not None else 0.0
+    if k <= 1 and n == 0:  # every merge
+        m_b = g_b + old
+        return b_g + o.outer_lr * (m_b if not o.nesterov else g_b + mu * m_b), {prefix + ".momentum_B": m_b.contiguous()}
+    buf_sum = g_b + (buf if buf is not None else 0.0)
+    if n + 1 < k:  # in between
         kept = {prefix + ".momentum_B": prev} if prev is not None else {}
-        return b_g + o.outer_lr * g_b, {**kept, prefix + ".buffer_B": (g_b + (buf if buf is not None else 0.0))
-                                         .contiguous()}
-    mean = g_b if k <= 1 else (g_b + (buf if buf is not None else 0.0)) / k
-    m_b = mean + (mu * prev if prev is not None else 0.0)
-    if k <= 1:
-        step = m_b if not o.nesterov else g_b + mu * m_b
-    else:
-        step = g_b + mu * (m_b if o.nesterov else (prev if prev is not None else 0.0))
+        return b_g + o.outer_lr * g_b, {**kept, prefix + ".buffer_B": buf_sum.contiguous()}
+    m_b = buf_sum / (n + 1) + old
+    step = g_b + (mu * m_b if o.nesterov else old)
     return b_g + o.outer_lr * step, {prefix + ".momentum_B": m_b.contiguous()}
 
 
