@@ -102,9 +102,12 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
             if n == 1 and fleet == "homog":
                 continue
             rule = RULES[args.rule](n)
+            until = ["--until-reward", str(target), "--max-virtual-s", str(budget_s)]
+            if not args.stop_at_target:
+                until += ["--min-virtual-s", str(t1)]
+            every = ["--eval-every", str(max(1, n // 4))] if args.stop_at_target and n >= 8 else []
             res = simulate(work / (f"s{seed}-{fleet}-{n}" + "".join(f"-{r}" for r in rule)), mode["config"], n, seed,
-                           [*common, *sets(rule), *FLEETS[fleet], "--until-reward", str(target),
-                            "--min-virtual-s", str(t1), "--max-virtual-s", str(budget_s)])
+                           [*common, *every, *sets(rule), *FLEETS[fleet], *until])
             rows.append(row(fleet, n, res, target, t1, res.get("time_to_target_s")))
     return {"seed": seed, "target": target, "single_final": statistics.mean(finals), "t1": t1,
             "budget_s": budget_s, "step_s": step_s, "rows": rows}
@@ -114,7 +117,8 @@ def row(fleet: str, n: int, res: dict, target: float, t1: float, t_hit: float | 
     evals = [v["eval_reward"] for v in res["versions"] if v["eval_reward"] is not None]
     return {"fleet": fleet, "workers": n, "time_to_target_s": t_hit, "speedup": (t1 / t_hit) if t_hit else None,
             "efficiency": (t1 / t_hit / n) if t_hit else None, "samples_to_target": res.get("samples_to_target"),
-            "eval_at_t1": eval_at(res, t1), "eval_initial": evals[0] if evals else None,
+            "eval_at_t1": eval_at(res, t1) if res["virtual_wall_s"] >= t1 - 1e-9 else None,  # stopped early: none
+            "eval_initial": evals[0] if evals else None,
             "eval_final": evals[-1] if evals else None, "versions": res["versions"][-1]["version"],
             "virtual_wall_s": res["virtual_wall_s"], "staleness_histogram": res["staleness_histogram"],
             "rounds_by_status": res["rounds_by_status"], "refusal_codes": res["refusal_codes"],
@@ -293,6 +297,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--rule", choices=sorted(RULES), default="fixed", help="how the merge follows N (RULES)")
     ap.add_argument("--no-train", action="store_true", help="skip the hubgrpo train reference")
+    ap.add_argument("--stop-at-target", action="store_true",
+                    help="stop each N > 1 at the target (no held-out at equal time; N >= 8 scores every N/4-th "
+                    "version): the SmolLM2 runs' cost is mostly the versions after it")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--name", default=None)
     ap.add_argument("--validate", type=Path, default=None, help="a speedup_real.py JSON to replay")
