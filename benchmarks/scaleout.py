@@ -65,6 +65,9 @@ RULES = {
     "sync_sqrt": lambda n: [f"merge.quorum={n}", f"merge.outer_lr={n ** 0.5:.4g}"],  # every worker, then a step
     # delayed Nesterov (Liu et al. 2024): the outer momentum moves once per N merges, i.e. once per fleet round
     "dn": lambda n: [f"merge.momentum_every={n}"],
+    # ... with the outer lr raised so that a steady direction moves as far per version as the plain Nesterov merge
+    # of configs/demo.yaml (lr 0.3, μ 0.9): lr/(1−μ) per version there, lr·(1 + μ/((1−μ)·N)) with delayed Nesterov
+    "dn_lr": lambda n: [f"merge.momentum_every={n}", f"merge.outer_lr={0.3 * n / (n * 0.1 + 0.9):.4g}"],
     # dynamic local steps (their DyLU): faster workers get more steps per lease, so rounds arrive evenly
     "balance": lambda n: ["params.balance_rounds=true"],
     "dn_balance": lambda n: [f"merge.momentum_every={n}", "params.balance_rounds=true"],
