@@ -70,6 +70,7 @@ RULES = {
     "dn_lr": lambda n: [f"merge.momentum_every={n}", f"merge.outer_lr={0.3 * n / (n * 0.1 + 0.9):.4g}"],
     # dynamic local steps (their DyLU): faster workers get more steps per lease, so rounds arrive evenly
     "balance": lambda n: ["params.balance_rounds=true"],
+    "stale_2n": lambda n: [f"merge.max_staleness={2 * n}"],  # no round refused as stale at quorum 1
     "dn_balance": lambda n: [f"merge.momentum_every={n}", "params.balance_rounds=true"],
 }
 
