@@ -128,12 +128,12 @@ def _count(value: torch.Tensor | None) -> int | None:
     return int(value)
 
 
-def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method: str) -> dict:
-    """The caller's momentum state as float32 (and the int ``BUFFERED_KEY``), after checking it was written for
-    this method and layout: finite float factors; the momentum and the delayed-Nesterov buffer each present for
-    every module or for none (B and A of one rank), the buffer exactly when the count is positive."""
+def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method: str) -> tuple[dict, int]:
+    """The caller's momentum state as float32 tensors and the count of merges in its delayed-Nesterov buffer,
+    after checking it was written for this method and layout: finite float factors; the momentum and the buffer
+    each present for every module or for none (B and A of one rank), the buffer exactly when the count is positive."""
     if not momentum:
-        return {}
+        return {}, 0
     state = dict(momentum)
     count = _count(state.pop(BUFFERED_KEY, None))
     sides = ("_B",) if method == "ffa" else ("_B", "_A")
@@ -148,16 +148,7 @@ def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method:
     if not ok:
         raise MergeError(f"the momentum state does not belong to method {method!r} and this adapter layout",
                          hint="pass momentum=None to restart the outer momentum after changing method or layout")
-    out = {k: v.float() for k, v in state.items()}
-    if count:
-        out[BUFFERED_KEY] = torch.tensor(count, dtype=torch.int64)
-    return out
-
-
-def buffered_count(momentum: dict) -> int:
-    """Merges already in the delayed-Nesterov buffer of a checked momentum state."""
-    value = momentum.get(BUFFERED_KEY)
-    return int(value) if value is not None else 0
+    return {k: v.float() for k, v in state.items()}, count
 
 
 def with_count(new_momentum: dict, buffered: int, o: "MergeOptions") -> dict:
@@ -194,9 +185,8 @@ def merge(global_: Adapter, items: list[tuple[Adapter, Adapter, float]], options
     for idx, c in grad.items():
         final[idx] = final.get(idx, 0.0) + o.outer_lr * c
     final = {idx: c for idx, c in final.items() if abs(c) > _ZERO}
-    state = _check_momentum(momentum, g[0], o.method) if o.outer_momentum > 0 else {}
-    buffered = buffered_count(state)  # ≥ k − 1 when k was lowered since: the momentum is updated now
-    state.pop(BUFFERED_KEY, None)
+    # buffered ≥ k − 1 when k was lowered since: the momentum is updated now
+    state, buffered = _check_momentum(momentum, g[0], o.method) if o.outer_momentum > 0 else ({}, 0)
     ctx = Context(adapters, [spec_cache[id(a)] for a in adapters], grad, final, o, state, buffered)
     fn = METHODS[o.method]
     results = {prefix: fn(ctx, prefix, i) for i, prefix in enumerate(g[0])}

@@ -65,8 +65,7 @@ class FfaFold:
     def result(self, weights: dict[str, float], options, momentum: dict | None = None):
         """The merge of exactly ``weights`` (submission id → raw weight, as folded) with ``options``; None when
         the fold does not stand for that merge."""
-        from hubgrpo.merge.core import BUFFERED_KEY, MergeResult, _check_momentum, build_report, buffered_count, \
-            with_count
+        from hubgrpo.merge.core import MergeResult, _check_momentum, build_report, with_count
 
         o = options
         if (self.broken or o.method != "ffa" or o.clip_factor is not None or o.trim_fraction > 0
@@ -74,9 +73,7 @@ class FfaFold:
             return None
         start = time.perf_counter()
         total = sum(weights.values())
-        mom = _check_momentum(momentum, self.specs, "ffa") if o.outer_momentum > 0 else {}
-        buffered = buffered_count(mom)
-        mom.pop(BUFFERED_KEY, None)
+        mom, buffered = _check_momentum(momentum, self.specs, "ffa") if o.outer_momentum > 0 else ({}, 0)
         new, new_momentum = dict(self.global_.weights), {}
         for prefix, spec in self.specs.items():
             b, m = ffa_outer_step(factors(self.global_, spec)[0], self.sums[prefix] / total, mom, prefix, o,
