@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from hubgrpo.errors import ConfigError
 
@@ -140,6 +140,10 @@ class MergeSection(_Section):
     factor_split: Literal["balanced", "keep_a"] = Field(
         "balanced", description="svd: split the re-factorised update evenly between B and A (balanced), or keep A's "
         "row norms at the global's so the next round's B learns at its usual speed (keep_a).")
+    rebase: bool = Field(
+        False, description="ffa only: a worker moves its round onto each newer version between steps (B += B_new − "
+        "B_base, exact because A is frozen), so its later steps train on the newer model; its update and staleness "
+        "count from the version it moved onto.")
     max_submission_mb: float = Field(512, gt=0, description="Submissions larger than this are refused (also "
                                      "anything larger than the global adapter's own size allows).")
     eval_gate: float | None = Field(
@@ -154,6 +158,13 @@ class MergeSection(_Section):
                              "global adapter and every submission would be refused; use svd or ffa in a run "
                              "(stack remains available in `hubgrpo merge`)")
         return v
+
+    @model_validator(mode="after")
+    def _rebase_needs_ffa(self):
+        if self.rebase and self.method != "ffa":
+            raise ValueError(f"merge.rebase moves a round onto a newer version exactly only when lora_A is frozen; "
+                             f"set merge.method: ffa, or merge.rebase: false (method is {self.method!r})")
+        return self
 
 
 class CoordinatorSection(_Section):

@@ -145,6 +145,14 @@ class Submission(Record):
     versions: dict[Text, Text] = Field(max_length=64)
     device: Text
     created_at: Seconds
+    # merge.rebase (ffa): the newer version this round moved onto between steps (``hubgrpo.worker.rebase``); the
+    # coordinator measures the update and the staleness from it. None: trained on ``base_version`` throughout.
+    rebased_version: Version | None = None
+
+    @property
+    def trained_base(self) -> int:
+        """The version the submitted adapter is an update of."""
+        return self.base_version if self.rebased_version is None else self.rebased_version
 
 
 class MergedEntry(Record):

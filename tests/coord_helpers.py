@@ -137,3 +137,16 @@ def push_submission(store, lease: Lease, tmp: Path, *, seed: int, reward: float 
         mutate(folder)
     adds = {layout.submission_path(lease.base_version, sub_id, f.name): f for f in folder.iterdir()}
     return store.commit(adds, message=f"hubgrpo: submission {sub_id}")
+
+
+def local_coordinator(tmp_path: Path, secret: bytes = b"test-secret", **overrides):
+    """(store, coordinator, clock): a run initialised on a LocalStore under ``tmp_path`` (version 0: B = 0)."""
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.coordinator.repo_init import init_repo
+    from hubgrpo.store.local import LocalStore
+
+    cfg = make_config(**overrides)
+    store = LocalStore(tmp_path / "repo")
+    clock = FakeClock()
+    init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0), clock=clock)
+    return store, Coordinator(store, secret, clock=clock, workdir=tmp_path / "work"), clock

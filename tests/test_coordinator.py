@@ -10,22 +10,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hubgrpo import layout, runrepo
-from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
 from hubgrpo.store.local import LocalStore
-from tests.coord_helpers import FakeClock, make_config, push_submission, write_adapter
+from tests.coord_helpers import local_coordinator, push_submission
 
 SECRET = b"test-secret"
 pytestmark = pytest.mark.timeout(120)
 
 
 def _setup(tmp_path, **overrides):
-    cfg = make_config(**overrides)
-    store = LocalStore(tmp_path / "repo")
-    clock = FakeClock()
-    init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0), clock=clock)
-    return store, Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work"), clock
+    return local_coordinator(tmp_path, SECRET, **overrides)
 
 
 def test_quorum_merge_writes_one_commit_and_a_tag(tmp_path):

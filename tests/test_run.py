@@ -225,3 +225,23 @@ def test_cli_run_on_an_s3_repo(tmp_path, s3_bucket_url, capsys, monkeypatch):
     exe = Path(sys.executable).with_name("hubgrpo")  # the installed command reads the same bucket
     r = subprocess.run([str(exe), "status", "--repo", repo], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "leaderboard" in r.stdout and "worker0" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.timeout(600)
+def test_an_ffa_run_with_rebase_runs_through_the_installed_command(tmp_path):
+    """merge.rebase on real worker processes: the run finishes, no round is refused for its rebase, and a round
+    counted from a later version than its lease's (moved mid-round) is still filed under its lease's version."""
+    repo = tmp_path / "run"
+    exe = Path(sys.executable).with_name("hubgrpo")
+    r = subprocess.run([str(exe), "run", str(TINY), "--workers", "2", "--repo", str(repo), "--no-eval",
+                        "--set", "params.steps_per_round=6", "--set", "params.versions=4", "--set", "merge.quorum=1",
+                        "--set", "coordinator.heartbeat_interval_s=1", "--set", "merge.method=ffa",
+                        "--set", "merge.rebase=true"], capture_output=True, text=True, timeout=560)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    state = runrepo.read_state(LocalStore(repo))
+    assert state.finished and state.version == 4
+    assert not [x for x in state.refused if x.code == "bad_rebase"]
+    filed = {p.name: int(p.parent.name) for p in (repo / "submissions").glob("*/*")} if (repo / "submissions").exists() \
+        else {}
+    for m in (m for v in state.versions for m in v.merged if m.submission_id in filed):
+        assert m.base_version >= filed[m.submission_id]

@@ -23,22 +23,28 @@ class FakeEngine:
     """The round engine's interface without a model: adapters drawn from the lease, a score from the adapter."""
 
     def __init__(self, cfg=None):
-        self.rounds, self.cfg = [], cfg
+        self.rounds, self.cfg, self.offers = [], cfg, []
 
     def init_adapter(self, out: Path) -> Path:
         return write_adapter(Path(out), seed=0, b_scale=0.0)
 
-    def run_round(self, base: Path, lease, folder: Path, optimizer_key: str | None = None):
+    def run_round(self, base: Path, lease, folder: Path, optimizer_key: str | None = None, rebase=None):
         from safetensors.torch import load_file, save_file
 
         self.rounds.append((lease.worker, lease.base_version))
-        start = load_file(Path(base) / layout.ADAPTER_WEIGHTS)  # trained from the leased version
+        moved = None
+        for step in range(1, lease.steps if rebase and self.cfg.merge.rebase else 1):  # as the engine offers them
+            found = rebase(step, moved or lease.base_version)
+            if found is not None:
+                moved, base = found
+                self.offers.append((lease.lease_id, step, moved))
+        start = load_file(Path(base) / layout.ADAPTER_WEIGHTS)  # trained from the leased (or moved-onto) version
         write_adapter(folder, seed=int(lease.lease_id[1:]) + 1, b_scale=0.01)
         delta = load_file(folder / layout.ADAPTER_WEIGHTS)
         save_file({k: start[k] + delta[k] if "lora_B" in k else start[k] for k in start},
                   str(folder / layout.ADAPTER_WEIGHTS))
         (folder / layout.ADAPTER_CONFIG).write_bytes((Path(base) / layout.ADAPTER_CONFIG).read_bytes())
-        sub = submission_record(lease)
+        sub = submission_record(lease).model_copy(update={"rebased_version": moved})
         write_rollouts(folder, lease, self.cfg)
         (folder / layout.SUBMISSION_FILE).write_bytes(sub.to_json())
         return sub
@@ -148,3 +154,26 @@ def test_balanced_rounds_give_faster_workers_more_steps(tmp_path):
     per_step = len(sim.prompts[sim.rounds[0].lease_id]) // 4
     assert all(s == 4 * per_step for s in steps["sim00"])  # the median speed keeps steps_per_round
     assert all(s >= 3 * 4 * per_step * 0.75 for s in steps["sim02"]), steps  # 3× as fast: ~3× the steps
+
+
+def test_rebased_rounds_move_onto_the_versions_published_before_each_step(tmp_path):
+    """merge.rebase (ffa), max_staleness 0: a slow machine's rounds are one or more versions old by their lease
+    and would all be refused; each moves, after a step, onto the newest version published by the end of that step
+    (never one published later), and is merged with the staleness counted from there."""
+    settings = {"merge.method": "ffa", "merge.max_staleness": 0, "params.steps_per_round": 4}
+    plain = simulate(tmp_path, "plain", settings, workers=2, speeds="1,4", until_version=12)
+    sim = simulate(tmp_path, "rebase", {**settings, "merge.rebase": "true"}, workers=2, speeds="1,4",
+                   until_version=12)
+    slow = lambda s: [r for r in s.rounds if r.worker == "sim00" and r.t_deliver is not None]  # noqa: E731
+    assert slow(plain) and all(r.status == "refused" for r in slow(plain))
+    assert any(r.status == "merged" and r.rebased_version is not None for r in slow(sim))
+    rounds = {r.lease_id: r for r in sim.rounds}
+    for lease_id, step, version in sim.engine.offers:
+        r = rounds[lease_id]
+        speed = sim.fleet[int(r.worker[3:])].speed
+        t_step = r.t_lease + step * 1.0 / speed  # step_s 1, no latency, no jitter
+        published = [v["version"] for v in sim.versions if v["virtual_time_s"] <= t_step + 1e-9]
+        assert version == max(published), (lease_id, step, version, published)
+    assert sim.engine.offers
+    merged = [m for v in sim.coord.state.versions for m in v.merged]
+    assert all(m.staleness == 0 for m in merged)

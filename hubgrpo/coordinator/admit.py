@@ -95,17 +95,18 @@ def prepare(c, lease: Lease, commit: str, *, check_deadline: bool = True) -> Pre
         return out
     try:
         c._verify(lease, c.clock(), check_deadline=check_deadline)
-        _check_staleness(c, lease, sub_id)
+        if not c.cfg.merge.rebase:  # a rebased round's staleness counts from its record: checked after reading it
+            _check_staleness(c, lease, sub_id, lease.base_version)
         out.pending = _check_folder(c, lease, sub_id, commit)
     except (InvalidSubmission, LeaseError) as e:
         out.error = e
     return out
 
 
-def _check_staleness(c, lease: Lease, sub_id: str) -> None:
-    tau = c.state.version - lease.base_version
+def _check_staleness(c, lease: Lease, sub_id: str, base_version: int) -> None:
+    tau = c.state.version - base_version
     if tau > c.cfg.merge.max_staleness:
-        raise InvalidSubmission("stale", f"submission {sub_id} is {tau} versions old (base {lease.base_version}, "
+        raise InvalidSubmission("stale", f"submission {sub_id} is {tau} versions old (base {base_version}, "
                                 f"current {c.state.version}; max_staleness {c.cfg.merge.max_staleness})",
                                 hint="lease again and train on the new version")
 
@@ -133,16 +134,19 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
     """Every check of a local submission folder (also the Space's uploads, before they are committed)."""
     from hubgrpo.merge.admission import check_step_bound, check_submission, max_submission_bytes
 
-    sub = read_record(folder, lease, layout.submission_id(lease.worker, lease.lease_id))
+    sub_id = layout.submission_id(lease.worker, lease.lease_id)
+    sub = read_record(folder, lease, sub_id)
     if lease.base_version not in c.shas:
         raise InvalidSubmission("unknown_base", f"base version {lease.base_version} is not a version of this run")
-    global_, base = c._global(), c._adapter(lease.base_version)
+    base_version = check_rebase(c, lease, sub, sub_id)
+    _check_staleness(c, lease, sub_id, base_version)
+    global_, base = c._global(), c._adapter(base_version)
     from hubgrpo.task.rollouts import size_limit
 
     limit = min(int(c.cfg.merge.max_submission_mb * 2**20), max_submission_bytes(global_)) + size_limit(c.cfg, lease)
     steps = int(lease.steps)
     adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.shas),
-                               base_version=lease.base_version)
+                               base_version=base_version)
     reward = c.reward_check.check(lease, folder)  # the rewards recomputed from the rollouts (``verify``)
     if c.cfg.merge.method == "ffa":
         check_frozen_a(adapter, global_)
@@ -158,6 +162,23 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
                                 f"(limit {limit:.4g} for {steps} steps)", hint="submit what the round's training produced")
     return Pending(sub=sub, adapter=adapter, commit=commit, samples=lease_samples(c.cfg, lease), steps=steps,
                    update_norm=norm, reward_mean=reward)
+
+
+def check_rebase(c, lease: Lease, sub: Submission, sub_id: str) -> int:
+    """The version ``sub`` is an update of: its lease's base, or (merge.rebase) the newer version it moved onto
+    mid-round, which must be a version of this run between the two (code ``bad_rebase``)."""
+    v = sub.rebased_version
+    if v is None:
+        return lease.base_version
+    if not c.cfg.merge.rebase:
+        raise InvalidSubmission("bad_rebase", f"submission {sub_id} was moved onto version {v} mid-round, "
+                                "but this run does not rebase (merge.rebase is off)",
+                                hint="train each round on its leased version: upgrade the worker or fix its config")
+    if not lease.base_version <= v <= c.state.version or v not in c.shas:
+        raise InvalidSubmission("bad_rebase", f"submission {sub_id} names version {v} as the one it was "
+                                f"moved onto; it must be a version between its lease's {lease.base_version} and the "
+                                f"current {c.state.version}", hint="submit what the round's training produced")
+    return v
 
 
 def check_frozen_a(adapter, global_) -> None:
@@ -201,8 +222,8 @@ def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = Tr
         c.commit_times.append(now)
     err = prepared.error
     if err is None:
-        try:
-            _check_staleness(c, lease, sub_id)  # the version may have moved while prepare ran
+        try:  # the version may have moved while prepare ran
+            _check_staleness(c, lease, sub_id, prepared.pending.sub.trained_base)
         except InvalidSubmission as e:
             err = e
     if err is not None:
@@ -215,7 +236,7 @@ def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = Tr
     measure(c, lease, now)
     merged = False if c.background_merges or not merge else c.maybe_merge()
     return {"status": "merged" if merged else "admitted", "submission_id": sub_id, "version": c.state.version,
-            "staleness": None if merged else c.state.version - lease.base_version,
+            "staleness": None if merged else c.state.version - prepared.pending.sub.trained_base,
             "merge_due": not merged and c.merge_due()}
 
 

@@ -167,7 +167,7 @@ def prefold(c, lock) -> int:
         for sub_id, p in sorted(c.pending.items()):
             w = _raw_weight(c, p)
             if w is not None and (fold is None or sub_id not in fold.weights):
-                todo.append((sub_id, p.adapter, p.sub.base_version, w))
+                todo.append((sub_id, p.adapter, p.sub.trained_base, w))
     if not todo:
         return 0
     from hubgrpo.merge.fold import FfaFold  # torch: only once there is something to fold (never at startup)
@@ -187,7 +187,7 @@ def _raw_weight(c, p) -> float | None:
 
     m = c.cfg.merge
     try:
-        return staleness_weight(p.samples, c.state.version - p.sub.base_version, m.staleness_decay, m.max_staleness)
+        return staleness_weight(p.samples, c.state.version - p.sub.trained_base, m.staleness_decay, m.max_staleness)
     except InvalidSubmission:
         return None
 
@@ -201,16 +201,16 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
     m, now = c.cfg.merge, c.clock()
     raw, entries = [], []
     for sub_id, p in sorted(c.pending.items()):
-        tau = c.state.version - p.sub.base_version
+        tau = c.state.version - p.sub.trained_base
         try:
             w = staleness_weight(p.samples, tau, m.staleness_decay, m.max_staleness)
         except InvalidSubmission as e:
             c.pending.pop(sub_id, None)
             c._refuse(sub_id, p.sub.worker, e, now, user=p.sub.lease.user)
             continue
-        raw.append((p.adapter, c._adapter(p.sub.base_version), w))
+        raw.append((p.adapter, c._adapter(p.sub.trained_base), w))
         entries.append(MergedEntry(submission_id=sub_id, worker=p.sub.worker, user=p.sub.lease.user,
-                                   base_version=p.sub.base_version, staleness=tau, weight=w, samples=p.samples,
+                                   base_version=p.sub.trained_base, staleness=tau, weight=w, samples=p.samples,
                                    reward_mean=p.reward_mean, update_norm=p.update_norm, steps=p.steps))
     total = sum(w for _, _, w in raw) or 1.0
     items = [(a, b, w / total) for a, b, w in raw]

@@ -7,8 +7,9 @@ Simulated parts: the clock and the fleet (``hubgrpo.sim.fleet``: speeds, latenci
 
 Events are processed in virtual-time order, so every merge before time t is visible to a lease at t and
 staleness arises exactly as it would with N machines. A worker that becomes free at t leases at t; its round is
-trained *now* (in real time) from the version it leased, and its submission is committed and submitted at
-t + latencies + steps × step_s / speed. Nothing depends on this machine's wall time: a seed gives the same
+trained (in real time) when its delivery comes up, from the version it leased, and its submission is committed
+and submitted at t + latencies + steps × step_s / speed. With ``merge.rebase`` the round moves, after each step, onto
+the newest version published a latency before that step ended (``hubgrpo.worker.rebase``). Nothing depends on this machine's wall time: a seed gives the same
 simulation (merges run synchronously at submit, as the coordinator does without a server; merge and evaluation
 take no virtual time — they run on the coordinator's and the evaluator's own machines).
 
@@ -80,6 +81,7 @@ class RoundRecord:
     code: str | None = None
     staleness_at_delivery: int | None = None
     train_reward: float | None = None
+    rebased_version: int | None = None  # merge.rebase: the version the round moved onto mid-round
 
 
 def sim_config(cfg: Config, opts: SimOptions) -> Config:
@@ -198,13 +200,26 @@ class Simulation:
             self._push(gone + self.rejoin_s, "rejoin", ev.worker)
             self._push(gone + self.cfg.coordinator.lease_timeout_s + 1e-3, "tick")  # past its last renewal
             return
+        # trained when it is delivered (every version before then is known: a rebase sees the ones it would)
+        self._push(start + train_s + 2 * lat, "deliver", ev.worker, (holder, rec, start, train_s))  # upload + submit
+
+    def _train(self, lease, rec: RoundRecord, start: float, train_s: float) -> Path:
+        """The round's real training, from its leased version (and, with merge.rebase, onto the versions its
+        machine would have seen published by the end of each step)."""
         t0 = time.perf_counter()
         base = runrepo.adapter_at(self.store, lease.base_sha, self.output / "adapters")
         folder = self.output / "rounds" / layout.submission_id(lease.worker, lease.lease_id)
-        sub = self.engine.run_round(base, lease, folder, optimizer_key=w.process_name)
+
+        def newest(step: int, current: int):
+            t = start + train_s * step / max(1, lease.steps) - self.cost.latency_s  # its download takes a latency
+            v = max((r["version"] for r in self.versions if r["virtual_time_s"] <= t), default=current)
+            return (v, runrepo.adapter_at(self.store, self.coord.shas[v], self.output / "adapters")) \
+                if v > current else None
+
+        sub = self.engine.run_round(base, lease, folder, optimizer_key=rec.worker, rebase=newest)
         self.compute["train_s"] += time.perf_counter() - t0
-        rec.train_reward = sub.reward_mean
-        self._push(start + train_s + 2 * lat, "deliver", ev.worker, (holder, rec, folder))  # upload + submit
+        rec.train_reward, rec.rebased_version = sub.reward_mean, sub.rebased_version
+        return folder
 
     def _schedule_heartbeats(self, worker: int, holder: dict, start: float, end: float) -> None:
         every = self.cfg.coordinator.heartbeat_interval_s
@@ -222,12 +237,14 @@ class Simulation:
 
     def _deliver(self, ev: Event) -> None:
         """Commit the round's folder (at its virtual arrival time) and submit it; maybe merge."""
-        holder, rec, folder = ev.data
+        holder, rec, start, train_s = ev.data
         lease = holder["lease"]
+        folder = self._train(lease, rec, start, train_s)
         adds = {layout.submission_path(lease.base_version, layout.submission_id(lease.worker, lease.lease_id), f):
                 folder / f for f in layout.SUBMISSION_FILES}
         commit = self.store.commit(adds, message=f"hubgrpo: submission {lease.worker}-{lease.lease_id}")
-        rec.t_deliver, rec.staleness_at_delivery = self.now, self.coord.state.version - lease.base_version
+        trained_on = lease.base_version if rec.rebased_version is None else rec.rebased_version
+        rec.t_deliver, rec.staleness_at_delivery = self.now, self.coord.state.version - trained_on
         self.coord.tick()
         t0 = time.perf_counter()
         try:

@@ -19,7 +19,6 @@ the reward functions), ``train`` (the rest of ``trainer.train()``: log-prob forw
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
@@ -30,10 +29,9 @@ from typing import Any, Callable
 import torch
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
-from transformers import GenerationConfig, PrinterCallback, TrainerCallback, set_seed
+from transformers import GenerationConfig, PrinterCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 
-from hubgrpo import __version__
 from hubgrpo.card import adapter_base_name
 from hubgrpo.worker.adapter_io import check_adapter, save_adapter
 from hubgrpo.config import Config, ParamsConfig
@@ -41,11 +39,11 @@ from hubgrpo.task.data import PromptSource, truncate_prompt
 from hubgrpo.errors import ConfigError, DataError, LeaseError, ModelError
 from hubgrpo.layout import ROLLOUTS_FILE, SUBMISSION_FILE, Lease, StepMetrics, Submission, check_name, submission_id
 from hubgrpo.worker.models import load_model, resolve_device
+from hubgrpo.worker.rebase import Rebaser, Source
 from hubgrpo.worker.rollouts import INDEX_COLUMN, RolloutRecorder
+from hubgrpo.worker.steplog import StepCallback, StepRecorder, library_versions
 from hubgrpo.task.rewards import load_rewards, weighted_rewards
 from hubgrpo.task.rollouts import weighted_mean
-
-StepCallback = Callable[[int, dict], None]  # (optimizer step, StepMetrics fields as a dict)
 
 # params a running trainer picks up at the next train() call; any other change rebuilds the trainer
 ROUND_PARAMS = {"learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
@@ -57,47 +55,6 @@ _GRPO_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_de
                 "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                 "max_completion_length", "temperature", "top_p", "beta", "epsilon", "epsilon_high", "loss_type",
                 "scale_rewards", "num_iterations", "mask_truncated_completions")
-
-
-def _opt(x: Any) -> float | None:
-    """A logged number as a finite float, or None (TRL logs NaN for e.g. the std of a single sample)."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) and abs(x) <= 1e9 else None
-
-
-def library_versions() -> dict[str, str]:
-    """Versions recorded in every submission."""
-    import platform
-
-    import peft
-    import transformers
-    import trl
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
-            "peft": peft.__version__, "hubgrpo": __version__, "python": platform.python_version()}
-
-
-class _StepRecorder(TrainerCallback):
-    """Turns TRL's per-step logs into ``StepMetrics`` and calls the round's ``on_step``."""
-
-    def __init__(self) -> None:
-        self.steps: list[StepMetrics] = []
-        self.on_step: StepCallback | None = None
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:  # the end-of-train summary has no reward
-            return
-        m = StepMetrics(
-            step=int(state.global_step), reward=_opt(logs["reward"]) or 0.0,  # None/NaN: nothing was scorable
-            reward_std=_opt(logs.get("reward_std")), loss=_opt(logs.get("loss")), kl=_opt(logs.get("kl")),
-            clip_ratio=_opt(logs.get("clip_ratio/region_mean")), entropy=_opt(logs.get("entropy")),
-            grad_norm=_opt(logs.get("grad_norm")), completion_length=_opt(logs.get("completions/mean_length")),
-            step_time=_opt(logs.get("step_time")))
-        self.steps.append(m)
-        if self.on_step is not None:
-            self.on_step(m.step, m.model_dump())
 
 
 @dataclass
@@ -130,7 +87,8 @@ class RoundEngine:
         self.source = PromptSource.from_config(cfg)
         self.rewards = load_rewards(cfg.rewards)
         self.rollouts = RolloutRecorder(self.source)  # TRL calls the rewards through it: the round's rollouts file
-        self._recorder = _StepRecorder()
+        self._recorder = StepRecorder()
+        self._rebaser = Rebaser()  # merge.rebase: moves a round onto newer versions between steps
         self._workdir = tempfile.TemporaryDirectory(prefix="hubgrpo-trainer-")
         self._counts = {"generate": 0.0, "samples": 0, "tokens": 0}
         self._params = self._merge_params({})
@@ -189,7 +147,7 @@ class RoundEngine:
         trainer = GRPOTrainer(model=self.model, reward_funcs=self.rollouts.wrap(self.rewards),
                               args=self._grpo_args(params, 1),
                               train_dataset=placeholder, processing_class=self.tokenizer, peft_config=lora,
-                              callbacks=[self._recorder])
+                              callbacks=[self._recorder, self._rebaser])
         trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
         trainer.model.peft_config["default"].base_model_name_or_path = adapter_base_name(self.cfg.base_model)
         if self.cfg.merge.method == "ffa":  # FFA-LoRA: A stays the version-0 draw everywhere, only B trains
@@ -314,13 +272,14 @@ class RoundEngine:
                            prompts=samples // params["num_generations"], tokens=int(self._counts["tokens"]),
                            timings={"generate": gen_s, "reward": reward_s, "train": max(0.0, wall - gen_s - reward_s)})
 
-    def run_round(self, adapter_dir: Path, lease: Lease, out_dir: Path, *,
-                  on_step: StepCallback | None = None, optimizer_key: str | None = None) -> Submission:
+    def run_round(self, adapter_dir: Path, lease: Lease, out_dir: Path, *, on_step: StepCallback | None = None,
+                  optimizer_key: str | None = None, rebase: Source | None = None) -> Submission:
         """Train ``lease.steps`` steps from ``adapter_dir`` on the lease's prompts; write the submission folder.
 
         ``out_dir`` receives adapter_model.safetensors, adapter_config.json and submission.json (worker and
         submission id from the lease). ``on_step(step, metrics_dict)`` is called after every optimizer step.
         ``optimizer_key``: the machine this round trains for, when one engine serves several (the simulator).
+        ``rebase``: where newer versions come from in a ``merge.rebase`` run (``hubgrpo.worker.rebase``).
         """
         t0 = time.perf_counter()
         params = self._merge_params(dict(lease.params))
@@ -329,8 +288,14 @@ class RoundEngine:
         self.load_adapter(adapter_dir)
         t2 = time.perf_counter()
         rows = self.prompt_rows(lease.prompt_indices, params["max_prompt_length"])
-        result = self.train_steps(rows, lease.steps, seed=lease.seed, params=params,
-                                  on_step=on_step, optimizer_key=optimizer_key)
+        self._rebaser.start(self, rebase if self.cfg.merge.rebase else None, lease.base_version)
+        try:
+            result = self.train_steps(rows, lease.steps, seed=lease.seed, params=params,
+                                      on_step=on_step, optimizer_key=optimizer_key)
+        finally:
+            source, self._rebaser.source = self._rebaser.source, None  # only this round moves
+        if source is not None:
+            result.timings["rebase"] = self._rebaser.seconds
         t3 = time.perf_counter()
         out_dir = Path(out_dir)
         self.save_adapter(out_dir)
@@ -356,7 +321,7 @@ class RoundEngine:
             reward_mean=weighted_mean([r.weight for r in self.rewards], self.rollouts.batches) if rewards else 0.0,
             reward_first=rewards[0] if rewards else 0.0, reward_last=rewards[-1] if rewards else 0.0,
             step_metrics=result.step_metrics, timings=dict(result.timings), versions=library_versions(),
-            device=self.device_name, created_at=time.time())
+            device=self.device_name, created_at=time.time(), rebased_version=self._rebaser.rebased_version)
 
     # -------------------------------------------------------------------------------------- evaluation
 

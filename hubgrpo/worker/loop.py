@@ -180,7 +180,9 @@ class Worker:
         try:
             with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
                 bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
-                sub = self.engine.run_round(adapter_dir, bare, out, on_step=self._progress(lease))
+                rebase = self._rebase_source()
+                sub = self.engine.run_round(adapter_dir, bare, out, on_step=self._progress(lease),
+                                            **({"rebase": rebase} if rebase else {}))
             t1 = time.time()
             if self.upload_via == "coordinator":  # the coordinator checks, commits (batched) and submits it
                 answer = self._submit(hb.lease, None, folder=out)
@@ -197,6 +199,15 @@ class Worker:
                       round_s=time.time() - t0)
         log.info("round %s: reward %.3f, %s", sub_id, sub.reward_mean, answer.get("status"))
         return answer
+
+    def _rebase_source(self):
+        """merge.rebase: the run repo's newest version, polled between steps (``hubgrpo.worker.rebase``)."""
+        if not self.cfg.merge.rebase:
+            return None
+        from hubgrpo.worker.rebase import RepoSource
+
+        return RepoSource(self.store, self.workdir / "adapters",
+                          poll_s=min(10.0, self.cfg.coordinator.heartbeat_interval_s))
 
     def _deliver(self, out: Path, hb: Heartbeat, sub_id: str) -> str:
         """Commit the round to the run repo, or put it in the box ``hub.submissions`` names (through the lease's

@@ -1,0 +1,105 @@
+"""Mid-round rebase (``merge.rebase``, FFA-LoRA runs): move a round that is training onto a newer global version.
+
+With lora_A frozen (``merge.method: ffa``) an adapter's update ΔW = s·B·A is linear in B. A round that leased
+version b and has trained B = B_b + δ (δ: its own progress so far) moves onto a newer version n by
+B ← B + (B_n − B_b) = B_n + δ: its progress is kept exactly, and the steps after the move generate and learn on
+the newer model. The submission names n (``Submission.rebased_version``); the coordinator measures the round's
+update against B_n (δ plus the steps after the move) and its staleness from n. AdamW's moments stay: they
+belong to the parameters, which moved by a constant.
+
+Between two optimizer steps (never after the last: that would change the staleness but not the update) the
+engine asks a ``Source`` for the newest version it can see — the simulator from its virtual clock, a real worker
+from the run repo's tags (``RepoSource``: at most every 10 s, or every heartbeat interval if that is shorter).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import TrainerCallback
+
+log = logging.getLogger("hubgrpo.worker")
+
+Source = Callable[[int, int], "tuple[int, Path] | None"]  # (step just done, current base) → (newer version, adapter)
+
+
+def is_b(key: str) -> bool:
+    return ".lora_B" in key or ".lora_embedding_B" in key
+
+
+class Rebaser(TrainerCallback):
+    """A TrainerCallback that applies ``source``'s newer versions to the model between steps."""
+
+    def __init__(self) -> None:
+        self.source: Source | None = None
+        self.version: int | None = None  # the version the round is an update of now
+        self.moved: list[int] = []
+        self.seconds = 0.0
+        self._base: dict[str, torch.Tensor] = {}
+        self._engine = None
+
+    def start(self, engine, source: Source | None, version: int) -> None:
+        """A new round from ``version`` (the adapter just loaded into ``engine``'s model)."""
+        self.source, self.version, self.moved, self.seconds, self._engine = source, version, [], 0.0, engine
+        self._base = {k: v.detach().clone() for k, v in engine._adapter_state().items()} if source else {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.source is None or state.global_step >= state.max_steps:
+            return
+        t0 = time.perf_counter()
+        found = self.source(int(state.global_step), int(self.version))
+        if found is not None and found[0] > self.version:
+            self._move(*found)
+        self.seconds += time.perf_counter() - t0
+
+    def _move(self, version: int, folder: Path) -> None:
+        from peft import set_peft_model_state_dict
+
+        from hubgrpo.worker.adapter_io import check_adapter
+
+        eng = self._engine
+        current = eng._adapter_state()
+        new = check_adapter(Path(folder), current, eng.cfg.lora)
+        if any(not is_b(k) and not torch.equal(new[k].to(v.device, v.dtype), self._base[k])
+               for k, v in current.items()):
+            log.warning("not rebasing onto v%d: its lora_A differs from the round's (is the run ffa?)", version)
+            return
+        state = {k: (v + (new[k].to(v.device, v.dtype) - self._base[k])) if is_b(k) else v
+                 for k, v in current.items()}
+        set_peft_model_state_dict(eng.trainer.model, state, adapter_name="default")  # copies in place: AdamW keeps
+        self._base = {k: new[k].to(v.device, v.dtype) for k, v in current.items()}  # its parameters and moments
+        self.version = version
+        self.moved.append(version)
+
+    @property
+    def rebased_version(self) -> int | None:
+        return self.version if self.moved else None
+
+
+class RepoSource:
+    """A real worker's view of the run: the newest version tag of the repo, its adapter fetched once."""
+
+    def __init__(self, store, cache: Path, *, poll_s: float = 10.0, clock=time.monotonic):
+        self.store, self.cache, self.poll_s, self.clock = store, Path(cache), poll_s, clock
+        self._last = -float("inf")
+
+    def __call__(self, step: int, current: int) -> tuple[int, Path] | None:
+        from hubgrpo import runrepo
+        from hubgrpo.errors import HubGrpoError
+
+        if self.clock() - self._last < self.poll_s:
+            return None
+        self._last = self.clock()
+        try:
+            shas = runrepo.version_shas(self.store)
+            newest = max(shas, default=current)
+            if newest <= current:
+                return None
+            return newest, runrepo.adapter_at(self.store, shas[newest], self.cache)
+        except (HubGrpoError, OSError) as e:  # a failed poll only means this round stays on its version
+            log.info("rebase: could not read the newest version (%s); staying on v%d", e, current)
+            return None
