@@ -72,6 +72,9 @@ RULES = {
     "balance": lambda n: ["params.balance_rounds=true"],
     "stale_2n": lambda n: [f"merge.max_staleness={2 * n}"],  # no round refused as stale at quorum 1
     "dn_balance": lambda n: [f"merge.momentum_every={n}", "params.balance_rounds=true"],
+    # FFA-LoRA (A frozen), and FFA with mid-round rebase: a round moves onto each newer version between steps
+    "ffa": lambda n: ["merge.method=ffa"],
+    "ffa_rebase": lambda n: ["merge.method=ffa", "merge.rebase=true"],
 }
 
 

@@ -2,7 +2,8 @@
 thread each, the two cores), same config, same task; time to a target reward.
 
     .venv/bin/python benchmarks/speedup_real.py [--config configs/demo.yaml] [--seeds 0] [--train-steps 48]
-        [--versions 16] [--target 0.9] [--eval 16] [--set KEY=VALUE …] [--name speedup-real]
+        [--versions 16] [--target 0.9] [--eval 16] [--set KEY=VALUE …] [--run-set KEY=VALUE …]
+        [--train-from RESULT.json] [--name speedup-real]
 
 Both runs are the real CLI in subprocesses, one after the other (never at the same time). For each seed:
 
@@ -15,6 +16,10 @@ Both runs are the real CLI in subprocesses, one after the other (never at the sa
   Training reward per version: the mean reward of the rounds merged into it, as ``hubgrpo status`` shows it.
 - **held-out**: after both, every checkpoint is scored here in one process: train's final adapter, and every
   version of the run (tags), greedily on the first ``--eval`` held-out prompts.
+
+``--run-set`` changes the run only (e.g. its merge), so train stays the config's single process. ``--train-from``
+takes train's curve and held-out scores for each seed from an earlier result of this script (same config and
+steps) instead of training again; the report says so.
 
 Targets: the first time the training reward reaches ``--target``, and the first time the run's held-out reward
 reaches train's final held-out reward. speed-up = train's time / run's time. Writes
@@ -67,7 +72,7 @@ def run_workers(args, tmp: Path, seed: int) -> dict:
     repo = tmp / f"run-s{seed}"
     since = time.time()
     wall = hubgrpo("run", args.config, "--workers", "2", "--repo", str(repo), "--no-eval", *sets(
-        [*args.set, f"params.versions={args.versions}", f"params.seed={seed}", f"project_name=speedup-s{seed}"]))
+        [*args.set, *args.run_set, f"params.versions={args.versions}", f"params.seed={seed}", f"project_name=speedup-s{seed}"]))
     store = LocalStore(repo)
     state = runrepo.read_state(store)
     rounds = [r for f in sorted((runrepo.cache_root() / "worker").glob("*/rounds.jsonl"))
@@ -97,12 +102,13 @@ def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
         k = args.eval_sampled
         return sum(engine.evaluate(n=args.eval, greedy=False, seed=1000 + i) for i in range(k)) / k
 
-    train["eval_final"] = score(train["adapter"])
+    if "eval_final" not in train:  # (--train-from: scored when that result was made)
+        train["eval_final"] = score(train["adapter"])
     store = LocalStore(run["repo"])
     run["eval"] = {}
     for version, sha in sorted(run["shas"].items()):
         run["eval"][version] = score(runrepo.adapter_at(store, sha, tmp / "eval-adapters"))
-    train["eval_initial"] = run["eval"].get(0)
+    train.setdefault("eval_initial", run["eval"].get(0))
     for c in run["curve"]:
         c["eval"] = run["eval"].get(c["version"])
 
@@ -138,7 +144,9 @@ def fmt(x, spec=".1f"):
 
 def to_markdown(args, rows: list[dict], meta: dict) -> str:
     lines = [f"# Real speed-up on this machine: train (1 core) vs run --workers 2 ({meta['date']})", "",
-             f"Config `{args.config}`{' with ' + ', '.join(args.set) if args.set else ''}; train {args.train_steps} "
+             f"Config `{args.config}`{' with ' + ', '.join(args.set) if args.set else ''}"
+             f"{'; the run with ' + ', '.join(args.run_set) if args.run_set else ''}"
+             f"{'; train taken from ' + str(args.train_from) if args.train_from else ''}; train {args.train_steps} "
              f"steps; run {args.versions} versions; target training reward {args.target} (train: mean of 5 steps; "
              f"run: a version's merged rounds); held-out: greedy on {args.eval} prompts. Machine: {meta['machine']}.",
              "", "| seed | train s to target (step) | run s to target (version) | speed-up | held-out target (train final) "
@@ -166,12 +174,16 @@ def main() -> None:
     ap.add_argument("--eval", type=int, default=16)
     ap.add_argument("--eval-sampled", type=int, default=0, help="0: greedy; k: mean of k sampled passes")
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--run-set", action="append", default=[], help="KEY=VALUE for the run only")
+    ap.add_argument("--train-from", type=Path, default=None, help="an earlier result JSON: reuse its train runs")
     ap.add_argument("--name", default="speedup-real")
     args = ap.parse_args()
+    earlier = {r["train"]["seed"]: r["train"] for r in json.loads(args.train_from.read_text())["raw"]} \
+        if args.train_from else {}
     rows, raw = [], []
     with tempfile.TemporaryDirectory(prefix="hubgrpo-speedup-") as tmp:
         for seed in [int(s) for s in args.seeds.split(",")]:
-            train = run_train(args, Path(tmp), seed)
+            train = earlier[seed] if seed in earlier else run_train(args, Path(tmp), seed)
             run = run_workers(args, Path(tmp), seed)
             evaluate_all(args, train, run, Path(tmp))
             rows.append(summarise(args, train, run))
