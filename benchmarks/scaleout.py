@@ -56,6 +56,7 @@ MODES = {
                         "set": ["params.steps_per_round=5", "params.num_threads=1"]},
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
+PLAIN = ["merge.outer_lr=1", "merge.outer_momentum=0", "merge.nesterov=false"]
 # How the merge follows the fleet size N (``--rule``; N = 1 always runs the config as it is):
 RULES = {
     "fixed": lambda n: [],  # the config's own merge for every N
@@ -75,6 +76,9 @@ RULES = {
     # FFA-LoRA (A frozen), and FFA with mid-round rebase: a round moves onto each newer version between steps
     "ffa": lambda n: ["merge.method=ffa"],
     "ffa_rebase": lambda n: ["merge.method=ffa", "merge.rebase=true"],
+    # ... without the outer momentum (outer lr 1: every round applied as it is), with and without rebase
+    "ffa_plain": lambda n: ["merge.method=ffa", "merge.rebase=false", *PLAIN],
+    "ffa_rebase_plain": lambda n: ["merge.method=ffa", "merge.rebase=true", *PLAIN],
 }
 
 
