@@ -177,3 +177,8 @@ def test_rebased_rounds_move_onto_the_versions_published_before_each_step(tmp_pa
     assert sim.engine.offers
     merged = [m for v in sim.coord.state.versions for m in v.merged]
     assert all(m.staleness == 0 for m in merged)
+    from hubgrpo.sim.report import summary_lines
+
+    moved = sum(r.rebased_version is not None for r in sim.rounds if r.t_deliver is not None)
+    assert any(f"; {moved} of " in line and "moved onto a newer version" in line for line in summary_lines(sim.result()))
+    assert not any("moved onto" in line for line in summary_lines(plain.result()))

@@ -68,8 +68,16 @@ def summary_lines(result: dict) -> list[str]:
     return [f"{result['workers']} workers, {last['version']} versions in {result['virtual_wall_s'] / 60:.1f} "
             f"virtual minutes ({result['rounds_total']} rounds: {result['rounds_by_status']})",
             f"held-out reward {evals[0]:.3f} → {evals[-1]:.3f} (best {max(evals):.3f})" if evals else "no evaluation",
-            f"staleness of merged rounds: {result['staleness_histogram']}",
+            f"staleness of merged rounds: {result['staleness_histogram']}" + _moved(result),
             f"target {result['target_reward']:.3f}: " + (f"reached at version {result['version_at_target']}, "
                                                          f"{tt:.0f} virtual s" if tt is not None else "not reached")
             if result.get("target_reward") is not None else "no target",
             f"real compute: {result['compute']}"]
+
+
+def _moved(result: dict) -> str:
+    """merge.rebase: how many trained rounds moved onto a newer version mid-round."""
+    trained = [r for r in result["rounds"] if r.get("t_deliver") is not None]
+    moved = sum(r.get("rebased_version") is not None for r in trained)
+    return f"; {moved} of {len(trained)} delivered rounds moved onto a newer version mid-round" \
+        if result["config"]["merge"].get("rebase") else ""
