@@ -144,6 +144,10 @@ class MergeSection(_Section):
         False, description="ffa only: a worker moves its round onto each newer version between steps (B += B_new − "
         "B_base, exact because A is frozen), so its later steps train on the newer model; its update and staleness "
         "count from the version it moved onto.")
+    max_lease_age: int = Field(
+        32, ge=0, le=10**6, description="rebase: a round whose lease is more than this many versions old is refused "
+        "whatever version it says it moved onto (that version is the worker's word; its lease is the coordinator's); "
+        "about the versions one round of the slowest worker spans: raise it for fleets of more than ~16 machines.")
     max_submission_mb: float = Field(512, gt=0, description="Submissions larger than this are refused (also "
                                      "anything larger than the global adapter's own size allows).")
     eval_gate: float | None = Field(
@@ -158,6 +162,11 @@ class MergeSection(_Section):
                              "global adapter and every submission would be refused; use svd or ffa in a run "
                              "(stack remains available in `hubgrpo merge`)")
         return v
+
+    def lease_age_limit(self) -> int:
+        """How many versions old a round's lease may be when it is submitted: max_staleness, or with rebase
+        (where the staleness counts from the version the worker says it moved onto) max_lease_age."""
+        return max(self.max_lease_age, self.max_staleness) if self.rebase else self.max_staleness
 
     @model_validator(mode="after")
     def _rebase_needs_ffa(self):

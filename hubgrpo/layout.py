@@ -149,6 +149,10 @@ class Submission(Record):
     # coordinator measures the update and the staleness from it. None: trained on ``base_version`` throughout.
     rebased_version: Version | None = None
 
+    def to_json(self) -> bytes:  # without rebase the record stays readable by coordinators older than the field
+        exclude = {"rebased_version"} if self.rebased_version is None else None
+        return self.model_dump_json(indent=1, exclude=exclude).encode()
+
     @property
     def trained_base(self) -> int:
         """The version the submitted adapter is an update of."""

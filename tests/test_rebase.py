@@ -97,13 +97,16 @@ def test_a_rebase_onto_an_older_version_than_the_lease_is_refused(tmp_path):
     assert ei.value.code == "bad_rebase"
 
 
-def test_a_worker_sees_a_new_version_in_the_repo_at_its_next_poll(tmp_path):
-    from hubgrpo.worker.rebase import RepoSource
+def test_a_worker_moves_onto_the_coordinators_version_at_its_next_poll_never_onto_a_tag(tmp_path):
+    """The version and sha come from the coordinator's status: a tag someone with write access pushed ahead of
+    the coordinator is not followed."""
+    from hubgrpo.worker.rebase import CoordinatorSource
 
     store, c, _ = _setup(tmp_path, **FFA)
     clock = FakeClock(0.0)
-    source = RepoSource(store, tmp_path / "cache", poll_s=10, clock=clock)
-    assert source(1, 0) is None  # only version 0 exists
+    source = CoordinatorSource(c, store, tmp_path / "cache", poll_s=10, clock=clock)
+    store.tag(layout.version_tag(7), store.history()[0].sha)  # a forged "newer version"
+    assert source(1, 0) is None  # the coordinator is at version 0
     fast = c.lease("fast")
     c.submit(fast, _push(store, c, fast, tmp_path, onto=None, seed=1)[0])
     clock.advance(5)
@@ -114,9 +117,40 @@ def test_a_worker_sees_a_new_version_in_the_repo_at_its_next_poll(tmp_path):
     assert version == 1 and got.keys() == head.keys() and all(torch.equal(got[k], head[k]) for k in got)
     clock.advance(10)
     assert source(4, 1) is None  # nothing newer than what it is on
-    (tmp_path / "repo").rename(tmp_path / "gone")  # an unreadable repo: the round stays where it is
-    clock.advance(10)
-    assert source(5, 1) is None
+
+
+class _Down:
+    def status(self):
+        from hubgrpo.errors import CoordinatorError
+
+        raise CoordinatorError("coordinator unreachable")
+
+
+def test_an_unreachable_coordinator_leaves_the_round_where_it_is(tmp_path):
+    from hubgrpo.worker.rebase import CoordinatorSource
+
+    store, _, _ = _setup(tmp_path, **FFA)
+    assert CoordinatorSource(_Down(), store, tmp_path / "cache", poll_s=0)(1, 0) is None
+
+
+def test_a_rebased_rounds_lease_may_be_at_most_max_lease_age_old(tmp_path):
+    """The staleness of a rebased round is the worker's word; its lease's age is the coordinator's own bound."""
+    store, c, _ = _setup(tmp_path, **{**FFA, "merge.max_lease_age": 2})
+    old = c.lease("old")
+    for i in range(3):
+        lease = c.lease(f"w{i}")
+        c.submit(lease, _push(store, c, lease, tmp_path, onto=None, seed=10 + i)[0])
+    assert c.state.version == 3
+    with pytest.raises(InvalidSubmission) as ei:
+        c.submit(old, _push(store, c, old, tmp_path, onto=3, seed=2)[0])
+    assert ei.value.code == "stale" and "at most 2 versions old (merge.max_lease_age)" in ei.value.message
+
+
+def test_a_record_without_rebase_keeps_the_old_format():
+    record = submission_record(make_lease())
+    assert b"rebased_version" not in record.to_json()
+    moved = record.model_copy(update={"rebased_version": 1})
+    assert layout.Submission.from_json(moved.to_json()).rebased_version == 1
 
 
 # --------------------------------------------------------------------------------------------- the engine
@@ -164,7 +198,7 @@ def test_the_engine_moves_a_round_exactly_and_keeps_its_optimizer(tiny_cache, tm
     eng._rebaser.source = None
 
 
-def test_the_engine_does_not_move_onto_a_version_with_another_lora_a(tiny_cache, tmp_path):
+def test_the_engine_does_not_move_onto_another_lora_a_or_when_the_source_fails(tiny_cache, tmp_path):
     from hubgrpo.worker.engine import RoundEngine
 
     eng = RoundEngine(tiny_config(["merge.method=ffa", "merge.rebase=true"]), worker="w1")
@@ -176,6 +210,8 @@ def test_the_engine_does_not_move_onto_a_version_with_another_lora_a(tiny_cache,
     (other / layout.ADAPTER_CONFIG).write_bytes((v0 / layout.ADAPTER_CONFIG).read_bytes())
     sub = eng.run_round(v0, make_lease(steps=2), tmp_path / "out", rebase=lambda step, cur: (3, other))
     assert sub.rebased_version is None
+    sub = eng.run_round(v0, make_lease(steps=2), tmp_path / "out2", rebase=lambda step, cur: 1 / 0)
+    assert sub.rebased_version is None and sub.steps == 2  # a failing source costs nothing but the move
 
 
 def _record(folder: Path):

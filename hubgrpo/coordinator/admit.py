@@ -174,6 +174,11 @@ def check_rebase(c, lease: Lease, sub: Submission, sub_id: str) -> int:
         raise InvalidSubmission("bad_rebase", f"submission {sub_id} was moved onto version {v} mid-round, "
                                 "but this run does not rebase (merge.rebase is off)",
                                 hint="train each round on its leased version: upgrade the worker or fix its config")
+    age, limit = c.state.version - lease.base_version, c.cfg.merge.lease_age_limit()
+    if age > limit:  # the staleness below is the worker's word: its lease's own age is bounded too
+        raise InvalidSubmission("stale", f"submission {sub_id} was leased {age} versions ago (base "
+                                f"{lease.base_version}, current {c.state.version}); a rebased round's lease may be at most "
+                                f"{limit} versions old (merge.max_lease_age)", hint="lease again")
     if not lease.base_version <= v <= c.state.version or v not in c.shas:
         raise InvalidSubmission("bad_rebase", f"submission {sub_id} names version {v} as the one it was "
                                 f"moved onto; it must be a version between its lease's {lease.base_version} and the "
@@ -245,7 +250,7 @@ def unseen_submissions(c, revision: str | None = None) -> list[tuple[int, str]]:
     box: only those on base versions still young enough to be merged)."""
     done = set(c.state.merged_ids) | {r.submission_id for r in c.state.refused} | set(c.pending) \
         | {r.submission_id for r in c.new_refusals} | set(c.in_flight())
-    bases = range(max(0, c.state.version - c.cfg.merge.max_staleness), c.state.version + 1)
+    bases = range(max(0, c.state.version - c.cfg.merge.lease_age_limit()), c.state.version + 1)
     return c.inbox.unseen(done, revision, bases)
 
 

@@ -6,7 +6,8 @@ the folders ``submissions/<base>/<id>/`` of
 - submissions merged into a version older than the last K (version ≤ N − K);
 - refused submissions, once their refusal is older than the last K versions;
 - folders nobody submitted (a crashed worker, junk) whose base version is so old that they could never be
-  admitted again (staleness > ``merge.max_staleness``) and older than the last K versions.
+  admitted again (lease older than ``merge.max_staleness`` versions, ``merge.max_lease_age`` with ``merge.rebase``) and
+  older than the last K versions.
 
 The history keeps every deleted folder until it is reclaimed (``hubgrpo gc``). ``None`` keeps everything.
 """
@@ -19,7 +20,8 @@ from hubgrpo.layout import RunState
 
 def merge_deletes(c, state: RunState, head: str) -> list[str]:
     """The folder deletes of the merge commit writing ``state`` (``coordinator.keep_submissions``)."""
-    return deletes(c.store, head, state, c.cfg.coordinator.keep_submissions, c.cfg.merge.max_staleness)
+    return deletes(c.store, head, state, c.cfg.coordinator.keep_submissions,
+                   c.cfg.merge.lease_age_limit())
 
 
 def deletes(store, head: str, state: RunState, keep: int | None, max_staleness: int) -> list[str]:

@@ -59,4 +59,5 @@ def run_status(c) -> dict:
     out["commit_budget_per_hour"] = c.cfg.coordinator.commit_budget_per_hour
     out["prompts_returned"] = c.pool.returned
     out["head"] = c.head
+    out["version_sha"] = c.shas.get(c.state.version)  # what a rebasing worker (merge.rebase) moves onto
     return out

@@ -201,13 +201,13 @@ class Worker:
         return answer
 
     def _rebase_source(self):
-        """merge.rebase: the run repo's newest version, polled between steps (``hubgrpo.worker.rebase``)."""
+        """merge.rebase: the coordinator's newest version, polled between steps (``hubgrpo.worker.rebase``)."""
         if not self.cfg.merge.rebase:
             return None
-        from hubgrpo.worker.rebase import RepoSource
+        from hubgrpo.worker.rebase import CoordinatorSource
 
-        return RepoSource(self.store, self.workdir / "adapters",
-                          poll_s=min(10.0, self.cfg.coordinator.heartbeat_interval_s))
+        return CoordinatorSource(self.client, self.store, self.workdir / "adapters",
+                                 poll_s=min(10.0, self.cfg.coordinator.heartbeat_interval_s))
 
     def _deliver(self, out: Path, hb: Heartbeat, sub_id: str) -> str:
         """Commit the round to the run repo, or put it in the box ``hub.submissions`` names (through the lease's

@@ -7,9 +7,12 @@ the newer model. The submission names n (``Submission.rebased_version``); the co
 update against B_n (δ plus the steps after the move) and its staleness from n. AdamW's moments stay: they
 belong to the parameters, which moved by a constant.
 
-Between two optimizer steps (never after the last: that would change the staleness but not the update) the
-engine asks a ``Source`` for the newest version it can see — the simulator from its virtual clock, a real worker
-from the run repo's tags (``RepoSource``: at most every 10 s, or every heartbeat interval if that is shorter).
+Between two optimizer steps (never after the last: that would change the staleness but not the update; with
+``params.num_iterations`` k > 1 only every k steps, when TRL generates anew) the engine asks a ``Source`` for the
+newest version it can see — the simulator from its virtual clock, a real worker from the coordinator
+(``CoordinatorSource``: the status's version and its commit sha, at most every 10 s, or every heartbeat interval
+if that is shorter). Never from the repo's tags: anyone with write access to the repo can move a tag, while the
+coordinator's sha names exactly the commit it merged. A failed poll or move only means the round stays where it is.
 """
 
 from __future__ import annotations
@@ -48,13 +51,18 @@ class Rebaser(TrainerCallback):
         self._base = {k: v.detach().clone() for k, v in engine._adapter_state().items()} if source else {}
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.source is None or state.global_step >= state.max_steps:
+        every = max(1, int(getattr(args, "num_iterations", 1) or 1))  # TRL reuses a generation for k steps
+        if self.source is None or state.global_step >= state.max_steps or state.global_step % every:
             return
         t0 = time.perf_counter()
-        found = self.source(int(state.global_step), int(self.version))
-        if found is not None and found[0] > self.version:
-            self._move(*found)
-        self.seconds += time.perf_counter() - t0
+        try:
+            found = self.source(int(state.global_step), int(self.version))
+            if found is not None and found[0] > self.version:
+                self._move(*found)
+        except Exception as e:  # noqa: BLE001 — a bad offer must not cost the round: it stays where it is
+            log.warning("not rebasing after step %d: %s", state.global_step, e)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def _move(self, version: int, folder: Path) -> None:
         from peft import set_peft_model_state_dict
@@ -70,8 +78,10 @@ class Rebaser(TrainerCallback):
             return
         state = {k: (v + (new[k].to(v.device, v.dtype) - self._base[k])) if is_b(k) else v
                  for k, v in current.items()}
-        set_peft_model_state_dict(eng.trainer.model, state, adapter_name="default")  # copies in place: AdamW keeps
-        self._base = {k: new[k].to(v.device, v.dtype) for k, v in current.items()}  # its parameters and moments
+        result = set_peft_model_state_dict(eng.trainer.model, state, adapter_name="default")  # copies in place:
+        if result.unexpected_keys:  # (so AdamW keeps its parameters and moments)
+            raise ValueError(f"peft did not place {sorted(result.unexpected_keys)[:3]}")
+        self._base = {k: new[k].to(v.device, v.dtype) for k, v in current.items()}
         self.version = version
         self.moved.append(version)
 
@@ -80,11 +90,12 @@ class Rebaser(TrainerCallback):
         return self.version if self.moved else None
 
 
-class RepoSource:
-    """A real worker's view of the run: the newest version tag of the repo, its adapter fetched once."""
+class CoordinatorSource:
+    """A real worker's view of the run: the coordinator's current version and its sha (``status``), the adapter
+    fetched from the repo at that sha once."""
 
-    def __init__(self, store, cache: Path, *, poll_s: float = 10.0, clock=time.monotonic):
-        self.store, self.cache, self.poll_s, self.clock = store, Path(cache), poll_s, clock
+    def __init__(self, client, store, cache: Path, *, poll_s: float = 10.0, clock=time.monotonic):
+        self.client, self.store, self.cache, self.poll_s, self.clock = client, store, Path(cache), poll_s, clock
         self._last = -float("inf")
 
     def __call__(self, step: int, current: int) -> tuple[int, Path] | None:
@@ -95,11 +106,11 @@ class RepoSource:
             return None
         self._last = self.clock()
         try:
-            shas = runrepo.version_shas(self.store)
-            newest = max(shas, default=current)
-            if newest <= current:
-                return None
-            return newest, runrepo.adapter_at(self.store, shas[newest], self.cache)
-        except (HubGrpoError, OSError) as e:  # a failed poll only means this round stays on its version
+            status = self.client.status()
+            version, sha = status.get("version"), status.get("version_sha")
+            if not isinstance(version, int) or not isinstance(sha, str) or version <= current:
+                return None  # (an older coordinator sends no sha: no rebase)
+            return version, runrepo.adapter_at(self.store, sha, self.cache)
+        except (HubGrpoError, OSError) as e:
             log.info("rebase: could not read the newest version (%s); staying on v%d", e, current)
             return None
