@@ -77,16 +77,26 @@ def sets(overrides: list[str]) -> list[str]:
     return [x for o in overrides for x in ("--set", o)]
 
 
+def _stamp(cmd: list) -> dict:
+    """The command and the sha256 of its config file (cmd[1]): an edited config is another run."""
+    import hashlib
+
+    config = ROOT / str(cmd[1]) if len(cmd) > 1 else None
+    digest = hashlib.sha256(config.read_bytes()).hexdigest() if config and config.is_file() else None
+    return {"command": [str(c) for c in cmd], "config_sha256": digest}
+
+
 def cached_run(out: Path, cmd: list, result_file: str) -> dict:
-    """``hubgrpo CMD --output OUT`` (output silenced) unless ``out`` holds its result from the same command (the
-    runs are deterministic for a seed, so a long benchmark resumes); the result JSON, with ``real_wall_s`` when run."""
+    """``hubgrpo CMD --output OUT`` (output silenced) unless ``out`` holds its result from the same command on
+    the same config file contents (the runs are deterministic for a seed, so a long benchmark resumes); the result
+    JSON, with ``real_wall_s`` when run."""
     stamp = out / "command.json"
-    if (out / result_file).is_file() and stamp.is_file() and json.loads(stamp.read_text()) == cmd:
+    if (out / result_file).is_file() and stamp.is_file() and json.loads(stamp.read_text()) == _stamp(cmd):
         return json.loads((out / result_file).read_text())
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "hubgrpo.cli", *map(str, cmd), "--output", str(out)], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    stamp.write_text(json.dumps(cmd))
+    stamp.write_text(json.dumps(_stamp(cmd)))
     result = json.loads((out / result_file).read_text())
     result["real_wall_s"] = round(time.time() - t0, 1)
     return result
