@@ -59,7 +59,7 @@ class FakeEngine:
     def __init__(self, reward: float):
         self.reward = reward
 
-    def run_round(self, adapter_dir, lease, out, on_step=None):
+    def run_round(self, adapter_dir, lease, out, on_step=None, rebase=None):
         from safetensors.torch import load_file
 
         base = load_file(Path(adapter_dir) / layout.ADAPTER_WEIGHTS)  # trained from the leased version

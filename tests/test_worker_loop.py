@@ -23,7 +23,7 @@ SECRET = b"loop-secret"
 class FakeEngine:
     """Rounds without a model: the leased adapter with B moved a little."""
 
-    def run_round(self, adapter_dir, lease, out: Path, on_step=None):
+    def run_round(self, adapter_dir, lease, out: Path, on_step=None, rebase=None):
         base = load_file(Path(adapter_dir) / layout.ADAPTER_WEIGHTS)
         write_adapter(out, seed=int(lease.seed) % 1000 + 1, b_scale=0.01)
         delta = load_file(out / layout.ADAPTER_WEIGHTS)

@@ -6,8 +6,8 @@ the folders ``submissions/<base>/<id>/`` of
 - submissions merged into a version older than the last K (version ≤ N − K);
 - refused submissions, once their refusal is older than the last K versions;
 - folders nobody submitted (a crashed worker, junk) whose base version is so old that they could never be
-  admitted again (lease older than ``merge.max_staleness`` versions, ``merge.max_lease_age`` with ``merge.rebase``) and
-  older than the last K versions.
+  admitted again (lease older than ``merge.max_staleness`` versions, ``merge.max_lease_age`` with
+  ``merge.rebase``) and older than the last K versions.
 
 The history keeps every deleted folder until it is reclaimed (``hubgrpo gc``). ``None`` keeps everything.
 """
@@ -20,11 +20,10 @@ from hubgrpo.layout import RunState
 
 def merge_deletes(c, state: RunState, head: str) -> list[str]:
     """The folder deletes of the merge commit writing ``state`` (``coordinator.keep_submissions``)."""
-    return deletes(c.store, head, state, c.cfg.coordinator.keep_submissions,
-                   c.cfg.merge.lease_age_limit())
+    return deletes(c.store, head, state, c.cfg.coordinator.keep_submissions, c.cfg.merge.lease_age_limit())
 
 
-def deletes(store, head: str, state: RunState, keep: int | None, max_staleness: int) -> list[str]:
+def deletes(store, head: str, state: RunState, keep: int | None, max_age: int) -> list[str]:
     """Folder deletes (ending in '/') for the merge commit that writes ``state`` on top of ``head`` (a store
     read: call without the server's lock)."""
     if keep is None:
@@ -40,7 +39,7 @@ def deletes(store, head: str, state: RunState, keep: int | None, max_staleness: 
     out = []
     for base, sub_id in sorted(folders):
         version = tied.get(sub_id)
-        hopeless = version is None and state.version - int(base) > max_staleness and int(base) < oldest_kept
+        hopeless = version is None and state.version - int(base) > max_age and int(base) < oldest_kept
         if (version is not None and version < oldest_kept) or hopeless:
             out.append(f"{layout.SUBMISSIONS}/{base}/{sub_id}/")
     return out

@@ -8,10 +8,11 @@ Simulated parts: the clock and the fleet (``hubgrpo.sim.fleet``: speeds, latenci
 Events are processed in virtual-time order, so every merge before time t is visible to a lease at t and
 staleness arises exactly as it would with N machines. A worker that becomes free at t leases at t; its round is
 trained (in real time) when its delivery comes up, from the version it leased, and its submission is committed
-and submitted at t + latencies + steps × step_s / speed. With ``merge.rebase`` the round moves, after each step, onto
-the newest version published a latency before that step ended (``hubgrpo.worker.rebase``). Nothing depends on this machine's wall time: a seed gives the same
-simulation (merges run synchronously at submit, as the coordinator does without a server; merge and evaluation
-take no virtual time — they run on the coordinator's and the evaluator's own machines).
+and submitted at t + latencies + steps × step_s / speed. With ``merge.rebase`` the round moves, after each step,
+onto the newest version published a latency before that step ended (``hubgrpo.worker.rebase``). Nothing depends on
+this machine's wall time: a seed gives the same simulation (merges run synchronously at submit, as the
+coordinator does without a server; merge and evaluation take no virtual time — they run on the coordinator's and
+the evaluator's own machines).
 
 Differences from a deployment, on purpose: the commit budget is lifted (virtual hours hold far more commits than
 real ones; ``keep_budget`` keeps it) and lease ids are numbered (deterministic). With ``params.reset_optimizer``
@@ -203,7 +204,7 @@ class Simulation:
         # trained when it is delivered (every version before then is known: a rebase sees the ones it would)
         self._push(start + train_s + 2 * lat, "deliver", ev.worker, (holder, rec, start, train_s))  # upload + submit
 
-    def _train(self, lease, rec: RoundRecord, start: float, train_s: float) -> Path:
+    def _train(self, lease, rec: RoundRecord, start: float, train_s: float):
         """The round's real training, from its leased version (and, with merge.rebase, onto the versions its
         machine would have seen published by the end of each step)."""
         t0 = time.perf_counter()
@@ -219,7 +220,7 @@ class Simulation:
         sub = self.engine.run_round(base, lease, folder, optimizer_key=rec.worker, rebase=newest)
         self.compute["train_s"] += time.perf_counter() - t0
         rec.train_reward, rec.rebased_version = sub.reward_mean, sub.rebased_version
-        return folder
+        return folder, sub
 
     def _schedule_heartbeats(self, worker: int, holder: dict, start: float, end: float) -> None:
         every = self.cfg.coordinator.heartbeat_interval_s
@@ -239,12 +240,11 @@ class Simulation:
         """Commit the round's folder (at its virtual arrival time) and submit it; maybe merge."""
         holder, rec, start, train_s = ev.data
         lease = holder["lease"]
-        folder = self._train(lease, rec, start, train_s)
+        folder, sub = self._train(lease, rec, start, train_s)
         adds = {layout.submission_path(lease.base_version, layout.submission_id(lease.worker, lease.lease_id), f):
                 folder / f for f in layout.SUBMISSION_FILES}
         commit = self.store.commit(adds, message=f"hubgrpo: submission {lease.worker}-{lease.lease_id}")
-        trained_on = lease.base_version if rec.rebased_version is None else rec.rebased_version
-        rec.t_deliver, rec.staleness_at_delivery = self.now, self.coord.state.version - trained_on
+        rec.t_deliver, rec.staleness_at_delivery = self.now, self.coord.state.version - sub.trained_base
         self.coord.tick()
         t0 = time.perf_counter()
         try:

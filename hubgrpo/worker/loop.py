@@ -180,9 +180,8 @@ class Worker:
         try:
             with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
                 bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
-                rebase = self._rebase_source()
                 sub = self.engine.run_round(adapter_dir, bare, out, on_step=self._progress(lease),
-                                            **({"rebase": rebase} if rebase else {}))
+                                            rebase=self._rebase_source())
             t1 = time.time()
             if self.upload_via == "coordinator":  # the coordinator checks, commits (batched) and submits it
                 answer = self._submit(hb.lease, None, folder=out)
