@@ -92,6 +92,9 @@ class ParamsConfig(_Section):
     balance_rounds: bool = Field(False, description="Give faster workers more steps per lease (and slower ones "
                                  "fewer, at least 1, at most 4× steps_per_round) so that rounds take about as long "
                                  "everywhere; speeds are measured by the coordinator (lease to submit), not reported.")
+    stagger_rounds: bool = Field(False, description="A worker's first lease, granted while k other leases are "
+                                 "live, gets a fraction (1/2, 1/4, 3/4, 1/8, ...) of steps_per_round, so that "
+                                 "machines started together deliver evenly spread instead of all at once.")
     versions: int = Field(10, gt=0, description="Stop the run after this many merged global versions.")
     reset_optimizer: bool = Field(True, description="Fresh AdamW moments at every round (False keeps them).")
     seed: int = Field(0, description="Seed for prompts, shards and sampling.")

@@ -156,6 +156,23 @@ def test_balanced_rounds_give_faster_workers_more_steps(tmp_path):
     assert all(s >= 3 * 4 * per_step * 0.75 for s in steps["sim02"]), steps  # 3× as fast: ~3× the steps
 
 
+def test_staggered_first_rounds_spread_equal_machines_over_one_round(tmp_path):
+    """params.stagger_rounds: 4 equal machines that start together get 4, 2, 1, 3 steps in their first rounds
+    (1, 1/2, 1/4, 3/4 of steps_per_round), full rounds after; their deliveries stay one step apart, where without
+    it all four arrive at once."""
+    settings = {"params.steps_per_round": 4}
+    together = simulate(tmp_path, "together", settings, until_version=8)
+    sim = simulate(tmp_path, "stagger", {**settings, "params.stagger_rounds": "true"}, until_version=8)
+    per_step = len(together.prompts[together.rounds[0].lease_id]) // 4
+    steps = lambda r: len(sim.prompts[r.lease_id]) // per_step  # noqa: E731
+    assert sorted(steps(r) for r in sim.rounds if r.t_lease == 0) == [1, 2, 3, 4]
+    later = [steps(r) for r in sim.rounds if r.t_lease > 0]
+    assert later and all(s == 4 for s in later)
+    times = lambda s: [v["virtual_time_s"] for v in s.result()["versions"][1:]]  # noqa: E731
+    assert times(together)[:4] == [4.0] * 4
+    assert times(sim)[:8] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+
+
 def test_rebased_rounds_move_onto_the_versions_published_before_each_step(tmp_path):
     """merge.rebase (ffa), max_staleness 0: a slow machine's rounds are one or more versions old by their lease
     and would all be refused; each moves, after a step, onto the newest version published by the end of that step

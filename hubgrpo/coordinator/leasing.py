@@ -41,7 +41,9 @@ def issue(c, worker: str, user: str | None) -> Lease:
     if wait > 0:
         raise refused("budget", f"commit budget reached ({c.cfg.coordinator.commit_budget_per_hour}/hour, shared "
                       f"fairly between users); retry in {wait:.0f} s", wait_s=wait)
-    steps = round_steps(c, c.worker_key(worker, user))
+    key = c.worker_key(worker, user)
+    stats = c.state.workers.get(key)
+    steps = round_steps(c, key, first_round=stats is None or stats.accepted == 0)
     per_step = max(1, c.prompts_per_round // c.cfg.params.steps_per_round)
     lease = Lease(
         lease_id=c.new_lease_id(), run_id=c.state.run_id, round_id=len(c.state.merged_ids) + len(c.pending)
@@ -55,10 +57,30 @@ def issue(c, worker: str, user: str | None) -> Lease:
     return lease
 
 
-def round_steps(c, key: str) -> int:
-    """``params.steps_per_round``, or with ``params.balance_rounds`` the steps that make this worker's round last
-    about as long as the median worker's (its seconds per step measured by the coordinator)."""
+def stagger_fraction(k: int) -> float:
+    """The van der Corput sequence in base 2 with 1 first: 1, 1/2, 1/4, 3/4, 1/8, 5/8, 3/8, 7/8, ... — any
+    prefix of it spreads round ends over one round about evenly."""
+    if k <= 0:
+        return 1.0
+    x, denom = 0.0, 1.0
+    while k:
+        denom *= 2
+        x += (k & 1) / denom
+        k >>= 1
+    return x
+
+
+def round_steps(c, key: str, first_round: bool = False) -> int:
+    """``params.steps_per_round``; with ``params.stagger_rounds``, a worker's first round while k other leases
+    are live gets ``stagger_fraction(k)`` of it (at least 1 step), so that machines that start together do not
+    deliver together (every round after theirs would start from one base and overlap fully); with
+    ``params.balance_rounds`` the steps that make this worker's round last about as long as the median worker's
+    (its seconds per step measured by the coordinator)."""
     p = c.cfg.params
+    if p.stagger_rounds and first_round:
+        live = sum(1 for l in c.active.values() if c.worker_key(l.worker, l.user) != key)
+        if live:
+            return max(1, round(p.steps_per_round * stagger_fraction(live)))
     mine = c.step_seconds.get(key)
     if not p.balance_rounds or mine is None or len(c.step_seconds) < 2:
         return p.steps_per_round
