@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -79,6 +78,8 @@ RULES = {
     # ... without the outer momentum (outer lr 1: every round applied as it is), with and without rebase
     "ffa_plain": lambda n: ["merge.method=ffa", "merge.rebase=false", *PLAIN],
     "ffa_rebase_plain": lambda n: ["merge.method=ffa", "merge.rebase=true", *PLAIN],
+    # the config's merge, and first rounds staggered (1, 1/2, 1/4, 3/4, ... of a round) so that rounds arrive spread
+    "stagger": lambda n: ["params.stagger_rounds=true"],
 }
 
 
@@ -141,18 +142,12 @@ def row(fleet: str, n: int, res: dict, target: float, t1: float, t_hit: float | 
             "curve": [(v["virtual_time_s"], v["samples"], v["eval_reward"]) for v in res["versions"]]}
 
 
-def _train(mode: dict, args, seed: int, out: Path) -> None:
-    subprocess.run([sys.executable, "-m", "hubgrpo.cli", "train", mode["config"], "--steps", str(mode["budget_steps"]),
-                    "--output", str(out), "--eval-samples", "0", *sets([*mode["set"], *args.set,
-                                                                       f"params.seed={seed}"])],
-                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def train_reference(mode: dict, args, seed: int, work: Path) -> dict:
-    """``hubgrpo train`` for the single worker's budget of steps, scored like the simulations."""
+    """``hubgrpo train`` for the single worker's budget of steps, scored like the simulations (reused from an
+    earlier run of the same command on the same config contents under ``--work``)."""
     out = work / f"train-s{seed}"
-    if not (out / "metrics.json").is_file():  # reused from an earlier run with the same --work
-        _train(mode, args, seed, out)
+    cached_run(out, ["train", mode["config"], "--steps", str(mode["budget_steps"]), "--eval-samples", "0",
+                     *sets([*mode["set"], *args.set, f"params.seed={seed}"])], "metrics.json")
     from hubgrpo.config import load_config
     from hubgrpo.worker.engine import RoundEngine
 
