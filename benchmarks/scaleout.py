@@ -16,9 +16,10 @@ Reported per (fleet, N): time to target and speed-up vs N = 1 (virtual seconds, 
 efficiency, samples to target, held-out reward at the time N = 1 reached the target, the staleness histogram,
 refused rounds; and the single-process ``hubgrpo train`` reference (same number of steps as N = 1, same eval).
 
-``--validate REAL.json`` (a ``benchmarks/speedup_real.py`` result on the same config) replays that real
-``hubgrpo run --workers 2`` in the simulator, with the real run's measured seconds per step, and compares the
-staleness histograms and the held-out reward against time.
+``--validate REAL.json [REAL2.json …]`` (``benchmarks/speedup_real.py`` results) replays each real
+``hubgrpo run --workers 2`` in the simulator, with its config (``--set`` and ``--run-set``) and its measured seconds
+per step, and compares the staleness histograms, the time to the training-reward target, seconds per version
+and the held-out reward against time; over seeds, whether the simulated mean is within the real runs' sd.
 
 Writes benchmarks/results/<name>.{md,json,png}. Each simulation is a ``hubgrpo simulate`` subprocess (as a user
 runs it); its folder is kept under ``--work`` (default a temporary folder).
@@ -163,57 +164,6 @@ def train_reference(mode: dict, args, seed: int, work: Path) -> dict:
     return {"seed": seed, "steps": mode["budget_steps"], "eval_final": final}
 
 
-def validate(mode: dict, args, real_path: Path, work: Path) -> dict:
-    """Replay each seed of a real ``hubgrpo run --workers 2`` (speedup_real.py JSON) in the simulator."""
-    real = json.loads(real_path.read_text())
-    out = []
-    for raw in real["raw"]:
-        run, seed = raw["run"], raw["run"]["seed"]
-        rounds = [r for r in run["rounds"] if "train_s" in r]
-        steps = max(1, int(real["args"].get("steps_per_round") or _steps_per_round(real, mode)))
-        step_s = statistics.median(r["train_s"] for r in rounds) / steps
-        overhead = statistics.median(r.get("lease_s", 0) + r.get("download_s", 0) + r.get("upload_s", 0)
-                                     + r.get("submit_s", 0) for r in rounds)
-        versions = len(run["curve"])
-        sim = simulate(work / f"validate-s{seed}", real["args"]["config"], 2, seed,
-                       [*sets([*real["args"]["set"]]), *_eval_flags(real), "--step-s", f"{step_s:.4f}",
-                        "--latency-s", f"{overhead / 4:.4f}", "--until-version", str(versions)])
-        real_hist = {}
-        for c in run["curve"]:
-            for s in c["staleness"]:
-                real_hist[str(s)] = real_hist.get(str(s), 0) + 1
-        out.append({"seed": seed, "step_s": step_s, "latency_s": overhead / 4, "versions": versions,
-                    "real_staleness": real_hist, "sim_staleness": sim["staleness_histogram"],
-                    "real_curve": [(c["t"], c.get("eval")) for c in run["curve"]],
-                    "sim_curve": [(v["virtual_time_s"], v["eval_reward"]) for v in sim["versions"][1:]],
-                    "real_wall_s": run["curve"][-1]["t"] if run["curve"] else None,
-                    "sim_virtual_s": sim["virtual_wall_s"]})
-    return {"seeds": out}
-
-
-def _steps_per_round(real: dict, mode: dict) -> int:
-    from hubgrpo.config import load_config
-
-    return load_config(ROOT / real["args"]["config"], overrides=real["args"]["set"]).params.steps_per_round
-
-
-def _eval_flags(real: dict) -> list[str]:
-    a = real["args"]
-    return ["--eval-samples", str(a.get("eval", 16)), "--eval-sampled", str(a.get("eval_sampled", 0))]
-
-
-def validation_markdown(v: dict) -> str:
-    lines = ["# Simulator vs a real `hubgrpo run --workers 2`", "",
-             "| seed | s/step (real, median) | versions | staleness real | staleness simulated | real s to last "
-             "version | simulated s | held-out real (last) | held-out simulated (last) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for s in v["seeds"]:
-        lines.append(f"| {s['seed']} | {s['step_s']:.3f} | {s['versions']} | {s['real_staleness']} | "
-                     f"{s['sim_staleness']} | {fmt(s['real_wall_s'], '.1f')} | {fmt(s['sim_virtual_s'], '.1f')} | "
-                     f"{fmt(s['real_curve'][-1][1], '.3f')} | {fmt(s['sim_curve'][-1][1], '.3f')} |")
-    return "\n".join(lines) + "\n"
-
-
 def summarise(seeds: list[dict]) -> list[dict]:
     keys = sorted({(r["fleet"], r["workers"]) for s in seeds for r in s["rows"]}, key=lambda k: (k[0] != "homog", k))
     out = []
@@ -312,7 +262,8 @@ def main() -> None:
                     "is mostly the versions after it")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--name", default=None)
-    ap.add_argument("--validate", type=Path, default=None, help="a speedup_real.py JSON to replay")
+    ap.add_argument("--validate", type=Path, nargs="+", default=None,
+                    help="speedup_real.py JSONs to replay (every seed of each)")
     args = ap.parse_args()
     args.workers = [int(x) for x in (args.workers or ("1,2,4,8,16" if args.mode == "tiny" else "1,2,4,8")).split(",")]
     args.fleets = args.fleets.split(",")
@@ -320,9 +271,12 @@ def main() -> None:
     name = args.name or f"scaleout-{args.mode}"
     work = args.work or Path(tempfile.mkdtemp(prefix="hubgrpo-scaleout-"))
     if args.validate:
-        v = validate(mode, args, args.validate, work)
+        from benchmarks.sim_validation import validate, validation_markdown, validation_plot
+
+        v = validate(mode, args.validate, work)
         (RESULTS / f"{name}-validate.json").write_text(json.dumps(v, indent=1))
         (RESULTS / f"{name}-validate.md").write_text(validation_markdown(v))
+        validation_plot(v, RESULTS / f"{name}-validate.png")
         print(validation_markdown(v))
         return
     seeds = []

@@ -14,15 +14,17 @@ Both runs are the real CLI in subprocesses, one after the other (never at the sa
   two workers: the held-out scores are computed afterwards, as for train). Its clock starts at the first lease
   (workers loaded their models before; the same exclusion as train's) and is also given from the process start.
   Training reward per version: the mean reward of the rounds merged into it, as ``hubgrpo status`` shows it.
-- **held-out**: after both, every checkpoint is scored here in one process: train's final adapter, and every
-  version of the run (tags), greedily on the first ``--eval`` held-out prompts.
+- **held-out**: after both, every checkpoint is scored here in one process: train's adapter every
+  ``--train-save-every`` steps and its final one, and every version of the run (tags), greedily on the first
+  ``--eval`` held-out prompts.
 
 ``--run-set`` changes the run only (e.g. its merge), so train stays the config's single process. ``--train-from``
 takes train's curve and held-out scores for each seed from an earlier result of this script (same config and
 steps) instead of training again; the report says so.
 
 Targets: the first time the training reward reaches ``--target``, and the first time the run's held-out reward
-reaches train's final held-out reward. speed-up = train's time / run's time. Writes
+reaches train's final held-out reward (train's time to it: its first checkpoint that scores it). speed-up =
+train's time / run's time. Writes
 benchmarks/results/<name>.{md,json}; the per-round log of the run (rounds.jsonl) is kept in the JSON for the
 simulator's validation (``benchmarks/scaleout.py --validate``).
 """
@@ -51,8 +53,9 @@ def first_at(curve: list[dict], key: str, target: float) -> dict | None:
 
 def run_train(args, tmp: Path, seed: int) -> dict:
     out = tmp / f"train-s{seed}"
+    every = ["--save-every", str(args.train_save_every)] if args.train_save_every else []
     wall = hubgrpo("train", args.config, "--steps", str(args.train_steps), "--output", str(out), "--eval-samples",
-                   "0", *sets([*args.set, "params.num_threads=1", f"params.seed={seed}"]))
+                   "0", *every, *sets([*args.set, "params.num_threads=1", f"params.seed={seed}"]))
     m = json.loads((out / "metrics.json").read_text())
     t, curve, rewards = 0.0, [], []
     for s in m["step_metrics"]:
@@ -104,6 +107,9 @@ def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
 
     if "eval_final" not in train:  # (--train-from: scored when that result was made)
         train["eval_final"] = score(train["adapter"])
+        times = {c["step"]: c["t"] for c in train["curve"]}
+        train["eval_curve"] = [{"step": int(d.name.split("-")[1]), "t": times.get(int(d.name.split("-")[1])),
+                                "eval": score(d)} for d in sorted(Path(train["adapter"]).glob("checkpoints/step-*"))]
     store = LocalStore(run["repo"])
     run["eval"] = {}
     for version, sha in sorted(run["shas"].items()):
@@ -119,6 +125,10 @@ def summarise(args, train: dict, run: dict) -> dict:
     e_target = train["eval_final"]
     e_hit = first_at(run["curve"], "eval", e_target)
     train_total = train["curve"][-1]["t"] if train["curve"] else None
+    # with --train-save-every, train's own first checkpoint at its final score (else: only its end is known)
+    train_e_hit = first_at(train.get("eval_curve") or [], "eval", e_target)
+    if train_e_hit and train_e_hit["t"] is not None:
+        train_total = train_e_hit["t"]
     out = {"seed": run["seed"], "train_s_to_target": t_hit and t_hit["t"], "train_step_at_target": t_hit and t_hit["step"],
            "run_s_to_target": r_hit and r_hit["t"], "run_version_at_target": r_hit and r_hit["version"],
            "run_process_s_to_target": r_hit and r_hit["t_process"],
@@ -150,7 +160,7 @@ def to_markdown(args, rows: list[dict], meta: dict) -> str:
              f"steps; run {args.versions} versions; target training reward {args.target} (train: mean of 5 steps; "
              f"run: a version's merged rounds); held-out: greedy on {args.eval} prompts. Machine: {meta['machine']}.",
              "", "| seed | train s to target (step) | run s to target (version) | speed-up | held-out target (train final) "
-             "| run s to it (version) | train s (all steps) | speed-up held-out | run final held-out | τ histogram |",
+             "| run s to it (version) | train s to it (first checkpoint at it, else its end) | speed-up held-out | run final held-out | τ histogram |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['seed']} | {fmt(r['train_s_to_target'])} ({r['train_step_at_target']}) | "
@@ -169,6 +179,9 @@ def main() -> None:
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--train-steps", type=int, default=48)
+    ap.add_argument("--train-save-every", type=int, default=5,
+                    help="score train's adapter every K steps too, so that its time to its final held-out score "
+                         "is measured, not taken as its whole run (0: only the final adapter)")
     ap.add_argument("--versions", type=int, default=16)
     ap.add_argument("--target", type=float, default=0.9)
     ap.add_argument("--eval", type=int, default=16)

@@ -1,0 +1,135 @@
+"""The simulator against reality: ``benchmarks/scaleout.py --validate REAL.json …`` replays each real
+``hubgrpo run --workers 2`` of ``benchmarks/speedup_real.py`` results in ``hubgrpo simulate`` — the run's own config
+(its ``--set`` and ``--run-set``), its measured median seconds per step and per-round overhead — and compares the
+staleness histograms, the time to the training-reward target, seconds per version and the reward curves; over
+seeds, whether the simulated mean lies within the real runs' standard deviation ("within seed noise")."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.learning import sets
+from benchmarks.scaleout import ROOT, fmt, simulate
+
+
+def validate(mode: dict, real_paths: list[Path], work: Path) -> dict:
+    """Replay each seed of real ``hubgrpo run --workers 2`` runs (speedup_real.py JSONs) in the simulator."""
+    out = []
+    for real_path in real_paths:
+        real = json.loads(real_path.read_text())
+        for raw in real["raw"]:
+            out.append(_validate_seed(mode, real, raw["run"], work / f"validate-{real_path.stem}-s{raw['run']['seed']}"))
+    return {"seeds": out, "summary": _validation_summary(out)}
+
+
+def _validate_seed(mode: dict, real: dict, run: dict, out: Path) -> dict:
+    rounds = [r for r in run["rounds"] if "train_s" in r]
+    steps = max(1, int(real["args"].get("steps_per_round") or _steps_per_round(real, mode)))
+    step_s = statistics.median(r["train_s"] for r in rounds) / steps
+    overhead = statistics.median(r.get("lease_s", 0) + r.get("download_s", 0) + r.get("upload_s", 0)
+                                 + r.get("submit_s", 0) for r in rounds)
+    versions = len(run["curve"])
+    settings = [*real["args"]["set"], *real["args"].get("run_set", [])]  # the run's own config
+    sim = simulate(out, real["args"]["config"], 2, run["seed"],
+                   [*sets(settings), *_eval_flags(real), "--step-s", f"{step_s:.4f}",
+                    "--latency-s", f"{overhead / 4:.4f}", "--until-version", str(versions)])
+    real_hist = {}
+    for c in run["curve"]:
+        for s in c["staleness"]:
+            real_hist[str(s)] = real_hist.get(str(s), 0) + 1
+    target = real["args"].get("target", 0.9)
+    real_hit = next((c["t"] for c in run["curve"] if c["reward"] is not None and c["reward"] >= target), None)
+    sim_hit = next((v["virtual_time_s"] for v in sim["versions"][1:]
+                    if v["train_reward"] is not None and v["train_reward"] >= target), None)
+    return {"seed": run["seed"], "source": real["args"].get("name"), "settings": settings, "step_s": step_s,
+            "latency_s": overhead / 4, "versions": versions, "target": target,
+            "real_staleness": real_hist, "sim_staleness": sim["staleness_histogram"],
+            "real_s_to_target": real_hit, "sim_s_to_target": sim_hit,
+            "real_curve": [(c["t"], c.get("eval"), c["reward"]) for c in run["curve"]],
+            "sim_curve": [(v["virtual_time_s"], v["eval_reward"], v["train_reward"]) for v in sim["versions"][1:]],
+            "real_wall_s": run["curve"][-1]["t"] if run["curve"] else None,
+            "sim_virtual_s": sim["virtual_wall_s"]}
+
+
+def _validation_summary(rows: list[dict]) -> dict:
+    """Mean ± sd over seeds of the real and the simulated time to the training-reward target and of the share of
+    fresh (τ = 0) rounds: "within seed noise" when the means differ by at most the real runs' sd."""
+    def stats(xs):
+        xs = [x for x in xs if x is not None]
+        return {"mean": statistics.mean(xs) if xs else None, "sd": statistics.stdev(xs) if len(xs) > 1 else None,
+                "n": len(xs)}
+
+    def fresh(hist):
+        total = sum(hist.values())
+        return hist.get("0", 0) / total if total else None
+
+    out = {}
+    for key, real, sim in (("s_to_target", [r["real_s_to_target"] for r in rows], [r["sim_s_to_target"] for r in rows]),
+                           ("fresh_share", [fresh(r["real_staleness"]) for r in rows],
+                            [fresh(r["sim_staleness"]) for r in rows]),
+                           ("s_per_version", [r["real_wall_s"] / r["versions"] for r in rows if r["real_wall_s"]],
+                            [r["sim_virtual_s"] / r["versions"] for r in rows])):
+        rs, ss = stats(real), stats(sim)
+        within = (None if rs["mean"] is None or ss["mean"] is None or rs["sd"] is None
+                  else abs(rs["mean"] - ss["mean"]) <= rs["sd"])
+        out[key] = {"real": rs, "sim": ss, "within_seed_noise": within}
+    return out
+
+
+def _steps_per_round(real: dict, mode: dict) -> int:
+    from hubgrpo.config import load_config
+
+    return load_config(ROOT / real["args"]["config"], overrides=real["args"]["set"]).params.steps_per_round
+
+
+def _eval_flags(real: dict) -> list[str]:
+    a = real["args"]
+    return ["--eval-samples", str(a.get("eval", 16)), "--eval-sampled", str(a.get("eval_sampled", 0))]
+
+
+def validation_markdown(v: dict) -> str:
+    lines = ["# Simulator vs real `hubgrpo run --workers 2` runs", "",
+             "| source | seed | s/step (real, median) | versions | staleness real | staleness simulated | real s to "
+             "target | simulated s to target | real s to last version | simulated s | held-out real (last) | "
+             "held-out simulated (last) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in v["seeds"]:
+        lines.append(f"| {s.get('source')} | {s['seed']} | {s['step_s']:.3f} | {s['versions']} | {s['real_staleness']} | "
+                     f"{s['sim_staleness']} | {fmt(s.get('real_s_to_target'), '.1f')} | "
+                     f"{fmt(s.get('sim_s_to_target'), '.1f')} | {fmt(s['real_wall_s'], '.1f')} | "
+                     f"{fmt(s['sim_virtual_s'], '.1f')} | {fmt(s['real_curve'][-1][1], '.3f')} | "
+                     f"{fmt(s['sim_curve'][-1][1], '.3f')} |")
+    summary = v.get("summary") or {}
+    if summary:
+        lines += ["", "| over seeds | real mean ± sd | simulated mean ± sd | within the real runs' sd |", "|---|---|---|---|"]
+        for key, row in summary.items():
+            r, s = row["real"], row["sim"]
+            lines.append(f"| {key} | {fmt(r['mean'])} ± {fmt(r['sd'])} (n = {r['n']}) | {fmt(s['mean'])} ± "
+                         f"{fmt(s['sd'])} (n = {s['n']}) | {row['within_seed_noise']} |")
+    return "\n".join(lines) + "\n"
+
+
+def validation_plot(v: dict, path: Path) -> None:
+    """Training reward and held-out reward vs seconds, each real run (solid) and its simulation (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, s in enumerate(v["seeds"]):
+        color = f"C{i}"
+        for ax, k in ((axes[0], 2), (axes[1], 1)):
+            for curve, style, who in ((s["real_curve"], "-", "real"), (s["sim_curve"], "--", "simulated")):
+                pts = [(c[0], c[k]) for c in curve if c[k] is not None]
+                if pts:
+                    ax.plot(*zip(*pts), style, color=color, marker=".", label=f"{who} {s.get('source')} s{s['seed']}")
+    axes[0].set_ylabel("training reward of a version's rounds")
+    axes[1].set_ylabel("held-out reward")
+    for ax in axes:
+        ax.set_xlabel("seconds from the first lease (real) / virtual seconds")
+    axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
