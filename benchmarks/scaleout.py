@@ -81,6 +81,9 @@ RULES = {
     "ffa_rebase_plain": lambda n: ["merge.method=ffa", "merge.rebase=true", *PLAIN],
     # the config's merge, and first rounds staggered (1, 1/2, 1/4, 3/4, ... of a round) so that rounds arrive spread
     "stagger": lambda n: ["params.stagger_rounds=true"],
+    # the config's merge with the outer lr falling as 4/N beyond 4 machines (each version moves less when more
+    # rounds arrive per unit of time)
+    "lr_4_over_n": lambda n: [f"merge.outer_lr={min(1.0, 4 / n):.4g}"],
 }
 
 
