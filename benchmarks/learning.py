@@ -60,6 +60,7 @@ VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
     "quorum4-4w": (4, ["merge.quorum=4"]),
     "ffa-1w": (1, ["merge.method=ffa"]),
     "ffa-4w": (4, ["merge.method=ffa"]),
+    "ffa-rebase-4w": (4, ["merge.method=ffa", "merge.rebase=true"]),  # rounds move onto newer versions mid-round
 }
 ALL = ["baseline", *VARIANTS]
 DEFAULT = [n for n in ALL if not n.startswith("ffa")]
