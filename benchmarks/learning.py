@@ -79,11 +79,15 @@ def sets(overrides: list[str]) -> list[str]:
 
 
 def _stamp(cmd: list) -> dict:
-    """The command and the sha256 of its config file (cmd[1]): an edited config is another run."""
+    """The command and the sha256 of its config (cmd[1]) as parsed: a changed setting is another run, an edited
+    comment is not."""
     import hashlib
 
+    from hubgrpo.config import load_config
+
     config = ROOT / str(cmd[1]) if len(cmd) > 1 else None
-    digest = hashlib.sha256(config.read_bytes()).hexdigest() if config and config.is_file() else None
+    digest = hashlib.sha256(load_config(config).model_dump_json().encode()).hexdigest() \
+        if config and config.is_file() else None
     return {"command": [str(c) for c in cmd], "config_sha256": digest}
 
 
