@@ -31,7 +31,8 @@ def _validate_seed(mode: dict, real: dict, run: dict, out: Path) -> dict:
     overhead = statistics.median(r.get("lease_s", 0) + r.get("download_s", 0) + r.get("upload_s", 0)
                                  + r.get("submit_s", 0) for r in rounds)
     versions = len(run["curve"])
-    settings = [*real["args"]["set"], *real["args"].get("run_set", [])]  # the run's own config
+    # the run's own config; one torch thread, as each of the run's two workers had on the 2 cores
+    settings = [*real["args"]["set"], *real["args"].get("run_set", []), "params.num_threads=1"]
     sim = simulate(out, real["args"]["config"], 2, run["seed"],
                    [*sets(settings), *_eval_flags(real), "--step-s", f"{step_s:.4f}",
                     "--latency-s", f"{overhead / 4:.4f}", "--until-version", str(versions)])
