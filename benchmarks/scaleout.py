@@ -276,7 +276,7 @@ def main() -> None:
     if args.validate:
         from benchmarks.sim_validation import validate, validation_markdown, validation_plot
 
-        v = validate(mode, args.validate, work)
+        v = validate(args.validate, work)
         (RESULTS / f"{name}-validate.json").write_text(json.dumps(v, indent=1))
         (RESULTS / f"{name}-validate.md").write_text(validation_markdown(v))
         validation_plot(v, RESULTS / f"{name}-validate.png")

@@ -8,38 +8,38 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from benchmarks.learning import sets
 from benchmarks.scaleout import ROOT, fmt, simulate
 
 
-def validate(mode: dict, real_paths: list[Path], work: Path) -> dict:
+def validate(real_paths: list[Path], work: Path) -> dict:
     """Replay each seed of real ``hubgrpo run --workers 2`` runs (speedup_real.py JSONs) in the simulator."""
     out = []
     for real_path in real_paths:
         real = json.loads(real_path.read_text())
         for raw in real["raw"]:
-            out.append(_validate_seed(mode, real, raw["run"], work / f"validate-{real_path.stem}-s{raw['run']['seed']}"))
+            out.append(_validate_seed(real, raw["run"], work / f"validate-{real_path.stem}-s{raw['run']['seed']}"))
     return {"seeds": out, "summary": _validation_summary(out)}
 
 
-def _validate_seed(mode: dict, real: dict, run: dict, out: Path) -> dict:
+def _validate_seed(real: dict, run: dict, out: Path) -> dict:
+    from hubgrpo.config import load_config
+
+    # the run's own config; one torch thread, as each of the run's two workers had on the 2 cores
+    settings = [*real["args"]["set"], *real["args"].get("run_set", []), "params.num_threads=1"]
+    steps = load_config(ROOT / real["args"]["config"], overrides=settings).params.steps_per_round
     rounds = [r for r in run["rounds"] if "train_s" in r]
-    steps = max(1, int(real["args"].get("steps_per_round") or _steps_per_round(real, mode)))
     step_s = statistics.median(r["train_s"] for r in rounds) / steps
     overhead = statistics.median(r.get("lease_s", 0) + r.get("download_s", 0) + r.get("upload_s", 0)
                                  + r.get("submit_s", 0) for r in rounds)
     versions = len(run["curve"])
-    # the run's own config; one torch thread, as each of the run's two workers had on the 2 cores
-    settings = [*real["args"]["set"], *real["args"].get("run_set", []), "params.num_threads=1"]
     sim = simulate(out, real["args"]["config"], 2, run["seed"],
                    [*sets(settings), *_eval_flags(real), "--step-s", f"{step_s:.4f}",
                     "--latency-s", f"{overhead / 4:.4f}", "--until-version", str(versions)])
-    real_hist = {}
-    for c in run["curve"]:
-        for s in c["staleness"]:
-            real_hist[str(s)] = real_hist.get(str(s), 0) + 1
+    real_hist = dict(Counter(str(s) for c in run["curve"] for s in c["staleness"]))
     target = real["args"].get("target", 0.9)
     real_hit = next((c["t"] for c in run["curve"] if c["reward"] is not None and c["reward"] >= target), None)
     sim_hit = next((v["virtual_time_s"] for v in sim["versions"][1:]
@@ -77,12 +77,6 @@ def _validation_summary(rows: list[dict]) -> dict:
                   else abs(rs["mean"] - ss["mean"]) <= rs["sd"])
         out[key] = {"real": rs, "sim": ss, "within_seed_noise": within}
     return out
-
-
-def _steps_per_round(real: dict, mode: dict) -> int:
-    from hubgrpo.config import load_config
-
-    return load_config(ROOT / real["args"]["config"], overrides=real["args"]["set"]).params.steps_per_round
 
 
 def _eval_flags(real: dict) -> list[str]:

@@ -108,8 +108,9 @@ def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
     if "eval_final" not in train:  # (--train-from: scored when that result was made)
         train["eval_final"] = score(train["adapter"])
         times = {c["step"]: c["t"] for c in train["curve"]}
-        train["eval_curve"] = [{"step": int(d.name.split("-")[1]), "t": times.get(int(d.name.split("-")[1])),
-                                "eval": score(d)} for d in sorted(Path(train["adapter"]).glob("checkpoints/step-*"))]
+        checkpoints = {int(d.name.split("-")[1]): d for d in Path(train["adapter"]).glob("checkpoints/step-*")}
+        train["eval_curve"] = [{"step": step, "t": times.get(step), "eval": score(d)}
+                               for step, d in sorted(checkpoints.items())]
     store = LocalStore(run["repo"])
     run["eval"] = {}
     for version, sha in sorted(run["shas"].items()):
