@@ -13,6 +13,9 @@ Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local director
     quorum4-4w   4 workers, quorum 4: each version averages 4 rounds (DiLoCo-style), outer_lr 1
     ffa-Nw       N workers (1, 4) with FFA-LoRA (``merge.method: ffa``: lora_A frozen at the version-0 draw, B
                  merged exactly — no truncation whatever the staleness); not in the default set
+    ffa-rebase-4w  ffa-4w with mid-round rebase (``merge.rebase``)
+    keep[-sprK]-4w ffa-rebase-4w, outer lr 1, each worker keeping its AdamW moments across rounds
+                 (``params.reset_optimizer: false``), rounds of the mode's / K steps; not in the default set
 
 Equal samples: every hubgrpo run stops after T / steps_per_round versions (quorum4: T / (4·steps_per_round)
 versions of 4 rounds), and the adapter evaluated is the last version whose merged samples are within the
@@ -61,9 +64,15 @@ VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
     "ffa-1w": (1, ["merge.method=ffa"]),
     "ffa-4w": (4, ["merge.method=ffa"]),
     "ffa-rebase-4w": (4, ["merge.method=ffa", "merge.rebase=true"]),  # rounds move onto newer versions mid-round
+    # the demo's merge with each worker keeping its AdamW moments across rounds, rounds of 4 / 2 / 1 steps
+    "keep-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false"]),
+    "keep-spr2-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
+                         "params.steps_per_round=2"]),
+    "keep-spr1-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
+                         "params.steps_per_round=1"]),
 }
 ALL = ["baseline", *VARIANTS]
-DEFAULT = [n for n in ALL if not n.startswith("ffa")]
+DEFAULT = [n for n in ALL if not n.startswith(("ffa", "keep"))]
 
 
 def hubgrpo(*args: str) -> float:
@@ -121,13 +130,22 @@ def run_baseline(mode: dict, tmp: Path, seed: int) -> dict:
             "samples_generated": m["samples"], "curve": curve, "rounds_refused": 0}
 
 
-def run_variant(name: str, mode: dict, tmp: Path, steps_per_round: int, seed: int) -> dict:
+def variant_steps_per_round(name: str, mode: dict) -> int:
+    """A variant's steps per round: the mode's, unless the variant or ``--set`` change it."""
+    from hubgrpo.config import load_config
+
+    extra = VARIANTS[name][1] if name in VARIANTS else []
+    return load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", []), *extra]
+                       ).params.steps_per_round
+
+
+def run_variant(name: str, mode: dict, tmp: Path, seed: int) -> dict:
     from hubgrpo import runrepo
     from hubgrpo.store.local import LocalStore
 
     workers, extra = VARIANTS[name]
     quorum = 4 if "merge.quorum=4" in extra else 1
-    versions = mode["steps"] // (steps_per_round * quorum)
+    versions = mode["steps"] // (variant_steps_per_round(name, mode) * quorum)
     repo = tmp / f"{name}-s{seed}"
     overrides = [*mode["set"], "merge.quorum=1", "merge.max_staleness=4", *mode.get("extra", []), *extra,
                  f"params.versions={versions}", f"params.seed={seed}",
@@ -292,7 +310,6 @@ def main() -> None:
     unknown = set(names) - set(ALL)
     if unknown:
         ap.error(f"unknown variants {sorted(unknown)}; choose from {ALL}")
-    steps_per_round = int(mode["set"][0].split("=")[1])
     from hubgrpo.config import load_config
 
     cfg = load_config(ROOT / mode["config"], overrides=[*mode["set"], *args.set])
@@ -305,11 +322,11 @@ def main() -> None:
         for name in names:
             print(f"== {name} seed {seed}", flush=True)
             results.append(run_baseline(mode, tmp, seed) if name == "baseline"
-                           else run_variant(name, mode, tmp, steps_per_round, seed))
+                           else run_variant(name, mode, tmp, seed))
     initial = evaluate(results, mode, tmp)
     for r in results:
         if r.get("rounds_submitted"):
-            r["samples_generated"] = r["rounds_submitted"] * steps_per_round * batch
+            r["samples_generated"] = r["rounds_submitted"] * variant_steps_per_round(r["name"], mode) * batch
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or ("learning" if mode_name == "quick" else "learning-full")

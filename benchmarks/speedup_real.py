@@ -13,7 +13,10 @@ Both runs are the real CLI in subprocesses, one after the other (never at the sa
 - **run**: ``hubgrpo run CONFIG --workers 2 --no-eval --set params.versions=V`` (no evaluator process beside the
   two workers: the held-out scores are computed afterwards, as for train). Its clock starts at the first lease
   (workers loaded their models before; the same exclusion as train's) and is also given from the process start.
-  Training reward per version: the mean reward of the rounds merged into it, as ``hubgrpo status`` shows it.
+  Training reward per version: the samples-weighted mean reward of the rounds merged into it and the versions just
+  before it, over as many samples as train's 5-step window (5 × ``per_device_train_batch_size`` completions): with
+  5-step rounds and quorum 1, exactly the version's own round (as ``hubgrpo status`` shows it); with shorter rounds
+  the same amount of evidence as train's.
 - **held-out**: after both, every checkpoint is scored here in one process: train's adapter every
   ``--train-save-every`` steps and its final one, and every version of the run (tags), greedily on the first
   ``--eval`` held-out prompts.
@@ -51,6 +54,26 @@ def first_at(curve: list[dict], key: str, target: float) -> dict | None:
     return next((c for c in curve if c.get(key) is not None and c[key] >= target), None)
 
 
+def windowed(curve: list[dict], window: int) -> None:
+    """Set each version's ``reward_w``: the samples-weighted mean reward of it and the versions before it over the
+    last ``window`` samples at least (None until that many)."""
+    for i, c in enumerate(curve):
+        total = n = 0.0
+        for prev in reversed(curve[:i + 1]):
+            if prev["reward"] is not None and prev["samples"]:
+                total, n = total + prev["reward"] * prev["samples"], n + prev["samples"]
+            if n >= window:
+                break
+        c["reward_w"] = total / n if n >= window else None
+
+
+def train_window(args) -> int:
+    """Completions in train's 5-step reward window."""
+    from hubgrpo.config import load_config
+
+    return 5 * load_config(ROOT / args.config, overrides=args.set).params.per_device_train_batch_size
+
+
 def run_train(args, tmp: Path, seed: int) -> dict:
     out = tmp / f"train-s{seed}"
     every = ["--save-every", str(args.train_save_every)] if args.train_save_every else []
@@ -84,6 +107,7 @@ def run_workers(args, tmp: Path, seed: int) -> dict:
     curve = [{"version": v.version, "t": v.created_at - first_lease, "t_process": v.created_at - since,
               "reward": v.reward_mean, "samples": v.samples, "staleness": [m.staleness for m in v.merged]}
              for v in state.versions[1:]]
+    windowed(curve, train_window(args))
     return {"seed": seed, "repo": str(repo), "wall_s": wall, "startup_s": first_lease - since, "curve": curve,
             "rounds": rounds, "shas": runrepo.version_shas(store)}
 
@@ -122,7 +146,9 @@ def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
 
 def summarise(args, train: dict, run: dict) -> dict:
     t_hit = first_at(train["curve"], "reward5", args.target)
-    r_hit = first_at(run["curve"], "reward", args.target)
+    if any("reward_w" not in c for c in run["curve"]):  # (an earlier result)
+        windowed(run["curve"], train_window(args))
+    r_hit = first_at(run["curve"], "reward_w", args.target)
     e_target = train["eval_final"]
     e_hit = first_at(run["curve"], "eval", e_target)
     train_total = train["curve"][-1]["t"] if train["curve"] else None
@@ -159,7 +185,7 @@ def to_markdown(args, rows: list[dict], meta: dict) -> str:
              f"{'; the run with ' + ', '.join(args.run_set) if args.run_set else ''}"
              f"{'; train taken from ' + str(args.train_from) if args.train_from else ''}; train {args.train_steps} "
              f"steps; run {args.versions} versions; target training reward {args.target} (train: mean of 5 steps; "
-             f"run: a version's merged rounds); held-out: greedy on {args.eval} prompts. Machine: {meta['machine']}.",
+             f"run: the versions' merged rounds over as many samples); held-out: greedy on {args.eval} prompts. Machine: {meta['machine']}.",
              "", "| seed | train s to target (step) | run s to target (version) | speed-up | held-out target (train final) "
              "| run s to it (version) | train s to it (first checkpoint at it, else its end) | speed-up held-out | run final held-out | τ histogram |",
              "|---|---|---|---|---|---|---|---|---|---|"]
