@@ -84,6 +84,10 @@ RULES = {
     # the config's merge with the outer lr falling as 4/N beyond 4 machines (each version moves less when more
     # rounds arrive per unit of time)
     "lr_4_over_n": lambda n: [f"merge.outer_lr={min(1.0, 4 / n):.4g}"],
+    # the config's merge with shorter rounds: a round sees the other machines' steps sooner (rebase) and versions
+    # flow from the first seconds on
+    "spr2": lambda n: ["params.steps_per_round=2"],
+    "spr1": lambda n: ["params.steps_per_round=1"],
 }
 
 
