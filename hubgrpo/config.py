@@ -195,7 +195,9 @@ class CoordinatorSection(_Section):
     keep_submissions: int | None = Field(2, ge=0, description="Submission folders of the last N merged versions "
                                          "stay in the repo's head; older ones leave it with a later merge commit "
                                          "(history keeps them until `hubgrpo gc`); None = keep all.")
-    commit_budget_per_hour: int = Field(60, gt=0, description="Keep repo commits per hour under this.")
+    commit_budget_per_hour: int = Field(60, gt=0, description="Keep repo commits per hour under this (the Hub's "
+                                        "hourly commit quota); `hubgrpo run` in a local directory lifts it unless "
+                                        "the config sets it.")
     rate_limit_per_minute: int = Field(120, gt=0, description="API calls per worker per minute.")
     max_leases_per_user: int = Field(32, gt=0, description="Live leases one user may hold at once.")
     scan_interval_s: float = Field(60, gt=0, description="How often the repo is scanned for committed rounds "

@@ -51,6 +51,8 @@ def test_cli_run_two_workers_three_versions_local(tmp_path, capsys):
         _loads_with_peft(str(runrepo.adapter_at(store, sha, tmp_path / "cache")))
     _loads_with_peft(str(repo))  # the browsable checkout of the head
     assert "final adapter" in out and (repo / "reward.png").exists()
+    # a local directory has no hourly commit quota: the Hub's budget (60/hour) is lifted unless the config sets one
+    assert runrepo.read_config(store).coordinator.commit_budget_per_hour == 1_000_000
 
 
 def _start_coordinator(repo: Path, port: int, env: dict) -> subprocess.Popen:
@@ -126,6 +128,7 @@ def test_cli_run_on_hub_emulator_then_status_and_push(tmp_path, hub_emulator, mo
     state = runrepo.read_state(store)
     assert state.version == 3 and len(set(state.merged_ids)) == len(state.merged_ids)
     assert sorted(runrepo.version_shas(store)) == [0, 1, 2, 3]
+    assert runrepo.read_config(store).coordinator.commit_budget_per_hour == 60  # the Hub's quota is kept
     _loads_with_peft(str(runrepo.adapter_at(store, store.tags()["v000003"], tmp_path / "c")))
     capsys.readouterr()
     assert main(["status", "--repo", "alice/tinyrun"]) == 0

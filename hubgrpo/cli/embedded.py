@@ -37,6 +37,18 @@ def ensure_repo(store: Store, cfg: Config, *, force: bool = False) -> None:
         init_repo(store, cfg, adapter, force=force)
 
 
+LOCAL_COMMIT_BUDGET = 1_000_000  # commits per hour of a run in a local directory, unless its config sets one
+
+
+def lift_local_budget(cfg: Config, store: Store) -> None:
+    """A run in a local directory has no hourly commit quota (the Hub's is what ``commit_budget_per_hour`` guards):
+    unless the config sets the budget, it is lifted there, so that short rounds are not held back by it."""
+    from hubgrpo.store.local import LocalStore
+
+    if isinstance(store, LocalStore) and "commit_budget_per_hour" not in cfg.coordinator.model_fields_set:
+        cfg.coordinator.commit_budget_per_hour = LOCAL_COMMIT_BUDGET
+
+
 def coordinator_secret(store: Store) -> bytes:
     """HUBGRPO_SECRET, or a random secret kept beside the local cache (never in the repo)."""
     env = os.environ.get("HUBGRPO_SECRET")
@@ -97,6 +109,7 @@ def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int
     last versions (``evaluate``); return the final status."""
     import torch
 
+    lift_local_budget(cfg, store)
     ensure_repo(store, cfg, force=force)
 
     threads = torch.get_num_threads()
