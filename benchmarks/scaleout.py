@@ -88,6 +88,8 @@ RULES = {
     # flow from the first seconds on
     "spr2": lambda n: ["params.steps_per_round=2"],
     "spr1": lambda n: ["params.steps_per_round=1"],
+    # ... and no round refused as stale at quorum 1 (a 1-step round has no step boundary to rebase at)
+    "spr1_stale_2n": lambda n: ["params.steps_per_round=1", f"merge.max_staleness={2 * n}"],
 }
 
 
