@@ -134,8 +134,7 @@ def variant_steps_per_round(name: str, mode: dict) -> int:
     """A variant's steps per round: the mode's, unless the variant or ``--set`` change it."""
     from hubgrpo.config import load_config
 
-    extra = VARIANTS[name][1] if name in VARIANTS else []
-    return load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", []), *extra]
+    return load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", []), *VARIANTS[name][1]]
                        ).params.steps_per_round
 
 

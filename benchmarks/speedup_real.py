@@ -107,7 +107,6 @@ def run_workers(args, tmp: Path, seed: int) -> dict:
     curve = [{"version": v.version, "t": v.created_at - first_lease, "t_process": v.created_at - since,
               "reward": v.reward_mean, "samples": v.samples, "staleness": [m.staleness for m in v.merged]}
              for v in state.versions[1:]]
-    windowed(curve, train_window(args))
     return {"seed": seed, "repo": str(repo), "wall_s": wall, "startup_s": first_lease - since, "curve": curve,
             "rounds": rounds, "shas": runrepo.version_shas(store)}
 
@@ -146,8 +145,7 @@ def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
 
 def summarise(args, train: dict, run: dict) -> dict:
     t_hit = first_at(train["curve"], "reward5", args.target)
-    if any("reward_w" not in c for c in run["curve"]):  # (an earlier result)
-        windowed(run["curve"], train_window(args))
+    windowed(run["curve"], train_window(args))
     r_hit = first_at(run["curve"], "reward_w", args.target)
     e_target = train["eval_final"]
     e_hit = first_at(run["curve"], "eval", e_target)
