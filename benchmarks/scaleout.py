@@ -90,6 +90,8 @@ RULES = {
     "spr1": lambda n: ["params.steps_per_round=1"],
     # ... and no round refused as stale at quorum 1 (a 1-step round has no step boundary to rebase at)
     "spr1_stale_2n": lambda n: ["params.steps_per_round=1", f"merge.max_staleness={2 * n}"],
+    # ... the same through the coordinator's own count of live workers (merge.staleness_per_worker)
+    "spr1_spw2": lambda n: ["params.steps_per_round=1", "merge.staleness_per_worker=2"],
 }
 
 
@@ -113,12 +115,20 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
     common = [*mode["eval"], *sets([*mode["set"], *args.set])]
     step_s = default_step_s(load_config(ROOT / mode["config"], overrides=[*mode["set"], *args.set]).base_model)
     budget_s = mode["budget_steps"] * step_s
-    single = simulate(work / f"s{seed}-homog-1", mode["config"], 1, seed, [*common, "--max-virtual-s", str(budget_s)])
-    finals = [v["eval_reward"] for v in single["versions"] if v["eval_reward"] is not None][-3:]
-    target = args.target_fraction * statistics.mean(finals)
-    hit = next((v for v in single["versions"] if v["eval_reward"] is not None and v["eval_reward"] >= target), None)
-    t1 = hit["virtual_time_s"] if hit else budget_s
-    rows = [row("homog", 1, single, target, t1, t1)]
+    if args.reference_from:
+        single_row, single_final = recorded_reference(args, seed)
+        target = args.target_fraction * single_final
+        t1 = single_row["time_to_target_s"]
+        rows = [single_row]
+    else:
+        single = simulate(work / f"s{seed}-homog-1", mode["config"], 1, seed,
+                          [*common, "--max-virtual-s", str(budget_s)])
+        finals = [v["eval_reward"] for v in single["versions"] if v["eval_reward"] is not None][-3:]
+        single_final = statistics.mean(finals)
+        target = args.target_fraction * single_final
+        hit = next((v for v in single["versions"] if v["eval_reward"] is not None and v["eval_reward"] >= target), None)
+        t1 = hit["virtual_time_s"] if hit else budget_s
+        rows = [row("homog", 1, single, target, t1, t1)]
     for fleet in args.fleets:
         for n in args.workers:
             if n == 1 and fleet == "homog":
@@ -132,8 +142,22 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
             res = simulate(work / (f"s{seed}-{fleet}-{n}" + "".join(f"-{r}" for r in rule)), mode["config"], n, seed,
                            [*common, *every, *sets(rule), *FLEETS[fleet], *until])
             rows.append(row(fleet, n, res, target, t1, res.get("time_to_target_s")))
-    return {"seed": seed, "target": target, "single_final": statistics.mean(finals), "t1": t1,
+    return {"seed": seed, "target": target, "single_final": single_final, "t1": t1,
             "budget_s": budget_s, "step_s": step_s, "rows": rows}
+
+
+def recorded_reference(args, seed: int) -> tuple[dict, float]:
+    """The N = 1 row and final held-out reward of ``seed`` from an earlier result (``--reference-from``): the same
+    simulation, not run again; its mode and ``--set`` must be this run's."""
+    old = json.loads(args.reference_from.read_text())
+    if old["args"]["mode"] != args.mode or old["args"]["set"] != args.set:
+        sys.exit(f"--reference-from {args.reference_from}: it ran mode {old['args']['mode']} with --set "
+                 f"{old['args']['set']}, this run mode {args.mode} with --set {args.set}")
+    for s in old["seeds"]:
+        if s["seed"] == seed:
+            single = next(r for r in s["rows"] if (r["fleet"], r["workers"]) == ("homog", 1))
+            return single, s["single_final"]
+    sys.exit(f"--reference-from {args.reference_from} has no seed {seed}")
 
 
 def row(fleet: str, n: int, res: dict, target: float, t1: float, t_hit: float | None) -> dict:
@@ -269,6 +293,8 @@ def main() -> None:
     ap.add_argument("--stop-at-target", action="store_true",
                     help="stop each N > 1 at the target (no held-out at equal time then): the SmolLM2 runs' cost "
                     "is mostly the versions after it")
+    ap.add_argument("--reference-from", type=Path, default=None,
+                    help="take each seed's N = 1 run from this earlier result of the same mode and --set")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--name", default=None)
     ap.add_argument("--validate", type=Path, nargs="+", default=None,
@@ -293,7 +319,7 @@ def main() -> None:
         seeds.append(one_seed(mode, args, seed, work))
         print(json.dumps({k: v for k, v in seeds[-1].items() if k != "rows"}), flush=True)
     train = [] if args.no_train else [train_reference(mode, args, s["seed"], work) for s in seeds]
-    report = {"name": name, "args": {**vars(args), "work": str(work)}, "config": mode["config"], "seeds": seeds,
+    report = {"name": name, "args": {**vars(args), "work": str(work), "reference_from": args.reference_from and str(args.reference_from)}, "config": mode["config"], "seeds": seeds,
               "summary": summarise(seeds), "train": train,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}

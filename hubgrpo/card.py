@@ -64,6 +64,7 @@ def markdown_table(rows: list[dict]) -> str:
 def _settings(cfg: Config) -> list[dict]:
     p, lora = cfg.params, cfg.lora
     rewards = ", ".join(f"`{r.function}` × {r.weight:g}" for r in cfg.rewards)
+    lr_curve = "" if p.run_lr_schedule == "constant" else f" (cosine to {p.run_lr(p.versions):g} over the run)"
     base = f"`{cfg.base_model}`" + (f" (GGUF `{cfg.gguf_file}`)" if cfg.gguf_file else "")
     base += f": {BUILTIN_NOTES[cfg.base_model]}" if cfg.base_model in BUILTIN_NOTES else ""
     targets = lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
@@ -72,8 +73,8 @@ def _settings(cfg: Config) -> list[dict]:
         {"setting": "data", "value": f"`{cfg.data.path}`"},
         {"setting": "rewards", "value": rewards},
         {"setting": "LoRA", "value": f"r={lora.r}, alpha={lora.alpha:g}, dropout={lora.dropout:g}, targets {targets}"},
-        {"setting": "GRPO", "value": f"lr {p.learning_rate:g}, {p.per_device_train_batch_size} completions/step "
-                                     f"({p.num_generations} per prompt), ≤{p.max_completion_length} tokens, "
+        {"setting": "GRPO", "value": f"lr {p.learning_rate:g}{lr_curve}, {p.per_device_train_batch_size} "
+                                     f"completions/step ({p.num_generations} per prompt), ≤{p.max_completion_length} tokens, "
                                      f"temperature {p.temperature:g}, beta {p.beta:g}, loss {p.loss_type}"},
     ]
 

@@ -17,6 +17,7 @@ the key path, the bad value, what is allowed and the YAML line.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -96,11 +97,28 @@ class ParamsConfig(_Section):
                                  "live, gets a fraction (1/2, 1/4, 3/4, 1/8, ...) of steps_per_round, so that "
                                  "machines started together deliver evenly spread instead of all at once.")
     versions: int = Field(10, gt=0, description="Stop the run after this many merged global versions.")
+    run_lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="The learning rate over the whole run: cosine falls from learning_rate to "
+        "run_lr_final × learning_rate over the run's versions (the coordinator writes the rate of a lease's base "
+        "version into the lease; a round keeps it for all its steps); `hubgrpo train` applies the same curve over "
+        "its steps. constant = learning_rate throughout.")
+    run_lr_final: float = Field(0.1, ge=0, le=1, description="run_lr_schedule: the last version's learning rate as "
+                                "a fraction of learning_rate.")
     reset_optimizer: bool = Field(True, description="Fresh AdamW moments at every round (False keeps them).")
     seed: int = Field(0, description="Seed for prompts, shards and sampling.")
     device: str = Field("auto", description="auto (cuda if available), cpu, cuda, cuda:1, mps.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU.")
     num_threads: int | None = Field(None, gt=0, description="torch threads per worker; None = cores // local workers.")
+
+
+    def run_lr(self, version: int) -> float:
+        """The learning rate of a round leased on ``version`` (``run_lr_schedule``; transformers'
+        cosine_with_min_lr curve, version v of ``versions`` standing for step v of ``versions`` steps)."""
+        if self.run_lr_schedule == "constant":
+            return self.learning_rate
+        progress = min(1.0, max(0.0, version / self.versions))
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        return self.learning_rate * (self.run_lr_final + (1 - self.run_lr_final) * cosine)
 
 
 class LoraSection(_Section):
@@ -127,6 +145,10 @@ class MergeSection(_Section):
         "merge, with the mean of the k outer gradients; the merges in between step by their own gradient only. "
         "1 = every merge.")
     max_staleness: int = Field(4, ge=0, description="Submissions more than this many versions old are refused.")
+    staleness_per_worker: float = Field(
+        0.0, ge=0, le=64, description="Raise max_staleness to this many versions per live worker (distinct workers "
+        "holding a lease), at most max_lease_age: with N machines a round is about N − 1 versions old when it "
+        "arrives, so a fixed limit refuses the rounds of every machine once the fleet outgrows it. 0 = off.")
     staleness_decay: float = Field(0.5, ge=0, description="Weight ∝ samples · (1+τ)^(−decay).")
     staleness_scaling: Literal["relative", "absolute"] = Field(
         "relative", description="relative: (1+τ)^(−decay) only weighs the submissions of one merge against each other "
@@ -166,10 +188,18 @@ class MergeSection(_Section):
                              "(stack remains available in `hubgrpo merge`)")
         return v
 
+    def staleness_limit(self, live_workers: int) -> int:
+        """The staleness admitted while ``live_workers`` distinct workers hold leases: max_staleness, raised to
+        ⌈staleness_per_worker × live_workers⌉ but not above max_lease_age."""
+        scaled = math.ceil(self.staleness_per_worker * max(0, live_workers))
+        return max(self.max_staleness, min(scaled, self.max_lease_age))
+
     def lease_age_limit(self) -> int:
-        """How many versions old a round's lease may be when it is submitted: max_staleness, or with rebase
-        (where the staleness counts from the version the worker says it moved onto) max_lease_age."""
-        return max(self.max_lease_age, self.max_staleness) if self.rebase else self.max_staleness
+        """How many versions old a round's lease may be when it is submitted: the largest staleness limit, or with
+        rebase (where the staleness counts from the version the worker says it moved onto) max_lease_age."""
+        if self.rebase:
+            return max(self.max_lease_age, self.max_staleness)
+        return self.staleness_limit(10**6) if self.staleness_per_worker else self.max_staleness
 
     @model_validator(mode="after")
     def _rebase_needs_ffa(self):

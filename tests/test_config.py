@@ -117,3 +117,19 @@ def test_help_is_fast_and_light():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
     r = subprocess.run([sys.executable, "-m", "hubgrpo.cli", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "config" in r.stdout
+
+
+def test_run_lr_schedule_is_transformers_cosine_over_the_versions():
+    cfg = loads(MINIMAL + "params: {learning_rate: 0.2, versions: 10, run_lr_schedule: cosine, "
+                "run_lr_final: 0.1}")
+    p = cfg.params
+    assert p.run_lr(0) == pytest.approx(0.2) and p.run_lr(10) == pytest.approx(0.02)
+    assert p.run_lr(5) == pytest.approx(0.2 * (0.1 + 0.9 * 0.5)) and p.run_lr(10**6) == pytest.approx(0.02)
+    assert all(p.run_lr(v) > p.run_lr(v + 1) for v in range(10))
+    from transformers.optimization import _get_cosine_schedule_with_warmup_lr_lambda as hf
+
+    assert all(p.run_lr(v) == pytest.approx(0.2 * hf(v, num_warmup_steps=0, num_training_steps=10, num_cycles=0.5,
+                                                     min_lr_rate=0.1)) for v in range(11))
+    assert loads(MINIMAL + "params: {learning_rate: 0.2}").params.run_lr(7) == 0.2  # constant
+    with pytest.raises(ConfigError, match="run_lr_final"):
+        loads(MINIMAL + "params: {run_lr_schedule: cosine, run_lr_final: 1.5}")

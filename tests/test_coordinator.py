@@ -77,6 +77,56 @@ def test_stale_but_allowed_submission_uses_its_own_base(tmp_path):
     assert v2.merged[0].weight == pytest.approx(1.0)
 
 
+def test_staleness_limit_grows_with_live_workers(tmp_path):
+    """merge.staleness_per_worker: the limit is that many versions per distinct worker holding a lease (the
+    coordinator's count), never below max_staleness, never above max_lease_age."""
+    store, c, _ = _setup(tmp_path, **{"merge.max_staleness": 0, "merge.staleness_per_worker": 1, "merge.quorum": 1})
+    old = c.lease("slow")
+    others = [c.lease(w) for w in ("w1", "w2", "w3")]
+    c.submit(others[0], push_submission(store, others[0], tmp_path, seed=1))
+    assert c.state.version == 1  # 3 workers still hold leases (slow, w2, w3): a round 1 version old is admitted
+    c.submit(old, push_submission(store, old, tmp_path, seed=2))
+    assert c.state.version == 2 and runrepo.read_state(store).versions[2].merged[0].staleness == 1
+    c.submit(others[1], push_submission(store, others[1], tmp_path, seed=3))  # 2 versions old, w2 and w3 live
+    assert c.state.version == 3
+    with pytest.raises(InvalidSubmission) as ei:  # 3 versions old, and only w3 itself still holds a lease
+        c.submit(others[2], push_submission(store, others[2], tmp_path, seed=4))
+    assert ei.value.code == "stale" and "3 versions old" in ei.value.message
+    assert "limit 1 with staleness_per_worker 1" in ei.value.message
+
+
+def test_staleness_limit_bounds():
+    from hubgrpo.config import MergeSection
+
+    m = MergeSection(max_staleness=4, staleness_per_worker=2, max_lease_age=32)
+    assert [m.staleness_limit(n) for n in (0, 1, 2, 4, 8, 100)] == [4, 4, 4, 8, 16, 32]
+    assert m.lease_age_limit() == 32  # what the pruning of never-submitted folders may assume
+    assert MergeSection(max_staleness=4).staleness_limit(100) == 4  # off by default
+    with pytest.raises(ValueError):
+        MergeSection(staleness_per_worker=float("nan"))
+
+
+def test_leases_carry_the_run_learning_rate_schedule(tmp_path):
+    """params.run_lr_schedule: a lease on version v trains at run_lr(v) — signed into the lease, and the bound on
+    how far its steps may move an entry uses it."""
+    from hubgrpo.coordinator.admit import step_bound
+
+    store, c, _ = _setup(tmp_path, **{"params.run_lr_schedule": "cosine", "params.run_lr_final": 0.1,
+                                      "params.versions": 4, "merge.quorum": 1})
+    first = c.lease("w1")
+    assert first.params == {"learning_rate": pytest.approx(0.1)}
+    c.submit(first, push_submission(store, first, tmp_path, seed=1))
+    second = c.lease("w1")
+    assert second.base_version == 1 and second.params["learning_rate"] == pytest.approx(c.cfg.params.run_lr(1))
+    assert 0.01 < second.params["learning_rate"] < 0.1
+    bound, why = step_bound(c.cfg, second, c._adapter(1))
+    assert f"learning rate {c.cfg.params.run_lr(1):g}" in why
+    forged = second.model_copy(update={"params": {"learning_rate": 1.0}})
+    with pytest.raises(LeaseError, match="signature"):
+        c.submit(forged, push_submission(store, forged, tmp_path, seed=2))
+    assert _setup(tmp_path / "plain")[1].lease("w1").params == {}  # constant: the worker's config applies
+
+
 def test_expired_lease_returns_its_prompts(tmp_path):
     store, c, clock = _setup(tmp_path)
     lease = c.lease("w1")

@@ -126,6 +126,18 @@ def test_lease_params_override_and_beta_rebuilds_without_saving_ref(engine, v0, 
     assert engine.trainer.beta == 0.0
 
 
+def test_train_follows_the_run_learning_rate_schedule(tiny_cache):
+    """`hubgrpo train` with params.run_lr_schedule cosine: the steps follow the curve a run follows over its
+    versions, down to run_lr_final × learning_rate after the last one."""
+    from hubgrpo.worker.train import prompts_per_step, run_params
+
+    cfg = tiny_config(["params.run_lr_schedule=cosine", "params.run_lr_final=0.25", "params.learning_rate=0.01"])
+    eng = RoundEngine(cfg, worker="train")
+    eng.train_steps(eng.prompt_rows(range(3 * prompts_per_step(cfg))), 3, seed=0, params=run_params(eng))
+    assert eng.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.25)
+    assert run_params(RoundEngine(tiny_config(), worker="plain")) is None  # constant: the config as it is
+
+
 def test_adapters_that_do_not_fit_are_model_errors(engine, v0, tmp_path):
     state = load_file(v0 / ADAPTER_WEIGHTS)
     conf = json.loads((v0 / ADAPTER_CONFIG).read_text())

@@ -103,11 +103,25 @@ def prepare(c, lease: Lease, commit: str, *, check_deadline: bool = True) -> Pre
     return out
 
 
+def staleness_limit(c, lease: Lease | None = None) -> int:
+    """Versions old a submission may be now: ``merge.max_staleness``, raised with ``merge.staleness_per_worker``
+    by the number of distinct workers in the fleet — those holding a live lease, those with a submission pending
+    and the submitter of ``lease`` (the coordinator's own count, not a worker's word)."""
+    m = c.cfg.merge
+    if not m.staleness_per_worker:
+        return m.max_staleness
+    # one C-level copy each: callers without the lock may race with leasing and admission
+    held = [*tuple(c.active.values()), *(p.sub.lease for p in tuple(c.pending.values())), *([lease] if lease else [])]
+    return m.staleness_limit(len({c.worker_key(l.worker, l.user) for l in held}))
+
+
 def _check_staleness(c, lease: Lease, sub_id: str, base_version: int) -> None:
-    tau = c.state.version - base_version
-    if tau > c.cfg.merge.max_staleness:
+    tau, limit = c.state.version - base_version, staleness_limit(c, lease)
+    if tau > limit:
+        why = (f"max_staleness {c.cfg.merge.max_staleness}" if limit == c.cfg.merge.max_staleness else
+               f"{limit} with staleness_per_worker {c.cfg.merge.staleness_per_worker:g}")
         raise InvalidSubmission("stale", f"submission {sub_id} is {tau} versions old (base {base_version}, "
-                                f"current {c.state.version}; max_staleness {c.cfg.merge.max_staleness})",
+                                f"current {c.state.version}; limit {why})",
                                 hint="lease again and train on the new version")
 
 

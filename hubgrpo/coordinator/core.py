@@ -305,7 +305,7 @@ class Coordinator:
                                    code="unavailable", hint="submit again in a few seconds") from e
         with self._cache_lock:
             self._adapters[version] = adapter
-            for old in [v for v in self._adapters if v < self.state.version - self.cfg.merge.max_staleness]:
+            for old in [v for v in self._adapters if v < self.state.version - admit.staleness_limit(self)]:
                 del self._adapters[old]
                 self._loading.pop(old, None)
         return adapter

@@ -34,7 +34,8 @@ def issue(c, worker: str, user: str | None) -> Lease:
         raise Refused("finished", f"the run finished at version {c.state.version}",
                       hint="nothing left to do; start a new run to train further")
     _check_identity(c, worker, user, now)
-    if c.merging is not None and c.cfg.merge.max_staleness == 0:  # synchronous: wait for the version
+    m = c.cfg.merge
+    if c.merging is not None and m.max_staleness == 0 and not m.staleness_per_worker:  # synchronous: wait
         raise refused("merging", f"version {c.merging} is being merged; with max_staleness 0 a lease on "
                       f"version {c.state.version} could not be submitted", wait_s=0.5)
     wait = budget_wait(c, now, user)
@@ -50,11 +51,17 @@ def issue(c, worker: str, user: str | None) -> Lease:
         + len(c.active), worker=worker, user=user, base_version=c.state.version,
         base_sha=c.shas[c.state.version], prompt_indices=c.pool.take(per_step * steps),
         steps=steps, seed=c.cfg.params.seed * 1_000_003 + c.pool.next_index,
-        issued_at=now, deadline=now + c.cfg.coordinator.lease_timeout_s)
+        params=lease_params(c.cfg.params, c.state.version), issued_at=now, deadline=now + c.cfg.coordinator.lease_timeout_s)
     lease = leases.sign(lease, c.secret)
     c.active[lease.lease_id] = lease
     c._touch(worker, user, now)
     return lease
+
+
+def lease_params(p, version: int) -> dict:
+    """The hyper-parameters a lease on ``version`` sets for its round: the run's learning rate schedule
+    (``params.run_lr_schedule``); none with a constant rate (the worker's config then applies)."""
+    return {} if p.run_lr_schedule == "constant" else {"learning_rate": p.run_lr(version)}
 
 
 def stagger_fraction(k: int) -> float:

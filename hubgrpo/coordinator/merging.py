@@ -30,6 +30,7 @@ from pathlib import Path
 from hubgrpo import layout, runrepo
 from hubgrpo.card import run_card
 from hubgrpo.coordinator import evals
+from hubgrpo.coordinator.admit import staleness_limit
 from hubgrpo.coordinator.pruning import merge_deletes
 from hubgrpo.errors import CommitConflict, InvalidSubmission
 from hubgrpo.layout import MergedEntry, RunState, VersionRecord
@@ -187,7 +188,8 @@ def _raw_weight(c, p) -> float | None:
 
     m = c.cfg.merge
     try:
-        return staleness_weight(p.samples, c.state.version - p.sub.trained_base, m.staleness_decay, m.max_staleness)
+        return staleness_weight(p.samples, c.state.version - p.sub.trained_base, m.staleness_decay,
+                                staleness_limit(c))
     except InvalidSubmission:
         return None
 
@@ -198,12 +200,12 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
     are refused and removed from the queue."""
     from hubgrpo.merge import staleness_weight
 
-    m, now = c.cfg.merge, c.clock()
+    m, now, limit = c.cfg.merge, c.clock(), staleness_limit(c)
     raw, entries = [], []
     for sub_id, p in sorted(c.pending.items()):
         tau = c.state.version - p.sub.trained_base
         try:
-            w = staleness_weight(p.samples, tau, m.staleness_decay, m.max_staleness)
+            w = staleness_weight(p.samples, tau, m.staleness_decay, limit)
         except InvalidSubmission as e:
             c.pending.pop(sub_id, None)
             c._refuse(sub_id, p.sub.worker, e, now, user=p.sub.lease.user)

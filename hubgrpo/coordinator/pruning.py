@@ -6,8 +6,9 @@ the folders ``submissions/<base>/<id>/`` of
 - submissions merged into a version older than the last K (version ≤ N − K);
 - refused submissions, once their refusal is older than the last K versions;
 - folders nobody submitted (a crashed worker, junk) whose base version is so old that they could never be
-  admitted again (lease older than ``merge.max_staleness`` versions, ``merge.max_lease_age`` with
-  ``merge.rebase``) and older than the last K versions.
+  admitted again (lease older than ``merge.lease_age_limit()`` versions: ``merge.max_staleness``, the most
+  ``merge.staleness_per_worker`` can raise it to, or ``merge.max_lease_age`` with ``merge.rebase``) and older
+  than the last K versions.
 
 The history keeps every deleted folder until it is reclaimed (``hubgrpo gc``). ``None`` keeps everything.
 """

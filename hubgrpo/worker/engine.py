@@ -114,6 +114,11 @@ class RoundEngine:
             return f"{self.device} ({torch.cuda.get_device_name(torch.device(self.device))})"
         return f"{self.device} ({torch.get_num_threads()} threads)"
 
+    @property
+    def params(self) -> dict:
+        """The validated params it trains with: cfg.params, or those of the last lease."""
+        return self._params
+
     def _merge_params(self, overrides: dict) -> dict:
         """cfg.params with a lease's overrides (except WORKER_PARAMS), validated like the config itself."""
         overrides = {k: v for k, v in overrides.items() if k not in WORKER_PARAMS}

@@ -103,6 +103,16 @@ def checkpoint_path(output: Path, step: int) -> Path:
     return Path(output) / CHECKPOINTS / f"step-{step:06d}"
 
 
+def run_params(engine) -> dict | None:
+    """The engine's params with ``params.run_lr_schedule`` as the steps' scheduler: cosine → transformers'
+    cosine_with_min_lr down to ``run_lr_final`` (the curve a run follows over its versions); None: as they are."""
+    p = engine.cfg.params
+    if p.run_lr_schedule == "constant":
+        return None
+    engine.trainer.args.lr_scheduler_kwargs = {"min_lr_rate": p.run_lr_final}
+    return {**engine.params, "lr_scheduler_type": "cosine_with_min_lr"}
+
+
 def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = None, eval_samples: int = 16,
           progress: bool = True, log: Callable[[str], None] | None = None, save_every: int = 0) -> TrainOutcome:
     """Train ``steps`` GRPO steps (default: steps_per_round × versions) and write the adapter folder (and, with
@@ -121,7 +131,7 @@ def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = 
             if save_every and step % save_every == 0:
                 engine.save_adapter(checkpoint_path(out, step))
 
-        result = engine.train_steps(rows, steps, seed=cfg.params.seed, on_step=on_step)
+        result = engine.train_steps(rows, steps, seed=cfg.params.seed, on_step=on_step, params=run_params(engine))
     after = engine.evaluate(n=eval_samples) if eval_samples else None
     engine.save_adapter(out)
     timings = {"setup": engine.setup_seconds, **result.timings, "total": time.perf_counter() - t0}
