@@ -102,7 +102,7 @@ class ParamsConfig(_Section):
         "run_lr_final × learning_rate over the run's versions (the coordinator writes the rate of a lease's base "
         "version into the lease; a round keeps it for all its steps); `hubgrpo train` applies the same curve over "
         "its steps. constant = learning_rate throughout.")
-    run_lr_final: float = Field(0.1, ge=0, le=1, description="run_lr_schedule: the last version's learning rate as "
+    run_lr_final: float = Field(0.1, gt=0, le=1, description="run_lr_schedule: the last version's learning rate as "
                                 "a fraction of learning_rate.")
     reset_optimizer: bool = Field(True, description="Fresh AdamW moments at every round (False keeps them).")
     seed: int = Field(0, description="Seed for prompts, shards and sampling.")
@@ -147,8 +147,9 @@ class MergeSection(_Section):
     max_staleness: int = Field(4, ge=0, description="Submissions more than this many versions old are refused.")
     staleness_per_worker: float = Field(
         0.0, ge=0, le=64, description="Raise max_staleness to this many versions per live worker (distinct workers "
-        "holding a lease), at most max_lease_age: with N machines a round is about N − 1 versions old when it "
-        "arrives, so a fixed limit refuses the rounds of every machine once the fleet outgrows it. 0 = off.")
+        "that leased or renewed a lease within lease_timeout_s), at most max_lease_age: with N machines a round is "
+        "about N − 1 versions old when it arrives, so a fixed limit refuses the rounds of every machine once the "
+        "fleet outgrows it. 0 = off.")
     staleness_decay: float = Field(0.5, ge=0, description="Weight ∝ samples · (1+τ)^(−decay).")
     staleness_scaling: Literal["relative", "absolute"] = Field(
         "relative", description="relative: (1+τ)^(−decay) only weighs the submissions of one merge against each other "
@@ -172,7 +173,8 @@ class MergeSection(_Section):
     max_lease_age: int = Field(
         32, ge=0, le=10**6, description="rebase: a round whose lease is more than this many versions old is refused "
         "whatever version it says it moved onto (that version is the worker's word; its lease is the coordinator's); "
-        "about the versions one round of the slowest worker spans: raise it for fleets of more than ~16 machines.")
+        "about the versions one round of the slowest worker spans: raise it for fleets of more than ~16 machines. "
+        "Also the most staleness_per_worker may raise max_staleness to (worker names are free: this bounds it).")
     max_submission_mb: float = Field(512, gt=0, description="Submissions larger than this are refused (also "
                                      "anything larger than the global adapter's own size allows).")
     eval_gate: float | None = Field(
@@ -191,7 +193,7 @@ class MergeSection(_Section):
     def staleness_limit(self, live_workers: int) -> int:
         """The staleness admitted while ``live_workers`` distinct workers hold leases: max_staleness, raised to
         ⌈staleness_per_worker × live_workers⌉ but not above max_lease_age."""
-        scaled = math.ceil(self.staleness_per_worker * max(0, live_workers))
+        scaled = math.ceil(self.staleness_per_worker * max(0, live_workers) - 1e-9)  # 0.7 × 10 is 7, not 8
         return max(self.max_staleness, min(scaled, self.max_lease_age))
 
     def lease_age_limit(self) -> int:

@@ -78,21 +78,78 @@ def test_stale_but_allowed_submission_uses_its_own_base(tmp_path):
 
 
 def test_staleness_limit_grows_with_live_workers(tmp_path):
-    """merge.staleness_per_worker: the limit is that many versions per distinct worker holding a lease (the
-    coordinator's count), never below max_staleness, never above max_lease_age."""
-    store, c, _ = _setup(tmp_path, **{"merge.max_staleness": 0, "merge.staleness_per_worker": 1, "merge.quorum": 1})
+    """merge.staleness_per_worker: the limit is that many versions per distinct worker that leased or renewed
+    within lease_timeout_s (the coordinator's count), never below max_staleness, never above max_lease_age."""
+    store, c, clock = _setup(tmp_path, **{"merge.max_staleness": 0, "merge.staleness_per_worker": 1,
+                                          "merge.quorum": 1, "params.versions": 20})
     old = c.lease("slow")
-    others = [c.lease(w) for w in ("w1", "w2", "w3")]
-    c.submit(others[0], push_submission(store, others[0], tmp_path, seed=1))
-    assert c.state.version == 1  # 3 workers still hold leases (slow, w2, w3): a round 1 version old is admitted
-    c.submit(old, push_submission(store, old, tmp_path, seed=2))
-    assert c.state.version == 2 and runrepo.read_state(store).versions[2].merged[0].staleness == 1
-    c.submit(others[1], push_submission(store, others[1], tmp_path, seed=3))  # 2 versions old, w2 and w3 live
-    assert c.state.version == 3
-    with pytest.raises(InvalidSubmission) as ei:  # 3 versions old, and only w3 itself still holds a lease
-        c.submit(others[2], push_submission(store, others[2], tmp_path, seed=4))
+    for w, seed in (("w1", 1), ("w2", 2)):
+        lease = c.lease(w)
+        c.submit(lease, push_submission(store, lease, tmp_path, seed=seed))
+    assert c.state.version == 2  # slow, w1 and w2 leased just now: a round 2 versions old is admitted
+    c.submit(old, push_submission(store, old, tmp_path, seed=3))
+    assert c.state.version == 3 and runrepo.read_state(store).versions[3].merged[0].staleness == 2
+    clock.advance(c.cfg.coordinator.lease_timeout_s + 1)  # the first fleet is gone; two machines remain
+    late = c.lease("late")
+    for seed in (4, 5, 6):
+        lease = c.lease("w3")
+        c.submit(lease, push_submission(store, lease, tmp_path, seed=seed))
+    with pytest.raises(InvalidSubmission) as ei:
+        c.submit(late, push_submission(store, late, tmp_path, seed=7))
     assert ei.value.code == "stale" and "3 versions old" in ei.value.message
-    assert "limit 1 with staleness_per_worker 1" in ei.value.message
+    assert "limit 2 with staleness_per_worker 1" in ei.value.message
+
+
+def test_a_restarted_coordinator_keeps_its_fleet_count(tmp_path):
+    """The workers' last contact is in state.json: a round pushed just before a restart, as stale as the fleet
+    allowed, is admitted by the new coordinator (whose live leases have not come back yet)."""
+    store, c, clock = _setup(tmp_path, **{"merge.max_staleness": 0, "merge.staleness_per_worker": 1,
+                                          "merge.quorum": 1})
+    old = c.lease("slow")
+    for w, seed in (("w1", 1), ("w2", 2)):
+        lease = c.lease(w)
+        c.submit(lease, push_submission(store, lease, tmp_path, seed=seed))
+    push_submission(store, old, tmp_path, seed=3)  # 2 versions old; the coordinator dies before its submit
+    c2 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work2")
+    assert c2.active == {} and list(c2.pending) == [layout.submission_id("slow", old.lease_id)]
+    assert c2.maybe_merge() and c2.state.version == 3
+
+
+def test_an_admitted_round_is_not_refused_when_the_fleet_shrinks(tmp_path):
+    """A pending round keeps the limit it was admitted under: the merge does not refuse it because the workers
+    counted then have gone quiet since."""
+    store, c, clock = _setup(tmp_path, **{"merge.max_staleness": 0, "merge.staleness_per_worker": 1,
+                                          "merge.quorum": 2})
+    old = c.lease("slow")
+    for seed in (1, 3):
+        l1, l2 = c.lease("w1"), c.lease("w2")
+        c.submit(l1, push_submission(store, l1, tmp_path, seed=seed))
+        c.submit(l2, push_submission(store, l2, tmp_path, seed=seed + 1))
+    assert c.state.version == 2
+    assert c.submit(old, push_submission(store, old, tmp_path, seed=5))["status"] == "admitted"  # 2 old, 3 live
+    clock.advance(c.cfg.coordinator.lease_timeout_s + 1)  # now only w4 counts: a limit of 1
+    fresh = c.lease("w4")
+    assert c.submit(fresh, push_submission(store, fresh, tmp_path, seed=6))["status"] == "merged"
+    v3 = runrepo.read_state(store).versions[3]
+    assert sorted((m.worker, m.staleness) for m in v3.merged) == [("slow", 2), ("w4", 0)]
+
+
+def test_the_trainer_of_a_round_is_its_signed_lease_not_its_record(tmp_path):
+    """submission.json naming another user (to take their place on the leaderboard, or in the fleet count) is
+    overruled by the lease it was submitted with."""
+    import json as _json
+
+    store, c, _ = _setup(tmp_path, **{"merge.quorum": 1})
+    lease = c.lease("gpu1", user="mallory")
+
+    def claim_alice(folder):
+        rec = _json.loads((folder / layout.SUBMISSION_FILE).read_text())
+        rec["user"] = rec["lease"]["user"] = "alice"
+        (folder / layout.SUBMISSION_FILE).write_text(_json.dumps(rec))
+
+    c.submit(lease, push_submission(store, lease, tmp_path, seed=1, mutate=claim_alice))
+    entry = runrepo.read_state(store).versions[1].merged[0]
+    assert entry.user == "mallory" and "alice/gpu1" not in c.state.workers
 
 
 def test_staleness_limit_bounds():

@@ -41,6 +41,7 @@ class Pending:
     steps: int = 0
     update_norm: float | None = None
     reward_mean: float = 0.0  # recomputed from the round's rollouts (``verify``), never the reported one
+    staleness_limit: int = 0  # the limit it was admitted under: a merge never holds it to a lower one
 
 
 @dataclass
@@ -105,14 +106,21 @@ def prepare(c, lease: Lease, commit: str, *, check_deadline: bool = True) -> Pre
 
 def staleness_limit(c, lease: Lease | None = None) -> int:
     """Versions old a submission may be now: ``merge.max_staleness``, raised with ``merge.staleness_per_worker``
-    by the number of distinct workers in the fleet — those holding a live lease, those with a submission pending
-    and the submitter of ``lease`` (the coordinator's own count, not a worker's word)."""
+    by ``live_workers`` (the coordinator's own count, never a worker's word; at most ``merge.max_lease_age``)."""
     m = c.cfg.merge
-    if not m.staleness_per_worker:
-        return m.max_staleness
-    # one C-level copy each: callers without the lock may race with leasing and admission
-    held = [*tuple(c.active.values()), *(p.sub.lease for p in tuple(c.pending.values())), *([lease] if lease else [])]
-    return m.staleness_limit(len({c.worker_key(l.worker, l.user) for l in held}))
+    return m.staleness_limit(live_workers(c, lease)) if m.staleness_per_worker else m.max_staleness
+
+
+def live_workers(c, lease: Lease | None = None) -> int:
+    """Distinct workers (user and name) that leased or renewed a lease within the last ``lease_timeout_s``, and
+    the submitter of ``lease``. Their last contact is kept in state.json, so a restarted coordinator counts the
+    fleet it had (its live leases come back only with their heartbeats); a worker that released its lease still
+    counts for a lease's lifetime, so the limit does not drop under the rounds it admitted."""
+    now, window = c.clock(), c.cfg.coordinator.lease_timeout_s
+    keys = {k for k, ws in tuple(c.state.workers.items()) if now - ws.last_seen <= window}  # one C-level copy
+    if lease is not None:
+        keys.add(c.worker_key(lease.worker, lease.user))
+    return len(keys)
 
 
 def _check_staleness(c, lease: Lease, sub_id: str, base_version: int) -> None:
@@ -227,7 +235,8 @@ def read_record(folder: Path, lease: Lease, sub_id: str) -> Submission:
                                 hint="numbers must be finite and in range; upgrade hubgrpo on the worker") from None
     if (sub.lease.lease_id, sub.worker, sub.base_version) != (lease.lease_id, lease.worker, lease.base_version):
         raise InvalidSubmission("lease_mismatch", f"{layout.SUBMISSION_FILE} of {sub_id} does not match its lease")
-    return sub
+    # who trained it is the signed lease's word, not the record's (the leaderboard and the fleet count use it)
+    return sub.model_copy(update={"lease": lease, "user": lease.user})
 
 
 def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = True) -> dict:
@@ -249,6 +258,7 @@ def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = Tr
         if not any(r.submission_id == sub_id for r in (*c.new_refusals, *c.state.refused)):
             c._refuse(sub_id, lease.worker, err, now, user=lease.user)  # once: a scan may race a submit
         raise err
+    prepared.pending.staleness_limit = staleness_limit(c, lease)
     c.pending[sub_id] = prepared.pending
     from hubgrpo.coordinator.leasing import measure
 

@@ -189,7 +189,7 @@ def _raw_weight(c, p) -> float | None:
     m = c.cfg.merge
     try:
         return staleness_weight(p.samples, c.state.version - p.sub.trained_base, m.staleness_decay,
-                                staleness_limit(c))
+                                max(staleness_limit(c), p.staleness_limit))
     except InvalidSubmission:
         return None
 
@@ -205,7 +205,7 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
     for sub_id, p in sorted(c.pending.items()):
         tau = c.state.version - p.sub.trained_base
         try:
-            w = staleness_weight(p.samples, tau, m.staleness_decay, limit)
+            w = staleness_weight(p.samples, tau, m.staleness_decay, max(limit, p.staleness_limit))
         except InvalidSubmission as e:
             c.pending.pop(sub_id, None)
             c._refuse(sub_id, p.sub.worker, e, now, user=p.sub.lease.user)
