@@ -51,14 +51,15 @@ def issue(c, worker: str, user: str | None) -> Lease:
         + len(c.active), worker=worker, user=user, base_version=c.state.version,
         base_sha=c.shas[c.state.version], prompt_indices=c.pool.take(per_step * steps),
         steps=steps, seed=c.cfg.params.seed * 1_000_003 + c.pool.next_index,
-        params=lease_params(c.cfg.params, c.state.version), issued_at=now, deadline=now + c.cfg.coordinator.lease_timeout_s)
+        params=scheduled_params(c.cfg.params, c.state.version), issued_at=now,
+        deadline=now + c.cfg.coordinator.lease_timeout_s)
     lease = leases.sign(lease, c.secret)
     c.active[lease.lease_id] = lease
     c._touch(worker, user, now)
     return lease
 
 
-def lease_params(p, version: int) -> dict:
+def scheduled_params(p, version: int) -> dict:
     """The hyper-parameters a lease on ``version`` sets for its round: the run's learning rate schedule
     (``params.run_lr_schedule``); none with a constant rate (the worker's config then applies)."""
     return {} if p.run_lr_schedule == "constant" else {"learning_rate": p.run_lr(version)}

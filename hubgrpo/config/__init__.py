@@ -1,0 +1,28 @@
+"""The hubgrpo config tree: AutoTrain-style YAML, validated on load (no torch import): the sections
+(``sections``) and their loading (``loading``).
+
+A config file looks like::
+
+    task: llm-grpo
+    base_model: builtin:tiny
+    project_name: tiny-addition
+    data: {path: "builtin:addition", options: {digits: 1}}
+    rewards: [{function: "builtin:exact_answer"}]
+    params: {learning_rate: 2.0e-2, steps_per_round: 4, versions: 3}
+    hub: {repo_id: "${HF_USER:-me}/tiny-run", token: "${HF_TOKEN}"}
+
+``${VAR}`` and ``${VAR:-default}`` are expanded in string values; ``--set params.learning_rate=1e-4`` overrides
+any field (the value is parsed as YAML). Unknown keys are refused. A bad config raises ``ConfigError`` naming
+the key path, the bad value, what is allowed and the YAML line.
+"""
+
+from __future__ import annotations
+
+from hubgrpo.config.loading import (apply_overrides, expand_env, field_docs, load_config, loads, to_yaml,
+                                    validate)
+from hubgrpo.config.sections import (BackendOptions, Config, CoordinatorSection, DataConfig, HubSection,
+                                     LoraSection, MergeSection, ParamsConfig, RewardConfig)
+
+__all__ = ["BackendOptions", "Config", "CoordinatorSection", "DataConfig", "HubSection", "LoraSection",
+           "MergeSection", "ParamsConfig", "RewardConfig", "apply_overrides", "expand_env", "field_docs",
+           "load_config", "loads", "to_yaml", "validate"]

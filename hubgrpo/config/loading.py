@@ -1,0 +1,164 @@
+"""Loading a hubgrpo config: YAML, ``${VAR}`` expansion, ``--set`` overrides, errors that name the YAML line."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hubgrpo.config.sections import Config
+from hubgrpo.errors import ConfigError
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+def expand_env(value: Any, path: str = "", env: dict[str, str] | None = None) -> Any:
+    """Expand ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree."""
+    env = os.environ if env is None else env
+    if isinstance(value, dict):
+        return {k: expand_env(v, f"{path}.{k}" if path else str(k), env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env and env[name] != "":
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{path}: environment variable {name} is not set (value {value!r})",
+                          hint=f"export {name}=... or write ${{{name}:-default}}")
+
+    return _VAR.sub(sub, value)
+
+
+def apply_overrides(raw: dict, overrides: list[str] | None) -> dict:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a raw config dict."""
+    for item in overrides or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key.path=value",
+                              hint="e.g. --set params.learning_rate=1e-4")
+        node = raw
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            if not isinstance(node.setdefault(p, {}), dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+            node = node[p]
+        try:
+            node[parts[-1]] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+    return raw
+
+
+def _line_index(text: str) -> dict[tuple, int]:
+    """Map key paths (tuples of keys / list indices) to 1-based YAML line numbers."""
+    out: dict[tuple, int] = {}
+
+    def walk(node: Any, path: tuple) -> None:
+        out[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                out[path + (k.value,)] = k.start_mark.line + 1
+                walk(v, path + (k.value,))
+                out[path + (k.value,)] = k.start_mark.line + 1  # the key's line, not its value's
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, path + (i,))
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return out
+    if root is not None:
+        walk(root, ())
+    return out
+
+
+def _describe(err: dict, source: str | None, lines: dict[tuple, int]) -> str:
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[") or "(root)"
+    line = None
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in lines:
+            line = lines[loc[:n]]
+            break
+    where = f" ({source}, line {line})" if source and line else (f" ({source})" if source else "")
+    value = err.get("input")
+    shown = "" if err["type"] == "missing" else f": got {value!r}"
+    allowed = err["msg"]
+    if err["type"] == "extra_forbidden":
+        allowed = "unknown key (check the spelling; `hubgrpo config show` prints every valid key)"
+    return f"{path}{where}{shown} — {allowed}"
+
+
+def validate(raw: Any, *, source: str | None = None, text: str | None = None) -> Config:
+    """Validate a raw dict into ``Config``; every problem named with its key path and YAML line."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source or 'config'}: the top level must be a mapping of keys, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        lines = _line_index(text) if text else {}
+        problems = [_describe(err, source, lines) for err in e.errors()]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems),
+                          hint="fix the keys above; see configs/tiny.yaml for a complete example") from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, env: dict[str, str] | None = None) -> Config:
+    """Load, expand, override and validate a YAML config file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {p}: {e.strerror}", hint="check the path") from None
+    return loads(text, overrides=overrides, env=env, source=str(p))
+
+
+def loads(text: str, *, overrides: list[str] | None = None, env: dict[str, str] | None = None,
+          source: str | None = None) -> Config:
+    """Parse a YAML config from a string (see ``load_config``)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{source or 'config'}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    raw = {} if raw is None else raw
+    if isinstance(raw, dict):
+        raw = apply_overrides(expand_env(raw, env=env), overrides)
+    return validate(raw, source=source, text=text)
+
+
+def to_yaml(cfg: Config, *, redact: bool = True, drop_secrets: bool = False) -> str:
+    """The resolved config as YAML; secrets are shown as '***' unless ``redact=False``, or left out (null) with
+    ``drop_secrets=True`` (the copy stored in the run repo, which must load back as a valid config)."""
+    data = cfg.model_dump(mode="python")
+    for section, key in (("hub", "token"), ("coordinator", "secret")):
+        secret = getattr(getattr(cfg, section), key)
+        if secret is None or drop_secrets:
+            data[section][key] = None
+        else:
+            data[section][key] = "***" if redact else secret.get_secret_value()
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def field_docs(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key path, default, description) for every field: the one place fields are documented."""
+    rows = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        key = f"{prefix}{name}"
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += field_docs(ann, key + ".")
+            continue
+        default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+        rows.append((key, default, f.description or ""))
+    return rows
