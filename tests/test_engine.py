@@ -258,3 +258,47 @@ def test_ffa_merge_freezes_lora_a_so_rounds_merge_exactly(tiny_cache, tmp_path):
     subs = [load_adapter_dir(tmp_path / f"s{i}") for i in range(2)]
     result = merge(g, [(subs[0], g, 0.5), (subs[1], g, 0.5)], MergeOptions(method="ffa"))
     assert result.report["method"] == "ffa"  # accepted: the merge refuses adapters whose A moved
+
+
+
+_HEAP_SCRIPT = """
+import gc, json, sys, tempfile, weakref
+from pathlib import Path
+from hubgrpo.worker.engine import RoundEngine
+from tests.models_fixture import make_lease, tiny_config
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+engine = RoundEngine(tiny_config(), worker="w1")
+tmp = Path(tempfile.mkdtemp())
+v0 = engine.init_adapter(tmp / "v0")
+before = Cycle()
+dead = weakref.ref(before)
+del before  # garbage that only the cycle collector frees: it must not outlive the round
+counts = []
+engine.run_round(v0, make_lease(steps=2, lease_id="a"), tmp / "a", on_step=lambda s, m: counts.append(gc.get_freeze_count()))
+after = gc.get_freeze_count()
+gc.collect()
+freed = dead() is None
+gc.freeze()  # a heap frozen by someone else stays frozen
+frozen = gc.get_freeze_count()
+engine.run_round(v0, make_lease(steps=1, lease_id="b"), tmp / "b")
+print(json.dumps({"during": counts, "after": after, "freed": freed, "frozen": frozen, "still": gc.get_freeze_count()}))
+"""
+
+
+def test_rounds_train_with_the_heap_frozen_and_leave_it_collectable(tiny_cache):
+    """In a process of its own: another test's thread in the middle of a round would hold the freeze here."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", _HEAP_SCRIPT], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(r["during"]) == 2 and min(r["during"]) > 10_000  # the loaded model's objects sat out every step
+    assert r["after"] == 0 and r["freed"]  # the freeze ended with the round; old garbage is collected again
+    assert r["still"] > r["frozen"] // 2  # not unfrozen (objects freed by refcount leave the frozen set)
