@@ -57,7 +57,7 @@ MODES = {
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
 PLAIN = ["merge.outer_lr=1", "merge.outer_momentum=0", "merge.nesterov=false"]
-# How the merge follows the fleet size N (``--rule``; N = 1 always runs the config as it is):
+# How the merge follows the fleet size N (``--rule``; N = 1 runs the config as it is, plus ``--single-set``):
 RULES = {
     "fixed": lambda n: [],  # the config's own merge for every N
     "fedasync": lambda n: ["merge.staleness_scaling=absolute"],  # a round τ versions stale moves by (1+τ)^-0.5
@@ -121,8 +121,8 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
         t1 = single_row["time_to_target_s"]
         rows = [single_row]
     else:
-        single = simulate(work / f"s{seed}-homog-1", mode["config"], 1, seed,
-                          [*common, "--max-virtual-s", str(budget_s)])
+        single = simulate(work / (f"s{seed}-homog-1" + "".join(f"-{r}" for r in args.single_set)), mode["config"], 1,
+                          seed, [*common, *sets(args.single_set), "--max-virtual-s", str(budget_s)])
         finals = [v["eval_reward"] for v in single["versions"] if v["eval_reward"] is not None][-3:]
         single_final = statistics.mean(finals)
         target = args.target_fraction * single_final
@@ -150,9 +150,10 @@ def recorded_reference(args, seed: int) -> tuple[dict, float]:
     """The N = 1 row and final held-out reward of ``seed`` from an earlier result (``--reference-from``): the same
     simulation, not run again; its mode and ``--set`` must be this run's."""
     old = json.loads(args.reference_from.read_text())
-    if old["args"]["mode"] != args.mode or old["args"]["set"] != args.set:
-        sys.exit(f"--reference-from {args.reference_from}: it ran mode {old['args']['mode']} with --set "
-                 f"{old['args']['set']}, this run mode {args.mode} with --set {args.set}")
+    theirs = (old["args"]["mode"], old["args"]["set"], old["args"].get("single_set", []))
+    if theirs != (args.mode, args.set, args.single_set):
+        sys.exit(f"--reference-from {args.reference_from}: it ran (mode, --set, --single-set) {theirs}, this run "
+                 f"{(args.mode, args.set, args.single_set)}")
     for s in old["seeds"]:
         if s["seed"] == seed:
             single = next(r for r in s["rows"] if (r["fleet"], r["workers"]) == ("homog", 1))
@@ -228,6 +229,7 @@ def to_markdown(report: dict) -> str:
     lines = [f"# Scale-out: time to target vs workers — {a['mode']} ({report['date']})", "",
              f"Config `{report['config']}`{' with ' + ', '.join(a['set']) if a['set'] else ''}; seeds {a['seeds']}; "
              f"merge rule `{a.get('rule', 'fixed')}` (N > 1: {', '.join(RULES[a.get('rule', 'fixed')](8)) or 'the config as it is'} at N = 8); "
+             f"N = 1 {'with ' + ', '.join(a['single_set']) if a.get('single_set') else 'as configured'}; "
              f"virtual seconds from the cost model ({report['seeds'][0]['step_s']} s per GRPO step at speed 1). "
              f"Target: {a['target_fraction']:.0%} of the single worker's final held-out reward "
              f"(per seed: {', '.join(fmt(s['target'], '.3f') for s in report['seeds'])}). Machine: {report['machine']}.",
@@ -288,6 +290,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--target-fraction", type=float, default=0.9)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--single-set", action="append", default=[],
+                    help="overrides for the N = 1 reference only, e.g. params.steps_per_round=1: one worker scored "
+                    "after every step, so its time to target is not rounded up to a 5-step round")
     ap.add_argument("--rule", choices=sorted(RULES), default="fixed", help="how the merge follows N (RULES)")
     ap.add_argument("--no-train", action="store_true", help="skip the hubgrpo train reference")
     ap.add_argument("--stop-at-target", action="store_true",
