@@ -148,7 +148,7 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
 
 def recorded_reference(args, seed: int) -> tuple[dict, float]:
     """The N = 1 row and final held-out reward of ``seed`` from an earlier result (``--reference-from``): the same
-    simulation, not run again; its mode and ``--set`` must be this run's."""
+    simulation, not run again; its mode, ``--set`` and ``--single-set`` must be this run's."""
     old = json.loads(args.reference_from.read_text())
     theirs = (old["args"]["mode"], old["args"]["set"], old["args"].get("single_set", []))
     if theirs != (args.mode, args.set, args.single_set):

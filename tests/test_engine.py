@@ -260,9 +260,8 @@ def test_ffa_merge_freezes_lora_a_so_rounds_merge_exactly(tiny_cache, tmp_path):
     assert result.report["method"] == "ffa"  # accepted: the merge refuses adapters whose A moved
 
 
-
 _HEAP_SCRIPT = """
-import gc, json, sys, tempfile, weakref
+import gc, json, tempfile, weakref
 from pathlib import Path
 from hubgrpo.worker.engine import RoundEngine
 from tests.models_fixture import make_lease, tiny_config

@@ -28,8 +28,8 @@ from __future__ import annotations
 import gc
 import os
 import tempfile
-from contextlib import contextmanager
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
