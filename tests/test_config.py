@@ -133,3 +133,20 @@ def test_run_lr_schedule_is_transformers_cosine_over_the_versions():
     assert loads(MINIMAL + "params: {learning_rate: 0.2}").params.run_lr(7) == 0.2  # constant
     with pytest.raises(ConfigError, match="run_lr_final"):
         loads(MINIMAL + "params: {run_lr_schedule: cosine, run_lr_final: 1.5}")
+
+
+def test_run_lr_schedule_wsd_is_transformers_warmup_stable_decay_over_the_versions():
+    p = loads(MINIMAL + "params: {learning_rate: 0.2, versions: 10, run_lr_schedule: wsd, run_lr_final: 0.1, "
+              "run_lr_warmup: 0.2, run_lr_decay: 0.3}").params
+    assert p.wsd_steps(10) == (2, 3)
+    assert p.run_lr(0) == pytest.approx(0.02) and p.run_lr(1) == pytest.approx(0.11)  # rising from 10 %
+    assert [p.run_lr(v) for v in range(2, 8)] == [pytest.approx(0.2)] * 6  # stable up to the decay's start
+    assert p.run_lr(10) == pytest.approx(0.02) and p.run_lr(10**6) == pytest.approx(0.02)
+    assert all(p.run_lr(v) > p.run_lr(v + 1) for v in range(7, 10))
+    from transformers.optimization import _get_wsd_scheduler_lambda as hf
+
+    assert all(p.run_lr(v) == pytest.approx(0.2 * hf(v, num_warmup_steps=2, num_stable_steps=5, num_decay_steps=3,
+                                                     warmup_type="linear", decay_type="cosine", min_lr_ratio=0.1,
+                                                     num_cycles=0.5)) for v in range(13))
+    with pytest.raises(ConfigError, match="run_lr_warmup .* exceed 1"):
+        loads(MINIMAL + "params: {run_lr_schedule: wsd, run_lr_warmup: 0.6, run_lr_decay: 0.5}")

@@ -133,9 +133,28 @@ def test_train_follows_the_run_learning_rate_schedule(tiny_cache):
 
     cfg = tiny_config(["params.run_lr_schedule=cosine", "params.run_lr_final=0.25", "params.learning_rate=0.01"])
     eng = RoundEngine(cfg, worker="train")
-    eng.train_steps(eng.prompt_rows(range(3 * prompts_per_step(cfg))), 3, seed=0, params=run_params(eng))
+    eng.train_steps(eng.prompt_rows(range(3 * prompts_per_step(cfg))), 3, seed=0, params=run_params(eng, 3))
     assert eng.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.25)
-    assert run_params(RoundEngine(tiny_config(), worker="plain")) is None  # constant: the config as it is
+    assert run_params(RoundEngine(tiny_config(), worker="plain"), 3) is None  # constant: the config as it is
+
+
+def test_train_follows_the_run_wsd_schedule_step_by_step(tiny_cache):
+    """params.run_lr_schedule wsd: `hubgrpo train`'s step k trains at the rate a run's lease on version k gets
+    (the same warmup, plateau and decay, counted in steps instead of versions)."""
+    from hubgrpo.worker.train import prompts_per_step, run_params
+
+    steps = 8
+    cfg = tiny_config(["params.run_lr_schedule=wsd", "params.run_lr_warmup=0.25", "params.run_lr_decay=0.25",
+                       "params.learning_rate=0.01", "params.run_lr_final=0.2", f"params.versions={steps}"])
+    eng = RoundEngine(cfg, worker="train")
+    seen: list[float] = []  # the rate of the next step, after each step's scheduler update
+    lr0 = eng.trainer.args.learning_rate
+    eng.train_steps(eng.prompt_rows(range(steps * prompts_per_step(cfg))), steps, seed=0,
+                    params=run_params(eng, steps),
+                    on_step=lambda step, m: seen.append(eng.trainer.optimizer.param_groups[0]["lr"]))
+    assert lr0 == 0.01 and seen == [pytest.approx(cfg.params.run_lr(k)) for k in range(1, steps + 1)]
+    assert seen[0] == pytest.approx(0.006) and seen[1:6] == [pytest.approx(0.01)] * 5  # warmup 2, plateau
+    assert seen[6] == pytest.approx(0.006) and seen[7] == pytest.approx(0.002)  # decay 2, down to 20 %
 
 
 def test_adapters_that_do_not_fit_are_model_errors(engine, v0, tmp_path):

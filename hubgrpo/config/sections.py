@@ -77,27 +77,55 @@ class ParamsConfig(_Section):
                                  "live, gets a fraction (1/2, 1/4, 3/4, 1/8, ...) of steps_per_round, so that "
                                  "machines started together deliver evenly spread instead of all at once.")
     versions: int = Field(10, gt=0, description="Stop the run after this many merged global versions.")
-    run_lr_schedule: Literal["constant", "cosine"] = Field(
+    run_lr_schedule: Literal["constant", "cosine", "wsd"] = Field(
         "constant", description="The learning rate over the whole run: cosine falls from learning_rate to "
-        "run_lr_final × learning_rate over the run's versions (the coordinator writes the rate of a lease's base "
-        "version into the lease; a round keeps it for all its steps); `hubgrpo train` applies the same curve over "
-        "its steps. constant = learning_rate throughout.")
+        "run_lr_final × learning_rate over the run's versions; wsd (warmup-stable-decay) rises linearly from "
+        "run_lr_final × learning_rate over the first run_lr_warmup of them, stays at learning_rate, and falls "
+        "(cosine) back over the last run_lr_decay. The coordinator writes the rate of a lease's base version into "
+        "the lease (a round keeps it for all its steps); `hubgrpo train` applies the same curve over its steps. "
+        "constant = learning_rate throughout.")
     run_lr_final: float = Field(0.1, gt=0, le=1, description="run_lr_schedule: the last version's learning rate as "
-                                "a fraction of learning_rate.")
+                                "a fraction of learning_rate (wsd: also the first).")
+    run_lr_warmup: float = Field(0.1, ge=0, lt=1, description="run_lr_schedule wsd: the fraction of the run's "
+                                 "versions (of train's steps) over which the rate rises.")
+    run_lr_decay: float = Field(0.3, ge=0, le=1, description="run_lr_schedule wsd: the fraction of the run's "
+                                "versions (of train's steps) over which the rate falls at the end.")
     reset_optimizer: bool = Field(True, description="Fresh AdamW moments at every round (False keeps them).")
     seed: int = Field(0, description="Seed for prompts, shards and sampling.")
     device: str = Field("auto", description="auto (cuda if available), cpu, cuda, cuda:1, mps.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU.")
     num_threads: int | None = Field(None, gt=0, description="torch threads per worker; None = cores // local workers.")
 
+    @model_validator(mode="after")
+    def _wsd_fits(self):
+        if self.run_lr_warmup + self.run_lr_decay > 1:
+            raise ValueError(f"params.run_lr_warmup ({self.run_lr_warmup:g}) + params.run_lr_decay "
+                             f"({self.run_lr_decay:g}) exceed 1: the warmup and the decay must fit in the run")
+        return self
+
+    def wsd_steps(self, total: int) -> tuple[int, int]:
+        """wsd over ``total`` steps (or versions): the warmup's and the decay's number of them."""
+        warmup = math.ceil(self.run_lr_warmup * total)
+        return warmup, min(total - warmup, math.ceil(self.run_lr_decay * total))
+
     def run_lr(self, version: int) -> float:
-        """The learning rate of a round leased on ``version`` (``run_lr_schedule``; transformers'
-        cosine_with_min_lr curve, version v of ``versions`` standing for step v of ``versions`` steps)."""
+        """The learning rate of a round leased on ``version`` (``run_lr_schedule``; transformers' curves —
+        cosine_with_min_lr, warmup_stable_decay —, version v of ``versions`` standing for step v of ``versions``)."""
         if self.run_lr_schedule == "constant":
             return self.learning_rate
-        progress = min(1.0, max(0.0, version / self.versions))
+        final = self.run_lr_final
+        if self.run_lr_schedule == "wsd":
+            warmup, decay = self.wsd_steps(self.versions)
+            if version < warmup:
+                return self.learning_rate * (final + (1 - final) * version / warmup)
+            into_decay = version - (self.versions - decay)
+            if into_decay < 0:
+                return self.learning_rate
+            progress = min(1.0, into_decay / max(1, decay))
+        else:
+            progress = min(1.0, max(0.0, version / self.versions))
         cosine = 0.5 * (1 + math.cos(math.pi * progress))
-        return self.learning_rate * (self.run_lr_final + (1 - self.run_lr_final) * cosine)
+        return self.learning_rate * (final + (1 - final) * cosine)
 
 
 class LoraSection(_Section):

@@ -103,12 +103,18 @@ def checkpoint_path(output: Path, step: int) -> Path:
     return Path(output) / CHECKPOINTS / f"step-{step:06d}"
 
 
-def run_params(engine) -> dict | None:
-    """The engine's params with ``params.run_lr_schedule`` as the steps' scheduler: cosine → transformers'
-    cosine_with_min_lr down to ``run_lr_final`` (the curve a run follows over its versions); None: as they are."""
+def run_params(engine, steps: int) -> dict | None:
+    """The engine's params with ``params.run_lr_schedule`` as the scheduler of ``steps`` steps: cosine →
+    transformers' cosine_with_min_lr down to ``run_lr_final``, wsd → its warmup_stable_decay (the curves a run
+    follows over its versions); None: as they are."""
     p = engine.cfg.params
     if p.run_lr_schedule == "constant":
         return None
+    if p.run_lr_schedule == "wsd":
+        warmup, decay = p.wsd_steps(steps)
+        engine.trainer.args.lr_scheduler_kwargs = {"num_decay_steps": decay, "min_lr_ratio": p.run_lr_final,
+                                                   "warmup_type": "linear", "decay_type": "cosine"}
+        return {**engine.params, "lr_scheduler_type": "warmup_stable_decay", "warmup_steps": warmup}
     engine.trainer.args.lr_scheduler_kwargs = {"min_lr_rate": p.run_lr_final}
     return {**engine.params, "lr_scheduler_type": "cosine_with_min_lr"}
 
@@ -131,7 +137,8 @@ def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = 
             if save_every and step % save_every == 0:
                 engine.save_adapter(checkpoint_path(out, step))
 
-        result = engine.train_steps(rows, steps, seed=cfg.params.seed, on_step=on_step, params=run_params(engine))
+        result = engine.train_steps(rows, steps, seed=cfg.params.seed, on_step=on_step,
+                                    params=run_params(engine, steps))
     after = engine.evaluate(n=eval_samples) if eval_samples else None
     engine.save_adapter(out)
     timings = {"setup": engine.setup_seconds, **result.timings, "total": time.perf_counter() - t0}
