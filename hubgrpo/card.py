@@ -61,12 +61,19 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _wsd_curve(p) -> str:
+    """The card's words for a warmup-stable-decay rate over the run's versions."""
+    warmup, decay = p.wsd_steps(p.versions)
+    low = p.run_lr(p.versions)
+    rise = f"up from {low:g} over the first {warmup} versions, then " if warmup else ""
+    return f" ({rise}constant, down to {low:g} over the last {decay} versions)"
+
+
 def _settings(cfg: Config) -> list[dict]:
     p, lora = cfg.params, cfg.lora
     rewards = ", ".join(f"`{r.function}` × {r.weight:g}" for r in cfg.rewards)
     lr_curve = {"constant": "", "cosine": f" (cosine to {p.run_lr(p.versions):g} over the run)",
-                "wsd": " (warmup-stable-decay: up from {0:g} over the first {1} versions, down to {0:g} over the "
-                       "last {2})".format(p.run_lr(p.versions), *p.wsd_steps(p.versions))}[p.run_lr_schedule]
+                "wsd": _wsd_curve(p)}[p.run_lr_schedule]
     base = f"`{cfg.base_model}`" + (f" (GGUF `{cfg.gguf_file}`)" if cfg.gguf_file else "")
     base += f": {BUILTIN_NOTES[cfg.base_model]}" if cfg.base_model in BUILTIN_NOTES else ""
     targets = lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
