@@ -7,6 +7,8 @@
 Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local directory, svd merge unless named):
 
     baseline     ``hubgrpo train --steps T``: TRL GRPO in one process, T steps (the synchronous reference)
+    sync4-lrMx   ``hubgrpo train --steps T/4`` with 4x the batch and M x the learning rate (M = 1, 2, 4): 4 workers
+                 in lock-step with exact gradient averaging, the best any data-parallel scheme can do per sample
     async-Nw     N workers (1, 2, 4), quorum 1 (every admitted round becomes a version), max_staleness 4
     naive-4w     as async-4w with factor averaging (``merge.method: naive``) instead of the exact ΔW merge
     stale0-4w    as async-4w with ``max_staleness: 0`` (a round trained on an old version is refused)
@@ -16,6 +18,9 @@ Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local director
     ffa-rebase-4w  ffa-4w with mid-round rebase (``merge.rebase``)
     keep[-sprK]-4w ffa-rebase-4w, outer lr 1, each worker keeping its AdamW moments across rounds
                  (``params.reset_optimizer: false``), rounds of the mode's / K steps; not in the default set
+    demo-4w      the merge and rounds of configs/demo.yaml as shipped: keep-spr1-4w with 2 versions of staleness
+                 per live worker; not in the default set (demo-gen-4w: also moving between a step's generation and
+                 its backward, ``merge.rebase_after_generation``)
 
 Equal samples: every hubgrpo run stops after T / steps_per_round versions (quorum4: T / (4·steps_per_round)
 versions of 4 rounds), and the adapter evaluated is the last version whose merged samples are within the
@@ -70,9 +75,24 @@ VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
                          "params.steps_per_round=2"]),
     "keep-spr1-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
                          "params.steps_per_round=1"]),
+    # configs/demo.yaml's merge and rounds as shipped (the learning-rate schedule is the mode config's, as for the
+    # baseline: wsd in full mode, constant on the tiny model)
+    "demo-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
+                    "params.steps_per_round=1", "merge.staleness_per_worker=2"]),
+    # ... with merge.rebase_after_generation: each step's gradient at the newest version published while it sampled
+    "demo-gen-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
+                        "params.steps_per_round=1", "merge.staleness_per_worker=2",
+                        "merge.rebase_after_generation=true"]),
 }
-ALL = ["baseline", *VARIANTS]
-DEFAULT = [n for n in ALL if not n.startswith(("ffa", "keep"))]
+SYNC = {  # name: (batch multiplier k, learning-rate multiplier): `hubgrpo train` with k x the batch for T / k steps,
+    # i.e. synchronous data parallelism over k workers with exact gradient averaging — what no asynchronous merge
+    # can beat at equal samples on a task where progress comes from steps in sequence; not in the default set
+    "sync4-lr1x": (4, 1.0),
+    "sync4-lr2x": (4, 2.0),
+    "sync4-lr4x": (4, 4.0),
+}
+ALL = ["baseline", *SYNC, *VARIANTS]
+DEFAULT = [n for n in ALL if not n.startswith(("ffa", "keep", "demo", "sync"))]
 
 
 def hubgrpo(*args: str) -> float:
@@ -116,17 +136,27 @@ def cached_run(out: Path, cmd: list, result_file: str) -> dict:
     return result
 
 
-def run_baseline(mode: dict, tmp: Path, seed: int) -> dict:
-    out = tmp / f"baseline-s{seed}"
-    wall = hubgrpo("train", mode["config"], "--steps", str(mode["steps"]), "--output", str(out),
-                   "--eval-samples", "0", *sets([*mode["set"], *mode.get("extra", []), f"params.seed={seed}"]))
+def run_baseline(mode: dict, tmp: Path, seed: int, name: str = "baseline") -> dict:
+    """`hubgrpo train` for the mode's steps, or (a SYNC name) k x the batch for steps / k at a scaled rate."""
+    from hubgrpo.config import load_config
+
+    k, lr_mult = SYNC.get(name, (1, 1.0))
+    base = [*mode["set"], *mode.get("extra", [])]
+    extra = []
+    if name != "baseline":
+        p = load_config(ROOT / mode["config"], overrides=base).params
+        extra = [f"params.per_device_train_batch_size={k * p.per_device_train_batch_size}",
+                 f"params.learning_rate={lr_mult * p.learning_rate!r}"]
+    out = tmp / f"{name}-s{seed}"
+    wall = hubgrpo("train", mode["config"], "--steps", str(mode["steps"] // k), "--output", str(out),
+                   "--eval-samples", "0", *sets([*base, *extra, f"params.seed={seed}"]))
     m = json.loads((out / "metrics.json").read_text())
     batch = m["samples"] // max(1, m["steps"])
     t, curve = m["timings"].get("setup", 0.0), []
     for s in m["step_metrics"]:
         t += s.get("step_time") or 0.0
         curve.append({"samples": s["step"] * batch, "reward": s["reward"], "t": t})
-    return {"name": "baseline", "seed": seed, "workers": 1, "wall_s": wall, "adapter": str(out), "samples_merged": m["samples"],
+    return {"name": name, "seed": seed, "workers": k, "wall_s": wall, "adapter": str(out), "samples_merged": m["samples"],
             "samples_generated": m["samples"], "curve": curve, "rounds_refused": 0}
 
 
@@ -320,7 +350,7 @@ def main() -> None:
     for seed in seeds:
         for name in names:
             print(f"== {name} seed {seed}", flush=True)
-            results.append(run_baseline(mode, tmp, seed) if name == "baseline"
+            results.append(run_baseline(mode, tmp, seed, name) if name == "baseline" or name in SYNC
                            else run_variant(name, mode, tmp, seed))
     initial = evaluate(results, mode, tmp)
     for r in results:
