@@ -216,3 +216,41 @@ def test_the_engine_does_not_move_onto_another_lora_a_or_when_the_source_fails(t
 
 def _record(folder: Path):
     return layout.Submission.from_json((folder / layout.SUBMISSION_FILE).read_bytes())
+
+
+def test_a_one_step_round_moves_between_its_generation_and_its_backward(tiny_cache, tmp_path):
+    """merge.rebase_after_generation: a 1-step round (which has no step boundary to move at) is offered a newer
+    version once its completions are sampled; it moves, so its update and staleness count from that version and
+    its one step is taken at the newer model. Without the setting no offer comes."""
+    from hubgrpo.worker.engine import RoundEngine
+
+    for after_generation in (True, False):
+        eng = RoundEngine(tiny_config(["merge.method=ffa", "merge.rebase=true",
+                                       f"merge.rebase_after_generation={str(after_generation).lower()}"]),
+                          worker="w1")
+        v0 = eng.init_adapter(tmp_path / f"v0-{after_generation}")
+        w0 = load_file(v0 / layout.ADAPTER_WEIGHTS)
+        v1 = tmp_path / f"v1-{after_generation}"
+        v1.mkdir()
+        shift = {k: (0.5 * torch.ones_like(v) if "lora_B" in k else torch.zeros_like(v)) for k, v in w0.items()}
+        save_file({k: w0[k] + shift[k] for k in w0}, str(v1 / layout.ADAPTER_WEIGHTS))
+        (v1 / layout.ADAPTER_CONFIG).write_bytes((v0 / layout.ADAPTER_CONFIG).read_bytes())
+        calls = []
+
+        def source(step, current, generated=False):
+            calls.append((step, current, generated))
+            return (1, v1) if generated else None
+
+        out = tmp_path / f"out-{after_generation}"
+        sub = eng.run_round(v0, make_lease(steps=1), out, rebase=source)
+        if not after_generation:
+            assert calls == [] and sub.rebased_version is None
+            continue
+        assert calls == [(0, 0, True)] and sub.rebased_version == 1 and _record(out).trained_base == 1
+        trained = load_file(out / layout.ADAPTER_WEIGHTS)
+        b_keys = [k for k in w0 if "lora_B" in k]
+        assert all(torch.equal(trained[k], w0[k]) for k in w0 if "lora_A" in k)
+        # B is v1's B plus one AdamW step (each entry moves by at most about the learning rate, 0.02 here), not
+        # v0's: the move happened before the step, and the step itself is still in the round
+        step = max(float((trained[k] - w0[k] - shift[k]).abs().max()) for k in b_keys)
+        assert 0 < step < 0.05

@@ -33,11 +33,16 @@ class FakeEngine:
 
         self.rounds.append((lease.worker, lease.base_version))
         moved = None
-        for step in range(1, lease.steps if rebase and self.cfg.merge.rebase else 1):  # as the engine offers them
-            found = rebase(step, moved or lease.base_version)
-            if found is not None:
-                moved, base = found
-                self.offers.append((lease.lease_id, step, moved))
+        on = bool(rebase and self.cfg.merge.rebase)
+        for done in range(lease.steps if on else 0):  # as the engine offers them: after each step's generation
+            offers = [(done, True)] if self.cfg.merge.rebase_after_generation else []  # (before its backward),
+            offers += [(done + 1, False)] if done + 1 < lease.steps else []  # then after the step (not the last)
+            for step, generated in offers:
+                found = rebase(step, moved or lease.base_version, generated=True) if generated \
+                    else rebase(step, moved or lease.base_version)
+                if found is not None:
+                    moved, base = found
+                    self.offers.append((lease.lease_id, step + (0.5 if generated else 0.0), moved))
         start = load_file(Path(base) / layout.ADAPTER_WEIGHTS)  # trained from the leased (or moved-onto) version
         write_adapter(folder, seed=int(lease.lease_id[1:]) + 1, b_scale=0.01)
         delta = load_file(folder / layout.ADAPTER_WEIGHTS)
@@ -199,3 +204,23 @@ def test_rebased_rounds_move_onto_the_versions_published_before_each_step(tmp_pa
     moved = sum(r.rebased_version is not None for r in sim.rounds if r.t_deliver is not None)
     assert any(f"; {moved} of " in line and "moved onto a newer version" in line for line in summary_lines(sim.result()))
     assert not any("moved onto" in line for line in summary_lines(plain.result()))
+
+
+def test_a_round_moves_after_its_generation_onto_the_versions_published_by_then(tmp_path):
+    """merge.rebase_after_generation with 1-step rounds (no step boundary): a round is offered the versions
+    published a generate_share into its step (0.5 here), and moves onto the newest of them, never a later one;
+    without the setting a 1-step round never moves."""
+    settings = {"merge.method": "ffa", "merge.rebase": "true", "params.steps_per_round": 1}
+    plain = simulate(tmp_path, "plain", settings, workers=2, speeds="1,3", until_version=12)
+    assert not plain.engine.offers and all(r.rebased_version is None for r in plain.rounds)
+    sim = simulate(tmp_path, "gen", {**settings, "merge.rebase_after_generation": "true"}, workers=2,
+                   speeds="1,3", until_version=12, generate_share=0.5)
+    rounds = {r.lease_id: r for r in sim.rounds}
+    assert any(r.rebased_version is not None and r.status == "merged" for r in sim.rounds)
+    for lease_id, step, version in sim.engine.offers:
+        r = rounds[lease_id]
+        t_gen = r.t_lease + step * 1.0 / sim.fleet[int(r.worker[3:])].speed  # step 0.5: half-way, step_s 1
+        published = [v["version"] for v in sim.versions if v["virtual_time_s"] <= t_gen + 1e-9]
+        assert version == max(published), (lease_id, step, version, published)
+    merged = [m for v in sim.coord.state.versions for m in v.merged]
+    assert sum(m.staleness for m in merged) < sum(m.staleness for v in plain.coord.state.versions for m in v.merged)

@@ -177,6 +177,10 @@ class MergeSection(_Section):
         False, description="ffa only: a worker moves its round onto each newer version between steps (B += B_new − "
         "B_base, exact because A is frozen), so its later steps train on the newer model; its update and staleness "
         "count from the version it moved onto.")
+    rebase_after_generation: bool = Field(
+        False, description="rebase only: also move onto a newer version between a step's generation and its "
+        "backward, so the gradient is taken at the newer model (on completions sampled from the older one); a "
+        "round of one step can then move too.")
     max_lease_age: int = Field(
         32, ge=0, le=10**6, description="rebase: a round whose lease is more than this many versions old is refused "
         "whatever version it says it moved onto (that version is the worker's word; its lease is the coordinator's); "

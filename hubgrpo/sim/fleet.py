@@ -10,6 +10,8 @@ simulation gives the same answer on a busy laptop and on a quiet server.
   the adapter download, the upload and the submit. ``step_s`` is seconds per GRPO step of one worker at speed 1
   (``STEP_S`` for the built-in models, measured on one core of a 2-core x86 VM; pass your own for other models or
   hardware).
+- **Generation** takes ``GENERATE_SHARE`` of each step (0.5 for other models): with
+  ``merge.rebase_after_generation`` a round moves onto the versions published by then, before the step's backward.
 - **Jitter** (``--jitter J``, default 0.1): each round's training time is multiplied by a factor uniform in
   [1 − J, 1 + J] (completion lengths and machine noise vary), so equal workers do not finish in lock-step.
 - **Dropouts** (``--dropout P``): each round is abandoned with probability P at a uniform point of its training
@@ -28,6 +30,11 @@ from hubgrpo.errors import ConfigError
 # this project's 2-core x86 VM: tiny 0.45 s (benchmarks/results/round.md), SmolLM2 10.5 s on one core (a
 # worker of `hubgrpo run --workers 2`; 504 s for 48 steps of `hubgrpo train --set params.num_threads=1`)
 STEP_S = {"builtin:tiny": 0.45, "builtin:smollm2-135m-instruct": 10.5}
+# the share of a step spent sampling completions, generate / (generate + train) of a round's timings: tiny 0.6 /
+# 1.7 s (benchmarks/results/round.md), SmolLM2 2.66 / 8.03 s (the 1-step rounds of a one-thread worker of
+# `hubgrpo run --workers 2`, benchmarks/results/speedup-real-gen-s01.md): when, with
+# merge.rebase_after_generation, a round moves
+GENERATE_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.33}
 
 
 def parse_speeds(spec: str, n: int) -> list[float]:
@@ -99,3 +106,7 @@ def make_fleet(n: int, speeds: str, seed: int) -> list[SimWorker]:
 
 def default_step_s(base_model: str) -> float | None:
     return STEP_S.get(base_model)
+
+
+def default_generate_share(base_model: str) -> float:
+    return GENERATE_SHARE.get(base_model, 0.5)

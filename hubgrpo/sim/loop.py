@@ -9,7 +9,8 @@ Events are processed in virtual-time order, so every merge before time t is visi
 staleness arises exactly as it would with N machines. A worker that becomes free at t leases at t; its round is
 trained (in real time) when its delivery comes up, from the version it leased, and its submission is committed
 and submitted at t + latencies + steps × step_s / speed. With ``merge.rebase`` the round moves, after each step,
-onto the newest version published a latency before that step ended (``hubgrpo.worker.rebase``). Nothing depends on
+onto the newest version published a latency before that step ended (``hubgrpo.worker.rebase``; with
+``merge.rebase_after_generation`` also after each step's generation, ``generate_share`` into the step). Nothing depends on
 this machine's wall time: a seed gives the same simulation (merges run synchronously at submit, as the
 coordinator does without a server; merge and evaluation take no virtual time — they run on the coordinator's and
 the evaluator's own machines).
@@ -32,7 +33,7 @@ from typing import Any, Callable
 from hubgrpo import layout, runrepo
 from hubgrpo.config import Config
 from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
-from hubgrpo.sim.fleet import CostModel, SimWorker, default_step_s, make_fleet
+from hubgrpo.sim.fleet import CostModel, SimWorker, default_generate_share, default_step_s, make_fleet
 
 STALL_ROUNDS = 200  # rounds without a new version after which a simulation gives up (reported as stalled)
 
@@ -58,6 +59,7 @@ class SimOptions:
     eval_sampled: int = 0  # 0: greedy; k: mean of k sampled passes at the training temperature (fixed seeds)
     jitter: float = 0.1
     keep_budget: bool = False
+    generate_share: float | None = None  # of a step's time, sampling (default: fleet.GENERATE_SHARE for the model)
 
 
 @dataclass(order=True)
@@ -108,6 +110,8 @@ class Simulation:
         if step_s is None:
             raise ValueError(f"no built-in step cost for {cfg.base_model}: pass step_s (seconds per GRPO step)")
         self.cost = CostModel(step_s=step_s, latency_s=opts.latency_s)
+        self.generate_share = opts.generate_share if opts.generate_share is not None \
+            else default_generate_share(cfg.base_model)
         self.fleet: list[SimWorker] = make_fleet(opts.workers, opts.speeds, opts.seed)
         self.rejoin_s = opts.rejoin_s if opts.rejoin_s is not None else self.cost.train_s(
             self.cfg.params.steps_per_round, 1.0)
@@ -211,8 +215,11 @@ class Simulation:
         base = runrepo.adapter_at(self.store, lease.base_sha, self.output / "adapters")
         folder = self.output / "rounds" / layout.submission_id(lease.worker, lease.lease_id)
 
-        def newest(step: int, current: int):
-            t = start + train_s * step / max(1, lease.steps) - self.cost.latency_s  # its download takes a latency
+        share = self.generate_share
+
+        def newest(step: int, current: int, generated: bool = False):
+            done = step + (share if generated else 0.0)  # steps of the round done (a generation: share of a step)
+            t = start + train_s * done / max(1, lease.steps) - self.cost.latency_s  # its download takes a latency
             v = max((r["version"] for r in self.versions if r["virtual_time_s"] <= t), default=current)
             return (v, runrepo.adapter_at(self.store, self.coord.shas[v], self.output / "adapters")) \
                 if v > current else None

@@ -190,6 +190,8 @@ class RoundEngine:
             prompt_ids, completion_ids = out[0], out[1]
             self._counts["samples"] += len(completion_ids)
             self._counts["tokens"] += sum(map(len, prompt_ids)) + sum(map(len, completion_ids))
+            if self.cfg.merge.rebase_after_generation:  # the gradient at the newest model (worker/rebase.py)
+                self._rebaser.after_generation(trainer.state.global_step)
             return out
 
         trainer._generate = timed_generate  # instance attribute: TRL calls self._generate(prompts)

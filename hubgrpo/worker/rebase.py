@@ -8,7 +8,10 @@ update against B_n (δ plus the steps after the move) and its staleness from n. 
 belong to the parameters, which moved by a constant.
 
 Between two optimizer steps (never after the last: that would change the staleness but not the update; with
-``params.num_iterations`` k > 1 only every k steps, when TRL generates anew) the engine asks a ``Source`` for the
+``params.num_iterations`` k > 1 only every k steps, when TRL generates anew) and, with
+``merge.rebase_after_generation``, between a step's generation and its backward (the gradient is then taken at
+the newer model on completions sampled from the older one, as in-flight weight updates do; TRL computes any
+old log-probabilities after the move, so the ratios stay consistent), the engine asks a ``Source`` for the
 newest version it can see — the simulator from its virtual clock, a real worker from the coordinator
 (``CoordinatorSource``: the status's version and its commit sha, at most every 10 s, or every heartbeat interval
 if that is shorter). Never from the repo's tags: anyone with write access to the repo can move a tag, while the
@@ -27,7 +30,9 @@ from transformers import TrainerCallback
 
 log = logging.getLogger("hubgrpo.worker")
 
-Source = Callable[[int, int], "tuple[int, Path] | None"]  # (step just done, current base) → (newer version, adapter)
+# (steps done, current base[, generated=True]) → (newer version, adapter) or None; generated=True: the next step's
+# completions are sampled and its backward has not started (merge.rebase_after_generation)
+Source = Callable[..., "tuple[int, Path] | None"]
 
 
 def is_b(key: str) -> bool:
@@ -54,13 +59,23 @@ class Rebaser(TrainerCallback):
         every = max(1, int(getattr(args, "num_iterations", 1) or 1))  # TRL reuses a generation for k steps
         if self.source is None or state.global_step >= state.max_steps or state.global_step % every:
             return
+        self._poll(int(state.global_step), generated=False)
+
+    def after_generation(self, steps_done: int) -> None:
+        """Step ``steps_done + 1``'s completions are sampled; its backward has not started."""
+        if self.source is not None:
+            self._poll(int(steps_done), generated=True)
+
+    def _poll(self, steps_done: int, *, generated: bool) -> None:
         t0 = time.perf_counter()
         try:
-            found = self.source(int(state.global_step), int(self.version))
+            found = self.source(steps_done, int(self.version), generated=True) if generated \
+                else self.source(steps_done, int(self.version))
             if found is not None and found[0] > self.version:
                 self._move(*found)
         except Exception as e:  # noqa: BLE001 — a bad offer must not cost the round: it stays where it is
-            log.warning("not rebasing after step %d: %s", state.global_step, e)
+            where = f"the generation of step {steps_done + 1}" if generated else f"step {steps_done}"
+            log.warning("not rebasing after %s: %s", where, e)
         finally:
             self.seconds += time.perf_counter() - t0
 
@@ -98,7 +113,7 @@ class CoordinatorSource:
         self.client, self.store, self.cache, self.poll_s, self.clock = client, store, Path(cache), poll_s, clock
         self._last = -float("inf")
 
-    def __call__(self, step: int, current: int) -> tuple[int, Path] | None:
+    def __call__(self, step: int, current: int, generated: bool = False) -> tuple[int, Path] | None:
         from hubgrpo import runrepo
         from hubgrpo.errors import HubGrpoError
 
