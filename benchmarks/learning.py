@@ -75,15 +75,12 @@ VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
                          "params.steps_per_round=2"]),
     "keep-spr1-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
                          "params.steps_per_round=1"]),
-    # configs/demo.yaml's merge and rounds as shipped (the learning-rate schedule is the mode config's, as for the
-    # baseline: wsd in full mode, constant on the tiny model)
-    "demo-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
-                    "params.steps_per_round=1", "merge.staleness_per_worker=2"]),
-    # ... with merge.rebase_after_generation: each step's gradient at the newest version published while it sampled
-    "demo-gen-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
-                        "params.steps_per_round=1", "merge.staleness_per_worker=2",
-                        "merge.rebase_after_generation=true"]),
 }
+# configs/demo.yaml's merge and rounds as shipped (the learning-rate schedule is the mode config's, as for the
+# baseline: wsd in full mode, constant on the tiny model); demo-gen: each step's gradient at the newest version
+# published while it sampled
+VARIANTS["demo-4w"] = (4, [*VARIANTS["keep-spr1-4w"][1], "merge.staleness_per_worker=2"])
+VARIANTS["demo-gen-4w"] = (4, [*VARIANTS["demo-4w"][1], "merge.rebase_after_generation=true"])
 SYNC = {  # name: (batch multiplier k, learning-rate multiplier): `hubgrpo train` with k x the batch for T / k steps,
     # i.e. synchronous data parallelism over k workers with exact gradient averaging — what no asynchronous merge
     # can beat at equal samples on a task where progress comes from steps in sequence; not in the default set
@@ -156,8 +153,8 @@ def run_baseline(mode: dict, tmp: Path, seed: int, name: str = "baseline") -> di
     for s in m["step_metrics"]:
         t += s.get("step_time") or 0.0
         curve.append({"samples": s["step"] * batch, "reward": s["reward"], "t": t})
-    return {"name": name, "seed": seed, "workers": k, "wall_s": wall, "adapter": str(out), "samples_merged": m["samples"],
-            "samples_generated": m["samples"], "curve": curve, "rounds_refused": 0}
+    return {"name": name, "seed": seed, "workers": k, "wall_s": wall, "adapter": str(out),
+            "samples_merged": m["samples"], "samples_generated": m["samples"], "curve": curve, "rounds_refused": 0}
 
 
 def variant_steps_per_round(name: str, mode: dict) -> int:

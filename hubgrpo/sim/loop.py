@@ -10,8 +10,8 @@ staleness arises exactly as it would with N machines. A worker that becomes free
 trained (in real time) when its delivery comes up, from the version it leased, and its submission is committed
 and submitted at t + latencies + steps × step_s / speed. With ``merge.rebase`` the round moves, after each step,
 onto the newest version published a latency before that step ended (``hubgrpo.worker.rebase``; with
-``merge.rebase_after_generation`` also after each step's generation, ``generate_share`` into the step). Nothing depends on
-this machine's wall time: a seed gives the same simulation (merges run synchronously at submit, as the
+``merge.rebase_after_generation`` also after each step's generation, ``generate_share`` into the step). Nothing
+depends on this machine's wall time: a seed gives the same simulation (merges run synchronously at submit, as the
 coordinator does without a server; merge and evaluation take no virtual time — they run on the coordinator's and
 the evaluator's own machines).
 
