@@ -29,7 +29,10 @@ REPO = "alice/chaos"
 CHAOS_CFG = ["params.steps_per_round=2", "params.versions=3", "merge.quorum=2", "params.per_device_train_batch_size=8",
              "coordinator.lease_timeout_s=8", "coordinator.heartbeat_interval_s=1", "coordinator.round_timeout_s=60"]
 FAULT_KINDS = ("429", "409", "500", "timeout", "lost")
-FORCED = {1: ("timeout", "500"), 2: ("409", "lost")}
+# Forced on top of the random 10 %, so that every kind happens at least once. All of them are queued at version 1:
+# versions 2 and 3 still need >= 6 commits then, while by the time version 2 is seen the run may be one merge from
+# its end (a queue left unconsumed made this test fail on 2 busy cores).
+FORCED = {1: ("timeout", "500", "409", "lost"), 2: ()}
 
 
 # ---------------------------------------------------------------------------------------------- end to end
