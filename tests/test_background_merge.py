@@ -325,3 +325,30 @@ def test_an_idle_coordinator_tick_imports_no_torch(tmp_path, method):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("extra", ["average", "add"])
+def test_rounds_beyond_the_quorum_are_averaged_or_each_add_their_step(tmp_path, extra):
+    """quorum 1, FFA: three rounds pending when the merge runs (they arrived during the last one) move version 1
+    by their mean (``merge.extra_rounds: average``) or by their sum, three steps' worth (``add``)."""
+    import torch
+
+    from hubgrpo.merge import load_adapter_dir
+    from tests.coord_helpers import local_coordinator
+
+    store, c, _ = local_coordinator(tmp_path, **{"merge.method": "ffa", "merge.quorum": 1,
+                                                 "merge.extra_rounds": extra})
+    c.background_merges = True  # submit only admits: the three wait for one merge
+    leases = [c.lease(f"w{i}") for i in range(3)]
+    for i, lease in enumerate(leases):
+        assert c.submit(lease, push_submission(store, lease, tmp_path, seed=i + 1))["status"] == "admitted"
+    assert c.maybe_merge() and c.state.version == 1 and len(runrepo.read_state(store).versions[1].merged) == 3
+    v0 = load_adapter_dir(runrepo.adapter_at(store, c.shas[0], tmp_path / "v0-read"))
+    subs = [load_adapter_dir(runrepo.submission_at(store, 0, layout.submission_id(l.worker, l.lease_id),
+                                                   store.head(), tmp_path / f"s{i}")) for i, l in enumerate(leases)]
+    v1 = load_adapter_dir(runrepo.adapter_at(store, c.shas[1], tmp_path / "v1-read"))
+    scale = 1.0 if extra == "add" else 1 / 3
+    for key in (k for k in v1.weights if "lora_B" in k):
+        expected = v0.weights[key] + scale * sum(s.weights[key] - v0.weights[key] for s in subs)
+        assert torch.allclose(v1.weights[key], expected, atol=1e-6), key
+        assert float(expected.abs().max()) > 0

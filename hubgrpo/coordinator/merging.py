@@ -134,6 +134,8 @@ def plan_merge(c) -> MergePlan | None:
         return None
     m = c.cfg.merge
     outer_lr = m.outer_lr * (discount if m.staleness_scaling == "absolute" else 1.0)
+    if m.extra_rounds == "add":  # the rounds beyond the quorum each move the version by their share
+        outer_lr *= max(1.0, len(items) / m.quorum)
     opts = MergeOptions(method=m.method, outer_lr=outer_lr, outer_momentum=m.outer_momentum, nesterov=m.nesterov,
                         momentum_every=m.momentum_every,
                         rank=c.cfg.lora.r, max_rank=m.max_rank, clip_factor=m.clip_factor,
