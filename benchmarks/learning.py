@@ -8,7 +8,10 @@ Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local director
 
     baseline     ``hubgrpo train --steps T``: TRL GRPO in one process, T steps (the synchronous reference)
     sync4-lrMx   ``hubgrpo train --steps T/4`` with 4x the batch and M x the learning rate (M = 1, 2, 4): 4 workers
-                 in lock-step with exact gradient averaging, the best any data-parallel scheme can do per sample
+                 in lock-step with exact gradient averaging at 4x the baseline's batch per step, the best a
+                 data-parallel scheme with the baseline's batch per worker can do per sample
+    single-b4    ``hubgrpo train`` with 4 completions per step for 4x (tiny) / 2x (SmolLM2) the steps: the
+                 single-process reference at demo-4w-b4's per-worker batch
     async-Nw     N workers (1, 2, 4), quorum 1 (every admitted round becomes a version), max_staleness 4
     naive-4w     as async-4w with factor averaging (``merge.method: naive``) instead of the exact ΔW merge
     stale0-4w    as async-4w with ``max_staleness: 0`` (a round trained on an old version is refused)
@@ -20,13 +23,15 @@ Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local director
                  (``params.reset_optimizer: false``), rounds of the mode's / K steps; not in the default set
     demo-4w      the merge and rounds of configs/demo.yaml as shipped: keep-spr1-4w with 2 versions of staleness
                  per live worker; not in the default set (demo-gen-4w: also moving between a step's generation and
-                 its backward, ``merge.rebase_after_generation``)
+                 its backward, ``merge.rebase_after_generation``; demo-4w-b4: 4 completions, one prompt's
+                 group, per worker step — on the tiny model 4 workers then sample the baseline's batch per round;
+                 -add: ``merge.extra_rounds: add``, rounds merged together each move the version by their step)
 
-Equal samples: every hubgrpo run stops after T / steps_per_round versions (quorum4: T / (4·steps_per_round)
-versions of 4 rounds), and the adapter evaluated is the last version whose merged samples are within the
-baseline's T·batch completions (a merge takes every pending round, so with 4 workers the last versions can hold
-2 rounds and overshoot; "samples merged" is the evaluated version's). Rounds trained but refused, cut off at the
-end or merged past the budget are counted in "samples generated".
+Equal samples: every hubgrpo run stops after T·batch / (its batch·steps_per_round) versions (quorum4: a
+quarter of that, versions of 4 rounds), and the adapter evaluated is the last version whose merged samples are
+within the baseline's T·batch completions (a merge takes every pending round, so with 4 workers the last
+versions can hold 2 rounds and overshoot; "samples merged" is the evaluated version's). Rounds trained but
+refused, cut off at the end or merged past the budget are counted in "samples generated".
 
 Reward: the held-out reward of the version-0 adapter (identical for all variants of one training seed) and of
 each final adapter, evaluated in this process (quick: 8 sampled completions per held-out prompt at the training
@@ -81,6 +86,13 @@ VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
 # published while it sampled
 VARIANTS["demo-4w"] = (4, [*VARIANTS["keep-spr1-4w"][1], "merge.staleness_per_worker=2"])
 VARIANTS["demo-gen-4w"] = (4, [*VARIANTS["demo-4w"][1], "merge.rebase_after_generation=true"])
+# the same with 4 completions (one prompt's group) per worker step: on the tiny model 4 workers then sample
+# the baseline's 16 completions per round of the fleet (the data-parallel convention: per-worker batch = global
+# batch / N); on SmolLM2 (batch 8) it halves each worker's batch
+VARIANTS["demo-4w-b4"] = (4, [*VARIANTS["demo-4w"][1], "params.per_device_train_batch_size=4"])
+# -add: rounds that arrived during a merge each move the next version by their own step (merge.extra_rounds)
+VARIANTS["demo-4w-add"] = (4, [*VARIANTS["demo-4w"][1], "merge.extra_rounds=add"])
+VARIANTS["demo-4w-b4-add"] = (4, [*VARIANTS["demo-4w-b4"][1], "merge.extra_rounds=add"])
 SYNC = {  # name: (batch multiplier k, learning-rate multiplier): `hubgrpo train` with k x the batch for T / k steps,
     # i.e. synchronous data parallelism over k workers with exact gradient averaging — what no asynchronous merge
     # can beat at equal samples on a task where progress comes from steps in sequence; not in the default set
@@ -88,8 +100,12 @@ SYNC = {  # name: (batch multiplier k, learning-rate multiplier): `hubgrpo train
     "sync4-lr2x": (4, 2.0),
     "sync4-lr4x": (4, 4.0),
 }
-ALL = ["baseline", *SYNC, *VARIANTS]
-DEFAULT = [n for n in ALL if not n.startswith(("ffa", "keep", "demo", "sync"))]
+SINGLE = {  # name: batch: `hubgrpo train` with that batch for as many steps as the baseline's samples allow (the
+    # single-process reference at a fleet variant's per-worker batch); not in the default set
+    "single-b4": 4,
+}
+ALL = ["baseline", *SYNC, *SINGLE, *VARIANTS]
+DEFAULT = [n for n in ALL if not n.startswith(("ffa", "keep", "demo", "sync", "single"))]
 
 
 def hubgrpo(*args: str) -> float:
@@ -139,13 +155,13 @@ def run_baseline(mode: dict, tmp: Path, seed: int, name: str = "baseline") -> di
 
     k, lr_mult = SYNC.get(name, (1, 1.0))
     base = [*mode["set"], *mode.get("extra", [])]
-    extra = []
-    if name != "baseline":
-        p = load_config(ROOT / mode["config"], overrides=base).params
-        extra = [f"params.per_device_train_batch_size={k * p.per_device_train_batch_size}",
-                 f"params.learning_rate={lr_mult * p.learning_rate!r}"]
+    p = load_config(ROOT / mode["config"], overrides=base).params
+    batch = SINGLE.get(name, k * p.per_device_train_batch_size)
+    steps = mode["steps"] * p.per_device_train_batch_size // batch
+    extra = [] if name == "baseline" else [f"params.per_device_train_batch_size={batch}",
+                                           f"params.learning_rate={lr_mult * p.learning_rate!r}"]
     out = tmp / f"{name}-s{seed}"
-    wall = hubgrpo("train", mode["config"], "--steps", str(mode["steps"] // k), "--output", str(out),
+    wall = hubgrpo("train", mode["config"], "--steps", str(steps), "--output", str(out),
                    "--eval-samples", "0", *sets([*base, *extra, f"params.seed={seed}"]))
     m = json.loads((out / "metrics.json").read_text())
     batch = m["samples"] // max(1, m["steps"])
@@ -157,12 +173,12 @@ def run_baseline(mode: dict, tmp: Path, seed: int, name: str = "baseline") -> di
             "samples_merged": m["samples"], "samples_generated": m["samples"], "curve": curve, "rounds_refused": 0}
 
 
-def variant_steps_per_round(name: str, mode: dict) -> int:
-    """A variant's steps per round: the mode's, unless the variant or ``--set`` change it."""
+def variant_params(name: str, mode: dict):
+    """A variant's params section: the mode's config with the mode's, ``--set``'s and the variant's overrides."""
     from hubgrpo.config import load_config
 
     return load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", []), *VARIANTS[name][1]]
-                       ).params.steps_per_round
+                       ).params
 
 
 def run_variant(name: str, mode: dict, tmp: Path, seed: int) -> dict:
@@ -171,7 +187,8 @@ def run_variant(name: str, mode: dict, tmp: Path, seed: int) -> dict:
 
     workers, extra = VARIANTS[name]
     quorum = 4 if "merge.quorum=4" in extra else 1
-    versions = mode["steps"] // (variant_steps_per_round(name, mode) * quorum)
+    p = variant_params(name, mode)  # as many rounds as the baseline's samples (mode["samples"]) allow
+    versions = mode["samples"] // (p.per_device_train_batch_size * p.steps_per_round * quorum)
     repo = tmp / f"{name}-s{seed}"
     overrides = [*mode["set"], "merge.quorum=1", "merge.max_staleness=4", *mode.get("extra", []), *extra,
                  f"params.versions={versions}", f"params.seed={seed}",
@@ -347,12 +364,13 @@ def main() -> None:
     for seed in seeds:
         for name in names:
             print(f"== {name} seed {seed}", flush=True)
-            results.append(run_baseline(mode, tmp, seed, name) if name == "baseline" or name in SYNC
-                           else run_variant(name, mode, tmp, seed))
+            single = name == "baseline" or name in SYNC or name in SINGLE
+            results.append(run_baseline(mode, tmp, seed, name) if single else run_variant(name, mode, tmp, seed))
     initial = evaluate(results, mode, tmp)
     for r in results:
         if r.get("rounds_submitted"):
-            r["samples_generated"] = r["rounds_submitted"] * variant_steps_per_round(r["name"], mode) * batch
+            p = variant_params(r["name"], mode)
+            r["samples_generated"] = r["rounds_submitted"] * p.steps_per_round * p.per_device_train_batch_size
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or ("learning" if mode_name == "quick" else "learning-full")
