@@ -352,3 +352,28 @@ def test_rounds_beyond_the_quorum_are_averaged_or_each_add_their_step(tmp_path, 
         expected = v0.weights[key] + scale * sum(s.weights[key] - v0.weights[key] for s in subs)
         assert torch.allclose(v1.weights[key], expected, atol=1e-6), key
         assert float(expected.abs().max()) > 0
+
+
+def test_added_rounds_count_at_most_one_per_worker(tmp_path):
+    """``extra_rounds: add``: three rounds of one worker piled up behind a merge move the version by their mean,
+    not by three steps."""
+    import torch
+
+    from hubgrpo.merge import load_adapter_dir
+    from tests.coord_helpers import local_coordinator
+
+    store, c, _ = local_coordinator(tmp_path, **{"merge.method": "ffa", "merge.quorum": 1,
+                                                 "merge.extra_rounds": "add"})
+    c.background_merges = True
+    leases = []
+    for i in range(3):  # one round after another, each admitted while no merge runs
+        leases.append(c.lease("w0"))
+        assert c.submit(leases[-1], push_submission(store, leases[-1], tmp_path, seed=i + 1))["status"] == "admitted"
+    assert c.maybe_merge() and len(runrepo.read_state(store).versions[1].merged) == 3
+    v0 = load_adapter_dir(runrepo.adapter_at(store, c.shas[0], tmp_path / "v0-read"))
+    subs = [load_adapter_dir(runrepo.submission_at(store, 0, layout.submission_id(l.worker, l.lease_id),
+                                                   store.head(), tmp_path / f"s{i}")) for i, l in enumerate(leases)]
+    v1 = load_adapter_dir(runrepo.adapter_at(store, c.shas[1], tmp_path / "v1-read"))
+    for key in (k for k in v1.weights if "lora_B" in k):
+        mean = v0.weights[key] + sum(s.weights[key] - v0.weights[key] for s in subs) / 3
+        assert torch.allclose(v1.weights[key], mean, atol=1e-6), key

@@ -166,7 +166,8 @@ class MergeSection(_Section):
     extra_rounds: Literal["average", "add"] = Field(
         "average", description="A merge takes every admitted submission pending, so n > quorum when some arrived "
         "while the last merge ran. average: the version moves by their weighted mean (one quorum's worth); add: by "
-        "n / quorum times it, as if they had been merged a quorum at a time (FedBuff with a buffer of quorum).")
+        "n / quorum times it, as if they had been merged a quorum at a time (FedBuff with a buffer of quorum), n "
+        "counting at most one round per distinct worker.")
     clip_factor: float | None = Field(None, gt=0, description="Clip each update norm to clip_factor × median; None = off.")
     max_norm_factor: float | None = Field(
         5.0, gt=0, description="Refuse an update whose norm per step exceeds this × the median of the last 64 "
