@@ -94,8 +94,8 @@ VARIANTS["demo-4w-b4"] = (4, [*VARIANTS["demo-4w"][1], "params.per_device_train_
 VARIANTS["demo-4w-add"] = (4, [*VARIANTS["demo-4w"][1], "merge.extra_rounds=add"])
 VARIANTS["demo-4w-b4-add"] = (4, [*VARIANTS["demo-4w-b4"][1], "merge.extra_rounds=add"])
 SYNC = {  # name: (batch multiplier k, learning-rate multiplier): `hubgrpo train` with k x the batch for T / k steps,
-    # i.e. synchronous data parallelism over k workers with exact gradient averaging — what no asynchronous merge
-    # can beat at equal samples on a task where progress comes from steps in sequence; not in the default set
+    # i.e. synchronous data parallelism over k workers of the baseline's batch each with exact gradient averaging —
+    # what no asynchronous merge of such workers can beat at equal samples; not in the default set
     "sync4-lr1x": (4, 1.0),
     "sync4-lr2x": (4, 2.0),
     "sync4-lr4x": (4, 4.0),
@@ -150,7 +150,8 @@ def cached_run(out: Path, cmd: list, result_file: str) -> dict:
 
 
 def run_baseline(mode: dict, tmp: Path, seed: int, name: str = "baseline") -> dict:
-    """`hubgrpo train` for the mode's steps, or (a SYNC name) k x the batch for steps / k at a scaled rate."""
+    """`hubgrpo train` for the mode's steps; a SYNC name: k x the batch for steps / k at a scaled rate; a SINGLE
+    name: its batch for as many steps as the baseline's samples allow."""
     from hubgrpo.config import load_config
 
     k, lr_mult = SYNC.get(name, (1, 1.0))

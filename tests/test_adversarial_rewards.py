@@ -88,6 +88,8 @@ ROLLOUT_ATTACKS = {  # name: (mutation, the refusal code)
 
 @pytest.mark.timeout(240)
 def test_every_forged_rollouts_file_is_refused_with_its_code_while_honest_versions_merge(tmp_path):
+    """The assertions are ``Run``'s (tests/test_adversarial.py): each attack refused with its code, an honest version
+    merged after it, state.json loading again and a restarted coordinator starting."""
     run = Run(tmp_path)
     try:
         run.honest_version()

@@ -136,7 +136,7 @@ def plan_merge(c) -> MergePlan | None:
     outer_lr = m.outer_lr * (discount if m.staleness_scaling == "absolute" else 1.0)
     if m.extra_rounds == "add":  # the rounds beyond the quorum each move the version by their share, at most one
         # per distinct worker: rounds piled up behind a stalled merge (one worker's several leases) do not add up
-        outer_lr *= max(1.0, min(len(items), len({e.worker for e in entries})) / m.quorum)
+        outer_lr *= max(1.0, len({e.worker for e in entries}) / m.quorum)
     opts = MergeOptions(method=m.method, outer_lr=outer_lr, outer_momentum=m.outer_momentum, nesterov=m.nesterov,
                         momentum_every=m.momentum_every,
                         rank=c.cfg.lora.r, max_rank=m.max_rank, clip_factor=m.clip_factor,
