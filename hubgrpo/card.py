@@ -83,7 +83,8 @@ def _settings(cfg: Config) -> list[dict]:
         {"setting": "rewards", "value": rewards},
         {"setting": "LoRA", "value": f"r={lora.r}, alpha={lora.alpha:g}, dropout={lora.dropout:g}, targets {targets}"},
         {"setting": "GRPO", "value": f"lr {p.learning_rate:g}{lr_curve}, {p.per_device_train_batch_size} "
-                                     f"completions/step ({p.num_generations} per prompt), "
+                                     f"completions/step{' of the fleet' if p.fleet_batch == 'split' else ''} "
+                                     f"({p.num_generations} per prompt), "
                                      f"≤{p.max_completion_length} tokens, temperature {p.temperature:g}, "
                                      f"beta {p.beta:g}, loss {p.loss_type}"},
     ]

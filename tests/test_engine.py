@@ -126,6 +126,21 @@ def test_lease_params_override_and_beta_rebuilds_without_saving_ref(engine, v0, 
     assert engine.trainer.beta == 0.0
 
 
+def test_a_leased_share_of_the_fleet_batch_is_what_the_round_samples(engine, v0, tmp_path):
+    """params.fleet_batch split: the lease carries the worker's batch (one prompt group of 4 here); the round
+    samples exactly that per step, its rollouts say so, and the next lease at the config's batch rebuilds back."""
+    from hubgrpo.task import rollouts
+
+    sub = engine.run_round(v0, make_lease(steps=2, lease_id="half", indices=[3, 5],
+                                          params={"per_device_train_batch_size": 4}), tmp_path / "half")
+    assert sub.samples == 8 and sub.prompts == 2 and engine.trainer.args.per_device_train_batch_size == 4
+    batches = rollouts.read(tmp_path / "half" / ROLLOUTS_FILE, 1 << 20).batches
+    assert sorted(sorted(set(b.prompt_indices)) for b in batches) == [[3], [5]]  # one prompt's group per step
+    assert [len(b.completions) for b in batches] == [4, 4]
+    sub = engine.run_round(v0, make_lease(steps=1, lease_id="whole"), tmp_path / "whole")
+    assert sub.samples == 8 and engine.trainer.args.per_device_train_batch_size == 8
+
+
 def test_train_follows_the_run_learning_rate_schedule(tiny_cache):
     """`hubgrpo train` with params.run_lr_schedule cosine: the steps follow the curve a run follows over its
     versions, down to run_lr_final × learning_rate after the last one."""

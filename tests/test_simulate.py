@@ -224,3 +224,19 @@ def test_a_round_moves_after_its_generation_onto_the_versions_published_by_then(
         assert version == max(published), (lease_id, step, version, published)
     merged = [m for v in sim.coord.state.versions for m in v.merged]
     assert sum(m.staleness for m in merged) < sum(m.staleness for v in plain.coord.state.versions for m in v.merged)
+
+
+def test_a_split_fleet_batch_makes_each_round_cheaper(tmp_path):
+    """params.fleet_batch split (make_config: 4 completions per step, groups of 2): the first worker leases alone
+    and gets the whole batch; the three after it one group each, and a round of half the batch costs
+    FIXED_SHARE + (1 − FIXED_SHARE) / 2 of a whole one in virtual time."""
+    from hubgrpo.sim.fleet import FIXED_SHARE
+
+    sim = simulate(tmp_path, "split", {"params.fleet_batch": "split"}, until_version=8)
+    r = sim.result()
+    half = 2 * (FIXED_SHARE["builtin:tiny"] + (1 - FIXED_SHARE["builtin:tiny"]) / 2)  # 2 steps at step_s 1
+    times = [v["virtual_time_s"] for v in r["versions"][1:]]
+    assert times[:4] == pytest.approx([half] * 3 + [2.0])
+    total = [v["samples"] for v in r["versions"][:5]]  # the run's samples so far: completions × 2 steps each
+    assert [b - a for a, b in zip(total, total[1:])] == [4, 4, 4, 8]
+    assert r["config"]["fleet_batch"] == "split"

@@ -70,6 +70,12 @@ class ParamsConfig(_Section):
     num_iterations: int = Field(1, gt=0, description="Optimisation passes per generation batch (μ).")
     mask_truncated_completions: bool = Field(False, description="Exclude truncated completions from the loss.")
     steps_per_round: int = Field(8, gt=0, description="GRPO optimizer steps a worker runs per lease.")
+    fleet_batch: Literal["per_worker", "split"] = Field(
+        "per_worker", description="per_worker: every worker's step takes per_device_train_batch_size completions "
+        "(N machines sample N × the batch of one per round of steps). split: per_device_train_batch_size is the "
+        "fleet's batch (the data-parallel convention), shared by the live workers the coordinator counts: a lease's "
+        "steps take ⌈batch ÷ num_generations ÷ live workers⌉ prompt groups of num_generations completions, at "
+        "least one (the lease carries that batch). `hubgrpo train` is one worker: unchanged.")
     balance_rounds: bool = Field(False, description="Give faster workers more steps per lease (and slower ones "
                                  "fewer, at least 1, at most 4× steps_per_round) so that rounds take about as long "
                                  "everywhere; speeds are measured by the coordinator (lease to submit), not reported.")
@@ -95,6 +101,22 @@ class ParamsConfig(_Section):
     device: str = Field("auto", description="auto (cuda if available), cpu, cuda, cuda:1, mps.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU.")
     num_threads: int | None = Field(None, gt=0, description="torch threads per worker; None = cores // local workers.")
+
+    @model_validator(mode="after")
+    def _split_fits(self):
+        if self.fleet_batch == "split" and self.per_device_train_batch_size % self.num_generations:
+            raise ValueError(f"params.fleet_batch split shares per_device_train_batch_size "
+                             f"({self.per_device_train_batch_size}) out in prompt groups of num_generations "
+                             f"({self.num_generations}): make the batch a multiple of num_generations")
+        return self
+
+    def worker_batch(self, live_workers: int) -> int:
+        """Completions per step of one worker's round while ``live_workers`` workers are live
+        (``fleet_batch``)."""
+        if self.fleet_batch != "split" or live_workers <= 1:
+            return self.per_device_train_batch_size
+        groups = self.per_device_train_batch_size // self.num_generations
+        return max(1, -(-groups // live_workers)) * self.num_generations
 
     @model_validator(mode="after")
     def _wsd_fits(self):

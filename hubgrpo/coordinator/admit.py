@@ -108,19 +108,9 @@ def staleness_limit(c, lease: Lease | None = None) -> int:
     """Versions old a submission may be now: ``merge.max_staleness``, raised with ``merge.staleness_per_worker``
     by ``live_workers`` (the coordinator's own count, never a worker's word; at most ``merge.max_lease_age``)."""
     m = c.cfg.merge
+    from hubgrpo.coordinator.leasing import live_workers
+
     return m.staleness_limit(live_workers(c, lease)) if m.staleness_per_worker else m.max_staleness
-
-
-def live_workers(c, lease: Lease | None = None) -> int:
-    """Distinct workers (user and name) that leased or renewed a lease within the last ``lease_timeout_s``, and
-    the submitter of ``lease``. Their last contact is kept in state.json, so a restarted coordinator counts the
-    fleet it had (its live leases come back only with their heartbeats); a worker that released its lease still
-    counts for a lease's lifetime, so the limit does not drop under the rounds it admitted."""
-    now, window = c.clock(), c.cfg.coordinator.lease_timeout_s
-    keys = {k for k, ws in tuple(c.state.workers.items()) if now - ws.last_seen <= window}  # one C-level copy
-    if lease is not None:
-        keys.add(c.worker_key(lease.worker, lease.user))
-    return len(keys)
 
 
 def _check_staleness(c, lease: Lease, sub_id: str, base_version: int) -> None:

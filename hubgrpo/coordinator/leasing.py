@@ -45,18 +45,51 @@ def issue(c, worker: str, user: str | None) -> Lease:
     key = c.worker_key(worker, user)
     stats = c.state.workers.get(key)
     steps = round_steps(c, key, first_round=stats is None or stats.accepted == 0)
-    per_step = max(1, c.prompts_per_round // c.cfg.params.steps_per_round)
+    params = lease_params(c, key)
+    p = c.cfg.params
+    batch = params.get("per_device_train_batch_size", p.per_device_train_batch_size)
+    per_step = max(1, batch * p.gradient_accumulation_steps // p.num_generations)
     lease = Lease(
         lease_id=c.new_lease_id(), run_id=c.state.run_id, round_id=len(c.state.merged_ids) + len(c.pending)
         + len(c.active), worker=worker, user=user, base_version=c.state.version,
         base_sha=c.shas[c.state.version], prompt_indices=c.pool.take(per_step * steps),
         steps=steps, seed=c.cfg.params.seed * 1_000_003 + c.pool.next_index,
-        params=scheduled_params(c.cfg.params, c.state.version), issued_at=now,
+        params=params, issued_at=now,
         deadline=now + c.cfg.coordinator.lease_timeout_s)
     lease = leases.sign(lease, c.secret)
     c.active[lease.lease_id] = lease
     c._touch(worker, user, now)
     return lease
+
+
+def lease_params(c, key: str) -> dict:
+    """The hyper-parameters a lease for worker ``key`` sets for its round: the learning rate of the run's schedule
+    (``scheduled_params``) and, with ``params.fleet_batch`` split, the worker's share of the fleet's batch (the
+    coordinator's own count of live workers, this one included); nothing the worker's config already says."""
+    p = c.cfg.params
+    params = scheduled_params(p, c.state.version)
+    if p.fleet_batch == "split":
+        batch = p.worker_batch(live_workers(c, key=key))
+        if batch != p.per_device_train_batch_size:
+            params["per_device_train_batch_size"] = batch
+    return params
+
+
+def live_workers(c, lease: Lease | None = None, key: str | None = None) -> int:
+    """Distinct workers (user and name) that leased or renewed a lease within the last ``lease_timeout_s``, and
+    the submitter of ``lease`` (or the worker ``key`` asking for one). Their last contact is kept in state.json, so
+    a restarted coordinator counts the fleet it had (its live leases come back only with their heartbeats); a
+    worker that released its lease still counts for a lease's lifetime, so the limit does not drop under the
+    rounds it admitted. Worker names are free: the count is bounded only by the leases users may hold
+    (``coordinator.max_leases_per_user``), so what it raises or lowers is capped (``merge.max_lease_age``, one
+    prompt group per step)."""
+    now, window = c.clock(), c.cfg.coordinator.lease_timeout_s
+    keys = {k for k, ws in tuple(c.state.workers.items()) if now - ws.last_seen <= window}  # one C-level copy
+    if lease is not None:
+        keys.add(c.worker_key(lease.worker, lease.user))
+    if key is not None:
+        keys.add(key)
+    return len(keys)
 
 
 def scheduled_params(p, version: int) -> dict:

@@ -10,6 +10,9 @@ simulation gives the same answer on a busy laptop and on a quiet server.
   the adapter download, the upload and the submit. ``step_s`` is seconds per GRPO step of one worker at speed 1
   (``STEP_S`` for the built-in models, measured on one core of a 2-core x86 VM; pass your own for other models or
   hardware).
+- **Batch**: a lease for a smaller batch than the config's (``params.fleet_batch`` split) costs ``fixed_share +
+  (1 − fixed_share) × batch ratio`` of a step (``FIXED_SHARE``: the part of a step a smaller batch does not
+  shorten).
 - **Generation** takes ``GENERATE_SHARE`` of each step (0.5 for other models): with
   ``merge.rebase_after_generation`` a round moves onto the versions published by then, before the step's backward.
 - **Jitter** (``--jitter J``, default 0.1): each round's training time is multiplied by a factor uniform in
@@ -35,6 +38,10 @@ STEP_S = {"builtin:tiny": 0.45, "builtin:smollm2-135m-instruct": 10.5}
 # `hubgrpo run --workers 2`, benchmarks/results/speedup-real-gen-s01.md): when, with
 # merge.rebase_after_generation, a round moves
 GENERATE_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.33}
+# the share of a step that does not shrink with its batch, from `hubgrpo train --set params.num_threads=1` at the
+# config's batch and at one prompt group (2026-12-03, one core, generate + train seconds per step): tiny 0.227 s at
+# 16 completions, 0.117 s at 4 (30 steps each); SmolLM2 9.64 / 9.19 s at 8, 4.93 s at 4 (8 steps each)
+FIXED_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.05}
 
 
 def parse_speeds(spec: str, n: int) -> list[float]:
@@ -64,9 +71,12 @@ class CostModel:
 
     step_s: float
     latency_s: float = 0.0
+    fixed_share: float = 0.0  # of step_s, what a smaller batch (params.fleet_batch split) does not shorten
 
-    def train_s(self, steps: int, speed: float) -> float:
-        return steps * self.step_s / speed
+    def train_s(self, steps: int, speed: float, batch_ratio: float = 1.0) -> float:
+        """``steps`` steps at ``speed``, each of ``batch_ratio`` × the config's completions."""
+        per_step = self.step_s * (self.fixed_share + (1 - self.fixed_share) * batch_ratio)
+        return steps * per_step / speed
 
 
 @dataclass
@@ -106,6 +116,10 @@ def make_fleet(n: int, speeds: str, seed: int) -> list[SimWorker]:
 
 def default_step_s(base_model: str) -> float | None:
     return STEP_S.get(base_model)
+
+
+def default_fixed_share(base_model: str) -> float:
+    return FIXED_SHARE.get(base_model, 0.0)
 
 
 def default_generate_share(base_model: str) -> float:

@@ -33,7 +33,8 @@ from typing import Any, Callable
 from hubgrpo import layout, runrepo
 from hubgrpo.config import Config
 from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
-from hubgrpo.sim.fleet import CostModel, SimWorker, default_generate_share, default_step_s, make_fleet
+from hubgrpo.sim.fleet import (CostModel, SimWorker, default_fixed_share, default_generate_share, default_step_s,
+                               make_fleet)
 
 STALL_ROUNDS = 200  # rounds without a new version after which a simulation gives up (reported as stalled)
 
@@ -109,7 +110,7 @@ class Simulation:
         step_s = opts.step_s or default_step_s(cfg.base_model)
         if step_s is None:
             raise ValueError(f"no built-in step cost for {cfg.base_model}: pass step_s (seconds per GRPO step)")
-        self.cost = CostModel(step_s=step_s, latency_s=opts.latency_s)
+        self.cost = CostModel(step_s=step_s, latency_s=opts.latency_s, fixed_share=default_fixed_share(cfg.base_model))
         self.generate_share = opts.generate_share if opts.generate_share is not None \
             else default_generate_share(cfg.base_model)
         self.fleet: list[SimWorker] = make_fleet(opts.workers, opts.speeds, opts.seed)
@@ -193,7 +194,9 @@ class Simulation:
         self.prompts[lease.lease_id] = list(lease.prompt_indices)
         lat = self.cost.latency_s
         start = self.now + 2 * lat  # the lease's answer, then the adapter download
-        train_s = self.cost.train_s(lease.steps, w.speed) * w.jitter(self.opts.jitter)
+        full = self.cfg.params.per_device_train_batch_size
+        ratio = lease.params.get("per_device_train_batch_size", full) / full  # params.fleet_batch split
+        train_s = self.cost.train_s(lease.steps, w.speed, ratio) * w.jitter(self.opts.jitter)
         w.rounds += 1
         crash = w.drops_this_round(self.opts.dropout)
         holder = {"lease": lease}
@@ -322,6 +325,7 @@ class Simulation:
             "refusal_codes": sorted({r.code for r in self.rounds if r.code}),
             "config": {"base_model": self.cfg.base_model, "steps_per_round": self.cfg.params.steps_per_round,
                        "completions_per_step": self.cfg.params.per_device_train_batch_size,
+                       "fleet_batch": self.cfg.params.fleet_batch,
                        "merge": self.cfg.merge.model_dump(), "quorum": self.cfg.merge.quorum},
             "compute": {k: round(v, 2) for k, v in self.compute.items()},
         }
