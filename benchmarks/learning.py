@@ -25,7 +25,8 @@ Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local director
                  per live worker; not in the default set (demo-gen-4w: also moving between a step's generation and
                  its backward, ``merge.rebase_after_generation``; demo-4w-b4: 4 completions, one prompt's
                  group, per worker step — on the tiny model 4 workers then sample the baseline's batch per round;
-                 -add: ``merge.extra_rounds: add``, rounds merged together each move the version by their step)
+                 -add: ``merge.extra_rounds: add``, rounds merged together each move the version by their step;
+                 demo-4w-b4-lrMx: demo-4w-b4 at M x the config's learning rate, M = 0.5, 0.7)
 
 Equal samples: every hubgrpo run stops after T·batch / (its batch·steps_per_round) versions (quorum4: a
 quarter of that, versions of 4 rounds), and the adapter evaluated is the last version whose merged samples are
@@ -93,6 +94,11 @@ VARIANTS["demo-4w-b4"] = (4, [*VARIANTS["demo-4w"][1], "params.per_device_train_
 # -add: rounds that arrived during a merge each move the next version by their own step (merge.extra_rounds)
 VARIANTS["demo-4w-add"] = (4, [*VARIANTS["demo-4w"][1], "merge.extra_rounds=add"])
 VARIANTS["demo-4w-b4-add"] = (4, [*VARIANTS["demo-4w-b4"][1], "merge.extra_rounds=add"])
+# -lrMx: the same at M x the mode config's learning rate (rounds taken M versions stale step as a momentum
+# would: does a lower rate keep more of the gain per sample?)
+LR_MULT = {"demo-4w-b4-lr0.5x": 0.5, "demo-4w-b4-lr0.7x": 0.7}
+for _name in LR_MULT:
+    VARIANTS[_name] = VARIANTS["demo-4w-b4"]
 SYNC = {  # name: (batch multiplier k, learning-rate multiplier): `hubgrpo train` with k x the batch for T / k steps,
     # i.e. synchronous data parallelism over k workers of the baseline's batch each with exact gradient averaging —
     # what no asynchronous merge of such workers can beat at equal samples; not in the default set
@@ -178,15 +184,26 @@ def variant_params(name: str, mode: dict):
     """A variant's params section: the mode's config with the mode's, ``--set``'s and the variant's overrides."""
     from hubgrpo.config import load_config
 
-    return load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", []), *VARIANTS[name][1]]
-                       ).params
+    return load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", []),
+                                                         *variant_overrides(name, mode)]).params
+
+
+def variant_overrides(name: str, mode: dict) -> list[str]:
+    """A variant's config overrides (with ``LR_MULT``'s learning rate resolved against the mode's config)."""
+    from hubgrpo.config import load_config
+
+    extra = list(VARIANTS[name][1])
+    if name in LR_MULT:
+        lr = load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", [])]).params.learning_rate
+        extra.append(f"params.learning_rate={LR_MULT[name] * lr!r}")
+    return extra
 
 
 def run_variant(name: str, mode: dict, tmp: Path, seed: int) -> dict:
     from hubgrpo import runrepo
     from hubgrpo.store.local import LocalStore
 
-    workers, extra = VARIANTS[name]
+    workers, extra = VARIANTS[name][0], variant_overrides(name, mode)
     quorum = 4 if "merge.quorum=4" in extra else 1
     p = variant_params(name, mode)  # as many rounds as the baseline's samples (mode["samples"]) allow
     versions = mode["samples"] // (p.per_device_train_batch_size * p.steps_per_round * quorum)

@@ -38,10 +38,13 @@ STEP_S = {"builtin:tiny": 0.45, "builtin:smollm2-135m-instruct": 10.5}
 # `hubgrpo run --workers 2`, benchmarks/results/speedup-real-gen-s01.md): when, with
 # merge.rebase_after_generation, a round moves
 GENERATE_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.33}
-# the share of a step that does not shrink with its batch, from `hubgrpo train --set params.num_threads=1` at the
-# config's batch and at one prompt group (2026-12-03, one core, generate + train seconds per step): tiny 0.227 s at
-# 16 completions, 0.117 s at 4 (30 steps each); SmolLM2 9.64 / 9.19 s at 8, 4.93 s at 4 (8 steps each)
-FIXED_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.05}
+# the share of a round's step that does not shrink with its batch (2026-12-03, one core per worker): tiny from
+# `hubgrpo train --set params.num_threads=1`, 0.227 s per step at 16 completions, 0.117 s at 4 (30 steps each);
+# SmolLM2 from the 1-step rounds of `hubgrpo run --workers 2` (benchmarks/results/speedup-real-split-s*.md against
+# speedup-real-decay-s*.md, median lease-to-submit 5.30 s at 4 completions, 8.08 s at 8, seeds 0-2) — inside
+# `hubgrpo train` the steps shrink more (9.6 s -> 4.9 s): a round's fixed work (adapter load and save, the
+# trainer's set-up per train() call) weighs more there
+FIXED_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.31}
 
 
 def parse_speeds(spec: str, n: int) -> list[float]:
