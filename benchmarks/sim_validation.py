@@ -1,8 +1,12 @@
 """The simulator against reality: ``benchmarks/scaleout.py --validate REAL.json …`` replays each real
 ``hubgrpo run --workers 2`` of ``benchmarks/speedup_real.py`` results in ``hubgrpo simulate`` — the run's own config
-(its ``--set`` and ``--run-set``), its measured median seconds per step and per-round overhead — and compares the
-staleness histograms, the time to the training-reward target, seconds per version and the reward curves; over
-seeds, whether the simulated mean lies within the real runs' standard deviation ("within seed noise")."""
+(its ``--set`` and ``--run-set``), its measured median seconds per step and per-round overhead, and the timing of
+its two machines (``replay_timing``: each one's speed from its mean seconds between deliveries, its phase, and
+the jitter that gives the round-to-round change of the gap between their deliveries) — and
+compares the staleness histograms, the time to the training-reward target, seconds per version and the reward
+curves; over seeds, whether the simulated mean lies within the real runs' standard deviation ("within seed
+noise"). ``--validate-timing median`` replays as before this timing existed: both machines at one speed, started
+together, jitter 0.1."""
 
 from __future__ import annotations
 
@@ -15,17 +19,54 @@ from benchmarks.learning import sets
 from benchmarks.scaleout import ROOT, fmt, simulate
 
 
-def validate(real_paths: list[Path], work: Path) -> dict:
+def validate(real_paths: list[Path], work: Path, timing: str = "replay") -> dict:
     """Replay each seed of real ``hubgrpo run --workers 2`` runs (speedup_real.py JSONs) in the simulator."""
     out = []
     for real_path in real_paths:
         real = json.loads(real_path.read_text())
         for raw in real["raw"]:
-            out.append(_validate_seed(real, raw["run"], work / f"validate-{real_path.stem}-s{raw['run']['seed']}"))
-    return {"seeds": out, "summary": _validation_summary(out)}
+            out.append(_validate_seed(real, raw["run"], work / f"validate-{real_path.stem}-s{raw['run']['seed']}",
+                                      timing))
+    return {"timing": timing, "seeds": out, "summary": _validation_summary(out)}
 
 
-def _validate_seed(real: dict, run: dict, out: Path) -> dict:
+def replay_timing(rounds: list[dict]) -> dict:
+    """The fleet's timing as the real run had it, from its delivered rounds (``at``: when each submit returned):
+    ``speeds`` (mean seconds between a machine's deliveries, from its second on, relative to the machines' mean:
+    the first round also loads the model), ``starts`` (each machine's phase: when it delivered its second
+    round, from the earlier of the two — real machines never start in the same instant, and the first rounds
+    and merges, slower than the rest, set how far apart they run) and ``jitter`` (``hubgrpo simulate --jitter``: a uniform factor in
+    [1 − J, 1 + J] on each round gives the gap between two machines' k-th deliveries a change of standard
+    deviation D·J·√(2/3) per round, D the mean period; J is solved from the real gaps' changes, so noise that
+    slows both machines at once — this machine's load — is left out, as it moves no phase)."""
+    by: dict[str, list[float]] = {}
+    for r in rounds:
+        by.setdefault(r["worker"], []).append(r["at"])
+    times = [sorted(ts) for _, ts in sorted(by.items())]
+    if len(times) < 2 or min(len(ts) for ts in times) < 4:
+        raise ValueError("a replay needs two machines with at least 4 delivered rounds each")
+    periods = [(ts[-1] - ts[1]) / (len(ts) - 2) for ts in times]
+    mean = statistics.mean(periods)
+    second = min(ts[1] for ts in times)
+    changes = []
+    for ts in times[1:]:  # gaps to the first machine's k-th delivery, from the second delivery on
+        n = min(len(ts), len(times[0]))
+        gaps = [ts[k] - times[0][k] for k in range(1, n)]
+        changes += [b - a for a, b in zip(gaps, gaps[1:])]
+    jitter = statistics.stdev(changes) * (3 / 2) ** 0.5 / mean
+    return {"speeds": [mean / p for p in periods], "starts": [ts[1] - second for ts in times],
+            "jitter": min(0.9, jitter), "period_s": periods}
+
+
+def _timing_flags(timing: str, rounds: list[dict]) -> tuple[list[str], dict | None]:
+    if timing == "median":
+        return [], None
+    t = replay_timing(rounds)
+    return ["--speeds", ",".join(f"{x:.5f}" for x in t["speeds"]), "--starts",
+            ",".join(f"{x:.3f}" for x in t["starts"]), "--jitter", f"{t['jitter']:.4f}"], t
+
+
+def _validate_seed(real: dict, run: dict, out: Path, timing: str = "replay") -> dict:
     from hubgrpo.config import load_config
 
     # the run's own config; one torch thread, as each of the run's two workers had on the 2 cores
@@ -36,16 +77,17 @@ def _validate_seed(real: dict, run: dict, out: Path) -> dict:
     overhead = statistics.median(r.get("lease_s", 0) + r.get("download_s", 0) + r.get("upload_s", 0)
                                  + r.get("submit_s", 0) for r in rounds)
     versions = len(run["curve"])
+    flags, replay = _timing_flags(timing, rounds)
     sim = simulate(out, real["args"]["config"], 2, run["seed"],
                    [*sets(settings), *_eval_flags(real), "--step-s", f"{step_s:.4f}",
-                    "--latency-s", f"{overhead / 4:.4f}", "--until-version", str(versions)])
+                    "--latency-s", f"{overhead / 4:.4f}", "--until-version", str(versions), *flags])
     real_hist = dict(Counter(str(s) for c in run["curve"] for s in c["staleness"]))
     target = real["args"].get("target", 0.9)
     real_hit = next((c["t"] for c in run["curve"] if c["reward"] is not None and c["reward"] >= target), None)
     sim_hit = next((v["virtual_time_s"] for v in sim["versions"][1:]
                     if v["train_reward"] is not None and v["train_reward"] >= target), None)
     return {"seed": run["seed"], "source": real["args"].get("name"), "settings": settings, "step_s": step_s,
-            "latency_s": overhead / 4, "versions": versions, "target": target,
+            "latency_s": overhead / 4, "versions": versions, "replay": replay, "target": target,
             "real_staleness": real_hist, "sim_staleness": sim["staleness_histogram"],
             "real_s_to_target": real_hit, "sim_s_to_target": sim_hit,
             "real_curve": [(c["t"], c.get("eval"), c["reward"]) for c in run["curve"]],
@@ -85,16 +127,20 @@ def _eval_flags(real: dict) -> list[str]:
 
 
 def validation_markdown(v: dict) -> str:
+    timing = {"replay": "each machine's speed, first delivery and the jitter of the gap between the two replayed "
+              "from the real run (speeds / starts s / jitter in the last column)",
+              "median": "both machines at the run's median seconds per step, started together, jitter 0.1"}
     lines = ["# Simulator vs real `hubgrpo run --workers 2` runs", "",
+             f"Timing: {timing[v.get('timing', 'median')]}.", "",
              "| source | seed | s/step (real, median) | versions | staleness real | staleness simulated | real s to "
              "target | simulated s to target | real s to last version | simulated s | held-out real (last) | "
-             "held-out simulated (last) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "held-out simulated (last) | replayed timing |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in v["seeds"]:
         lines.append(f"| {s.get('source')} | {s['seed']} | {s['step_s']:.3f} | {s['versions']} | {s['real_staleness']} | "
                      f"{s['sim_staleness']} | {fmt(s.get('real_s_to_target'), '.1f')} | "
                      f"{fmt(s.get('sim_s_to_target'), '.1f')} | {fmt(s['real_wall_s'], '.1f')} | "
                      f"{fmt(s['sim_virtual_s'], '.1f')} | {fmt(s['real_curve'][-1][1], '.3f')} | "
-                     f"{fmt(s['sim_curve'][-1][1], '.3f')} |")
+                     f"{fmt(s['sim_curve'][-1][1], '.3f')} | {_timing_cell(s.get('replay'))} |")
     summary = v.get("summary") or {}
     if summary:
         lines += ["", "| over seeds | real mean ± sd | simulated mean ± sd | within the real runs' sd |", "|---|---|---|---|"]
@@ -103,6 +149,13 @@ def validation_markdown(v: dict) -> str:
             lines.append(f"| {key} | {fmt(r['mean'])} ± {fmt(r['sd'])} (n = {r['n']}) | {fmt(s['mean'])} ± "
                          f"{fmt(s['sd'])} (n = {s['n']}) | {row['within_seed_noise']} |")
     return "\n".join(lines) + "\n"
+
+
+def _timing_cell(t: dict | None) -> str:
+    if not t:
+        return "–"
+    return (" / ".join(f"{x:.3f}" for x in t["speeds"]) + "; " + " / ".join(f"{x:.1f}" for x in t["starts"])
+            + f"; {t['jitter']:.3f}")
 
 
 def validation_plot(v: dict, path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from hubgrpo import layout
 from hubgrpo.errors import ConfigError
-from hubgrpo.sim.fleet import parse_speeds
+from hubgrpo.sim.fleet import parse_speeds, parse_starts
 from hubgrpo.sim.loop import SimOptions, Simulation
 from tests.coord_helpers import make_config, submission_record, write_adapter, write_rollouts
 
@@ -124,11 +124,42 @@ def test_speed_specs():
             parse_speeds(bad, 2)
 
 
+def test_start_specs():
+    assert parse_starts("0", 3, seed=0) == [0.0, 0.0, 0.0]
+    assert parse_starts("0,1.5", 3, seed=0) == [0.0, 1.5, 0.0]
+    spread = parse_starts("spread:10", 4, seed=1)
+    assert spread == parse_starts("spread:10", 4, seed=1) != parse_starts("spread:10", 4, seed=2)
+    assert all(0 <= t <= 10 for t in spread) and len(set(spread)) == 4
+    for bad in ("soon", "-1", "nan", "inf", "1e400", "spread:-1", "spread:nan", "0,,x"):
+        with pytest.raises(ConfigError, match="--starts"):
+            parse_starts(bad, 2, seed=0)
+
+
+def test_machines_that_start_apart_stay_out_of_phase(tmp_path):
+    # no jitter, equal speeds, 2-step rounds of 2 s: started together, every other round is fresh (τ = 0) and the
+    # two arrive in the same instant; half a second apart, they alternate and only the very first round is fresh
+    together = simulate(tmp_path, "together", workers=2).result()
+    apart = simulate(tmp_path, "apart", workers=2, starts="0,0.5").result()
+    assert together["staleness_histogram"] == {"0": 4, "1": 4}
+    assert apart["staleness_histogram"] == {"0": 1, "1": 7}
+    assert [v["virtual_time_s"] for v in apart["versions"][1:5]] == [2.0, 2.5, 4.0, 4.5]
+    assert apart["starts"] == [0.0, 0.5]
+
+
 def test_simulate_without_a_stop_condition_exits_2_with_a_hint(tmp_path):
     exe = Path(sys.executable).with_name("hubgrpo")
     r = subprocess.run([str(exe), "simulate", str(ROOT / "configs" / "tiny.yaml"), "--workers", "2", "--output",
                         str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "stop condition" in r.stderr and "--until-version" in r.stderr
+
+
+def test_simulate_with_a_bad_start_spec_exits_2_naming_it(tmp_path):
+    exe = Path(sys.executable).with_name("hubgrpo")
+    r = subprocess.run([str(exe), "simulate", str(ROOT / "configs" / "tiny.yaml"), "--workers", "2", "--starts",
+                        "1e400", "--until-version", "1", "--output", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--starts '1e400'" in r.stderr and "spread:10" in r.stderr
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.timeout(300)

@@ -16,6 +16,8 @@ def simulate(
     seed: int = typer.Option(0, "--seed", help="Seed of the run (params.seed) and of the fleet's dropouts."),
     speeds: str = typer.Option("1", "--speeds", help="1 | spread:K (fastest = K × slowest, mean 1) | 1,0.5,2 "
                                "(a list, cycled)."),
+    starts: str = typer.Option("0", "--starts", help="When each machine asks for its first lease: 0 (all at once) "
+                               "| spread:S (uniform in the first S virtual seconds) | 0,1.5 (a list, cycled)."),
     dropout: float = typer.Option(0.0, "--dropout", min=0.0, max=0.99, help="Chance that a round is abandoned "
                                   "(its machine drops out and rejoins one round later)."),
     latency_s: float = typer.Option(0.0, "--latency-s", min=0.0, help="Virtual seconds for each of a round's "
@@ -55,7 +57,8 @@ def simulate(
     out = output or Path("runs") / f"{cfg.project_name}-sim-{workers}w-s{seed}"
     if (out / "repo").exists():
         raise ConfigError(f"{out} already holds a simulation", hint="pass another --output, or delete it")
-    opts = SimOptions(workers=workers, speeds=speeds, dropout=dropout, latency_s=latency_s, seed=seed, step_s=step_s,
+    opts = SimOptions(workers=workers, speeds=speeds, starts=starts, dropout=dropout, latency_s=latency_s, seed=seed,
+                      step_s=step_s,
                       until_version=until_version, until_reward=until_reward, min_virtual_s=min_virtual_s,
                       max_virtual_s=max_virtual_s,
                       eval_samples=eval_samples, eval_every=eval_every, eval_sampled=eval_sampled, jitter=jitter)

@@ -17,6 +17,10 @@ simulation gives the same answer on a busy laptop and on a quiet server.
   ``merge.rebase_after_generation`` a round moves onto the versions published by then, before the step's backward.
 - **Jitter** (``--jitter J``, default 0.1): each round's training time is multiplied by a factor uniform in
   [1 − J, 1 + J] (completion lengths and machine noise vary), so equal workers do not finish in lock-step.
+- **Starts** (``--starts``): ``0`` (every machine asks for its first lease at virtual time 0), ``spread:S`` (each
+  at a time uniform in [0, S], from its own stream), or a list ``0,1.5`` of seconds (cycled). Machines that start
+  in the same instant deliver in phase; real ones never start together (process start, model load), and two
+  workers that start a second apart cross each other's phase far less often (fewer fresh, τ = 0, rounds).
 - **Dropouts** (``--dropout P``): each round is abandoned with probability P at a uniform point of its training
   (a crashed or pre-empted machine: its lease expires, its prompts go back to the pool); the worker rejoins
   ``rejoin_s`` later (default: one round at speed 1) as a new process, under a new name.
@@ -65,6 +69,25 @@ def parse_speeds(spec: str, n: int) -> list[float]:
     if not values or any(not (0 < v < 1e6) for v in values):
         raise ConfigError(f"--speeds {spec!r} is not a speed spec",
                           hint="use 1, spread:2 (fastest = 2× slowest, mean 1) or a list such as 1,0.5,2")
+    return [values[i % len(values)] for i in range(n)]
+
+
+def parse_starts(spec: str, n: int, seed: int) -> list[float]:
+    """Virtual times of ``n`` workers' first leases from ``0`` | ``spread:S`` | ``a,b,c`` (the module docstring)."""
+    spec = str(spec).strip()
+    try:
+        if spec.startswith("spread:"):
+            width = float(spec.split(":", 1)[1])
+            if not 0 <= width < 1e7:
+                raise ValueError
+            return [width * random.Random(f"start-{seed}-{i}").random() for i in range(n)]
+        values = [float(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not (0 <= v < 1e7) for v in values):
+        raise ConfigError(f"--starts {spec!r} is not a start spec",
+                          hint="use 0, spread:10 (each machine starts at a random time in the first 10 s) or a "
+                          "list of seconds such as 0,1.5")
     return [values[i % len(values)] for i in range(n)]
 
 

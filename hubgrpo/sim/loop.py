@@ -34,7 +34,7 @@ from hubgrpo import layout, runrepo
 from hubgrpo.config import Config
 from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
 from hubgrpo.sim.fleet import (CostModel, SimWorker, default_fixed_share, default_generate_share, default_step_s,
-                               make_fleet)
+                               make_fleet, parse_starts)
 
 STALL_ROUNDS = 200  # rounds without a new version after which a simulation gives up (reported as stalled)
 
@@ -45,6 +45,7 @@ class SimOptions:
 
     workers: int
     speeds: str = "1"
+    starts: str = "0"  # when each machine asks for its first lease (fleet.parse_starts)
     dropout: float = 0.0
     latency_s: float = 0.0
     seed: int = 0
@@ -114,6 +115,7 @@ class Simulation:
         self.generate_share = opts.generate_share if opts.generate_share is not None \
             else default_generate_share(cfg.base_model)
         self.fleet: list[SimWorker] = make_fleet(opts.workers, opts.speeds, opts.seed)
+        self.starts = parse_starts(opts.starts, opts.workers, opts.seed)
         self.rejoin_s = opts.rejoin_s if opts.rejoin_s is not None else self.cost.train_s(
             self.cfg.params.steps_per_round, 1.0)
         self.now, self._seq, self._events = 0.0, itertools.count(), []
@@ -154,8 +156,8 @@ class Simulation:
     # ------------------------------------------------------------------------------------------ the loop
 
     def run(self) -> None:
-        for i in range(len(self.fleet)):
-            self._push(0.0, "ready", i)
+        for i, t in enumerate(self.starts):
+            self._push(t, "ready", i)
         self._push(self.cfg.coordinator.round_timeout_s + 1e-3, "tick")
         handlers = {"ready": self._ready, "deliver": self._deliver, "heartbeat": self._heartbeat,
                     "tick": self._tick, "rejoin": self._ready}
@@ -312,7 +314,8 @@ class Simulation:
         """Everything ``hubgrpo.sim.report`` writes; ``compute`` (real seconds) is the only non-deterministic part."""
         merged = [s for v in self.versions for s in v["staleness"]]
         return {
-            "workers": len(self.fleet), "speeds": [w.speed for w in self.fleet], "seed": self.opts.seed,
+            "workers": len(self.fleet), "speeds": [w.speed for w in self.fleet],
+            "starts": self.starts, "seed": self.opts.seed,
             "dropout": self.opts.dropout, "latency_s": self.opts.latency_s, "step_s": self.cost.step_s,
             "jitter": self.opts.jitter, "eval": "greedy" if self.opts.eval_sampled <= 0 else
             f"sampled x{self.opts.eval_sampled}", "eval_samples": self.opts.eval_samples,
