@@ -47,28 +47,37 @@ def simulate(
     the staleness histogram; time to the target) and OUTPUT/simulation.png."""
     from hubgrpo.config import load_config
     from hubgrpo.errors import ConfigError
-    from hubgrpo.sim.loop import SimOptions, Simulation
-    from hubgrpo.sim.report import finish, summary_lines
+    from hubgrpo.sim.fleet import parse_speeds, parse_starts
+    from hubgrpo.sim.loop import SimOptions
 
     if until_version is None and until_reward is None and max_virtual_s is None:
         raise ConfigError("a simulation needs a stop condition",
                           hint="pass --until-version V, --until-reward R or --max-virtual-s S")
+    parse_speeds(speeds, workers), parse_starts(starts, workers, seed)  # a bad spec is refused before any work
     cfg = load_config(config, overrides=[*set_, f"params.seed={seed}"])
     out = output or Path("runs") / f"{cfg.project_name}-sim-{workers}w-s{seed}"
     if (out / "repo").exists():
         raise ConfigError(f"{out} already holds a simulation", hint="pass another --output, or delete it")
     opts = SimOptions(workers=workers, speeds=speeds, starts=starts, dropout=dropout, latency_s=latency_s, seed=seed,
-                      step_s=step_s,
-                      until_version=until_version, until_reward=until_reward, min_virtual_s=min_virtual_s,
-                      max_virtual_s=max_virtual_s,
-                      eval_samples=eval_samples, eval_every=eval_every, eval_sampled=eval_sampled, jitter=jitter)
-    with _progress(progress, until_version) as on_version:
+                      step_s=step_s, until_version=until_version, until_reward=until_reward,
+                      min_virtual_s=min_virtual_s, max_virtual_s=max_virtual_s, eval_samples=eval_samples,
+                      eval_every=eval_every, eval_sampled=eval_sampled, jitter=jitter)
+    _simulate(cfg, opts, out, progress, target if target is not None else until_reward)
+
+
+def _simulate(cfg, opts, out: Path, progress: bool, target: float | None) -> None:
+    """Run the simulation (with a progress bar), write its files and print its summary."""
+    from hubgrpo.errors import ConfigError
+    from hubgrpo.sim.loop import Simulation
+    from hubgrpo.sim.report import finish, summary_lines
+
+    with _progress(progress, opts.until_version) as on_version:
         try:
             sim = Simulation(cfg, opts, out, on_version=on_version)
         except ValueError as e:
             raise ConfigError(str(e), hint="pass --step-s") from None
         sim.run()
-    result = finish(sim.result(), out, target if target is not None else until_reward)
+    result = finish(sim.result(), out, target)
     for line in summary_lines(result):
         typer.echo(line)
     typer.echo(f"wrote {out / 'simulation.json'} and {out / 'simulation.png'}")
