@@ -2,6 +2,7 @@
 arrive (``hubgrpo.merge.fold``, what a served coordinator does between merges with ``merge.method: ffa``).
 
     .venv/bin/python benchmarks/merge_latency.py [--quorum 32] [--threads 2] [--repeat 3]
+    .venv/bin/python benchmarks/merge_latency.py --quorum 2,8,32 --name merge_latency-sweep   # does it grow with N?
 
 Inputs: the global and ``quorum`` rank-16 submissions on every linear layer of Qwen2.5-0.5B (as benchmarks/merge.py:
 a pool of 8 distinct drifted adapters referenced ``quorum`` times; FFA ones share the global's A). Rows:
@@ -13,7 +14,7 @@ a pool of 8 distinct drifted adapters referenced ``quorum`` times; FFA ones shar
 
 Wall-clock and process CPU seconds (all threads), best of ``--repeat``; the 1-minute load average is recorded.
 Not included: reading the submissions (the coordinator has them from admission) and the commit to the store.
-Writes benchmarks/results/merge_latency.{md,json}.
+Writes benchmarks/results/<name>.{md,json} (default merge_latency), one table per quorum.
 """
 
 from __future__ import annotations
@@ -72,37 +73,52 @@ def best(fn, repeat: int) -> dict:
     return {k: min(r[k] for r in runs) for k in runs[0]}
 
 
+def measure(quorum: int, repeat: int) -> list[dict]:
+    return [{"quorum": quorum, "method": "svd (full merge at the quorum)", **best(lambda: full("svd", quorum), repeat)},
+            {"quorum": quorum, "method": "ffa (full merge at the quorum)", **best(lambda: full("ffa", quorum), repeat)},
+            {"quorum": quorum, "method": "ffa folded as rounds arrive", **best(lambda: folded(quorum), repeat)}]
+
+
+def to_markdown(meta: dict, rows: list[dict]) -> str:
+    quorums = ", ".join(str(q) for q in meta["quorums"])
+    lines = [f"# Merge latency after the last of {quorums} submissions (Qwen2.5-0.5B shapes, rank 16) — "
+             f"{meta['date']}", "",
+             f"torch threads {meta['threads']}, {meta['cpus']} CPUs, load average {meta['load'][0]:.1f} → "
+             f"{meta['load'][1]:.1f}; best of {meta['repeat']}. Latency: from the last submission in hand to the new "
+             "adapter in memory (no store reads or commits).", "",
+             "| quorum | merge | latency s | latency CPU s | total merge CPU s | fold per submission s |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        each = f"{r['fold_each_s']:.4f}" if "fold_each_s" in r else "–"
+        lines.append(f"| {r['quorum']} | {r['method']} | {r['latency_s']:.3f} | {r['latency_cpu_s']:.3f} | "
+                     f"{r['total_cpu_s']:.3f} | {each} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quorum", type=int, default=32)
+    ap.add_argument("--quorum", default="32", help="submissions per merge; a comma-separated list for a sweep")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--name", default="merge_latency")
     args = ap.parse_args()
+    quorums = [int(q) for q in args.quorum.split(",")]
+    if any(q < 2 for q in quorums):
+        sys.exit("--quorum: each quorum must be at least 2 (a fold needs a submission before the last)")
     import torch
 
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
-    rows = [{"method": "svd (full merge at the quorum)", **best(lambda: full("svd", args.quorum), args.repeat)},
-            {"method": "ffa (full merge at the quorum)", **best(lambda: full("ffa", args.quorum), args.repeat)},
-            {"method": "ffa folded as rounds arrive", **best(lambda: folded(args.quorum), args.repeat)}]
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "quorum": args.quorum,
-            "threads": args.threads, "load": [load0, os.getloadavg()[0]], "cpus": os.cpu_count()}
+    rows = [r for q in quorums for r in measure(q, args.repeat)]
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "quorums": quorums, "threads": args.threads,
+            "repeat": args.repeat, "load": [load0, os.getloadavg()[0]], "cpus": os.cpu_count()}
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "merge_latency.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = [f"# Merge latency after the last of {args.quorum} submissions (Qwen2.5-0.5B shapes, rank 16) — "
-             f"{meta['date']}", "",
-             f"torch threads {args.threads}, {meta['cpus']} CPUs, load average {meta['load'][0]:.1f} → "
-             f"{meta['load'][1]:.1f}; best of {args.repeat}. Latency: from the last submission in hand to the new "
-             "adapter in memory (no store reads or commits).", "",
-             "| merge | latency s | latency CPU s | total merge CPU s | fold per submission s |", "|---|---|---|---|---|"]
-    for r in rows:
-        each = f"{r['fold_each_s']:.4f}" if "fold_each_s" in r else "–"
-        lines.append(f"| {r['method']} | {r['latency_s']:.3f} | {r['latency_cpu_s']:.3f} | {r['total_cpu_s']:.3f} | "
-                     f"{each} |")
-    (out / "merge_latency.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    text = to_markdown(meta, rows)
+    (out / f"{args.name}.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,11 @@ def replay_timing(rounds: list[dict]) -> dict:
     ``speeds`` (mean seconds between a machine's deliveries, from its second on, relative to the machines' mean:
     the first round also loads the model), ``starts`` (each machine's phase: when it delivered its second
     round, from the earlier of the two — real machines never start in the same instant, and the first rounds
-    and merges, slower than the rest, set how far apart they run) and ``jitter`` (``hubgrpo simulate --jitter``: a uniform factor in
-    [1 − J, 1 + J] on each round gives the gap between two machines' k-th deliveries a change of standard
-    deviation D·J·√(2/3) per round, D the mean period; J is solved from the real gaps' changes, so noise that
-    slows both machines at once — this machine's load — is left out, as it moves no phase)."""
+    and merges, slower than the rest, set how far apart they run) and ``jitter`` (``hubgrpo simulate
+    --jitter``: a uniform factor in [1 − J, 1 + J] on each round gives the gap between two machines' k-th
+    deliveries a change of standard deviation D·J·√(2/3) per round, D the mean period; J is solved from the real
+    gaps' changes, so noise that slows both machines at once — this machine's load — is left out, as it moves no
+    phase)."""
     by: dict[str, list[float]] = {}
     for r in rounds:
         by.setdefault(r["worker"], []).append(r["at"])
@@ -159,13 +160,14 @@ def _timing_cell(t: dict | None) -> str:
 
 
 def validation_plot(v: dict, path: Path) -> None:
-    """Training reward and held-out reward vs seconds, each real run (solid) and its simulation (dashed)."""
+    """Training reward and held-out reward vs seconds, each real run (solid) and its simulation (dashed); the
+    staleness of merged rounds, real against simulated, over all seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for i, s in enumerate(v["seeds"]):
         color = f"C{i}"
         for ax, k in ((axes[0], 2), (axes[1], 1)):
@@ -175,9 +177,26 @@ def validation_plot(v: dict, path: Path) -> None:
                     ax.plot(*zip(*pts), style, color=color, marker=".", label=f"{who} {s.get('source')} s{s['seed']}")
     axes[0].set_ylabel("training reward of a version's rounds")
     axes[1].set_ylabel("held-out reward")
-    for ax in axes:
+    for ax in axes[:2]:
         ax.set_xlabel("seconds from the first lease (real) / virtual seconds")
     axes[1].legend(fontsize=6)
+    _staleness_bars(axes[2], v["seeds"])
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _staleness_bars(ax, seeds: list[dict]) -> None:
+    real, sim = Counter(), Counter()
+    for s in seeds:
+        real.update({int(k): n for k, n in s["real_staleness"].items()})
+        sim.update({int(k): n for k, n in s["sim_staleness"].items()})
+    taus = sorted(set(real) | set(sim))
+    for offset, counts, who in ((-0.2, real, "real"), (0.2, sim, "simulated")):
+        total = sum(counts.values()) or 1
+        ax.bar([t + offset for t in taus], [counts[t] / total for t in taus], width=0.4, label=who)
+    ax.set_xticks(taus)
+    ax.set_xlabel("staleness τ of a merged round (all seeds)")
+    ax.set_ylabel("share of merged rounds")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
