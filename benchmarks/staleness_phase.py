@@ -5,9 +5,10 @@
 Two simulated workers with 1-step rounds of 8 virtual seconds (the demo's), the real coordinator and merge, and
 a model-free round engine (the tests' ``FakeEngine``: staleness depends only on when rounds arrive), for equal
 speeds and for the few-per-cent speed difference the real runs' two workers show (speedup-real-decay-s*: median
-rounds 7.89 / 8.13 s, 8.00 / 8.58 s, …), at the default jitter 0.1 and at 0.05. A round is fresh when the other
-worker delivered nothing while it trained; that happens when the two workers' phases cross. Prints the fresh share
-per setting (mean ± sd over seeds).
+rounds 7.89 / 8.13 s, 8.00 / 8.58 s, …), at the default jitter 0.1 and at 0.05, started together or a second or
+so apart (``--starts``, as the real machines' phases were). A round is fresh when the other worker delivered
+nothing while it trained; that happens when the two workers' phases cross. Prints the fresh share per setting
+(mean ± sd over seeds).
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def fresh_share(speeds: str, seed: int, jitter: float, versions: int) -> float:
+SETTINGS = [  # speeds, jitter, starts
+    ("1", 0.1, "0"), ("1", 0.05, "0"), ("1,0.97", 0.1, "0"), ("1,0.97", 0.05, "0"), ("1,0.94", 0.1, "0"),
+    ("1,0.94", 0.05, "0"), ("1.01,0.99", 0.1, "0,1"), ("1.003,0.997", 0.1, "0,1.3"), ("1.003,0.997", 0.06, "0,1.5"),
+]
+
+
+def fresh_share(speeds: str, seed: int, jitter: float, versions: int, starts: str = "0") -> float:
     from hubgrpo.sim.loop import SimOptions, Simulation
     from tests.coord_helpers import make_config
     from tests.test_simulate import FakeEngine
@@ -31,7 +38,7 @@ def fresh_share(speeds: str, seed: int, jitter: float, versions: int) -> float:
                          "params.versions": versions})
     with tempfile.TemporaryDirectory() as d:
         sim = Simulation(cfg, SimOptions(workers=2, step_s=8.0, jitter=jitter, until_version=versions,
-                                         speeds=speeds, seed=seed), Path(d), engine=FakeEngine(cfg))
+                                         speeds=speeds, seed=seed, starts=starts), Path(d), engine=FakeEngine(cfg))
         sim.run()
         hist = sim.result()["staleness_histogram"]
     return hist.get("0", 0) / sum(hist.values())
@@ -42,11 +49,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--versions", type=int, default=60)
     args = ap.parse_args()
-    for speeds in ("1", "1,0.97", "1,0.94"):
-        for jitter in (0.1, 0.05):
-            shares = [fresh_share(speeds, s, jitter, args.versions) for s in range(args.seeds)]
-            print(f"speeds {speeds:8} jitter {jitter:<5} fresh share {statistics.mean(shares):.3f} ± "
-                  f"{statistics.stdev(shares):.3f}")
+    for speeds, jitter, starts in SETTINGS:
+        shares = [fresh_share(speeds, s, jitter, args.versions, starts) for s in range(args.seeds)]
+        print(f"speeds {speeds:12} jitter {jitter:<5} starts {starts:6} fresh share {statistics.mean(shares):.3f} ± "
+              f"{statistics.stdev(shares):.3f}", flush=True)
 
 
 if __name__ == "__main__":
