@@ -103,7 +103,10 @@ def main() -> None:
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--name", default="merge_latency")
     args = ap.parse_args()
-    quorums = [int(q) for q in args.quorum.split(",")]
+    try:
+        quorums = [int(q) for q in args.quorum.split(",")]
+    except ValueError:
+        sys.exit(f"--quorum {args.quorum!r}: give whole numbers, e.g. 32 or 2,8,32")
     if any(q < 2 for q in quorums):
         sys.exit("--quorum: each quorum must be at least 2 (a fold needs a submission before the last)")
     import torch

@@ -72,8 +72,8 @@ def summary(rows: list[dict], refs: dict[int, dict]) -> list[dict]:
         if key not in chosen or (not chosen[key]["speedup"] and r["speedup"]):
             chosen[key] = r
     out = [{"fleet": "homog", "workers": 1, "seeds": sorted(refs), "speedup": [1.0] * len(refs),
-            "samples": [v["samples"] for v in refs.values()],
-            "single_at_hit": [score_at(v["curve"], v["t1"]) for v in refs.values()],
+            "samples": [refs[k]["samples"] for k in sorted(refs)],
+            "single_at_hit": [score_at(refs[k]["curve"], refs[k]["t1"]) for k in sorted(refs)],
             "not_reached": []}]
     for fleet, n in sorted({k[:2] for k in chosen}, key=lambda k: (k[0] != "homog", k[1])):
         rs = [chosen[k] for k in sorted(chosen) if k[:2] == (fleet, n)]

@@ -25,9 +25,13 @@ def validate(real_paths: list[Path], work: Path, timing: str = "replay") -> dict
     for real_path in real_paths:
         real = json.loads(real_path.read_text())
         for raw in real["raw"]:
-            out.append(_validate_seed(real, raw["run"], work / f"validate-{real_path.stem}-s{raw['run']['seed']}",
-                                      timing))
+            folder = f"validate-{real_path.stem}-s{raw['run']['seed']}" + ("" if timing == "replay" else f"-{timing}")
+            out.append(_validate_seed(real, raw["run"], work / folder, timing))
     return {"timing": timing, "seeds": out, "summary": _validation_summary(out)}
+
+
+class ReplayError(SystemExit):
+    """A real run whose timing cannot be replayed (the benchmark stops with this message)."""
 
 
 def replay_timing(rounds: list[dict]) -> dict:
@@ -39,13 +43,20 @@ def replay_timing(rounds: list[dict]) -> dict:
     --jitter``: a uniform factor in [1 − J, 1 + J] on each round gives the gap between two machines' k-th
     deliveries a change of standard deviation D·J·√(2/3) per round, D the mean period; J is solved from the real
     gaps' changes, so noise that slows both machines at once — this machine's load — is left out, as it moves no
-    phase)."""
+    phase).
+
+    Two approximations, both small on the demo's rounds: the simulator puts the jitter on a round's training time
+    only, which is ~96 % of the period D, so J is ~4–7 % lower than the exact solution; and the offsets of the
+    second deliveries are given to the first leases, so the simulated machines' second deliveries are apart by
+    the offset plus twice the difference of their periods (±0.1–0.3 s on the demo's runs)."""
     by: dict[str, list[float]] = {}
     for r in rounds:
         by.setdefault(r["worker"], []).append(r["at"])
     times = [sorted(ts) for _, ts in sorted(by.items())]
-    if len(times) < 2 or min(len(ts) for ts in times) < 4:
-        raise ValueError("a replay needs two machines with at least 4 delivered rounds each")
+    if len(times) != 2 or min(len(ts) for ts in times) < 4:
+        raise ReplayError(f"the real run has {len(times)} worker names ({', '.join(sorted(by))}); a replay needs "
+                          "exactly two machines with at least 4 delivered rounds each (a worker that restarted "
+                          "under a new name cannot be replayed: use --validate-timing median)")
     periods = [(ts[-1] - ts[1]) / (len(ts) - 2) for ts in times]
     mean = statistics.mean(periods)
     second = min(ts[1] for ts in times)
