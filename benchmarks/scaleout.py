@@ -20,7 +20,7 @@ refused rounds; and the single-process ``hubgrpo train`` reference (same number 
 ``hubgrpo run --workers 2`` in the simulator, with its config (``--set`` and ``--run-set``) and its measured seconds
 per step, and compares the staleness histograms, the time to the training-reward target, seconds per version
 and the held-out reward against time; over seeds, whether the simulated mean is within the real runs' sd. Each
-machine's speed, first delivery and jitter are replayed from the real run (``--validate-timing median``: both at
+machine's speed, phase and jitter are replayed from the real run (``--validate-timing median``: both at
 the run's median speed, started together, jitter 0.1).
 
 Writes benchmarks/results/<name>.{md,json,png}. Each simulation is a ``hubgrpo simulate`` subprocess (as a user
@@ -307,7 +307,7 @@ def main() -> None:
     ap.add_argument("--validate", type=Path, nargs="+", default=None,
                     help="speedup_real.py JSONs to replay (every seed of each)")
     ap.add_argument("--validate-timing", choices=["replay", "median"], default="replay",
-                    help="replay: each machine's own speed, first delivery and the real gaps' jitter; median: one "
+                    help="replay: each machine's own speed, phase and the real gaps' jitter; median: one "
                     "speed for both, started together, jitter 0.1")
     args = ap.parse_args()
     args.workers = [int(x) for x in (args.workers or ("1,2,4,8,16" if args.mode == "tiny" else "1,2,4,8")).split(",")]

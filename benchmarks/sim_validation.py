@@ -60,11 +60,9 @@ def replay_timing(rounds: list[dict]) -> dict:
     periods = [(ts[-1] - ts[1]) / (len(ts) - 2) for ts in times]
     mean = statistics.mean(periods)
     second = min(ts[1] for ts in times)
-    changes = []
-    for ts in times[1:]:  # gaps to the first machine's k-th delivery, from the second delivery on
-        n = min(len(ts), len(times[0]))
-        gaps = [ts[k] - times[0][k] for k in range(1, n)]
-        changes += [b - a for a, b in zip(gaps, gaps[1:])]
+    first, other = times
+    gaps = [other[k] - first[k] for k in range(1, min(len(first), len(other)))]  # from the second delivery on
+    changes = [b - a for a, b in zip(gaps, gaps[1:])]
     jitter = statistics.stdev(changes) * (3 / 2) ** 0.5 / mean
     return {"speeds": [mean / p for p in periods], "starts": [ts[1] - second for ts in times],
             "jitter": min(0.9, jitter), "period_s": periods}
@@ -139,7 +137,7 @@ def _eval_flags(real: dict) -> list[str]:
 
 
 def validation_markdown(v: dict) -> str:
-    timing = {"replay": "each machine's speed, first delivery and the jitter of the gap between the two replayed "
+    timing = {"replay": "each machine's speed, phase and the jitter of the gap between the two replayed "
               "from the real run (speeds / starts s / jitter in the last column)",
               "median": "both machines at the run's median seconds per step, started together, jitter 0.1"}
     lines = ["# Simulator vs real `hubgrpo run --workers 2` runs", "",

@@ -53,7 +53,8 @@ def simulate(
     if until_version is None and until_reward is None and max_virtual_s is None:
         raise ConfigError("a simulation needs a stop condition",
                           hint="pass --until-version V, --until-reward R or --max-virtual-s S")
-    parse_speeds(speeds, workers), parse_starts(starts, workers, seed)  # a bad spec is refused before any work
+    parse_speeds(speeds, workers)  # a bad spec is refused before any work
+    parse_starts(starts, workers, seed)
     cfg = load_config(config, overrides=[*set_, f"params.seed={seed}"])
     out = output or Path("runs") / f"{cfg.project_name}-sim-{workers}w-s{seed}"
     if (out / "repo").exists():

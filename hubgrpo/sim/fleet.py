@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Callable
 
 from hubgrpo.errors import ConfigError
 
@@ -51,44 +52,51 @@ GENERATE_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.33}
 FIXED_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.31}
 
 
-def parse_speeds(spec: str, n: int) -> list[float]:
-    """Speeds of ``n`` workers from ``1`` | ``spread:K`` | ``a,b,c`` (see the module docstring)."""
+def _per_worker(spec: str, n: int, spread: Callable[[float], list[float] | None], valid: Callable[[float], bool],
+                error: Callable[[str], ConfigError]) -> list[float]:
+    """One value for each of ``n`` workers from ``spread:X`` (``spread(X)``, None when X is out of range) or a
+    comma-separated list of ``valid`` numbers, cycled; anything else raises ``error(spec)``."""
     spec = str(spec).strip()
     try:
         if spec.startswith("spread:"):
-            ratio = float(spec.split(":", 1)[1])
-            if not ratio >= 1:
+            out = spread(float(spec.split(":", 1)[1]))
+            if out is None:
                 raise ValueError
-            if n == 1:
-                return [1.0]
-            lo = 2.0 / (1.0 + ratio)  # mean of an even spread from lo to ratio·lo is 1
-            return [lo + (ratio * lo - lo) * i / (n - 1) for i in range(n)]
+            return out
         values = [float(x) for x in spec.split(",") if x.strip()]
     except ValueError:
         values = []
-    if not values or any(not (0 < v < 1e6) for v in values):
-        raise ConfigError(f"--speeds {spec!r} is not a speed spec",
-                          hint="use 1, spread:2 (fastest = 2× slowest, mean 1) or a list such as 1,0.5,2")
+    if not values or not all(valid(v) for v in values):
+        raise error(spec)
     return [values[i % len(values)] for i in range(n)]
+
+
+def parse_speeds(spec: str, n: int) -> list[float]:
+    """Speeds of ``n`` workers from ``1`` | ``spread:K`` | ``a,b,c`` (see the module docstring)."""
+    def spread(ratio: float) -> list[float] | None:
+        if not ratio >= 1:
+            return None
+        if n == 1:
+            return [1.0]
+        lo = 2.0 / (1.0 + ratio)  # mean of an even spread from lo to ratio·lo is 1
+        return [lo + (ratio * lo - lo) * i / (n - 1) for i in range(n)]
+
+    return _per_worker(spec, n, spread, lambda v: 0 < v < 1e6, lambda s: ConfigError(
+        f"--speeds {s!r} is not a speed spec",
+        hint="use 1, spread:2 (fastest = 2× slowest, mean 1) or a list such as 1,0.5,2"))
 
 
 def parse_starts(spec: str, n: int, seed: int) -> list[float]:
     """Virtual times of ``n`` workers' first leases from ``0`` | ``spread:S`` | ``a,b,c`` (the module docstring)."""
-    spec = str(spec).strip()
-    try:
-        if spec.startswith("spread:"):
-            width = float(spec.split(":", 1)[1])
-            if not 0 <= width < 1e7:
-                raise ValueError
-            return [width * random.Random(f"start-{seed}-{i}").random() for i in range(n)]
-        values = [float(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or any(not (0 <= v < 1e7) for v in values):
-        raise ConfigError(f"--starts {spec!r} is not a start spec",
-                          hint="use 0, spread:10 (each machine starts at a random time in the first 10 s) or a "
-                          "list of seconds such as 0,1.5")
-    return [values[i % len(values)] for i in range(n)]
+    def spread(width: float) -> list[float] | None:
+        if not 0 <= width < 1e7:
+            return None
+        return [width * random.Random(f"start-{seed}-{i}").random() for i in range(n)]
+
+    return _per_worker(spec, n, spread, lambda v: 0 <= v < 1e7, lambda s: ConfigError(
+        f"--starts {s!r} is not a start spec",
+        hint="use 0, spread:10 (each machine starts at a random time in the first 10 s) or a list of seconds "
+        "such as 0,1.5"))
 
 
 @dataclass(frozen=True)
