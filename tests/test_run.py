@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -63,12 +65,33 @@ def _start_coordinator(repo: Path, port: int, env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
 
 
-def _worker(repo: Path, url: str, name: str, env: dict, rounds: int | None = None) -> subprocess.Popen:
+def _worker(repo: Path, url: str, name: str, env: dict, rounds: int | None = None, **popen) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "hubgrpo.cli", "worker", "--repo", str(repo), "--coordinator", url,
            "--name", name, "--threads", "1", "--quiet"]
     if rounds:
         cmd += ["--max-rounds", str(rounds)]
-    return subprocess.Popen(cmd, env=env, start_new_session=True)
+    return subprocess.Popen(cmd, env=env, start_new_session=True, **popen)
+
+
+def _kill_at_line(proc: subprocess.Popen, marker: str, timeout: float) -> str:
+    """SIGKILL ``proc``'s group the moment its stderr prints a line containing ``marker``; return that line.
+
+    Watching the worker's own output (not polling the coordinator's status, which can lag a whole round behind on
+    a loaded machine) kills it inside the round that printed the line."""
+    found: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            if marker in line:
+                os.killpg(proc.pid, signal.SIGKILL)
+                found.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return found.get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {marker!r} from the worker") from None
 
 
 @pytest.mark.timeout(600)
@@ -79,7 +102,7 @@ def test_killed_worker_and_restarted_coordinator_lose_nothing(tmp_path):
     from hubgrpo.space.api import free_port
 
     repo = tmp_path / "run"
-    cfg = load_config(TINY, overrides=["params.steps_per_round=2", "params.versions=3", "merge.quorum=2",
+    cfg = load_config(TINY, overrides=["params.steps_per_round=3", "params.versions=3", "merge.quorum=2",
                                        "coordinator.lease_timeout_s=4", "coordinator.heartbeat_interval_s=1"])
     store = LocalStore(repo)
     ensure_repo(store, cfg)
@@ -89,10 +112,11 @@ def test_killed_worker_and_restarted_coordinator_lose_nothing(tmp_path):
     client = CoordinatorClient(url, retries=1, sleep=lambda s: None)
     procs = [_start_coordinator(repo, port, env)]
     try:
-        victim = _worker(repo, url, "victim", env)
+        victim = _worker(repo, url, "victim", env, stderr=subprocess.PIPE, text=True)
         procs.append(victim)
-        wait_for(lambda: any(l["worker"] == "victim" for l in client.status()["leases"]), 120, "the victim's lease")
-        os.killpg(victim.pid, signal.SIGKILL)  # mid-round: its lease must expire and its prompts return
+        # killed after the first step of its first round, two steps before it could push: its lease must expire
+        # and its prompts return
+        assert " v0 " in _kill_at_line(victim, "step 1/3", 120)
         wait_for(lambda: client.status()["prompts_returned"] > 0, 30, "the expired lease's prompts to return")
         procs += [_worker(repo, url, f"good{i}", env) for i in range(2)]
         wait_for(lambda: client.status()["prompts_returned"] == 0, 60, "the returned prompts to be re-leased")
