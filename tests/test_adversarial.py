@@ -313,6 +313,26 @@ def test_check_command_exits_1_on_refusal_through_the_installed_entry_point(tmp_
     assert r.returncode == 0 and "admitted" in r.stdout
 
 
+@pytest.mark.parametrize("args,message", [
+    (["check", "G", "S", "--max-mb", "nan"], "--max-mb nan is not a finite number"),
+    (["check", "G", "S", "--max-change", "1e400"], "--max-change inf is not a finite number"),
+    (["check", "G", "S", "--lr", "-1", "--steps", "2"], "--lr -1.0 must be above 0"),
+    (["merge", "G", "S", "-o", "OUT", "--outer-lr", "inf"], "--outer-lr inf is not a finite number"),
+    (["run", "configs/tiny.yaml", "--max-wall-s", "nan", "--repo", "OUT"], "--max-wall-s nan is not a finite"),
+])
+def test_a_number_option_that_is_not_finite_exits_2_naming_it(tmp_path, args, message):
+    """Through the installed entry point, before any adapter is read or any run started."""
+    names = {"G": tmp_path / "global", "S": tmp_path / "sub", "OUT": tmp_path / "out"}
+    write_adapter(names["G"], seed=0, b_scale=0.1)
+    write_adapter(names["S"], seed=1, b_scale=0.1)
+    exe = Path(sys.executable).with_name("hubgrpo")
+    argv = [str(names.get(a, a)) for a in args]
+    r = subprocess.run([str(exe), *argv], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 2 and message in r.stderr, r.stderr[-1500:]
+    assert not names["OUT"].exists()
+
+
 @pytest.mark.timeout(120)
 def test_an_ffa_run_refuses_a_trained_lora_a_instead_of_stalling_its_merges(tmp_path):
     """merge.method ffa: a round whose lora_A moved (within the step bound) would make every later merge fail;

@@ -271,3 +271,25 @@ def test_a_split_fleet_batch_makes_each_round_cheaper(tmp_path):
     total = [v["samples"] for v in r["versions"][:5]]  # the run's samples so far: completions × 2 steps each
     assert [b - a for a, b in zip(total, total[1:])] == [4, 4, 4, 8]
     assert r["config"]["fleet_batch"] == "split"
+
+
+def test_a_machine_that_drops_out_stays_away_rejoin_s(tmp_path):
+    sim = simulate(tmp_path, "a", {"coordinator.lease_timeout_s": 20}, workers=2, dropout=0.3, rejoin_s=50.0,
+                   until_version=30, seed=1)
+    dropped = [r for r in sim.rounds if r.status == "dropped"]
+    assert dropped, "dropout 0.3 dropped no round"
+    for r in dropped:  # the machine's next process (name + "r<k>") leases 50 s after the drop, at the earliest
+        machine = r.worker.split("r")[0]
+        nxt = [o.t_lease for o in sim.rounds if o.t_lease > r.t_lease and o.worker.split("r")[0] == machine]
+        assert not nxt or nxt[0] >= r.t_lease + 50.0
+    assert sim.result()["rejoin_s"] == 50.0
+
+
+@pytest.mark.parametrize("option,value", [("--latency-s", "1e400"), ("--rejoin-s", "inf"), ("--until-reward", "nan")])
+def test_simulate_refuses_a_number_that_is_not_finite_naming_it(tmp_path, option, value):
+    exe = Path(sys.executable).with_name("hubgrpo")
+    r = subprocess.run([str(exe), "simulate", str(ROOT / "configs" / "tiny.yaml"), "--workers", "2", option, value,
+                        "--until-version", "1", "--output", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"{option} {float(value)} is not a finite number" in r.stderr, r.stderr[-1500:]
+    assert not (tmp_path / "x").exists()

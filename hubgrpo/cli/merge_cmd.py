@@ -59,6 +59,9 @@ def merge_command(
     the exact weighted mean of the submissions' ΔW, re-factorised to the global's rank."""
     if method not in METHODS:
         raise typer.BadParameter(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
+    from hubgrpo.cli.numbers import require_finite
+
+    require_finite({"--outer-lr": outer_lr}, positive=("--outer-lr",))
     from hubgrpo.merge import MergeOptions, load_adapter_dir, merge, save_adapter_dir
 
     ws = _parse_weights(weights, len(sub_dirs))
@@ -87,8 +90,12 @@ def check_command(
     steps: int | None = typer.Option(None, "--steps", help="Optimizer steps of the round (with --lr)."),
 ) -> None:
     """Exit 0 when SUB_DIR passes every admission check against GLOBAL_DIR; exit 1 with the reason otherwise."""
+    from hubgrpo.cli.numbers import require_finite
     from hubgrpo.errors import InvalidSubmission
     from hubgrpo.merge import load_adapter_dir
+
+    require_finite({"--max-mb": max_mb, "--norm-limit": norm_limit, "--max-change": max_change, "--lr": lr},
+                   positive=("--max-mb", "--norm-limit", "--max-change", "--lr"))
     from hubgrpo.merge.admission import check_step_bound, check_submission, max_submission_bytes
 
     global_ = load_adapter_dir(global_dir)

@@ -123,6 +123,9 @@ def run(config: Path = typer.Argument(..., help="YAML config file."),
     from hubgrpo.config import load_config
     from hubgrpo.cli.embedded import run as run_all
 
+    from hubgrpo.cli.numbers import require_finite
+
+    require_finite({"--max-wall-s": max_wall_s}, positive=("--max-wall-s",))
     _logging(False)
     cfg = load_config(config, overrides=set_)
     if cfg.backend == "hf-jobs":

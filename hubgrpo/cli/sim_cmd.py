@@ -22,6 +22,8 @@ def simulate(
                                   "(its machine drops out and rejoins one round later)."),
     latency_s: float = typer.Option(0.0, "--latency-s", min=0.0, help="Virtual seconds for each of a round's "
                                     "lease, download, upload and submit."),
+    rejoin_s: Optional[float] = typer.Option(None, "--rejoin-s", min=0.0, help="Virtual seconds a machine that "
+                                             "dropped out stays away (default: one round at speed 1)."),
     step_s: Optional[float] = typer.Option(None, "--step-s", min=1e-6, help="Virtual seconds per GRPO step at "
                                            "speed 1 (built-in models have a measured default)."),
     until_version: Optional[int] = typer.Option(None, "--until-version", min=1, help="Stop at this version."),
@@ -46,6 +48,7 @@ def simulate(
     Writes OUTPUT/simulation.json (versions with virtual time, samples, training and held-out reward, staleness;
     the staleness histogram; time to the target) and OUTPUT/simulation.png."""
     from hubgrpo.config import load_config
+    from hubgrpo.cli.numbers import require_finite
     from hubgrpo.errors import ConfigError
     from hubgrpo.sim.fleet import parse_speeds, parse_starts
     from hubgrpo.sim.loop import SimOptions
@@ -53,6 +56,8 @@ def simulate(
     if until_version is None and until_reward is None and max_virtual_s is None:
         raise ConfigError("a simulation needs a stop condition",
                           hint="pass --until-version V, --until-reward R or --max-virtual-s S")
+    require_finite({"--dropout": dropout, "--jitter": jitter, "--latency-s": latency_s, "--rejoin-s": rejoin_s,
+             "--step-s": step_s, "--until-reward": until_reward, "--min-virtual-s": min_virtual_s, "--max-virtual-s": max_virtual_s, "--target": target})
     parse_speeds(speeds, workers)  # a bad spec is refused before any work
     parse_starts(starts, workers, seed)
     cfg = load_config(config, overrides=[*set_, f"params.seed={seed}"])
@@ -60,7 +65,7 @@ def simulate(
     if (out / "repo").exists():
         raise ConfigError(f"{out} already holds a simulation", hint="pass another --output, or delete it")
     opts = SimOptions(workers=workers, speeds=speeds, starts=starts, dropout=dropout, latency_s=latency_s, seed=seed,
-                      step_s=step_s, until_version=until_version, until_reward=until_reward,
+                      step_s=step_s, rejoin_s=rejoin_s, until_version=until_version, until_reward=until_reward,
                       min_virtual_s=min_virtual_s, max_virtual_s=max_virtual_s, eval_samples=eval_samples,
                       eval_every=eval_every, eval_sampled=eval_sampled, jitter=jitter)
     _simulate(cfg, opts, out, progress, target if target is not None else until_reward)

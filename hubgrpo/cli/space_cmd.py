@@ -34,6 +34,9 @@ def space(ctx: typer.Context,
     """Serve the coordinator API + web UI for a run repo (Ctrl-C to stop)."""
     if ctx.invoked_subcommand is not None:
         return
+    from hubgrpo.cli.numbers import require_finite
+
+    require_finite({"--refresh-s": refresh_s, "--batch-wait-s": batch_wait_s}, positive=("--refresh-s",))
     if not repo:
         from hubgrpo.errors import ConfigError
 
