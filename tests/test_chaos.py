@@ -19,7 +19,7 @@ from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.cli.main import main
 from hubgrpo.errors import InvalidSubmission
-from tests.chaos_helpers import (audit, chaos_env, kill, start_coordinator, start_worker, wait_for)
+from tests.chaos_helpers import (audit, chaos_env, kill, start_coordinator, start_worker, wait_for, wait_for_line)
 from tests.conftest import TEST_TOKEN
 from tests.test_space_support import wait_for_version
 
@@ -68,7 +68,7 @@ def _chaos_schedule(tmp_path, emu, store, counts: dict) -> None:
     coordinator()
     for i in range(3):
         procs[f"w{i}"] = start_worker(REPO, url, f"w{i}", env, logs / f"w{i}.log")
-    wait_for(lambda: any(l["worker"] == "w0" for l in client.status()["leases"]), 150, "w0's first lease")
+    wait_for_line(logs / "w0.log", "w0 v0 step 1/2", 150)  # inside its first round, a step before its push
     emu.fail_next("lost")
     emu.fail_next("429")
     kill(procs["w0"])  # mid-round: its lease expires, its prompts go back; the same name comes back

@@ -4,6 +4,7 @@ periodic repo scan."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,24 @@ def test_the_loop_stops_on_what_it_cannot_wait_out(tmp_path):
         repo = LocalStore(tmp_path / "evil")
         init_repo(repo, evil, write_adapter(tmp_path / "v0e", 0))
         Worker(repo, ScriptedClient(coord, {}), name="w3", engine=FakeEngine(), progress=False)
+
+
+def test_a_process_whose_run_is_gone_stops_at_its_first_failed_call_not_after_the_retries(monkeypatch):
+    """`hubgrpo worker` / `evaluate` started by a `hubgrpo run` that was SIGKILLed: the client's backoff sleep notices
+    within a second (CoordinatorError 'orphaned') instead of retrying an unreachable coordinator for ~70 s."""
+    import time
+
+    from hubgrpo.space.api import free_port
+    from hubgrpo.worker.client import CoordinatorClient
+    from hubgrpo.worker.loop import orphan_aware_sleep
+
+    client = CoordinatorClient(f"http://127.0.0.1:{free_port()}", timeout=2, sleep=orphan_aware_sleep)
+    monkeypatch.setenv("HUBGRPO_PARENT_PID", str(os.getppid()))  # our parent is alive: a plain sleep
+    t0 = time.monotonic()
+    orphan_aware_sleep(1.5)
+    assert 1.4 < time.monotonic() - t0 < 5
+    monkeypatch.setenv("HUBGRPO_PARENT_PID", str(os.getpid()))  # never our own parent: the run is gone
+    t0 = time.monotonic()
+    with pytest.raises(CoordinatorError) as err:
+        client.status()
+    assert err.value.code == "orphaned" and time.monotonic() - t0 < 10

@@ -25,6 +25,7 @@ def evaluate(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     from hubgrpo import runrepo
     from hubgrpo.errors import ConfigError
     from hubgrpo.worker.client import CoordinatorClient
+    from hubgrpo.worker.loop import orphan_aware_sleep
     from hubgrpo.worker.evaluator import Evaluator
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -33,7 +34,7 @@ def evaluate(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     url = coordinator or runrepo.read_config(store).coordinator.url
     if not url:
         raise ConfigError("no coordinator given", hint="pass --coordinator URL_OR_SPACE or set coordinator.url")
-    client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"))
+    client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
     ev = Evaluator(store, client, samples=samples, threads=threads, allow_code=allow_reward)
     results = ev.run(once=once)
     mean = sum(ev.seconds) / len(ev.seconds) if ev.seconds else 0.0

@@ -90,7 +90,7 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     from hubgrpo import runrepo
     from hubgrpo.errors import ConfigError
     from hubgrpo.worker.client import CoordinatorClient
-    from hubgrpo.worker.loop import Worker
+    from hubgrpo.worker.loop import Worker, orphan_aware_sleep
 
     _logging(verbose)
     store = _store(repo)
@@ -101,7 +101,7 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     if not name:  # unique per process: two GPUs of one host must not share a name
         host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40].strip("-.")
         name = f"{host or 'worker'}-{secrets.token_hex(2)}"
-    client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"))
+    client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
     typer.echo(f"{name}: rewards {', '.join(r.function for r in cfg.rewards)}; coordinator {url}", err=True)
     results = Worker(store, client, name=name, max_rounds=max_rounds, threads=threads, upload_via=upload_via,
                      allow_code=allow_reward).run()
