@@ -1,0 +1,138 @@
+"""How the two machines of a real ``hubgrpo run --workers 2`` keep out of phase: the measured phase walk.
+
+    .venv/bin/python benchmarks/phase_walk.py benchmarks/results/speedup-real-decay-s*.json [--name phase-walk]
+
+With 1-step rounds and two machines, a round is fresh (τ = 0) or two versions stale (τ = 2) only when the two
+machines' deliveries cross in time; otherwise it is one version stale. The simulator draws each round's duration
+independently (± jitter), so the offset between the machines is a free random walk and keeps crossing; the real
+runs never crossed after their first rounds. This script measures, from the real runs' delivered rounds alone:
+
+- the phase: where the other machine's delivery falls inside each round of the first machine (0 = just after its
+  own delivery, 1 = just before its next); its per-round step (sd), its closest approach to 0 or 1, crossings;
+- the chance that a free random walk with that seed's own step, from that seed's first phase, crosses within as many
+  rounds (Monte Carlo), and that none of the seeds does;
+- the mean change of the phase per round by phase (drift: a pull away from 0 and 1 is what keeps them apart);
+- each machine's round (delivery to delivery) by where the other's delivery fell in it.
+
+Writes benchmarks/results/NAME.md. Reads only the JSON files (the output of ``benchmarks/speedup_real.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def deliveries(run: dict) -> tuple[list[float], list[float]]:
+    """Delivery times (``at`` of each submitted round) of the run's two machines, in name order."""
+    rounds = sorted(run["rounds"], key=lambda r: r["at"])
+    names = sorted({r["worker"] for r in rounds})
+    if len(names) != 2:
+        raise SystemExit(f"a run with {len(names)} machines: the phase walk needs exactly two")
+    return ([r["at"] for r in rounds if r["worker"] == names[0]], [r["at"] for r in rounds if r["worker"] == names[1]])
+
+
+def phases(a: list[float], b: list[float]) -> list[float]:
+    """For each round of machine a after its first (delivery k to k+1): where b's one delivery in it falls, 0..1.
+    Rounds holding no or two deliveries of b (a crossing) give None."""
+    out = []
+    for k in range(1, len(a) - 1):
+        inside = [t for t in b if a[k] < t <= a[k + 1]]
+        out.append((inside[0] - a[k]) / (a[k + 1] - a[k]) if len(inside) == 1 else None)
+    return out
+
+
+def crossing_chance(start: float, step_sd: float, steps: int, rng: random.Random, trials: int = 20000) -> float:
+    """Share of free random walks (Gaussian steps of ``step_sd``) from ``start`` that leave (0, 1) within ``steps``."""
+    crossed = 0
+    for _ in range(trials):
+        p = start
+        for _ in range(steps):
+            p += rng.gauss(0.0, step_sd)
+            if not 0.0 < p < 1.0:
+                crossed += 1
+                break
+    return crossed / trials
+
+
+def seed_row(seed, run: dict, rng: random.Random) -> dict:
+    a, b = deliveries(run)
+    ph = phases(a, b)
+    known = [p for p in ph if p is not None]
+    steps = [y - x for x, y in zip(ph, ph[1:]) if x is not None and y is not None]
+    sd = statistics.pstdev(steps)
+    return {"seed": seed, "rounds": len(ph), "first": known[0], "step_sd": sd, "crossings": ph.count(None),
+            "closest": min(min(known), 1.0 - max(known)), "phases": ph,
+            "free_walk_crossing": crossing_chance(known[0], sd, len(ph) - 1, rng)}
+
+
+def drift_table(rows: list[dict]) -> list[tuple[float, int, float]]:
+    """(phase bin, n, mean change of the phase over the next round) over every seed."""
+    pairs = [(x, y - x) for r in rows for x, y in zip(r["phases"], r["phases"][1:]) if None not in (x, y)]
+    out = []
+    for lo in [i / 10 for i in range(10)]:
+        sel = [d for p, d in pairs if lo <= p < lo + 0.1]
+        if sel:
+            out.append((lo, len(sel), statistics.mean(sel)))
+    return out
+
+
+def round_by_phase(runs: list[dict]) -> list[tuple[float, int, float]]:
+    """(bin of where the other's delivery fell, n, mean round in s) over both machines of every run."""
+    cells: dict[float, list[float]] = {}
+    for run in runs:
+        a, b = deliveries(run)
+        for mine, other in ((a, b), (b, a)):
+            for k in range(2, len(mine)):
+                inside = [t for t in other if mine[k - 1] < t <= mine[k]]
+                if len(inside) == 1:
+                    x = (inside[0] - mine[k - 1]) / (mine[k] - mine[k - 1])
+                    cells.setdefault(min(0.9, math.floor(x * 10) / 10), []).append(mine[k] - mine[k - 1])
+    return [(lo, len(v), statistics.mean(v)) for lo, v in sorted(cells.items())]
+
+
+def markdown(rows: list[dict], drift, by_phase, files: list[str]) -> str:
+    none_cross = math.prod(1.0 - r["free_walk_crossing"] for r in rows)
+    lines = ["# The real 2-machine runs' phase walk", "", f"From {', '.join(files)}.", "",
+             "| seed | rounds | first phase | step sd | closest to 0 or 1 | crossings | free walk crosses |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['seed']} | {r['rounds']} | {r['first']:.2f} | {r['step_sd']:.3f} | {r['closest']:.2f} | "
+              f"{r['crossings']} | {100 * r['free_walk_crossing']:.0f} % |" for r in rows]
+    lines += ["", f"A free random walk with each seed's own step would leave no seed uncrossed with a chance of "
+              f"{100 * none_cross:.2f} %; the real runs crossed {sum(r['crossings'] for r in rows)} times.", "",
+              "| phase | n | mean change over the next round |", "|---|---|---|"]
+    lines += [f"| {lo:.1f}–{lo + 0.1:.1f} | {n} | {d:+.3f} |" for lo, n, d in drift]
+    lines += ["", "| other's delivery at | rounds | mean round (s) |", "|---|---|---|"]
+    lines += [f"| {lo:.1f}–{lo + 0.1:.1f} | {n} | {s:.2f} |" for lo, n, s in by_phase]
+    lines += ["", "Phases per seed (— = a crossing):", ""]
+    lines += [f"- seed {r['seed']}: " + " ".join("—" if p is None else f"{p:.2f}" for p in r["phases"])
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("real", nargs="+", type=Path, help="speedup_real.py result JSONs")
+    ap.add_argument("--name", default="phase-walk")
+    args = ap.parse_args()
+    rng = random.Random(0)
+    runs, rows = [], []
+    for path in args.real:
+        for raw in json.loads(path.read_text())["raw"]:
+            runs.append(raw["run"])
+            rows.append(seed_row(raw["run"].get("seed", raw["train"].get("seed")), raw["run"], rng))
+    text = markdown(rows, drift_table(rows), round_by_phase(runs), [p.name for p in args.real])
+    out = ROOT / "benchmarks" / "results" / f"{args.name}.md"
+    out.write_text(text)
+    print(text)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
