@@ -319,6 +319,10 @@ def test_check_command_exits_1_on_refusal_through_the_installed_entry_point(tmp_
     (["check", "G", "S", "--lr", "-1", "--steps", "2"], "--lr -1.0 must be above 0"),
     (["merge", "G", "S", "-o", "OUT", "--outer-lr", "inf"], "--outer-lr inf is not a finite number"),
     (["run", "configs/tiny.yaml", "--max-wall-s", "nan", "--repo", "OUT"], "--max-wall-s nan is not a finite"),
+    (["merge", "G", "S", "-o", "OUT", "--outer-lr", "50"], "--outer-lr 50.0 is above its limit of 10"),
+    (["check", "G", "S", "--lr", "0.01", "--steps", "-2"], "Invalid value for '--steps'"),
+    (["run", "configs/tiny.yaml", "--workers", "0", "--repo", "OUT"], "Invalid value for '--workers'"),
+    (["simulate", "configs/tiny.yaml", "-n", "2", "--max-virtual-s", "-5", "-o", "OUT"], "--max-virtual-s -5.0 must"),
 ])
 def test_a_number_option_that_is_not_finite_exits_2_naming_it(tmp_path, args, message):
     """Through the installed entry point, before any adapter is read or any run started."""

@@ -68,7 +68,7 @@ def _chaos_schedule(tmp_path, emu, store, counts: dict) -> None:
     coordinator()
     for i in range(3):
         procs[f"w{i}"] = start_worker(REPO, url, f"w{i}", env, logs / f"w{i}.log")
-    wait_for_line(logs / "w0.log", "w0 v0 step 1/2", 150)  # inside its first round, a step before its push
+    wait_for_line(logs / "w0.log", r"w0 v\d+ step 1/2", 150)  # inside its first round, a step before its push
     emu.fail_next("lost")
     emu.fail_next("429")
     kill(procs["w0"])  # mid-round: its lease expires, its prompts go back; the same name comes back

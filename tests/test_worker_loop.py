@@ -153,3 +153,36 @@ def test_a_process_whose_run_is_gone_stops_at_its_first_failed_call_not_after_th
     with pytest.raises(CoordinatorError) as err:
         client.status()
     assert err.value.code == "orphaned" and time.monotonic() - t0 < 10
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_whose_run_is_gone_stops_its_round_at_the_next_step(tmp_path):
+    """A heartbeat that finds the `hubgrpo run` gone (CoordinatorError 'orphaned', from the client's backoff sleep)
+    stops the round at its next step: nothing is committed or submitted, and the worker stops."""
+    import time
+
+    class SlowEngine(FakeEngine):
+        steps = 0
+
+        def run_round(self, adapter_dir, lease, out, on_step=None, rebase=None):
+            for step in range(1, 101):  # 100 steps of 0.05 s: ~5 s unless stopped
+                time.sleep(0.05)
+                self.steps = step
+                on_step(step, {})
+            return super().run_round(adapter_dir, lease, out)
+
+    class OrphanedClient(ScriptedClient):
+        def heartbeat(self, lease):
+            raise CoordinatorError("the `hubgrpo run` that started this process is gone", code="orphaned")
+
+    store = LocalStore(tmp_path / "repo")
+    cfg = make_config(**{"merge.quorum": 1, "coordinator.heartbeat_interval_s": 0.1})
+    init_repo(store, cfg, write_adapter(tmp_path / "v0", 0))
+    coord = Coordinator(store, SECRET, workdir=tmp_path / "coord")
+    engine = SlowEngine()
+    worker = Worker(store, OrphanedClient(coord, {}), name="w1", engine=engine, sleep=lambda s: None,
+                    progress=False, workdir=tmp_path / "w1")
+    with pytest.raises(CoordinatorError) as err:
+        worker.run()
+    assert err.value.code == "orphaned" and 1 <= engine.steps < 20
+    assert not [p for p in store.list_files() if p.startswith("submissions/")]

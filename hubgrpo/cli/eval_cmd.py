@@ -35,7 +35,8 @@ def evaluate(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     if not url:
         raise ConfigError("no coordinator given", hint="pass --coordinator URL_OR_SPACE or set coordinator.url")
     client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
-    ev = Evaluator(store, client, samples=samples, threads=threads, allow_code=allow_reward)
+    ev = Evaluator(store, client, samples=samples, threads=threads, allow_code=allow_reward,
+                   sleep=orphan_aware_sleep)
     results = ev.run(once=once)
     mean = sum(ev.seconds) / len(ev.seconds) if ev.seconds else 0.0
     typer.echo(f"evaluated {len(results)} versions ({mean:.2f} s per version)")

@@ -60,8 +60,9 @@ def merge_command(
     if method not in METHODS:
         raise typer.BadParameter(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     from hubgrpo.cli.numbers import require_finite
+    from hubgrpo.config.sections import OUTER_LR_MAX
 
-    require_finite({"--outer-lr": outer_lr}, positive=("--outer-lr",))
+    require_finite({"--outer-lr": outer_lr}, positive=("--outer-lr",), at_most={"--outer-lr": OUTER_LR_MAX})
     from hubgrpo.merge import MergeOptions, load_adapter_dir, merge, save_adapter_dir
 
     ws = _parse_weights(weights, len(sub_dirs))
@@ -87,7 +88,7 @@ def check_command(
                                      "than this from GLOBAL_DIR (a sanity bound; a run's coordinator derives a "
                                      "tighter one, steps × lr × 5, from each lease — see --lr/--steps)."),
     lr: float | None = typer.Option(None, "--lr", help="With --steps: the bound is steps × lr × 5 (AdamW)."),
-    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps of the round (with --lr)."),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Optimizer steps of the round (with --lr)."),
 ) -> None:
     """Exit 0 when SUB_DIR passes every admission check against GLOBAL_DIR; exit 1 with the reason otherwise."""
     from hubgrpo.cli.numbers import require_finite

@@ -104,12 +104,12 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
     typer.echo(f"{name}: rewards {', '.join(r.function for r in cfg.rewards)}; coordinator {url}", err=True)
     results = Worker(store, client, name=name, max_rounds=max_rounds, threads=threads, upload_via=upload_via,
-                     allow_code=allow_reward).run()
+                     allow_code=allow_reward, sleep=orphan_aware_sleep).run()
     typer.echo(f"{name}: {len(results)} rounds submitted")
 
 
 def run(config: Path = typer.Argument(..., help="YAML config file."),
-        workers: int = typer.Option(2, "--workers", "-n", help="Worker processes on this machine."),
+        workers: int = typer.Option(2, "--workers", "-n", min=1, help="Worker processes on this machine."),
         repo: str = typer.Option(None, "--repo", help=REPO_HELP + " Default: ./runs/<project_name>."),
         set_: list[str] = typer.Option([], "--set", help=SET_HELP),
         force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run."),

@@ -19,7 +19,7 @@ def simulate(
     starts: str = typer.Option("0", "--starts", help="When each machine asks for its first lease: 0 (all at once) "
                                "| spread:S (uniform in the first S virtual seconds) | 0,1.5 (a list, cycled)."),
     dropout: float = typer.Option(0.0, "--dropout", min=0.0, max=0.99, help="Chance that a round is abandoned "
-                                  "(its machine drops out and rejoins one round later)."),
+                                  "(its machine drops out and rejoins --rejoin-s later)."),
     latency_s: float = typer.Option(0.0, "--latency-s", min=0.0, help="Virtual seconds for each of a round's "
                                     "lease, download, upload and submit."),
     rejoin_s: Optional[float] = typer.Option(None, "--rejoin-s", min=0.0, help="Virtual seconds a machine that "
@@ -47,8 +47,8 @@ def simulate(
 
     Writes OUTPUT/simulation.json (versions with virtual time, samples, training and held-out reward, staleness;
     the staleness histogram; time to the target) and OUTPUT/simulation.png."""
-    from hubgrpo.config import load_config
     from hubgrpo.cli.numbers import require_finite
+    from hubgrpo.config import load_config
     from hubgrpo.errors import ConfigError
     from hubgrpo.sim.fleet import parse_speeds, parse_starts
     from hubgrpo.sim.loop import SimOptions
@@ -57,13 +57,11 @@ def simulate(
         raise ConfigError("a simulation needs a stop condition",
                           hint="pass --until-version V, --until-reward R or --max-virtual-s S")
     require_finite({"--dropout": dropout, "--jitter": jitter, "--latency-s": latency_s, "--rejoin-s": rejoin_s,
-             "--step-s": step_s, "--until-reward": until_reward, "--min-virtual-s": min_virtual_s, "--max-virtual-s": max_virtual_s, "--target": target})
-    parse_speeds(speeds, workers)  # a bad spec is refused before any work
-    parse_starts(starts, workers, seed)
+                    "--step-s": step_s, "--until-reward": until_reward, "--min-virtual-s": min_virtual_s,
+                    "--max-virtual-s": max_virtual_s, "--target": target}, positive=("--max-virtual-s",))
+    parse_speeds(speeds, workers), parse_starts(starts, workers, seed)  # bad specs are refused before any work
     cfg = load_config(config, overrides=[*set_, f"params.seed={seed}"])
     out = output or Path("runs") / f"{cfg.project_name}-sim-{workers}w-s{seed}"
-    if (out / "repo").exists():
-        raise ConfigError(f"{out} already holds a simulation", hint="pass another --output, or delete it")
     opts = SimOptions(workers=workers, speeds=speeds, starts=starts, dropout=dropout, latency_s=latency_s, seed=seed,
                       step_s=step_s, rejoin_s=rejoin_s, until_version=until_version, until_reward=until_reward,
                       min_virtual_s=min_virtual_s, max_virtual_s=max_virtual_s, eval_samples=eval_samples,
@@ -77,6 +75,8 @@ def _simulate(cfg, opts, out: Path, progress: bool, target: float | None) -> Non
     from hubgrpo.sim.loop import Simulation
     from hubgrpo.sim.report import finish, summary_lines
 
+    if (out / "repo").exists():
+        raise ConfigError(f"{out} already holds a simulation", hint="pass another --output, or delete it")
     with _progress(progress, opts.until_version) as on_version:
         try:
             sim = Simulation(cfg, opts, out, on_version=on_version)

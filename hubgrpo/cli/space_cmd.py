@@ -25,8 +25,9 @@ def space(ctx: typer.Context,
           host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for every interface)."),
           port: int = typer.Option(7860, help="Port (0 = any free port)."),
           refresh_s: float = typer.Option(5.0, "--refresh-s", help="UI refresh interval in seconds."),
-          batch_size: int = typer.Option(8, "--batch-size", help="Commit uploaded submissions when this many wait."),
-          batch_wait_s: float = typer.Option(5.0, "--batch-wait-s", help="... or this long after the first."),
+          batch_size: int = typer.Option(8, "--batch-size", min=1,
+                                         help="Commit uploaded submissions when this many wait."),
+          batch_wait_s: float = typer.Option(5.0, "--batch-wait-s", min=0.0, help="... or this long after the first."),
           allow_reward: list[str] = typer.Option([], "--allow-reward", help="A non-built-in reward function of "
                                                  "the run's config that the coordinator may run to recompute "
                                                  "rewards (repeatable). Built-ins always run."),

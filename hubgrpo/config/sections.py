@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+OUTER_LR_MAX = 10.0  # a merge's outer learning rate: above this a version only amplifies its rounds' noise
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -166,7 +168,8 @@ class MergeSection(_Section):
     method: Literal["svd", "stack", "ffa", "naive"] = Field(
         "svd", description="svd: exact mean of the updates, re-factorised to rank r; stack: FLoRA; ffa: FFA-LoRA "
         "(A frozen); naive: factor averaging, a baseline (docs/architecture.md, 'The merge').")
-    outer_lr: float = Field(1.0, gt=0, description="Outer learning rate applied to the mean update (DiLoCo: 0.7).")
+    outer_lr: float = Field(1.0, gt=0, le=OUTER_LR_MAX,
+                            description="Outer learning rate applied to the mean update (DiLoCo: 0.7).")
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="Outer momentum (DiLoCo: 0.9); 0 = none.")
     nesterov: bool = Field(False, description="Nesterov form of the outer momentum.")
     momentum_every: int = Field(

@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from hubgrpo.config.sections import OUTER_LR_MAX
 from hubgrpo.errors import MergeError
 from hubgrpo.merge.adapter import Adapter, ModuleSpec, factors, parse_modules
 from hubgrpo.merge.lowrank import difference_sq_norm, pad_rank
@@ -25,7 +26,7 @@ class MergeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     method: Literal["svd", "stack", "ffa", "naive"] = "svd"
-    outer_lr: float = Field(1.0, gt=0, description="outer learning rate (DiLoCo: 0.7)")
+    outer_lr: float = Field(1.0, gt=0, le=OUTER_LR_MAX, description="outer learning rate (DiLoCo: 0.7)")
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="outer SGD momentum μ (DiLoCo: 0.9)")
     nesterov: bool = Field(False, description="Nesterov momentum: step = g + μ·m′")
     momentum_every: int = Field(1, ge=1, le=1024, description="delayed Nesterov (Liu et al. 2024): update the "

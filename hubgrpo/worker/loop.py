@@ -35,6 +35,7 @@ class Heartbeat:
     def __init__(self, client, lease: Lease, interval: float):
         self.client, self.lease, self.interval = client, lease, interval
         self.lost: Exception | None = None
+        self.orphaned: CoordinatorError | None = None  # set when the `hubgrpo run` that started us is gone
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hubgrpo-heartbeat", daemon=True)
 
@@ -45,7 +46,10 @@ class Heartbeat:
             except LeaseError as e:  # expired or refused: finish the round anyway, the submit will say
                 self.lost = e
                 return
-            except CoordinatorError as e:  # unreachable: keep trying at the next beat
+            except CoordinatorError as e:  # unreachable: keep trying at the next beat ...
+                if e.code == "orphaned":  # ... unless our `hubgrpo run` is gone: the round stops at its next step
+                    self.orphaned = e
+                    return
                 log.warning("heartbeat failed: %s", e.message)
 
     def __enter__(self) -> "Heartbeat":
@@ -180,7 +184,7 @@ class Worker:
         try:
             with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
                 bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
-                sub = self.engine.run_round(adapter_dir, bare, out, on_step=self._progress(lease),
+                sub = self.engine.run_round(adapter_dir, bare, out, on_step=self._progress(lease, hb),
                                             rebase=self._rebase_source())
             t1 = time.time()
             if self.upload_via == "coordinator":  # the coordinator checks, commits (batched) and submits it
@@ -275,8 +279,9 @@ class Worker:
         except Exception as e:  # best effort on the way out; the lease expires anyway
             log.warning("could not give the lease back: %s", e)
 
-    def _progress(self, lease: Lease):
-        """on_step: the progress line (when enabled) and the tracker's per-step GRPO metrics."""
+    def _progress(self, lease: Lease, hb: Heartbeat | None = None):
+        """on_step: the progress line (when enabled) and the tracker's per-step GRPO metrics; it stops the round
+        (raises CoordinatorError ``orphaned``) once ``hb`` found that the `hubgrpo run` that started us is gone."""
         show = None
         if self.progress:
             from hubgrpo.worker.progress import round_progress
@@ -284,6 +289,8 @@ class Worker:
             show = round_progress(self.name, lease)
 
         def on_step(step: int, metrics: dict) -> None:
+            if hb is not None and hb.orphaned is not None:
+                raise hb.orphaned
             self.steps_done += 1
             if self.tracker is not None:
                 self.tracker.log({f"train/{k}": v for k, v in metrics.items()}, step=self.steps_done)
