@@ -86,6 +86,21 @@ def wait_for(pred, timeout: float, what: str, poll: float = 0.5):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+_ANSWER = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) hubgrpo\.worker INFO round (\S+): .*, (\w+)$")
+
+
+def answered_at(logs: Path) -> dict[str, float]:
+    """When each worker's submit of a round was answered (epoch seconds), from the ``w*.log`` files in ``logs``."""
+    from datetime import datetime
+
+    out = {}
+    for log in sorted(logs.glob("w*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if m := _ANSWER.match(line):
+                out[m.group(2)] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return out
+
+
 def submitted_ids(store) -> set[str]:
     """Submission ids with a folder in the repo (at the head)."""
     out = set()

@@ -171,7 +171,7 @@ class FakeCoordinator:
     def finish_merge(self, plan, result, *, lock=None) -> bool:
         return False
 
-    def scan_pass(self, lock=None) -> int:
+    def scan_pass(self, lock=None, *, force: bool = False) -> int:
         return 0
 
     def warm_up(self) -> None:

@@ -19,7 +19,8 @@ from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.cli.main import main
 from hubgrpo.errors import InvalidSubmission
-from tests.chaos_helpers import (audit, chaos_env, kill, start_coordinator, start_worker, wait_for, wait_for_line)
+from tests.chaos_helpers import (answered_at, audit, chaos_env, kill, start_coordinator, start_worker, wait_for,
+                                 wait_for_line)
 from tests.conftest import TEST_TOKEN
 from tests.test_space_support import wait_for_version
 
@@ -119,15 +120,17 @@ def test_chaos_run_reaches_target_and_merges_everything_once(tmp_path):
                 kill(p)
             stats = emu.stats
             emu.set_faults(0.0)
-        _check_run(store, stats, counts)
+        _check_run(store, stats, counts, tmp_path / "logs")
         _assert_loads_with_peft(store, tmp_path)
     finally:
         emu.stop()
 
 
-def _check_run(store, stats: dict, counts: dict) -> None:
+def _check_run(store, stats: dict, counts: dict, logs: Path) -> None:
     """Print the chaos counts, then assert: target reached, every admitted submission merged exactly once."""
     a = audit(store)
+    previous_at = a["state"].versions[-2].created_at
+    late = {s for s, t in answered_at(logs).items() if t >= previous_at}  # the coordinator heard of it after that
     report = {"faults": stats["faults"], "requests": stats["requests"], "commits_applied": stats["commits_applied"],
               "kills": counts["kills"], "restarts": counts["restarts"], "admitted": a["in_repo"] - a["refused"],
               "in_repo": a["in_repo"], "merged": a["merged"], "refused": a["refused"],
@@ -143,8 +146,11 @@ def _check_run(store, stats: dict, counts: dict) -> None:
     assert a["in_repo"] == len(a["sub_commits"])
     # "lost" (brief): in the repo, neither merged nor refused, older than the last merge. A round pushed while the
     # final merge was being computed is left pending when the run finishes, so only rounds older than the
-    # previous merge must be none (they had a whole round, a coordinator restart included, to be merged).
-    assert not a["lost_before_prev"], a["lost_before_prev"]
+    # previous merge must be none (they had a whole round, a coordinator restart included, to be merged) — unless
+    # the coordinator first heard of it after the previous merge, so that only the final merge could take it: one
+    # committed while a restarted coordinator was starting (after its startup scan) and submitted, after the
+    # client's backoff, once the others had finished the run (seen on CI: a 6 s run, answered 0.2 s after the end).
+    assert not set(a["lost_before_prev"]) - late, (a["lost_before_prev"], sorted(late))
 
 
 # ---------------------------------------------------------------------------------------------- fast, no model

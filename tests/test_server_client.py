@@ -355,3 +355,29 @@ def test_a_worker_of_another_protocol_is_refused_with_the_install_that_matches(s
     assert f"pip install https://huggingface.co/spaces/alice/run-space/resolve/main/wheels/hubgrpo-{__version__}" \
         in e.value.hint
     assert client(url).lease("w-new").worker == "w-new"  # this release's client sends its protocol
+
+
+@pytest.mark.timeout(90)
+def test_a_served_coordinator_scans_at_once_for_rounds_committed_while_it_started(tmp_path):
+    """A round committed after the coordinator's constructor scanned the repo (while it was starting to serve) and
+    never submitted is found by the served coordinator's first scan, not after coordinator.scan_interval_s."""
+    from hubgrpo import layout
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.coordinator.repo_init import init_repo
+    from hubgrpo.store.local import LocalStore
+    from tests.chaos_helpers import wait_for
+    from tests.coord_helpers import make_config, push_submission, write_adapter
+
+    cfg = make_config(**{"merge.quorum": 2, "coordinator.scan_interval_s": 3600})
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0))
+    coord = Coordinator(store, b"scan-secret", workdir=tmp_path / "work")
+    lease = coord.lease("late")
+    push_submission(store, lease, tmp_path / "sub", seed=1)  # the worker then waits out a backoff, or crashed
+    sub_id = layout.submission_id(lease.worker, lease.lease_id)
+    assert sub_id not in coord.pending and not coord.scan_due()
+    app, _ = serve(coord, port=0, tick_interval=0.2)
+    try:
+        wait_for(lambda: sub_id in coord.pending, 30, "the first scan to find the committed round")
+    finally:
+        app.close()

@@ -329,11 +329,11 @@ class Coordinator:
         self.scan_pass(lock)
         self.flush(lock, force=False)
 
-    def scan_pass(self, lock=None) -> int:
-        """The repo scan when due: store reads without ``lock``, then each round found accepted under it. A served
-        coordinator runs this in its own thread (``Ticker``): at 1000 workers one pass listed ~9000 box objects for
-        10–19 s, and merges must not wait for it. Returns how many rounds were found."""
-        if not self.scan_due():
+    def scan_pass(self, lock=None, *, force: bool = False) -> int:
+        """The repo scan when due (or now, ``force``): store reads without ``lock``, then each round found accepted
+        under it. A served coordinator runs this in its own thread (``Ticker``): at 1000 workers one pass listed
+        ~9000 box objects for 10–19 s, and merges must not wait for it. Returns how many rounds were found."""
+        if not force and not self.scan_due():
             return 0
         prepared = self.scan()
         with lock or contextlib.nullcontext():

@@ -83,7 +83,7 @@ class CoordinatorLike(Protocol):
     def record_eval(self, version: Any, reward: Any, samples: Any) -> dict: ...  # checks its hostile input
     def tick(self) -> None: ...
     def warm_up(self) -> None: ...  # load what the first admission would (called before the launch)
-    def scan_pass(self, lock: Any = None) -> int: ...  # the repo scan when due (store I/O outside lock)
+    def scan_pass(self, lock: Any = None, *, force: bool = False) -> int: ...  # the repo scan when due (or now)
     def flush(self, lock: Any = None, *, force: bool = True) -> bool: ...  # refusals/scores to state.json
     def plan_merge(self) -> Any: ...  # None when no merge is due; else an object with compute()
     def finish_merge(self, plan: Any, result: Any, *, lock: Any = None) -> bool: ...  # commit outside lock

@@ -54,9 +54,12 @@ class Ticker:
             self._scanner.start()
 
     def _scan_loop(self) -> None:
+        force = True  # the first pass at once: rounds committed while the coordinator was starting (after the scan
+        # of its constructor), whose workers wait out a backoff before they submit again, or crashed
         while self.blocks.is_running:
             try:
-                self.api.coord.scan_pass(lock=self.api.lock)
+                self.api.coord.scan_pass(lock=self.api.lock, force=force)
+                force = False
             except Exception:  # deliberate: the scan must survive one bad pass (the next one retries)
                 log.exception("coordinator repo scan failed")
             time.sleep(self.interval)  # no lock held
