@@ -64,12 +64,17 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def wait_for_line(log: Path, pattern: str, timeout: float) -> None:
-    """Wait until the process writing ``log`` prints a line matching the regex ``pattern`` (polled every 50 ms: a
-    worker's own 'step 1/2' says it is inside a round, which the coordinator's status, polled over HTTP, can report
-    a round late). A worker's step line names the version only when its round reports a reward."""
+def wait_for_line(log: Path, pattern: str, timeout: float) -> str:
+    """Wait until the process writing ``log`` prints a line matching the regex ``pattern``; return that line (polled
+    every 50 ms: a worker's own 'step 1/2' says it is inside a round, which the coordinator's status, polled over
+    HTTP, can report a round late). A worker's step line names the version only when its round reports a reward."""
     rx = re.compile(pattern)
-    wait_for(lambda: log.exists() and rx.search(log.read_text(errors="replace")), timeout, repr(pattern), poll=0.05)
+
+    def line():
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return next((ln for ln in text.splitlines() if rx.search(ln)), None)
+
+    return wait_for(line, timeout, repr(pattern), poll=0.05)
 
 
 def wait_for(pred, timeout: float, what: str, poll: float = 0.5):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from hubgrpo import runrepo
 from hubgrpo.cli.main import main
 from hubgrpo.store.local import LocalStore
-from tests.chaos_helpers import submitted_ids, wait_for
+from tests.chaos_helpers import submitted_ids, wait_for, wait_for_line
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -73,27 +71,6 @@ def _worker(repo: Path, url: str, name: str, env: dict, rounds: int | None = Non
     return subprocess.Popen(cmd, env=env, start_new_session=True, **popen)
 
 
-def _kill_at_line(proc: subprocess.Popen, marker: str, timeout: float) -> str:
-    """SIGKILL ``proc``'s group the moment its stderr prints a line containing ``marker``; return that line.
-
-    Watching the worker's own output (not polling the coordinator's status, which can lag a whole round behind on
-    a loaded machine) kills it inside the round that printed the line."""
-    found: queue.Queue = queue.Queue()
-
-    def read() -> None:
-        for line in proc.stderr:
-            sys.stderr.write(line)
-            if marker in line:
-                os.killpg(proc.pid, signal.SIGKILL)
-                found.put(line)
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        return found.get(timeout=timeout)
-    except queue.Empty:
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {marker!r} from the worker") from None
-
-
 @pytest.mark.timeout(600)
 def test_killed_worker_and_restarted_coordinator_lose_nothing(tmp_path):
     from hubgrpo.worker.client import CoordinatorClient
@@ -112,11 +89,13 @@ def test_killed_worker_and_restarted_coordinator_lose_nothing(tmp_path):
     client = CoordinatorClient(url, retries=1, sleep=lambda s: None)
     procs = [_start_coordinator(repo, port, env)]
     try:
-        victim = _worker(repo, url, "victim", env, stderr=subprocess.PIPE, text=True)
+        log = tmp_path / "victim.log"
+        victim = _worker(repo, url, "victim", env, stderr=open(log, "wb"))
         procs.append(victim)
         # killed after the first step of its first round, two steps before it could push: its lease must expire
         # and its prompts return
-        assert " v0 " in _kill_at_line(victim, "step 1/3", 120)
+        assert " v0 " in wait_for_line(log, "step 1/3", 120)
+        os.killpg(victim.pid, signal.SIGKILL)
         wait_for(lambda: client.status()["prompts_returned"] > 0, 30, "the expired lease's prompts to return")
         procs += [_worker(repo, url, f"good{i}", env) for i in range(2)]
         wait_for(lambda: client.status()["prompts_returned"] == 0, 60, "the returned prompts to be re-leased")

@@ -94,10 +94,10 @@ def check_command(
     from hubgrpo.cli.numbers import require_finite
     from hubgrpo.errors import InvalidSubmission
     from hubgrpo.merge import load_adapter_dir
+    from hubgrpo.merge.admission import check_step_bound, check_submission, max_submission_bytes
 
     require_finite({"--max-mb": max_mb, "--norm-limit": norm_limit, "--max-change": max_change, "--lr": lr},
                    positive=("--max-mb", "--norm-limit", "--max-change", "--lr"))
-    from hubgrpo.merge.admission import check_step_bound, check_submission, max_submission_bytes
 
     global_ = load_adapter_dir(global_dir)
     bound = steps * lr * 5.0 if lr is not None and steps is not None else max_change

@@ -119,11 +119,10 @@ def run(config: Path = typer.Argument(..., help="YAML config file."),
         eval_samples: int = typer.Option(16, "--eval-samples", min=1, help="Held-out prompts per version.")) -> None:
     """A whole run: coordinator on 127.0.0.1 + N local workers (+ an evaluator) until params.versions versions;
     with `backend: hf-jobs` the coordinator on a Space and backend_options.workers HF Jobs instead."""
+    from hubgrpo.cli.embedded import run as run_all
+    from hubgrpo.cli.numbers import require_finite
     from hubgrpo.cli.report import print_run_report
     from hubgrpo.config import load_config
-    from hubgrpo.cli.embedded import run as run_all
-
-    from hubgrpo.cli.numbers import require_finite
 
     require_finite({"--max-wall-s": max_wall_s}, positive=("--max-wall-s",))
     _logging(False)

@@ -313,19 +313,22 @@ def orphan_aware_sleep(seconds: float) -> None:
     end = time.monotonic() + max(0.0, seconds)
     while True:
         if orphaned():
-            raise CoordinatorError("the `hubgrpo run` that started this process is gone", code="orphaned",
-                                   hint="start the run again; it resumes from the repo")
+            raise _orphaned_error()
         left = end - time.monotonic()
         if left <= 0:
             return
         time.sleep(min(1.0, left))
 
 
+def _orphaned_error() -> CoordinatorError:
+    return CoordinatorError("the `hubgrpo run` that started this process is gone", code="orphaned",
+                            hint="start the run again; it resumes from the repo")
+
+
 def _stop_if_orphaned(err: CoordinatorError) -> None:
     """Called when the coordinator is unreachable: give up instead of retrying if our ``hubgrpo run`` is gone."""
     if orphaned():
-        raise CoordinatorError("the `hubgrpo run` that started this worker is gone", code="orphaned",
-                               hint="start the run again; it resumes from the repo") from err
+        raise _orphaned_error() from err
 
 
 def _wait_hint(err: Exception, default: float) -> float:
