@@ -57,9 +57,39 @@ def is_space_id(coordinator: str) -> bool:
     return "://" not in coordinator and bool(_SPACE_ID.match(coordinator))
 
 
+# The job's wheel download (python -c, stdlib only: the image may have nothing else). HF_TOKEN goes to the Space's
+# own origin only: a redirect to another origin (the Hub's CDN) is followed without it, and any hop that is plain
+# HTTP to a host other than loopback is refused (urllib alone copies Authorization to every redirect target).
+_FETCH = """\
+import os, sys, urllib.parse as p, urllib.request as u
+url, target = @URL@, @TARGET@
+def origin(x):
+    s = p.urlsplit(x)
+    return s.scheme, s.hostname, s.port or {"http": 80, "https": 443}.get(s.scheme)
+def check(x):
+    s = p.urlsplit(x)
+    if s.scheme != "https" and not (s.scheme == "http" and s.hostname in ("127.0.0.1", "localhost", "::1")):
+        sys.exit(f"hubgrpo: refusing to fetch the wheel from {s.scheme}://{s.hostname}: https (or loopback) only")
+class Redirect(u.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        check(newurl)
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and origin(newurl) != origin(url):
+            new.remove_header("Authorization")
+        return new
+check(url)
+token = os.environ.get("HF_TOKEN")
+req = u.Request(url, headers={"Authorization": "Bearer " + token} if token else {})
+data = u.build_opener(Redirect).open(req, timeout=300).read()
+open(target + ".part", "wb").write(data)
+os.replace(target + ".part", target)
+"""
+
+
 def install_command(install: str, *, coordinator: str, endpoint: str) -> str:
     """Shell that installs hubgrpo in the job: ``space`` (the wheel the run's Space publishes; fetched with the
-    job's HF_TOKEN, so private Spaces work), ``none`` (the image has it), or a pip requirement / wheel URL."""
+    job's HF_TOKEN, so private Spaces work, which goes to the Space's origin only: ``_FETCH``), ``none`` (the image
+    has it), or a pip requirement / wheel URL."""
     if install == "none":
         return ""
     if install == "space":
@@ -68,9 +98,7 @@ def install_command(install: str, *, coordinator: str, endpoint: str) -> str:
                               hint="pass --install 'PIP SPEC OR WHEEL URL' (or none when the image has hubgrpo)")
         url = layout.space_wheel_url(coordinator, endpoint, __version__)
         target = f"/tmp/{layout.wheel_name(__version__)}"
-        fetch = ('import os, urllib.request as u; '
-                 f'r = u.Request("{url}", headers={{"Authorization": "Bearer " + os.environ["HF_TOKEN"]}}); '
-                 f'open("{target}", "wb").write(u.urlopen(r).read())')
+        fetch = _FETCH.replace("@URL@", repr(url)).replace("@TARGET@", repr(target))
         return f"python -c {shlex.quote(fetch)} && pip install -q {shlex.quote(target)} && "
     return f"pip install -q {shlex.quote(install)} && "
 
