@@ -2,7 +2,8 @@
 
 The card is a PEFT adapter card: YAML metadata (``library_name: peft``, ``base_model`` = the Hub model behind the
 config's base model, tags ``hubgrpo, grpo, lora``), the reward table the caller passes, the main settings and a
-loading snippet. It is built from the config's plain fields only: tokens and secrets never reach it. No torch.
+loading snippet. It is built from the config's plain fields only: tokens and secrets never reach it, and a value
+that came from the environment (``${VAR}``) is shown as its placeholder. No torch.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hubgrpo.config import Config
+from hubgrpo.config import Config, shown
 from hubgrpo.layout import RunState
 
 TINY = "builtin:tiny"
@@ -69,20 +70,28 @@ def _wsd_curve(p) -> str:
     return f" ({rise}constant, down to {low:g} over the last {decay} versions)"
 
 
+def _v(cfg: Config, path: str, value: Any, spec: str = "") -> str:
+    """A setting as the card shows it: formatted, or its placeholder when it came from the environment."""
+    return str(shown(cfg, path, None)) if shown(cfg, path, None) is not None else format(value, spec)
+
+
 def _settings(cfg: Config) -> list[dict]:
     p, lora = cfg.params, cfg.lora
-    rewards = ", ".join(f"`{r.function}` × {r.weight:g}" for r in cfg.rewards)
+    rewards = ", ".join(f"`{_v(cfg, f'rewards.{i}.function', r.function)}` × {_v(cfg, f'rewards.{i}.weight', r.weight, 'g')}"
+                        for i, r in enumerate(cfg.rewards))
     lr_curve = {"constant": "", "cosine": f" (cosine to {p.run_lr(p.versions):g} over the run)",
                 "wsd": _wsd_curve(p)}[p.run_lr_schedule]
-    base = f"`{cfg.base_model}`" + (f" (GGUF `{cfg.gguf_file}`)" if cfg.gguf_file else "")
+    base = f"`{_v(cfg, 'base_model', cfg.base_model)}`"
+    base += f" (GGUF `{_v(cfg, 'gguf_file', cfg.gguf_file)}`)" if cfg.gguf_file else ""
     base += f": {BUILTIN_NOTES[cfg.base_model]}" if cfg.base_model in BUILTIN_NOTES else ""
     targets = lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
+    lr = _v(cfg, "params.learning_rate", p.learning_rate, "g")
     return [
         {"setting": "base model", "value": base},
-        {"setting": "data", "value": f"`{cfg.data.path}`"},
+        {"setting": "data", "value": f"`{_v(cfg, 'data.path', cfg.data.path)}`"},
         {"setting": "rewards", "value": rewards},
         {"setting": "LoRA", "value": f"r={lora.r}, alpha={lora.alpha:g}, dropout={lora.dropout:g}, targets {targets}"},
-        {"setting": "GRPO", "value": f"lr {p.learning_rate:g}{lr_curve}, {p.per_device_train_batch_size} "
+        {"setting": "GRPO", "value": f"lr {lr}{lr_curve}, {p.per_device_train_batch_size} "
                                      f"completions/step{' of the fleet' if p.fleet_batch == 'split' else ''} "
                                      f"({p.num_generations} per prompt), "
                                      f"≤{p.max_completion_length} tokens, temperature {p.temperature:g}, "
@@ -91,6 +100,8 @@ def _settings(cfg: Config) -> list[dict]:
 
 
 def _usage(cfg: Config) -> str:
+    if shown(cfg, "base_model", None) is not None:  # from the environment: the card names its placeholder only
+        return f"Load the base model `{shown(cfg, 'base_model', None)}` and this adapter with PEFT."
     hub = underlying_model_name(cfg.base_model)
     auto = ""
     if hub:  # adapter_config.json names the Hub model: AutoPeft loads base + adapter in one line
@@ -113,10 +124,11 @@ def render_model_card(cfg: Config, *, title: str, reward_rows: list[dict], body:
     """The README.md of an adapter folder or run repo: metadata, ``body``, reward table, settings, usage."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    data = ModelCardData(library_name="peft", base_model=underlying_model_name(cfg.base_model), tags=list(TAGS),
+    hub = None if shown(cfg, "base_model", None) is not None else underlying_model_name(cfg.base_model)
+    data = ModelCardData(library_name="peft", base_model=hub, tags=list(TAGS),
                          pipeline_tag="text-generation")
     parts = [f"# {title}", body.strip(), "## Reward", markdown_table(reward_rows),
-             "## Training", f"GRPO with LoRA (hubgrpo: TRL `GRPOTrainer` + PEFT); project `{cfg.project_name}`.",
+             "## Training", f"GRPO with LoRA (hubgrpo: TRL `GRPOTrainer` + PEFT); project `{_v(cfg, 'project_name', cfg.project_name)}`.",
              markdown_table(_settings(cfg)),
              "## Usage", _usage(cfg)]
     content = f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(p for p in parts if p) + "\n"
@@ -130,5 +142,5 @@ def run_card(cfg: Config, state: RunState) -> str:
              "submissions": len(v.merged), "samples": v.samples, "residual": v.residual} for v in state.versions]
     body = (f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
             f"{state.samples_total} completions, merge method `{cfg.merge.method}`.")
-    return render_model_card(cfg, title=f"{cfg.project_name} (hubgrpo run, version {state.version})",
+    return render_model_card(cfg, title=f"{_v(cfg, 'project_name', cfg.project_name)} (hubgrpo run, version {state.version})",
                              reward_rows=rows, body=body)

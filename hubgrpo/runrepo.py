@@ -27,13 +27,15 @@ def cache_root() -> Path:
 
 
 def read_config(store: Store, revision: str | None = None) -> Config:
-    """The resolved config stored in the repo (secrets are never stored: they come from the environment)."""
+    """The resolved config stored in the repo, never expanded: whoever can write the repo wrote it, so a
+    ``${HUBGRPO_SECRET}`` there stays that text instead of reading this process's environment (secrets are never
+    stored; a reward kwarg's placeholder is filled only by its runner: ``hubgrpo.task.rewards.fill_kwargs``)."""
     try:
         text = store.read(layout.CONFIG_FILE, revision).decode()
     except NotFound:
         raise NotFound(f"{store.location} has no {layout.CONFIG_FILE}: it is not a hubgrpo run repo",
                        hint="create it with `hubgrpo init CONFIG --repo REPO`") from None
-    return loads(text, source=f"{store.location}/{layout.CONFIG_FILE}")
+    return loads(text, source=f"{store.location}/{layout.CONFIG_FILE}", expand=False)
 
 
 def read_state(store: Store, revision: str | None = None) -> RunState:

@@ -15,16 +15,20 @@ SET_HELP = "Override a field, e.g. --set params.learning_rate=1e-4 (repeatable; 
 def validate(file: Path = typer.Argument(..., help="YAML config file."),
              set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
     """Exit 0 when FILE is a valid config; otherwise print every problem with its key path and line."""
-    from hubgrpo.config import load_config
+    from hubgrpo.config import load_config, shown
 
     cfg = load_config(file, overrides=set_)
-    typer.echo(f"{file}: ok (project {cfg.project_name}, base model {cfg.base_model}, data {cfg.data.path})")
+    what = {k: shown(cfg, k, v) for k, v in (("project_name", cfg.project_name), ("base_model", cfg.base_model),
+                                              ("data.path", cfg.data.path))}
+    typer.echo(f"{file}: ok (project {what['project_name']}, base model {what['base_model']}, "
+               f"data {what['data.path']})")
 
 
 @config_app.command("show")
 def show(file: Path = typer.Argument(..., help="YAML config file."),
          set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
-    """Print the resolved config (defaults filled, ${VAR} expanded, overrides applied, secrets redacted)."""
+    """Print the resolved config (defaults filled, overrides applied; secrets redacted, and every value taken from
+    the environment shown as its ${VAR} placeholder)."""
     from hubgrpo.config import load_config, to_yaml
 
     typer.echo(to_yaml(load_config(file, overrides=set_)), nl=False)

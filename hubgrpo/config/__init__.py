@@ -11,18 +11,20 @@ A config file looks like::
     params: {learning_rate: 2.0e-2, steps_per_round: 4, versions: 3}
     hub: {repo_id: "${HF_USER:-me}/tiny-run", token: "${HF_TOKEN}"}
 
-``${VAR}`` and ``${VAR:-default}`` are expanded in string values; ``--set params.learning_rate=1e-4`` overrides
-any field (the value is parsed as YAML). Unknown keys are refused. A bad config raises ``ConfigError`` naming
+``${VAR}`` and ``${VAR:-default}`` are expanded in string values of the user's own config file (never in a config
+read from a run repo: ``loads(..., expand=False)``); a value that came from the environment is shown and stored as
+its placeholder, never as the value. ``--set params.learning_rate=1e-4`` overrides any field (the value is parsed
+as YAML). Unknown keys are refused. A bad config raises ``ConfigError`` naming
 the key path, the bad value, what is allowed and the YAML line.
 """
 
 from __future__ import annotations
 
-from hubgrpo.config.loading import (apply_overrides, expand_env, field_docs, load_config, loads, to_yaml,
-                                    validate)
+from hubgrpo.config.loading import (apply_overrides, check_storable, expand_env, field_docs, from_env, load_config,
+                                    loads, placeholders, shown, to_yaml, validate)
 from hubgrpo.config.sections import (BackendOptions, Config, CoordinatorSection, DataConfig, HubSection,
                                      LoraSection, MergeSection, ParamsConfig, RewardConfig)
 
 __all__ = ["BackendOptions", "Config", "CoordinatorSection", "DataConfig", "HubSection", "LoraSection",
-           "MergeSection", "ParamsConfig", "RewardConfig", "apply_overrides", "expand_env", "field_docs",
-           "load_config", "loads", "to_yaml", "validate"]
+           "MergeSection", "ParamsConfig", "RewardConfig", "apply_overrides", "check_storable", "expand_env",
+           "field_docs", "from_env", "load_config", "loads", "placeholders", "shown", "to_yaml", "validate"]

@@ -16,19 +16,27 @@ from hubgrpo.errors import ConfigError
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
-def expand_env(value: Any, path: str = "", env: dict[str, str] | None = None) -> Any:
-    """Expand ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree."""
-    env = os.environ if env is None else env
+def expand_env(value: Any, path: str = "", env: dict[str, str] | None = None,
+               found: dict[tuple, str] | None = None) -> Any:
+    """Expand ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree (the user's own config file
+    only: a config read from a run repo is never expanded). ``found`` collects, by key path, the text as written of
+    every string that took a value from the environment (not only its written default): those values are shown
+    and stored as that text, never as the value (``to_yaml``)."""
+    return _expand(value, (), path, os.environ if env is None else env, {} if found is None else found)
+
+
+def _expand(value: Any, keys: tuple, path: str, env, found: dict) -> Any:
     if isinstance(value, dict):
-        return {k: expand_env(v, f"{path}.{k}" if path else str(k), env) for k, v in value.items()}
+        return {k: _expand(v, keys + (k,), f"{path}.{k}" if path else str(k), env, found) for k, v in value.items()}
     if isinstance(value, list):
-        return [expand_env(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+        return [_expand(v, keys + (i,), f"{path}[{i}]", env, found) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
 
     def sub(m: re.Match) -> str:
         name, default = m.group(1), m.group(2)
         if name in env and env[name] != "":
+            found[keys] = value
             return env[name]
         if default is not None:
             return default
@@ -36,6 +44,51 @@ def expand_env(value: Any, path: str = "", env: dict[str, str] | None = None) ->
                           hint=f"export {name}=... or write ${{{name}:-default}}")
 
     return _VAR.sub(sub, value)
+
+
+def placeholders(value: Any) -> list[str]:
+    """The names of the ``${NAME}`` placeholders in every string of ``value`` (a tree), in order."""
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in placeholders(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in placeholders(v)]
+    return [m.group(1) for m in _VAR.finditer(value)] if isinstance(value, str) else []
+
+
+def from_env(cfg: Config) -> dict[tuple, str]:
+    """Key path → the text as written, for every value of ``cfg`` that came from the environment."""
+    return dict(cfg._from_env)
+
+
+def shown(cfg: Config, path: str, value: Any) -> Any:
+    """``value`` (the field at dotted ``path``) as it may be shown: its placeholder if it came from the
+    environment."""
+    return from_env(cfg).get(tuple(int(k) if k.isdigit() else k for k in path.split(".")), value)
+
+
+# Where a stored run repo config may hold a placeholder for a value from the user's environment: the readers
+# supply these themselves (a reward's runner from its own environment, a worker its --coordinator and --repo).
+STORABLE_FROM_ENV = (("rewards",), ("coordinator", "url"), ("coordinator", "secret"), ("hub", "repo_id"),
+                     ("hub", "token"))
+
+
+def check_storable(cfg: Config) -> None:
+    """Refuse (``ConfigError``) a config whose copy in a run repo would need a value from the user's environment:
+    the repo stores placeholders, never such values (they may be secrets), and its readers never expand them."""
+    bad = {p: text for p, text in from_env(cfg).items()
+           if not any(p[:len(allowed)] == allowed and (allowed != ("rewards",) or "kwargs" in p[2:3])
+                      for allowed in STORABLE_FROM_ENV)}
+    if bad:
+        keys = ", ".join(f"{_dotted(p)} ({text!r})" for p, text in bad.items())
+        sets = " ".join(f"--set {_dotted(p)}=VALUE" for p in bad)
+        raise ConfigError(f"{keys}: from your environment; a run repo stores no value from anyone's environment "
+                          "(it may be a secret) and its readers never expand a placeholder",
+                          hint=f"write the value into the config, or pass {sets} (placeholders may stay only in "
+                               "a reward's kwargs, coordinator.url, hub.repo_id, hub.token, coordinator.secret)")
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(k) for k in path)
 
 
 def apply_overrides(raw: dict, overrides: list[str] | None) -> dict:
@@ -123,8 +176,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None, env: dict[
 
 
 def loads(text: str, *, overrides: list[str] | None = None, env: dict[str, str] | None = None,
-          source: str | None = None) -> Config:
-    """Parse a YAML config from a string (see ``load_config``)."""
+          source: str | None = None, expand: bool = True) -> Config:
+    """Parse a YAML config from a string (see ``load_config``). ``expand=False`` for a config read from a run repo:
+    a ``${...}`` there stays that text (someone else wrote it; expanding it would read the reader's environment)."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -132,15 +186,29 @@ def loads(text: str, *, overrides: list[str] | None = None, env: dict[str, str] 
         where = f", line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{source or 'config'}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     raw = {} if raw is None else raw
+    found: dict[tuple, str] = {}
     if isinstance(raw, dict):
-        raw = apply_overrides(expand_env(raw, env=env), overrides)
-    return validate(raw, source=source, text=text)
+        raw = apply_overrides(expand_env(raw, env=env, found=found) if expand else raw, overrides)
+        for item in overrides or []:  # a value set on the command line is the user's own text
+            key = tuple(item.partition("=")[0].strip().split("."))
+            found = {p: t for p, t in found.items() if tuple(map(str, p[:len(key)])) != key}
+    cfg = validate(raw, source=source, text=text)
+    cfg._from_env = found
+    return cfg
 
 
 def to_yaml(cfg: Config, *, redact: bool = True, drop_secrets: bool = False) -> str:
-    """The resolved config as YAML; secrets are shown as '***' unless ``redact=False``, or left out (null) with
-    ``drop_secrets=True`` (the copy stored in the run repo, which must load back as a valid config)."""
+    """The resolved config as YAML; secrets are shown as '***' and every value that came from the environment as
+    its placeholder (the text as written, e.g. ``${JUDGE_API_KEY}``) unless ``redact=False``; with
+    ``drop_secrets=True`` (the copy stored in a run repo) secrets are left out (null) and values from the
+    environment are placeholders too (``check_storable`` says where a stored copy may hold them)."""
     data = cfg.model_dump(mode="python")
+    if redact or drop_secrets:
+        for path, text in from_env(cfg).items():
+            node = data
+            for k in path[:-1]:
+                node = node[k]
+            node[path[-1]] = text
     for section, key in (("hub", "token"), ("coordinator", "secret")):
         secret = getattr(getattr(cfg, section), key)
         if secret is None or drop_secrets:

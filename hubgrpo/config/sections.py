@@ -6,7 +6,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 OUTER_LR_MAX = 10.0  # a merge's outer learning rate: above this a version only amplifies its rounds' noise
 
@@ -317,6 +317,9 @@ class BackendOptions(_Section):
 
 class Config(_Section):
     """A whole hubgrpo run."""
+
+    # key path → the text as written, for each value that came from the environment (``loading.from_env``)
+    _from_env: dict[tuple, str] = PrivateAttr(default_factory=dict)
 
     task: Literal["llm-grpo"] = Field("llm-grpo", description="Always llm-grpo.")
     base_model: str = Field(description="Hub id, local path, GGUF file, or builtin:tiny / builtin:smollm2-135m-instruct.")

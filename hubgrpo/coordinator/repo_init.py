@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hubgrpo import layout
 from hubgrpo.card import run_card
-from hubgrpo.config import Config, to_yaml
+from hubgrpo.config import Config, check_storable, loads, to_yaml
 from hubgrpo.errors import StoreError
 from hubgrpo.layout import RunState, VersionRecord
 from hubgrpo.runrepo import read_state
@@ -22,7 +22,12 @@ def initial_state(cfg: Config, now: float) -> RunState:
 
 def init_repo(store: Store, cfg: Config, adapter_dir: Path, *, force: bool = False,
               clock=time.time) -> tuple[str, RunState]:
-    """Create the run repo with the version-0 adapter, config, state and card; tag v000000."""
+    """Create the run repo with the version-0 adapter, config, state and card; tag v000000. The stored config holds
+    placeholders where ``cfg`` has values from the user's environment (``check_storable``), and the card is made
+    from that stored copy, so neither shows such a value."""
+    check_storable(cfg)
+    text = to_yaml(cfg, drop_secrets=True)
+    stored = loads(text, source=layout.CONFIG_FILE, expand=False)  # what every reader will load
     store.create(exist_ok=True, private=cfg.hub.private)
     head = store.head()
     if head is not None and store.exists_file(layout.STATE_FILE, head):
@@ -34,9 +39,9 @@ def init_repo(store: Store, cfg: Config, adapter_dir: Path, *, force: bool = Fal
     adds = {
         layout.ADAPTER_WEIGHTS: adapter_dir / layout.ADAPTER_WEIGHTS,
         layout.ADAPTER_CONFIG: adapter_dir / layout.ADAPTER_CONFIG,
-        layout.CONFIG_FILE: to_yaml(cfg, drop_secrets=True).encode(),
+        layout.CONFIG_FILE: text.encode(),
         layout.STATE_FILE: state.to_json(),
-        layout.MODEL_CARD: run_card(cfg, state).encode(),
+        layout.MODEL_CARD: run_card(stored, state).encode(),
     }
     deletes = []
     if head is not None and force:

@@ -31,7 +31,7 @@ class RewardCheck:
 
     def __init__(self, cfg, allow_code: list[str] | None = None):
         from hubgrpo.errors import ConfigError
-        from hubgrpo.task.rewards import foreign_code
+        from hubgrpo.task.rewards import fill_kwargs, foreign_code
 
         missing = [f for f in foreign_code(cfg.rewards) if f not in set(allow_code or [])]
         if missing:  # at startup: the coordinator would otherwise import code a run repo's config names
@@ -40,6 +40,8 @@ class RewardCheck:
                               "coordinator recomputes every round's rewards and runs only code its operator allows",
                               hint=f"read that code, then start the coordinator with {flags} (on a Space: set the "
                                    f"variable HUBGRPO_ALLOW_REWARD={','.join(missing)})")
+        for rc in cfg.rewards:  # at startup too: a kwarg's placeholder the operator did not allow (fill_kwargs)
+            fill_kwargs(rc)
         self.cfg = cfg
         self._lock = threading.Lock()
         self._loaded: tuple | None = None

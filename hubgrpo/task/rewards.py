@@ -15,6 +15,12 @@ Built-ins (``builtin:<name>``):
 - ``countdown``: 1 when the answer is an expression of + - * ( ) over the row's ``numbers`` (each used at most as
   often as given) that equals ``target``.
 
+A kwarg may hold a ``${NAME}`` placeholder (a run repo stores placeholders, never values from the environment of
+whoever created it): ``fill_kwargs`` fills it from the environment of the process that runs the reward, and only
+for the names that process's owner lists in ``HUBGRPO_REWARD_ENV`` (comma-separated), never HF_TOKEN or
+HUBGRPO_SECRET; any other placeholder is refused (``ConfigError``). A run repo's text alone never reads anyone's
+environment.
+
 User functions: ``package.module:function`` or ``path/to/file.py:function``. A function without ``**kwargs``
 gets only the keyword arguments it names. ``None`` (or NaN) means "no opinion": as in TRL, it becomes NaN and
 is left out of the weighted sum (a completion every function skips gets no advantage). A function that raises,
@@ -30,15 +36,16 @@ import importlib.util
 import inspect
 import math
 import numbers
+import os
 import re
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from hubgrpo.config import RewardConfig
-from hubgrpo.errors import HubGrpoError, RewardError
+from hubgrpo.errors import ConfigError, HubGrpoError, RewardError
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.S)  # what extract_answer finds (it scans without the regex)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -291,15 +298,43 @@ def _short(x: Any, n: int = 80) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
+REWARD_ENV = "HUBGRPO_REWARD_ENV"
+NEVER_FILLED = ("HF_TOKEN", "HUBGRPO_SECRET")  # hubgrpo's own secrets: no reward gets them, whatever is listed
+
+
+def fill_kwargs(rc: RewardConfig, env: Mapping[str, str] | None = None) -> dict:
+    """``rc.kwargs`` with each ``${NAME}`` filled from ``env`` (this process's environment) for the names listed in
+    its ``HUBGRPO_REWARD_ENV``; ``ConfigError`` for a placeholder naming anything else (values are never quoted)."""
+    from hubgrpo.config import expand_env, placeholders
+
+    names = placeholders(rc.kwargs)
+    if not names:
+        return dict(rc.kwargs)
+    env = os.environ if env is None else env
+    allowed = {n for n in re.split(r"[,\s]+", env.get(REWARD_ENV, "")) if n and n not in NEVER_FILLED}
+    refused = sorted(set(names) - allowed)
+    if refused:
+        listed = ", ".join(f"${{{n}}}" for n in refused)
+        names_hint = ",".join(sorted((allowed | set(refused)) - set(NEVER_FILLED)))
+        raise ConfigError(f"reward {rc.function}: its kwargs hold {listed}, and a placeholder is filled only from a "
+                          f"name this machine's owner lists in {REWARD_ENV}",
+                          hint=f"read the run's config (whoever can write the run repo wrote it); only if this reward "
+                               f"should get that value from this machine: export {REWARD_ENV}={names_hint} and the "
+                               f"variable itself ({', '.join(NEVER_FILLED)} are never given to a reward)")
+    return expand_env(dict(rc.kwargs), f"reward {rc.function} kwargs", {n: env[n] for n in allowed if n in env})
+
+
 def load_rewards(configs: Sequence[RewardConfig]) -> list[Reward]:
-    """The checked, named reward functions of a config (names made unique for TRL's per-reward metrics)."""
+    """The checked, named reward functions of a config (names made unique for TRL's per-reward metrics), their
+    kwargs' placeholders filled (``fill_kwargs``)."""
     out, seen = [], Counter()
     for rc in configs:
+        kwargs = fill_kwargs(rc)
         fn = load_function(rc.function)
         base = rc.function.removeprefix("builtin:").rpartition(":")[2]
         seen[base] += 1
         out.append(Reward(fn, name=base if seen[base] == 1 else f"{base}_{seen[base]}", weight=rc.weight,
-                          kwargs=rc.kwargs))
+                          kwargs=kwargs))
     return out
 
 
