@@ -17,7 +17,7 @@ from pathlib import Path
 from hubgrpo import runrepo
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.config import Config
-from hubgrpo.errors import StoreError
+from hubgrpo.errors import ConfigError, StoreError
 from hubgrpo.store.base import Store
 
 log = logging.getLogger("hubgrpo.cli.embedded")
@@ -50,15 +50,42 @@ def lift_local_budget(cfg: Config, store: Store) -> None:
 
 
 def coordinator_secret(store: Store) -> bytes:
-    """HUBGRPO_SECRET, or a random secret kept beside the local cache (never in the repo)."""
+    """HUBGRPO_SECRET, or a random secret kept beside the local cache (never in the repo), in a file that is 0600
+    from its first byte (``_secret_file``)."""
     env = os.environ.get("HUBGRPO_SECRET")
     if env:
         return env.encode()
     path = runrepo.cache_root() / "secrets" / ("".join(c if c.isalnum() else "_" for c in store.location)[-100:])
+    return _secret_file(path)
+
+
+def _secret_file(path: Path) -> bytes:
+    """The secret in ``path``, made if missing: written to a temporary file created 0600 (``O_CREAT | O_EXCL``,
+    so no umask or earlier file makes it readable by others for an instant), then linked into place (two
+    coordinators starting at once both read the one that won). An existing file that others may read or write is
+    refused, not fixed: anyone who could read it can sign leases, so it must be replaced, and only its owner
+    knows whether the run's live leases may be invalidated."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_hex(32))
-        path.chmod(0o600)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secrets.token_hex(32).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another process made it first: use theirs
+            pass
+        finally:
+            os.unlink(tmp)
+    mode = path.stat().st_mode & 0o777
+    if os.name == "posix" and mode & 0o077:
+        raise ConfigError(f"the lease-signing secret {path} has mode {mode:04o}: others on this machine may read "
+                          "it, and whoever read it can sign leases for this run",
+                          hint=f"delete it (a new secret is made; live leases must be taken again) or, if nobody "
+                               f"else could have read it, chmod 600 {path}; or set HUBGRPO_SECRET")
     return path.read_text().strip().encode()
 
 
