@@ -110,10 +110,12 @@ def adapter_at(store: Store, revision: str, cache: Path | None = None) -> Path:
     return fetch_dir(store, files, revision, cache / key / revision)
 
 
-def submission_at(store: Store, base_version: int, sub_id: str, revision: str, dest: Path) -> Path:
-    """Copy one submission folder at ``revision`` into ``dest`` (every file in it, for admission checks)."""
+def submission_at(store: Store, base_version: int, sub_id: str, revision: str, dest: Path, *,
+                  sizes: dict[str, int] | None = None) -> Path:
+    """Copy one submission folder at ``revision`` into ``dest`` (every file in it, for admission checks).
+    ``sizes``: the folder's listing ({repo path: size}, ``Store.file_sizes``) the caller already checked."""
     prefix = layout.submission_dir(base_version, sub_id)
-    names = store.list_files(prefix, revision)
+    names = sorted(sizes) if sizes is not None else store.list_files(prefix, revision)
     if not names:
         raise NotFound(f"no submission at {prefix} in {store.location} at revision {revision[:12]}",
                        hint="push the submission commit before calling submit")

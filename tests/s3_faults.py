@@ -10,9 +10,12 @@ requests it hits (then it is spent). What it does:
 - ``drop_before``: close the connection without forwarding;
 - ``delay_s``: wait that long, then forward and answer (a client with a shorter read timeout gives up first, and
   the write still lands);
-- ``before``: call this function first (e.g. another writer commits), then forward.
+- ``before``: call this function first (e.g. another writer commits), then forward;
+- ``strip_conditions``: forward without ``If-None-Match`` / ``If-Match`` (a backend that ignores conditional
+  headers: the write always lands). moto checks no signatures, so the stripped headers go unnoticed.
 
-``proxy.seen`` lists (method, path) of every request; ``proxy.hits`` counts what each fault did.
+``proxy.seen`` lists (method, path) of every request, ``proxy.answered`` (method, path, status, body bytes) of
+every answer it forwarded; ``fault.hits`` counts what each fault did.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import urlsplit
 
+import pytest
+
 _CODES = {503: "SlowDown", 412: "PreconditionFailed", 409: "ConditionalRequestConflict", 500: "InternalError"}
 
 
@@ -38,6 +43,7 @@ class Fault:
     drop_before: bool = False
     delay_s: float = 0.0
     before: Callable[[], None] | None = None
+    strip_conditions: bool = False
     times: int = 1
     hits: int = field(default=0, init=False)
 
@@ -53,6 +59,7 @@ class FaultProxy:
         self.upstream = (parts.hostname, parts.port)
         self.faults: list[Fault] = []
         self.seen: list[tuple[str, str]] = []
+        self.answered: list[tuple[str, str, int, int]] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -94,7 +101,10 @@ class FaultProxy:
                     fault.before()
                 if fault is not None and fault.delay_s:
                     time.sleep(fault.delay_s)
-                status, headers, answer = proxy._forward(self.command, self.path, self.headers, body)
+                drop = ("if-none-match", "if-match") if fault is not None and fault.strip_conditions else ()
+                status, headers, answer = proxy._forward(self.command, self.path, self.headers, body, drop)
+                with proxy._lock:
+                    proxy.answered.append((self.command, self.path, status, len(answer)))
                 if fault is not None and fault.drop_after:
                     return self._drop()
                 self.send_response(status)
@@ -128,12 +138,12 @@ class FaultProxy:
         threading.Thread(target=self._server.serve_forever, name="s3-fault-proxy", daemon=True).start()
         return self
 
-    def _forward(self, method: str, path: str, headers, body: bytes) -> tuple[int, list, bytes]:
+    def _forward(self, method: str, path: str, headers, body: bytes, drop=()) -> tuple[int, list, bytes]:
         conn = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
             conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
             for k, v in headers.items():
-                if k.lower() not in ("expect", "content-length", "connection"):
+                if k.lower() not in ("expect", "content-length", "connection", *drop):
                     conn.putheader(k, v)
             conn.putheader("Content-Length", str(len(body)))
             conn.endheaders(body)
@@ -146,3 +156,13 @@ class FaultProxy:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+@pytest.fixture
+def proxy(s3_server):
+    """A ``FaultProxy`` in front of the session's S3 server (import it into a test module to use it)."""
+    p = FaultProxy(s3_server.url).start()
+    try:
+        yield p
+    finally:
+        p.stop()

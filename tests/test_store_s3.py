@@ -11,18 +11,9 @@ import sys
 import pytest
 
 from hubgrpo.errors import CommitConflict, ConfigError, InvalidPath, StoreError
-from tests.s3_faults import Fault, FaultProxy
+from tests.s3_faults import Fault, proxy  # noqa: F401  (a fixture)
 
 REF = r"/\.hubgrpo/refs/heads/main$"
-
-
-@pytest.fixture
-def proxy(s3_server):
-    p = FaultProxy(s3_server.url).start()
-    try:
-        yield p
-    finally:
-        p.stop()
 
 
 @pytest.fixture

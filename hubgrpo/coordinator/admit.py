@@ -124,14 +124,10 @@ def _check_staleness(c, lease: Lease, sub_id: str, base_version: int) -> None:
 
 
 def _check_folder(c, lease: Lease, sub_id: str, commit: str) -> Pending:
-    """Fetch the submission from the run's inbox (the repo at ``commit``, or a box: sizes checked first)."""
-    from hubgrpo.merge.admission import max_submission_bytes
-    from hubgrpo.task.rollouts import size_limit
-
+    """Fetch the submission from the run's inbox (the repo at ``commit``, or a box): names and sizes are checked
+    in the listing first, against ``submission_limit``, so an oversized folder is refused before it is read."""
     dest = c.workdir / "submissions" / f"{sub_id}-{commit.removeprefix('sha256:')[:12]}"
-    limit = int(c.cfg.merge.max_submission_mb * 2**20)
-    if not c.inbox.in_repo and lease.base_version in c.shas:
-        limit = min(limit, max_submission_bytes(c._global())) + size_limit(c.cfg, lease)
+    limit = submission_limit(c, lease)
     try:
         folder = c.inbox.fetch(lease.base_version, sub_id, commit, dest, max_bytes=limit)
     except NotFound as e:
@@ -142,9 +138,21 @@ def _check_folder(c, lease: Lease, sub_id: str, commit: str) -> Pending:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def submission_limit(c, lease: Lease) -> int:
+    """The most bytes a submission of ``lease`` can hold: its adapter at the run's shapes (derived from the global
+    adapter, capped by ``merge.max_submission_mb``) plus its rollouts' limit (``task.rollouts.size_limit``)."""
+    from hubgrpo.merge.admission import max_submission_bytes
+    from hubgrpo.task.rollouts import size_limit
+
+    limit = int(c.cfg.merge.max_submission_mb * 2**20)
+    if lease.base_version in c.shas:
+        limit = min(limit, max_submission_bytes(c._global()))
+    return limit + size_limit(c.cfg, lease)
+
+
 def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
     """Every check of a local submission folder (also the Space's uploads, before they are committed)."""
-    from hubgrpo.merge.admission import check_step_bound, check_submission, max_submission_bytes
+    from hubgrpo.merge.admission import check_step_bound, check_submission
 
     sub_id = layout.submission_id(lease.worker, lease.lease_id)
     sub = read_record(folder, lease, sub_id)
@@ -153,9 +161,7 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
     base_version = check_rebase(c, lease, sub, sub_id)
     _check_staleness(c, lease, sub_id, base_version)
     global_, base = c._global(), c._adapter(base_version)
-    from hubgrpo.task.rollouts import size_limit
-
-    limit = min(int(c.cfg.merge.max_submission_mb * 2**20), max_submission_bytes(global_)) + size_limit(c.cfg, lease)
+    limit = submission_limit(c, lease)
     steps = int(lease.steps)
     adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.shas),
                                base_version=base_version)
@@ -270,8 +276,10 @@ def unseen_submissions(c, revision: str | None = None) -> list[tuple[int, str]]:
 
 def scan(c, *, check_deadline: bool = True) -> list[Prepared]:
     """Prepare every submitted round the coordinator has not seen (a worker that crashed after its commit or
-    upload, a lost submit answer, a restart). Reads the store; call without the lock, then ``accept`` each under it."""
+    upload, a lost submit answer, a restart). Reads the store; call without the lock, then ``accept`` each under it.
+    A record refused or ignored here is remembered by the inbox and not read again while it is unchanged."""
     head = c.inbox.revision()
+    _prune_box(c)
     out = []
     for base, sub_id in unseen_submissions(c, head):
         try:
@@ -280,11 +288,26 @@ def scan(c, *, check_deadline: bool = True) -> list[Prepared]:
             out.append(Prepared(lease=None, sub_id=sub_id, commit=head or "",
                                 error=InvalidSubmission("bad_record", f"unreadable submission {sub_id}: "
                                                         f"{str(e)[:200]}")))
+            c.inbox.judged(base, sub_id)
             continue
         if layout.submission_id(lease.worker, lease.lease_id) != sub_id:
+            c.inbox.judged(base, sub_id)
             continue  # a folder that claims another submission's lease: ignored (its lease is someone else's)
-        out.append(prepare(c, lease, head or "scan", check_deadline=check_deadline))
+        prepared = prepare(c, lease, head or "scan", check_deadline=check_deadline)
+        if prepared.error is not None and prepared.error.code != "not_found":  # not_found: an upload under way
+            c.inbox.judged(base, sub_id)
+        out.append(prepared)
     return out
+
+
+def _prune_box(c) -> None:
+    """A box's finished rounds go as a merge commit's deletes take the repo's (``inbox.BoxInbox.prune``)."""
+    try:
+        c.inbox.prune(c.state, c.cfg.coordinator.keep_submissions, c.cfg.merge.lease_age_limit())
+    except HubGrpoError as e:  # the next scan tries again
+        import logging
+
+        logging.getLogger("hubgrpo.coordinator").warning("could not delete finished rounds: %s", e.message)
 
 
 def warm_up(c) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
@@ -26,6 +27,7 @@ from hubgrpo.store.base import Store
 log = logging.getLogger("hubgrpo.coordinator")
 FILES = layout.SUBMISSION_FILES
 RECORD_MAX = 8 << 20  # the largest submission.json read (as admit.read_record)
+JUDGED_MAX = 50_000  # box records remembered as judged (refused or ignored): about 10 MB at most
 
 
 def open_inbox(cfg, store: Store):
@@ -42,6 +44,30 @@ def open_inbox(cfg, store: Store):
     return BoxInbox(box, upload_ttl_s=upload_ttl)
 
 
+def check_listing(prefix: str, sizes: dict[str, int], max_bytes: int, allowed=None) -> None:
+    """Refuse a submission folder from its listing alone (names relative to ``prefix`` → sizes), before anything
+    is read, with admission's codes: ``nested_dir``, ``not_safetensors``, ``unexpected_file``, ``too_large``.
+    ``allowed``: the file names a folder may hold (default: those admission allows)."""
+    from hubgrpo.merge.admission import ALLOWED_FILES, PICKLE_SUFFIXES
+
+    allowed = sorted(ALLOWED_FILES) if allowed is None else allowed
+    for name in sorted(sizes):
+        if "/" in name:
+            raise InvalidSubmission("nested_dir", f"{prefix} holds the folder {name.split('/')[0][:80]!r}/; a "
+                                    f"submission holds only {', '.join(allowed)}", hint="upload only the files")
+        if Path(name).suffix.lower() in PICKLE_SUFFIXES:
+            raise InvalidSubmission("not_safetensors", f"{prefix}/{name[:80]} is a pickle-based weight file, which "
+                                    "is never loaded", hint="save the adapter as adapter_model.safetensors")
+        if name not in allowed:
+            raise InvalidSubmission("unexpected_file", f"{prefix} holds {name[:80]!r}, which is not allowed "
+                                    f"(allowed: {', '.join(allowed)})", hint="upload only the submission's files")
+    total = sum(sizes.values())
+    if total > max_bytes:
+        raise InvalidSubmission("too_large", f"{prefix} holds {total:,} bytes, more than a submission of this run "
+                                f"can have ({max_bytes:,}); nothing was read",
+                                hint="submit only the LoRA adapter at the run's rank")
+
+
 class RepoInbox:
     """Submissions committed to the run repo."""
 
@@ -52,7 +78,14 @@ class RepoInbox:
         self.location = store.location
 
     def fetch(self, base: int, sub_id: str, commit: str, dest: Path, *, max_bytes: int) -> Path:
-        return runrepo.submission_at(self.store, base, sub_id, commit, dest)
+        """Copy the submission's files at ``commit`` into ``dest``, after checking their names and sizes in the
+        repo's listing (``check_listing``): an oversized or unexpected file is refused before any byte of the
+        folder is downloaded."""
+        prefix = layout.submission_dir(base, sub_id)
+        sizes = self.store.file_sizes(prefix, commit)
+        if sizes:
+            check_listing(prefix, {p[len(prefix) + 1:]: n for p, n in sizes.items()}, max_bytes)
+        return runrepo.submission_at(self.store, base, sub_id, commit, dest, sizes=sizes)
 
     def revision(self) -> str | None:
         return self.store.head()
@@ -71,6 +104,34 @@ class RepoInbox:
     def upload_urls(self, lease) -> dict[str, str]:
         return {}
 
+    def judged(self, base: int, sub_id: str) -> None:
+        """Nothing to remember: a repo's files are read through the store's cache, once per content."""
+
+    def prune(self, state, keep: int | None, max_age: int) -> int:
+        """Nothing to do: a merge commit deletes the repo's finished folders (``pruning.merge_deletes``)."""
+        return 0
+
+
+class Judged:
+    """Box records already judged (refused or ignored), by (key, size, etag): a scan never reads one again
+    while it is unchanged. Bounded (the oldest are forgotten first, and then read once more); kept in memory, so
+    a restarted coordinator reads each once more."""
+
+    def __init__(self, limit: int = JUDGED_MAX):
+        self.limit, self._seen = int(limit), OrderedDict()
+
+    def __contains__(self, entry) -> bool:
+        return entry in self._seen
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, entry) -> None:
+        self._seen[entry] = None
+        self._seen.move_to_end(entry)
+        while len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+
 
 class BoxInbox:
     """Submissions as write-once objects in a box (a local folder or an S3 bucket/prefix)."""
@@ -80,6 +141,9 @@ class BoxInbox:
     def __init__(self, box, *, upload_ttl_s: int = 900):
         self.box, self.upload_ttl_s = box, int(upload_ttl_s)
         self.location = box.location
+        self.judged_records = Judged()
+        self.pruned_at: int | None = None  # the version whose finished rounds were last deleted (``prune``)
+        self._listed: dict[tuple[int, str], tuple[str, int, str]] = {}  # the last scan's records
 
     def fetch(self, base: int, sub_id: str, commit: str, dest: Path, *, max_bytes: int) -> Path:
         """Copy the submission's objects into ``dest`` after checking the listing; ``commit`` (``sha256:…``)
@@ -92,15 +156,7 @@ class BoxInbox:
             raise NotFound(f"no submission at {prefix} in {self.location}",
                            hint="upload the round's files (submission.json last) before calling submit")
         names = {p[len(prefix) + 1:]: size for p, size in listed.items()}
-        odd = sorted(n for n in names if n not in FILES)
-        if odd:
-            raise InvalidSubmission("unexpected_file", f"{prefix} holds {odd[0][:80]!r}, which is not allowed "
-                                    f"(allowed: {', '.join(FILES)})", hint="upload only the submission's files")
-        total = sum(names.values())
-        if total > max_bytes:
-            raise InvalidSubmission("too_large", f"{prefix} holds {total:,} bytes, more than a submission of this "
-                                    f"run can have ({max_bytes:,}); nothing was read",
-                                    hint="submit only the LoRA adapter at the run's rank")
+        check_listing(prefix, names, max_bytes, FILES)
         tmp = dest.with_name(dest.name + f".tmp-{uuid.uuid4().hex[:8]}")
         tmp.mkdir(parents=True)
         try:
@@ -127,17 +183,53 @@ class BoxInbox:
         return None
 
     def unseen(self, done: set[str], revision: str | None, bases=None) -> list[tuple[int, str]]:
-        """Rounds whose submission.json is in the box, neither ``done`` nor older than ``bases`` allows."""
-        out = set()
+        """Rounds whose submission.json is in the box, neither ``done``, already judged as it is now, nor older
+        than ``bases`` allows."""
+        listed = {}
         for base in bases if bases is not None else ():
-            for path, _ in self.box.list(f"{layout.SUBMISSIONS}/{base:06d}"):
-                parsed = layout.parse_submission_path(path)
-                if parsed and parsed[2] == layout.SUBMISSION_FILE and parsed[1] not in done:
-                    out.add((parsed[0], parsed[1]))
-        return sorted(out)
+            for entry in self.box.entries(f"{layout.SUBMISSIONS}/{base:06d}"):
+                parsed = layout.parse_submission_path(entry[0])
+                if parsed and parsed[2] == layout.SUBMISSION_FILE and parsed[1] not in done \
+                        and entry not in self.judged_records:
+                    listed[parsed[:2]] = entry
+        self._listed = listed
+        return sorted(listed)
 
     def read_record(self, base: int, sub_id: str, revision: str | None) -> bytes:
-        return self.box.read(layout.submission_path(base, sub_id, layout.SUBMISSION_FILE), max_bytes=RECORD_MAX)
+        rel = layout.submission_path(base, sub_id, layout.SUBMISSION_FILE)
+        entry = self._listed.get((base, sub_id))
+        if entry is not None and entry[1] > RECORD_MAX:  # refused by its listed size: nothing is downloaded
+            raise StoreError(f"{self.location}/{rel} is {entry[1]:,} bytes, more than the {RECORD_MAX:,} a "
+                             "submission record may have", code="too_large", hint="it is not read")
+        return self.box.read(rel, max_bytes=RECORD_MAX)
+
+    def judged(self, base: int, sub_id: str) -> None:
+        """Remember the record of ``sub_id`` as the last scan listed it: refused or ignored, it is not read again
+        until it changes (``Judged``)."""
+        entry = self._listed.get((base, sub_id))
+        if entry is not None:
+            self.judged_records.add(entry)
+
+    def prune(self, state, keep: int | None, max_age: int) -> int:
+        """Delete the objects of rounds finished as ``coordinator.keep_submissions`` says for folders in the repo
+        (``pruning.doomed``: merged or refused more than ``keep`` versions ago, or too old to be admitted), once
+        per version of ``state``; the number of objects deleted. Store I/O: call without the server's lock."""
+        from hubgrpo.coordinator.pruning import doomed
+
+        if keep is None or state.version == self.pruned_at:
+            return 0
+        folders: dict[tuple[str, str], list[str]] = {}
+        for path, _, _ in self.box.entries(layout.SUBMISSIONS):
+            parts = path.split("/")
+            if len(parts) >= 4 and parts[1].isdigit():
+                folders.setdefault((parts[1], parts[2]), []).append(path)
+        rounds = doomed(folders, state, keep, max_age)
+        gone = [p for folder in rounds for p in folders[folder]]
+        if gone:
+            self.box.delete(gone)
+            log.info("deleted %d objects of %d finished rounds from %s", len(gone), len(rounds), self.location)
+        self.pruned_at = state.version
+        return len(gone)
 
     def upload_urls(self, lease) -> dict[str, str]:
         """Presigned PUT URLs for the lease's four keys (S3 boxes); {} when the box cannot sign (a folder) or

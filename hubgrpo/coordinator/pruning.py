@@ -29,18 +29,24 @@ def deletes(store, head: str, state: RunState, keep: int | None, max_age: int) -
     read: call without the server's lock)."""
     if keep is None:
         return []
-    oldest_kept = state.version - keep + 1  # folders tied to this version or newer stay
-    tied = {r.submission_id: r.version for r in state.refused}
-    tied.update({m.submission_id: v.version for v in state.versions for m in v.merged})
     folders = set()
     for path in store.list_files(layout.SUBMISSIONS, head):
         parts = path.split("/")
         if len(parts) >= 4 and parts[1].isdigit():  # submissions/<base>/<id>/…, whatever is inside
             folders.add((parts[1], parts[2]))
+    return [f"{layout.SUBMISSIONS}/{base}/{sub_id}/" for base, sub_id in doomed(folders, state, keep, max_age)]
+
+
+def doomed(folders, state: RunState, keep: int, max_age: int) -> list[tuple[str, str]]:
+    """The (base, submission id) folders, of ``folders``, that go with the version of ``state`` (the rule above;
+    the same for folders in a submissions box, ``hubgrpo.coordinator.inbox``)."""
+    oldest_kept = state.version - keep + 1  # folders tied to this version or newer stay
+    tied = {r.submission_id: r.version for r in state.refused}
+    tied.update({m.submission_id: v.version for v in state.versions for m in v.merged})
     out = []
     for base, sub_id in sorted(folders):
         version = tied.get(sub_id)
         hopeless = version is None and state.version - int(base) > max_age and int(base) < oldest_kept
         if (version is not None and version < oldest_kept) or hopeless:
-            out.append(f"{layout.SUBMISSIONS}/{base}/{sub_id}/")
+            out.append((base, sub_id))
     return out

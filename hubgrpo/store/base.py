@@ -89,6 +89,11 @@ class Store(abc.ABC):
         """All file paths under ``prefix`` (recursive, sorted) at ``revision``."""
 
     @abc.abstractmethod
+    def file_sizes(self, prefix: str = "", revision: str | None = None) -> dict[str, int]:
+        """{path: size in bytes} of the files under ``prefix`` at ``revision``, read from the listing: nothing
+        is downloaded (check sizes before fetching what a participant wrote)."""
+
+    @abc.abstractmethod
     def commit(self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str,
                parent: str | None = None) -> str:
         """Apply adds and deletes as one atomic commit and return the new revision.

@@ -86,6 +86,11 @@ class FolderBox:
 
     def list(self, rel_prefix: str) -> list[tuple[str, int]]:
         """(path, size) of the regular files under folder ``rel_prefix`` (links and other oddities are skipped)."""
+        return [(path, size) for path, size, _ in self.entries(rel_prefix)]
+
+    def entries(self, rel_prefix: str) -> list[tuple[str, int, str]]:
+        """(path, size, version) of the regular files under folder ``rel_prefix``; the version (inode and
+        modification time) changes when a file is replaced, as an S3 etag does."""
         base = self.root / check_path(rel_prefix.rstrip("/"))
         out = []
         for folder, dirs, files in os.walk(base):
@@ -93,7 +98,7 @@ class FolderBox:
                 path = Path(folder) / name
                 st = os.lstat(path)
                 if stat.S_ISREG(st.st_mode) and not name.startswith(".tmp-"):
-                    out.append((path.relative_to(self.root).as_posix(), st.st_size))
+                    out.append((path.relative_to(self.root).as_posix(), st.st_size, f"{st.st_ino}-{st.st_mtime_ns}"))
         return sorted(out)
 
     def fetch(self, rel: str, dest: Path, *, size: int, max_bytes: int) -> None:
@@ -114,6 +119,19 @@ class FolderBox:
             raise StoreError(f"{self.location}/{rel} changed while it was read", code="corrupt",
                              hint="submissions are written once; it will be read again at the next scan")
         dest.write_bytes(data)
+
+    def delete(self, rels: list[str]) -> None:
+        """Delete these files (a link is removed, never followed), then the folders they leave empty."""
+        parents = set()
+        for rel in rels:
+            path = self.root / check_path(rel)
+            path.unlink(missing_ok=True)
+            parents.update(p for p in path.parents if self.root in p.parents)
+        for folder in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or already gone
+                pass
 
     def read(self, rel: str, *, max_bytes: int) -> bytes:
         listed = dict(self.list(rel.rsplit("/", 1)[0])).get(rel)
@@ -151,19 +169,28 @@ class S3Box:
     def list(self, rel_prefix: str) -> list[tuple[str, int]]:
         return self.objects.list(check_path(rel_prefix.rstrip("/")) + "/")
 
+    def entries(self, rel_prefix: str) -> list[tuple[str, int, str]]:
+        """(path, size, etag) of the objects under folder ``rel_prefix``."""
+        return [e[:3] for e in self.objects.entries(check_path(rel_prefix.rstrip("/")) + "/")]
+
     def fetch(self, rel: str, dest: Path, *, size: int, max_bytes: int) -> None:
         self.objects.download(check_path(rel), dest, size=size, max_bytes=max_bytes)
 
     def read(self, rel: str, *, max_bytes: int) -> bytes:
         return self.objects.get(check_path(rel), max_bytes=max_bytes)[0]
 
+    def delete(self, rels: list[str]) -> None:
+        self.objects.delete([check_path(r) for r in rels])
+
     def presign_put(self, rel: str, expires_s: int) -> str:
         return self.objects.presign_put(check_path(rel), expires_s)
 
     def ensure(self) -> None:
-        """Create the bucket when it does not exist (the coordinator, at start-up)."""
+        """Create the bucket when it does not exist, and refuse a backend that ignores conditional writes (the
+        coordinator, at start-up: ``S3Bucket.check_conditional_writes``)."""
         if not self.objects.bucket_exists():
             self.objects.create_bucket()
+        self.objects.check_conditional_writes()
 
 
 def _check_size(where: str, rel: str, size: int, max_bytes: int) -> None:

@@ -242,17 +242,21 @@ class HubStore(Store):
 
     def list_files(self, prefix: str = "", revision: str | None = None) -> list[str]:
         """All files under folder ``prefix`` (recursive, sorted); a missing folder is an empty list."""
+        return sorted(self.file_sizes(prefix, revision))
+
+    def file_sizes(self, prefix: str = "", revision: str | None = None) -> dict[str, int]:
+        """{path: size} of the files under folder ``prefix``, from the repo's tree listing (no download)."""
         folder = prefix.strip("/")
         if folder:
             check_path(folder)
 
-        def list_once(_uncertain: bool) -> list[str]:
+        def list_once(_uncertain: bool) -> dict[str, int]:
             try:
                 entries = list(self.api.list_repo_tree(self.repo_id, folder or None, recursive=True,
                                                        revision=revision, repo_type=self.repo_type, token=self.token))
             except EntryNotFoundError:
-                return []
-            return sorted(e.path for e in entries if isinstance(e, RepoFile))
+                return {}
+            return {e.path: int(e.size) for e in entries if isinstance(e, RepoFile)}
 
         return self._run(f"list {folder or '/'}", list_once)
 

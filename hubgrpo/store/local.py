@@ -140,6 +140,10 @@ class LocalStore(Store):
         """Files under folder ``prefix`` (or the file ``prefix`` itself); [] when there is none."""
         return files_under(self._tree_at(self._resolve(revision)), prefix)
 
+    def file_sizes(self, prefix: str = "", revision: str | None = None) -> dict[str, int]:
+        tree = self._tree_at(self._resolve(revision))
+        return {p: os.stat(self._object(tree[p])).st_size for p in files_under(tree, prefix)}
+
     def exists_file(self, path: str, revision: str | None = None) -> bool:
         return check_path(path) in self._tree_at(self._resolve(revision))
 

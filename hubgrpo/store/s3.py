@@ -78,6 +78,7 @@ class S3Store(Store):
         self._infos: dict[str, CommitInfo] = {}  # immutable once read and checked
         self._trees: OrderedDict[str, manifest.Tree] = OrderedDict()  # small LRU
         self._tags: dict[str, str] = {}  # tags are never moved, so a tag read once is known for good
+        self._writes_checked = False  # the conditional-write probe passed (``_check_writes``)
 
     def __repr__(self) -> str:
         return f"S3Store({self.location!r})"
@@ -90,6 +91,7 @@ class S3Store(Store):
         if not self.exists():
             if not self.objects.bucket_exists():
                 self.objects.create_bucket()
+            self._check_writes()
             body = json.dumps({"format": manifest.FORMAT, "created_at": time.time(), "id": str(uuid.uuid4())})
             if self._create("repo.json", body.encode()):
                 return
@@ -146,6 +148,10 @@ class S3Store(Store):
     def list_files(self, prefix: str = "", revision: str | None = None) -> list[str]:
         return files_under(self._tree(self._resolve(revision)), prefix)
 
+    def file_sizes(self, prefix: str = "", revision: str | None = None) -> dict[str, int]:
+        tree = self._tree(self._resolve(revision))
+        return {p: tree[p][1] for p in files_under(tree, prefix)}
+
     def exists_file(self, path: str, revision: str | None = None) -> bool:
         return check_path(path) in self._tree(self._resolve(revision))
 
@@ -181,6 +187,7 @@ class S3Store(Store):
         apply before adds, a missing delete raises NotFound, and a commit that changes nothing returns the head
         (except the first one of an empty repo)."""
         self._require()
+        self._check_writes()
         if not isinstance(message, str) or not message.strip():
             raise StoreError("refusing a commit with an empty message", hint="say what the commit does")
         adds = {check_path(p): v for p, v in adds.items()}
@@ -212,6 +219,7 @@ class S3Store(Store):
     def tag(self, name: str, revision: str, *, exist_ok: bool = False) -> None:
         """Tag ``revision`` (a commit id, a tag or 'main'). An existing tag is never moved."""
         check_tag_name(name)
+        self._check_writes()
         sha = self._resolve(revision)
         if sha is None:
             raise NotFound(f"cannot tag {revision!r} in {self.location}: the repo has no commit yet")
@@ -224,6 +232,16 @@ class S3Store(Store):
                              hint="pass exist_ok=True, or pick the next version number")
 
     # ------------------------------------------------------------------------------------------ internals
+
+    def _check_writes(self) -> None:
+        """Once per store, before its first write: refuse a backend that ignores conditional writes (without
+        them the head's compare-and-swap and the write-once objects protect nothing)."""
+        with self._lock:
+            if self._writes_checked:
+                return
+        self.objects.check_conditional_writes()
+        with self._lock:
+            self._writes_checked = True
 
     def _resolve(self, revision: str | None) -> str | None:
         """A commit id for a revision (None/'main' → head, a commit id, or a tag); None for an empty repo."""

@@ -24,6 +24,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -231,11 +232,18 @@ class S3Bucket:
 
     def list(self, rel_prefix: str = "", *, max_keys: int = 1_000_000) -> list[tuple[str, int]]:
         """(key relative to the prefix, size) of every object whose key starts with ``rel_prefix``, sorted."""
-        def once() -> list[tuple[str, int]]:
+        return [(key, size) for key, size, _, _ in self.entries(rel_prefix, max_keys=max_keys)]
+
+    def entries(self, rel_prefix: str = "", *, max_keys: int = 1_000_000) -> list[tuple[str, int, str, float]]:
+        """(key relative to the prefix, size, etag, last modified as a Unix time) of every object whose key
+        starts with ``rel_prefix``, sorted."""
+        def once() -> list[tuple[str, int, str, float]]:
             out, pages = [], self.client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=self.bucket, Prefix=self.key(rel_prefix)):
                 for item in page.get("Contents", []):
-                    out.append((item["Key"][len(self.prefix):], int(item.get("Size", 0))))
+                    modified = item.get("LastModified")
+                    out.append((item["Key"][len(self.prefix):], int(item.get("Size", 0)), str(item.get("ETag", "")),
+                                modified.timestamp() if modified is not None else 0.0))
                 if len(out) > max_keys:
                     raise StoreError(f"{self.location}/{rel_prefix} holds more than {max_keys} objects",
                                      hint="use a fresh prefix for the run")
@@ -249,6 +257,44 @@ class S3Bucket:
         return self.call(f"sign an upload URL for {rel}", lambda: self.client.generate_presigned_url(
             "put_object", Params={"Bucket": self.bucket, "Key": self.key(rel), "IfNoneMatch": "*"},
             ExpiresIn=int(expires_s), HttpMethod="PUT"), retry=False)
+
+    def delete(self, rels: list[str]) -> None:
+        """Delete these objects (up to 1000 per request); objects already gone are fine."""
+        for i in range(0, len(rels), 1000):
+            batch = {"Objects": [{"Key": self.key(r)} for r in rels[i:i + 1000]], "Quiet": True}
+            resp = self.call(f"delete {len(batch['Objects'])} objects",
+                             lambda: self.client.delete_objects(Bucket=self.bucket, Delete=batch))
+            failed = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if failed:
+                raise StoreError(f"{self.location}: {len(failed)} objects could not be deleted (first: "
+                                 f"{failed[0].get('Key')}: {failed[0].get('Code')})",
+                                 hint="check that the credentials may delete objects (s3:DeleteObject)")
+
+    def check_conditional_writes(self) -> None:
+        """Refuse a backend that ignores ``If-None-Match: *``: write a fresh probe object twice with it; the
+        second write must answer 412. Without that, every write-once object and the compare-and-swap of a head
+        could be overwritten by a second writer or a retry (code ``no_conditional_writes``)."""
+        rel = f".hubgrpo-probe/{uuid.uuid4().hex}"
+        try:
+            try:
+                self.put(rel, b"probe 1", if_none_match=True)
+            except CommitConflict:
+                pass  # our own earlier try landed (a lost answer): the key is fresh
+            try:
+                self.put(rel, b"probe 2", if_none_match=True)
+            except CommitConflict:
+                return
+        finally:
+            try:
+                self.delete([rel])
+            except StoreError:
+                pass  # no delete permission: a 7-byte object stays behind
+        raise StoreError(
+            f"{self.location}: the object store ignores conditional writes (a second PUT with If-None-Match: * "
+            "did not answer 412): without compare-and-swap, two coordinators, a worker and a retry could "
+            "overwrite each other's objects", code="no_conditional_writes",
+            hint="use a store that supports conditional writes: AWS S3, MinIO (2024 or later), Cloudflare R2; or "
+                 "keep the run repo on the Hub and submissions in the run repo (leave hub.submissions unset)")
 
     # -- the bucket ------------------------------------------------------------------------------------------
     def bucket_exists(self) -> bool:

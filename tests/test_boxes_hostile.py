@@ -1,0 +1,131 @@
+"""Submission boxes on a real S3 server (moto, over HTTP, through a counting proxy) against hostile contents and a
+backend that does not keep its promises: junk records are read once, not at every scan; a backend that ignores
+conditional writes is refused before anything relies on it; upload URLs bound what they let a worker write; box
+objects of finished rounds are deleted like in-repo folders."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from hubgrpo import layout, runrepo
+from hubgrpo.coordinator.core import Coordinator
+from hubgrpo.coordinator.repo_init import init_repo
+from hubgrpo.errors import StoreError
+from hubgrpo.store.local import LocalStore
+from tests.coord_helpers import FakeClock, make_config, submission_record, write_adapter
+from tests.s3_faults import Fault, proxy  # noqa: F401  (a fixture)
+
+SECRET = b"test-secret"
+JUNK_MB = 8
+
+
+def _coordinator(tmp_path, box: str, clock=None, **overrides) -> Coordinator:
+    cfg = make_config(**{"hub.submissions": box, **overrides})
+    store = LocalStore(tmp_path / "repo")
+    clock = clock or FakeClock()
+    if not store.exists():
+        init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0), clock=clock)
+    return Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")
+
+
+def _gets(proxy, start: int) -> tuple[int, int]:
+    """(GET requests of box records, bytes they served) since ``proxy.answered[start]``."""
+    got = [n for m, path, status, n in proxy.answered[start:] if m == "GET" and "/submissions/" in path
+           and "list-type" not in path]
+    return len(got), sum(got)
+
+
+@pytest.mark.timeout(240)
+def test_junk_records_in_an_s3_box_are_downloaded_once_not_at_every_scan(tmp_path, s3_bucket_url, proxy,
+                                                                         monkeypatch):
+    from hubgrpo.store.boxes import open_box
+
+    box = f"{s3_bucket_url}/subs"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    c = _coordinator(tmp_path, box)
+    objects = open_box(box)
+    junk = (b"\x00not json" * (JUNK_MB << 17))[:JUNK_MB << 20]
+    for i in range(20):  # unreadable records of 8 MiB (the largest record a scan reads): 160 MiB
+        objects.put(layout.submission_path(0, f"junk{i}-l{i}", layout.SUBMISSION_FILE), junk)
+    foreign = c.lease("victim")  # records that claim another round's lease: ignored, never admitted
+    for i in range(2):
+        objects.put(layout.submission_path(0, f"thief{i}-x{i}", layout.SUBMISSION_FILE),
+                    submission_record(foreign).to_json())
+    objects.put(layout.submission_path(0, "huge-h1", layout.SUBMISSION_FILE), b"{" * ((JUNK_MB << 20) + 1))
+    per_scan = []
+    for _ in range(3):
+        start = len(proxy.answered)
+        for prepared in c.scan():
+            c.accept_quietly(prepared)
+        per_scan.append(_gets(proxy, start))
+    start = len(proxy.answered)
+    restarted = Coordinator(c.store, SECRET, clock=c.clock, workdir=tmp_path / "work2")  # its first scan
+    for prepared in restarted.scan():
+        restarted.accept_quietly(prepared)
+    after_restart = _gets(proxy, start)
+    print(f"GETs and bytes per scan: {per_scan}; a restarted coordinator, two scans: {after_restart}")
+    assert per_scan[0][0] == 22  # 20 junk + 2 foreign records, each read once
+    assert not [p for m, p, *_ in proxy.answered if m == "GET" and "huge-h1" in p]  # over 8 MiB: never fetched
+    assert per_scan[1:] == [(0, 0), (0, 0)]  # nothing downloaded twice
+    assert after_restart[0] <= 22 and after_restart == per_scan[0]  # at most once more after a restart
+
+
+@pytest.mark.timeout(120)
+def test_an_s3_box_that_ignores_conditional_writes_is_refused_at_start(tmp_path, s3_bucket_url, proxy, monkeypatch):
+    box = f"{s3_bucket_url}/subs"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    proxy.add(Fault("PUT", r"/subs/", strip_conditions=True, times=10**6))
+    with pytest.raises(StoreError) as err:
+        _coordinator(tmp_path, box)
+    assert err.value.code == "no_conditional_writes"
+    assert "If-None-Match" in err.value.message and "overwrite" in err.value.message
+    assert "MinIO" in err.value.hint or "AWS S3" in err.value.hint
+    assert not [p for m, p, *_ in proxy.answered if m == "PUT" and re.search(r"/subs/submissions/", p)]
+
+
+@pytest.mark.timeout(120)
+def test_an_s3_run_repo_on_a_backend_without_conditional_writes_is_refused(tmp_path, s3_bucket_url, proxy):
+    from hubgrpo.store.s3 import S3Store
+
+    direct = S3Store(f"{s3_bucket_url}/repo", cache_dir=tmp_path / "direct")
+    direct.create()
+    base = direct.commit({"a.txt": b"0"}, message="base")
+    proxy.add(Fault("PUT", r"/repo/", strip_conditions=True, times=10**6))
+    lying = S3Store(f"{s3_bucket_url}/repo", endpoint_url=proxy.url, cache_dir=tmp_path / "lying")
+    assert lying.read("a.txt") == b"0"  # reading needs no compare-and-swap
+    with pytest.raises(StoreError) as err:
+        lying.commit({"a.txt": b"1"}, message="would race", parent=base)
+    assert err.value.code == "no_conditional_writes" and "compare-and-swap" in err.value.message
+    assert direct.head() == base and direct.read("a.txt") == b"0"
+    with pytest.raises(StoreError):
+        lying.tag("v000001", base)
+    assert "v000001" not in direct.tags()
+
+
+@pytest.mark.timeout(120)
+def test_the_conditional_write_probe_runs_once_per_store(tmp_path, s3_bucket_url, proxy):
+    from hubgrpo.store.s3 import S3Store
+
+    store = S3Store(f"{s3_bucket_url}/repo", endpoint_url=proxy.url, cache_dir=tmp_path / "c")
+    store.create()
+    for i in range(3):
+        store.commit({"a.txt": str(i).encode()}, message=f"c{i}")
+    probes = [p for m, p, *_ in proxy.answered if m == "PUT" and "probe" in p]
+    assert len(probes) == 2  # two PUTs of one probe object, for three commits
+    assert not [k for k, _ in store.objects.list("") if "probe" in k]  # and it was deleted
+
+
+def _policy(fields: dict) -> dict:
+    import base64
+
+    return json.loads(base64.b64decode(fields["policy"]))
+
+
+def _post_fields(url: str) -> tuple[str, dict]:
+    from urllib.parse import parse_qsl
+
+    base, _, fragment = url.partition("#")
+    return base, dict(parse_qsl(fragment))
