@@ -135,12 +135,26 @@ def render_model_card(cfg: Config, *, title: str, reward_rows: list[dict], body:
     return str(ModelCard(content))
 
 
+VERIFIED = """\
+**Verified by the coordinator**, for every merged round: the adapter's files, keys, shapes, dtypes and finite
+values; each entry within what the lease's AdamW steps can move it; its update norm under `merge.max_norm_factor`×
+the median of recent rounds, and above `merge.min_norm_factor`× it (a round below that floor, such as an adapter
+sent back unchanged, is merged with weight 0 and earns no leaderboard credit); its rewards, recomputed from the
+completions it submitted with the run's own reward functions on the run's own prompts; its merge weight and its
+worker's identity, from the signed lease, never from what the worker reports.
+
+**Not verified:** that the leased model generated those completions, or that the update was trained on them. A
+participant can submit completions from elsewhere (the data set's answers score 1.0) with an update of plausible
+size. The training reward is the reward of what was submitted; the held-out reward (`hubgrpo evaluate`, recorded
+only by the run's evaluators) measures the model itself."""
+
+
 def run_card(cfg: Config, state: RunState) -> str:
     """The run repo's model card: a PEFT adapter card with the reward per version (training reward recomputed by
     the coordinator from the rounds' rollouts; held-out reward recorded by ``hubgrpo evaluate``)."""
     rows = [{"version": v.version, "reward": v.reward_mean, "held-out reward": v.eval_reward,
              "submissions": len(v.merged), "samples": v.samples, "residual": v.residual} for v in state.versions]
     body = (f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
-            f"{state.samples_total} completions, merge method `{cfg.merge.method}`.")
+            f"{state.samples_total} completions, merge method `{cfg.merge.method}`.\n\n" + VERIFIED)
     return render_model_card(cfg, title=f"{_v(cfg, 'project_name', cfg.project_name)} (hubgrpo run, version {state.version})",
                              reward_rows=rows, body=body)

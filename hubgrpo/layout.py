@@ -237,8 +237,9 @@ class WorkerStats(Record):
 
     worker: Text
     user: Text | None = None
-    accepted: Count = 0
+    accepted: Count = 0  # rounds merged with weight > 0 (credited)
     refused: Count = 0
+    uncredited: Count = 0  # rounds merged with weight 0: their update was below the norm floor
     samples: Count = 0
     reward_sum: Annotated[float, Field(ge=-1e15, le=1e15)] = 0.0
     reward_first: Num | None = None

@@ -15,7 +15,10 @@ network I/O:
 ``coordinator.refusal_flush_s`` for a merge. Submissions admitted during a merge stay pending for the next one.
 
 The merge weight of a submission is derived from its lease (completions per step × steps), discounted for
-staleness; nothing the worker reports decides it.
+staleness; nothing the worker reports decides it. A round whose update is below the norm floor (``credited``:
+``merge.min_norm_factor``; an unchanged adapter always is) is merged with weight 0 and earns no leaderboard
+credit: its recomputed reward proves only that its rewards match its completions, not that anyone trained. A
+version whose rounds all are below it repeats the previous adapter.
 """
 
 from __future__ import annotations
@@ -46,14 +49,15 @@ class MergePlan:
 
     version: int  # the version this merge produces
     global_: object
-    items: list
-    entries: list[MergedEntry]
+    items: list  # (adapter, base, weight) of the credited submissions, in the order of ``ids``
+    entries: list[MergedEntry]  # every submission merged, the uncredited ones with weight 0
     options: object
     momentum: object = None  # the tensors, or a function that reads them from the store (after a reload)
 
     fold: object = None  # an FfaFold of the submissions folded in before the quorum completed (ffa), or None
     raw_weights: dict = field(default_factory=dict)  # submission id → weight before normalisation
     start_version: int | None = None  # merge.eval_gate: the version this merge starts from instead of the last
+    ids: list = field(default_factory=list)  # submission id of each of ``items``
 
     def compute(self):
         """The merge itself (``hubgrpo.merge.merge``); safe to run without the coordinator's lock. With a fold,
@@ -63,9 +67,13 @@ class MergePlan:
         momentum = self.momentum() if callable(self.momentum) else self.momentum
         if callable(self.global_):  # a version to start from that is not cached: read it here, without the lock
             self.global_ = self.global_()
+        if not self.items:  # nothing credited: the version repeats the adapter (and the outer momentum)
+            from hubgrpo.merge import MergeResult
+
+            return MergeResult(self.global_, momentum, {"algorithm": "none", "update_norm": 0.0, "residual": 0.0})
         if self.fold is not None:
-            for (adapter, base, _), entry in zip(self.items, self.entries):
-                self.fold.add(entry.submission_id, adapter, base, self.raw_weights[entry.submission_id])
+            for (adapter, base, _), sub_id in zip(self.items, self.ids):
+                self.fold.add(sub_id, adapter, base, self.raw_weights[sub_id])
             result = self.fold.result(self.raw_weights, self.options, momentum)
             if result is not None:
                 return result
@@ -130,7 +138,7 @@ def plan_merge(c) -> MergePlan | None:
     from hubgrpo.merge import MergeOptions
 
     items, entries, discount, raw = _weighted_items(c)
-    if not items:
+    if not entries:
         return None
     m = c.cfg.merge
     outer_lr = m.outer_lr * (discount if m.staleness_scaling == "absolute" else 1.0)
@@ -147,7 +155,7 @@ def plan_merge(c) -> MergePlan | None:
     global_ = c._global() if start is None else (lambda: c._adapter(start))
     return MergePlan(version=c.state.version + 1, global_=global_, items=items, entries=entries, options=opts,
                      momentum=_momentum(c), fold=fold if start is None else None, raw_weights=raw,
-                     start_version=start)
+                     start_version=start, ids=list(raw))
 
 
 def foldable(c) -> bool:
@@ -185,11 +193,26 @@ def prefold(c, lock) -> int:
     return len(todo)
 
 
+def credited(c, p) -> bool:
+    """Whether pending submission ``p`` moved the adapter enough to earn merge weight and credit (``norm_floor``
+    from the per-step norms of recent credited rounds, scaled by its lease's learning rate)."""
+    from hubgrpo.coordinator.admit import MIN_NORM_HISTORY
+    from hubgrpo.merge.admission import below_floor, norm_floor
+    from hubgrpo.task.rollouts import lease_params
+
+    ratio = float(lease_params(c.cfg, p.sub.lease)["learning_rate"]) / c.cfg.params.learning_rate
+    floor = norm_floor(c.norm_history, c.cfg.merge.min_norm_factor, ratio, MIN_NORM_HISTORY)
+    return not below_floor(p.update_norm, p.steps, floor)
+
+
 def _raw_weight(c, p) -> float | None:
-    """A pending submission's merge weight before normalisation (None when it has grown too stale)."""
+    """A pending submission's merge weight before normalisation (None when it has grown too stale or earns no
+    weight: ``credited``)."""
     from hubgrpo.merge import staleness_weight
 
     m = c.cfg.merge
+    if not credited(c, p):
+        return None
     try:
         return staleness_weight(p.samples, c.state.version - p.sub.trained_base, m.staleness_decay,
                                 max(staleness_limit(c), p.staleness_limit))
@@ -198,9 +221,10 @@ def _raw_weight(c, p) -> float | None:
 
 
 def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
-    """(submission adapter, its base adapter, normalised weight) for each pending submission still fresh, the
-    samples-weighted mean staleness discount (1+τ)^(−decay) and the raw weights by id; the ones grown too stale
-    are refused and removed from the queue."""
+    """(submission adapter, its base adapter, normalised weight) for each credited pending submission still fresh,
+    every entry merged (the uncredited ones with weight 0: ``credited``), the samples-weighted mean staleness
+    discount (1+τ)^(−decay) of the credited ones and their raw weights by id; the ones grown too stale are refused
+    and removed from the queue."""
     from hubgrpo.merge import staleness_weight
 
     m, now, limit = c.cfg.merge, c.clock(), staleness_limit(c)
@@ -213,16 +237,18 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
             c.pending.pop(sub_id, None)
             c._refuse(sub_id, p.sub.worker, e, now, user=p.sub.lease.user)
             continue
-        raw.append((p.adapter, c._adapter(p.sub.trained_base), w))
+        w = w if credited(c, p) else 0.0
+        if w > 0:
+            raw.append((p.adapter, c._adapter(p.sub.trained_base), w))
         entries.append(MergedEntry(submission_id=sub_id, worker=p.sub.worker, user=p.sub.lease.user,
                                    base_version=p.sub.trained_base, staleness=tau, weight=w, samples=p.samples,
                                    reward_mean=p.reward_mean, update_norm=p.update_norm, steps=p.steps))
     total = sum(w for _, _, w in raw) or 1.0
     items = [(a, b, w / total) for a, b, w in raw]
-    raw_weights = {e.submission_id: e.weight for e in entries}
+    raw_weights = {e.submission_id: e.weight for e in entries if e.weight > 0}
     for e in entries:
         e.weight = e.weight / total
-    samples = sum(e.samples for e in entries) or 1
+    samples = sum(e.samples for e in entries if e.weight > 0) or 1
     return items, entries, total / samples, raw_weights
 
 
@@ -268,8 +294,8 @@ def _next_state(c, entries: list[MergedEntry], report: dict) -> RunState:
     now = c.clock()
     st = fork_state(c.state)
     st.version += 1
-    samples = sum(e.samples for e in entries)
-    reward = sum(e.weight * e.reward_mean for e in entries)
+    samples = sum(e.samples for e in entries if e.weight > 0)  # completions that moved the model
+    reward = sum(e.weight * e.reward_mean for e in entries) if samples else None  # the credited rounds' reward
     st.versions.append(VersionRecord(
         version=st.version, tag=layout.version_tag(st.version), created_at=now, method=c.cfg.merge.method,
         algorithm=report.get("algorithm"), residual=_num(report.get("residual")),
@@ -281,6 +307,10 @@ def _next_state(c, entries: list[MergedEntry], report: dict) -> RunState:
         key = c.worker_key(e.worker, e.user)
         ws = st.workers.get(key)
         ws = ws.model_copy() if ws is not None else layout.WorkerStats(worker=e.worker, user=e.user, first_seen=now)
+        if e.weight <= 0:  # merged with weight 0 (below the norm floor): no credit
+            ws.uncredited += 1
+            st.workers[key] = ws
+            continue
         ws.accepted += 1
         ws.samples += e.samples
         ws.reward_sum += e.reward_mean
@@ -382,6 +412,8 @@ def adopt(c, staged: Staged) -> bool:
     from hubgrpo.coordinator.admit import enters_history
 
     for e in state.versions[-1].merged:
+        if e.weight <= 0:  # uncredited rounds never set the bounds of later ones
+            continue
         per_step = None if e.update_norm is None else e.update_norm / max(1, e.steps or 1)
         if per_step is not None and enters_history(c.norm_history, per_step, c.cfg.merge.max_norm_factor):
             c.norm_history.append(per_step)

@@ -6,14 +6,18 @@ from hubgrpo.layout import RunState
 
 
 def leaderboard(state: RunState) -> list[dict]:
-    """One row per worker, best mean reward first."""
+    """One row per worker, ranked by what the coordinator verified rather than by reward: completions of its
+    rounds merged with weight (credited ``samples``, derived from the leases), then credited rounds, then fewer
+    refusals. ``mean_reward`` (the credited rounds' recomputed reward) is shown, never ranked on: a round of
+    completions copied from the data set scores 1.0 too. ``uncredited``: rounds merged with weight 0."""
     rows = []
     for w in list(state.workers.values()):  # copies: status runs unlocked
         mean = w.reward_sum / w.accepted if w.accepted else None
         gain = None if w.reward_first is None or w.reward_last is None else w.reward_last - w.reward_first
         rows.append({"worker": w.worker, "user": w.user, "accepted": w.accepted, "refused": w.refused,
-                     "samples": w.samples, "mean_reward": mean, "reward_gain": gain, "last_seen": w.last_seen})
-    rows.sort(key=lambda r: (r["mean_reward"] is None, -(r["mean_reward"] or 0.0)))
+                     "uncredited": w.uncredited, "samples": w.samples, "mean_reward": mean, "reward_gain": gain,
+                     "last_seen": w.last_seen})
+    rows.sort(key=lambda r: (-r["samples"], -r["accepted"], r["refused"], r["worker"], r["user"] or ""))
     return rows
 
 

@@ -289,6 +289,26 @@ def _check_norm(adapter, base, norm_limit: float) -> None:
                 hint="lower the learning rate or the number of steps per round")
 
 
+def norm_floor(history, factor: float | None, lr_ratio: float = 1.0, min_history: int = 3) -> float:
+    """The update norm per step below which a round moved the model too little to earn merge weight or credit:
+    ``factor`` × the median of ``history`` (the per-step norms of recent credited rounds) × ``lr_ratio`` (the
+    round's learning rate ÷ the run's peak, so a run-wide schedule does not put late honest rounds below it);
+    0.0 — only an exactly-zero update falls below — while the history is shorter than ``min_history`` or without
+    a factor. An AdamW step moves every entry with a non-zero gradient by about the learning rate, so an honest
+    round's per-step norm stays near the median; a round that trained nothing (the leased adapter sent back) has
+    norm 0."""
+    import statistics
+
+    if not factor or len(history) < min_history:
+        return 0.0
+    return factor * statistics.median(history) * max(0.0, lr_ratio)
+
+
+def below_floor(norm: float | None, steps: int, floor: float) -> bool:
+    """Whether a round's update (``norm`` over ``steps`` steps) is below ``floor`` per step, or zero."""
+    return norm is None or not norm > 0 or norm / max(1, steps) < floor
+
+
 def check_step_bound(adapter, base, bound: float, why: str = "") -> float:
     """Refuse (``out_of_bounds``) when any LoRA factor entry differs from ``base`` by more than ``bound``;
     returns the largest difference. Elementwise, so no single tensor can be scaled up, whatever the quorum."""

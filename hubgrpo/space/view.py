@@ -66,7 +66,7 @@ def commit_cell(store, sha: str | None) -> str:
 
 
 def leaderboard_rows(status: dict, now: float | None = None) -> list[list]:
-    """One row per worker (best mean reward first), columns ``LEADERBOARD_COLUMNS``."""
+    """One row per worker (ranked by credited samples: ``status.leaderboard``), columns ``LEADERBOARD_COLUMNS``."""
     return [[r["worker"], r.get("user") or "-", r["accepted"], r["refused"], r["samples"], _num(r["mean_reward"]),
              _num(r["reward_gain"]), ago(r.get("last_seen"), now)] for r in status.get("leaderboard", [])]
 
