@@ -280,6 +280,9 @@ class CoordinatorSection(_Section):
                                    "that were never submitted (a crashed worker, a lost answer).")
     refusal_flush_s: float = Field(120, gt=0, description="Refusals are written to state.json with the next "
                                    "merge, or on their own after this long without one.")
+    reward_timeout_s: float = Field(60, gt=0, le=86400, description="How long the run's non-built-in reward "
+                                    "functions may take to rescore one submitted round (in a child process, killed "
+                                    "after it): a round over it is refused (reward_timeout).")
     secret: SecretStr | None = Field(None, description="HMAC secret that signs leases; usually ${HUBGRPO_SECRET}.")
 
 

@@ -12,7 +12,10 @@ submission.json is ignored. No model is needed: a round's rewards take milliseco
 This proves that the rewards match the completions, not that the submitted adapter wrote them.
 
 The coordinator runs only reward code its operator allowed: built-ins, and ``module:function`` / ``file.py:function``
-names passed as ``allow_code`` (``--allow-reward``; a run repo's config alone never makes it import anything).
+names passed as ``allow_code`` (``--allow-reward``; a run repo's config alone never makes it import anything). It runs
+the allowed non-built-in functions in a child process, within ``coordinator.reward_timeout_s`` per round
+(``hubgrpo.task.reward_process``): a round whose completions keep them busy longer (a catastrophic regex) is refused
+(``reward_timeout``) and the child killed, while the other admissions go on.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from hubgrpo.errors import HubGrpoError, InvalidSubmission
+from hubgrpo.errors import HubGrpoError, InvalidSubmission, RewardError
 from hubgrpo.layout import ROLLOUTS_FILE, Lease, Rollouts
 from hubgrpo.task import rollouts as rl
 from hubgrpo.task.rewards import completion_text
@@ -51,9 +54,19 @@ class RewardCheck:
         with self._lock:
             if self._loaded is None:
                 from hubgrpo.task.data import PromptSource
+                from hubgrpo.task.reward_process import IsolatedReward, score
                 from hubgrpo.task.rewards import load_rewards
 
-                self._loaded = (load_rewards(self.cfg.rewards), PromptSource.from_config(self.cfg))
+                rewards = load_rewards(self.cfg.rewards, isolate=IsolatedReward)
+                far = [r for r in rewards if isinstance(r, IsolatedReward)]
+                try:  # imported once in a child now: an import error is the operator's, never a round's
+                    if far:
+                        score(far, [], self.cfg.coordinator.reward_timeout_s)
+                except TimeoutError as e:
+                    raise RewardError(f"importing the run's reward code: {e}",
+                                      hint="raise coordinator.reward_timeout_s, or import less at module level") \
+                        from None
+                self._loaded = (rewards, PromptSource.from_config(self.cfg))
             return self._loaded
 
     def check(self, lease: Lease, folder: Path) -> float:
@@ -62,12 +75,8 @@ class RewardCheck:
         data = rl.read(folder / ROLLOUTS_FILE, rl.size_limit(self.cfg, lease))
         rewards, source = self.loaded()
         check_shape(self.cfg, lease, data, [r.__name__ for r in rewards])
-        for b, batch in enumerate(data.batches):
-            try:
-                again = rl.score(rewards, source, batch.prompt_indices, completions_of(batch))
-            except HubGrpoError as e:  # a reward function failed on these completions
-                raise InvalidSubmission("reward_mismatch", f"batch {b}: {e.message[:300]}",
-                                        hint="submit the completions your round generated") from None
+        values = self.rescore(rewards, source, data)
+        for b, (batch, again) in enumerate(zip(data.batches, values)):
             for j, (said, real) in enumerate(zip(batch.rewards, again)):
                 for i, (x, y) in enumerate(zip(said, real)):
                     if not rl.same_reward(x, y):
@@ -76,6 +85,36 @@ class RewardCheck:
                             f"batch {b} is {x}, but its completion scores {y}",
                             hint="submit the rewards the run's reward functions give your completions")
         return rl.weighted_mean([r.weight for r in rewards], data.batches)
+
+    def rescore(self, rewards: list, source, data: Rollouts) -> list[list[list]]:
+        """``[batch][function][completion]`` recomputed: built-ins here, the others in one child process within
+        ``coordinator.reward_timeout_s`` (``InvalidSubmission``: ``reward_timeout`` past it, ``reward_mismatch``
+        when a function fails on these completions)."""
+        from hubgrpo.task.reward_process import IsolatedReward, score
+
+        inputs = [(*rl.reward_inputs(source, b.prompt_indices), completions_of(b)) for b in data.batches]
+        far = [j for j, r in enumerate(rewards) if isinstance(r, IsolatedReward)]
+        out: list[list] = [[None] * len(rewards) for _ in inputs]
+        batch = None
+        try:
+            for batch, (prompts, columns, completions) in enumerate(inputs):
+                for j, r in enumerate(rewards):
+                    if j not in far:
+                        out[batch][j] = r(prompts, completions, **columns)
+            batch = None  # the child names the batch itself
+            if far:
+                for b, row in enumerate(score([rewards[j] for j in far], inputs,
+                                              self.cfg.coordinator.reward_timeout_s)):
+                    for j, v in zip(far, row):
+                        out[b][j] = v
+        except HubGrpoError as e:  # a reward function failed on these completions
+            where = "" if batch is None else f"batch {batch}: "
+            raise InvalidSubmission("reward_mismatch", where + e.message[:300],
+                                    hint="submit the completions your round generated") from None
+        except TimeoutError as e:
+            raise InvalidSubmission("reward_timeout", str(e), hint="submit the completions your round generated; "
+                                    "the coordinator's operator may raise coordinator.reward_timeout_s") from None
+        return out
 
 
 def completions_of(batch) -> list:

@@ -324,17 +324,20 @@ def fill_kwargs(rc: RewardConfig, env: Mapping[str, str] | None = None) -> dict:
     return expand_env(dict(rc.kwargs), f"reward {rc.function} kwargs", {n: env[n] for n in allowed if n in env})
 
 
-def load_rewards(configs: Sequence[RewardConfig]) -> list[Reward]:
+def load_rewards(configs: Sequence[RewardConfig], *, isolate: Callable | None = None) -> list:
     """The checked, named reward functions of a config (names made unique for TRL's per-reward metrics), their
-    kwargs' placeholders filled (``fill_kwargs``)."""
+    kwargs' placeholders filled (``fill_kwargs``). With ``isolate``, a non-built-in function is not imported here:
+    ``isolate(spec, name=, weight=, kwargs=)`` stands for it (``reward_process.IsolatedReward``)."""
     out, seen = [], Counter()
     for rc in configs:
         kwargs = fill_kwargs(rc)
-        fn = load_function(rc.function)
         base = rc.function.removeprefix("builtin:").rpartition(":")[2]
         seen[base] += 1
-        out.append(Reward(fn, name=base if seen[base] == 1 else f"{base}_{seen[base]}", weight=rc.weight,
-                          kwargs=kwargs))
+        name = base if seen[base] == 1 else f"{base}_{seen[base]}"
+        if isolate is not None and not rc.function.startswith("builtin:"):
+            out.append(isolate(rc.function, name=name, weight=rc.weight, kwargs=kwargs))
+            continue
+        out.append(Reward(load_function(rc.function), name=name, weight=rc.weight, kwargs=kwargs))
     return out
 
 
