@@ -1,8 +1,8 @@
 """A fault-injecting HTTP proxy in front of the test S3 server: a real local server (127.0.0.1, a free port) that
 forwards every request unchanged, except the ones a ``Fault`` matches.
 
-A fault matches on the method and a regex searched in the request path; ``times`` says how many matching
-requests it hits (then it is spent). What it does:
+A fault matches on the method and a regex searched in the request path; it lets the first ``skip`` matching
+requests through, then ``times`` says how many it hits (then it is spent). What it does:
 
 - ``status``: answer that HTTP status with an S3 error body (``SlowDown`` for 503, ``PreconditionFailed`` for 412,
   ``ConditionalRequestConflict`` for 409) without forwarding: the write did not happen;
@@ -45,10 +45,16 @@ class Fault:
     before: Callable[[], None] | None = None
     strip_conditions: bool = False
     times: int = 1
+    skip: int = 0
     hits: int = field(default=0, init=False)
 
     def matches(self, method: str, path: str) -> bool:
-        return self.hits < self.times and method == self.method and re.search(self.path, path) is not None
+        if self.hits >= self.times or method != self.method or re.search(self.path, path) is None:
+            return False
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
 
 
 class FaultProxy:

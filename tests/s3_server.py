@@ -7,11 +7,19 @@ S3 makes a conditional write atomic (one wins; the other gets 412, or 409 Condit
 runs the same moto application but lets one request at a time into it, which gives that guarantee (and makes
 moto's in-memory backend safe for concurrent clients); it is otherwise moto's own server.
 
-Run as ``python tests/s3_server.py PORT``.
+moto accepts a presigned POST whatever its policy says (5.2: no ``content-length-range``, no expiry); S3 and MinIO
+refuse a file outside the range with 400 ``EntityTooLarge`` / ``EntityTooSmall``. ``bounded_posts`` adds that one
+check in front of moto (only that one: the policy's signature and expiry are still not checked), so that the
+coordinator's probe finds a backend that bounds uploads; ``S3Server(bounded_posts=False)`` serves moto as it is.
+
+Run as ``python tests/s3_server.py PORT [--moto-posts]``.
 """
 
 from __future__ import annotations
 
+import base64
+import io
+import json
 import logging
 import os
 import socket
@@ -23,12 +31,43 @@ import time
 from pathlib import Path
 
 
-def serve(port: int) -> None:
+def bounded_posts(app):
+    """WSGI middleware: a POST upload whose file is outside its policy's ``content-length-range`` gets S3's 400."""
+    from werkzeug.formparser import parse_form_data
+
+    def check(environ, start_response):
+        if environ["REQUEST_METHOD"] != "POST" or not environ.get("CONTENT_TYPE", "").startswith("multipart/"):
+            return app(environ, start_response)
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        parsed = dict(environ, **{"wsgi.input": io.BytesIO(body)})
+        _, form, files = parse_form_data(parsed)
+        size = len(files["file"].read()) if "file" in files else 0
+        try:
+            policy = json.loads(base64.b64decode(form.get("policy", "")))
+        except ValueError:
+            policy = {}
+        for cond in policy.get("conditions", []):
+            if isinstance(cond, list) and cond[:1] == ["content-length-range"] and not cond[1] <= size <= cond[2]:
+                code = "EntityTooLarge" if size > cond[2] else "EntityTooSmall"
+                answer = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>Your "
+                          f"proposed upload is outside the policy's content-length-range</Message></Error>").encode()
+                start_response("400 Bad Request", [("Content-Type", "application/xml"),
+                                                   ("Content-Length", str(len(answer)))])
+                return [answer]
+        environ["wsgi.input"] = io.BytesIO(body)
+        return app(environ, start_response)
+
+    return check
+
+
+def serve(port: int, posts_bounded: bool = True) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     app = DomainDispatcherApplication(create_backend_app)
+    if posts_bounded:
+        app = bounded_posts(app)
     one_at_a_time = threading.Lock()
 
     def serialised(environ, start_response):
@@ -41,8 +80,8 @@ def serve(port: int) -> None:
 class S3Server:
     """A moto S3 server in a child process; ``url`` is its endpoint (for ``AWS_ENDPOINT_URL``)."""
 
-    def __init__(self, startup_s: float = 60.0):
-        self.startup_s = startup_s
+    def __init__(self, startup_s: float = 60.0, bounded_posts: bool = True):
+        self.startup_s, self.bounded_posts = startup_s, bounded_posts
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
@@ -56,7 +95,8 @@ class S3Server:
             self.port = s.getsockname()[1]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.log = tempfile.TemporaryFile()  # moto logs every request: never a pipe nobody reads
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(self.port)], env=env,
+        args = [str(self.port)] + ([] if self.bounded_posts else ["--moto-posts"])
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args], env=env,
                                      stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
@@ -84,4 +124,4 @@ class S3Server:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), posts_bounded="--moto-posts" not in sys.argv[2:])

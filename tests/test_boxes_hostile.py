@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from hubgrpo import layout, runrepo
+from hubgrpo import layout
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import StoreError
@@ -118,6 +118,85 @@ def test_the_conditional_write_probe_runs_once_per_store(tmp_path, s3_bucket_url
     assert not [k for k, _ in store.objects.list("") if "probe" in k]  # and it was deleted
 
 
+@pytest.mark.timeout(240)
+def test_upload_urls_bound_what_a_worker_can_write(tmp_path, s3_bucket_url):
+    """Leases over HTTP carry presigned POST forms whose policy caps each file (content-length-range): a worker's
+    round goes in and is admitted, one byte over the cap is refused by the store (400 EntityTooLarge) and
+    nothing is written."""
+    import httpx
+
+    from hubgrpo.coordinator.admit import submission_limit
+    from hubgrpo.errors import StoreError as DeliveryError
+    from hubgrpo.space.api import serve
+    from hubgrpo.store.boxes import open_box
+    from hubgrpo.worker.client import CoordinatorClient
+    from hubgrpo.worker.delivery import deliver
+    from tests.test_submissions import _round
+
+    box = f"{s3_bucket_url}/subs"
+    c = _coordinator(tmp_path, box)
+    app, url = serve(c)
+    try:
+        client = CoordinatorClient(url, retries=1)
+        lease = client.lease("w0")
+        limit = submission_limit(c, lease)
+        caps = {}
+        for name, upload in lease.uploads.items():
+            base, fields = _post_fields(upload)
+            assert base.startswith("http://127.0.0.1:") and "key" in fields and "x-amz-signature" in fields
+            ranges = [cond for cond in _policy(fields)["conditions"] if isinstance(cond, list)
+                      and cond[0] == "content-length-range"]
+            assert len(ranges) == 1 and ranges[0][1] == 1
+            caps[name] = ranges[0][2]
+        assert caps[layout.ADAPTER_WEIGHTS] == limit and caps[layout.SUBMISSION_FILE] <= min(limit, 8 << 20)
+        base, fields = _post_fields(lease.uploads[layout.ADAPTER_WEIGHTS])
+        over = httpx.post(base, data=fields, files={"file": ("x", b"\0" * (limit + 1))})
+        assert over.status_code == 400 and "EntityTooLarge" in over.text
+        assert open_box(box).list(layout.SUBMISSIONS) == []  # nothing written
+        big = _round(c.store, lease, tmp_path, seed=1, mutate=lambda f: (f / layout.ROLLOUTS_FILE).write_bytes(
+            b"\0" * (limit + 1)))
+        with pytest.raises(DeliveryError) as err:
+            deliver(box, lease, big)
+        assert "larger than" in err.value.message and layout.ROLLOUTS_FILE in err.value.message
+        lease = client.lease("w1")
+        token = deliver(box, lease, _round(c.store, lease, tmp_path, seed=2))
+        assert client.submit(lease, token)["status"] == "admitted"
+    finally:
+        app.close()
+
+
+@pytest.fixture(scope="module")
+def moto_as_is():
+    """moto's own S3 server: presigned POST policies are not enforced there."""
+    from tests.s3_server import S3Server
+
+    server = S3Server(bounded_posts=False).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_backend_that_does_not_bound_posts_gets_write_once_put_urls(tmp_path, moto_as_is, monkeypatch, caplog):
+    """moto 5.2 ignores a POST policy's content-length-range (the probe's 2-byte file under a 1-byte cap is
+    stored): the coordinator then hands out presigned PUT URLs, write-once, and says why."""
+    import uuid
+
+    import httpx
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_as_is.url)
+    box = f"s3://test-{uuid.uuid4().hex[:20]}/subs"
+    with caplog.at_level("WARNING", logger="hubgrpo"):
+        c = _coordinator(tmp_path, box)
+    assert "content-length-range" in caplog.text
+    urls = c.with_uploads(c.lease("w0")).uploads
+    assert sorted(urls) == sorted(layout.SUBMISSION_FILES) and not any("#" in u for u in urls.values())
+    first = httpx.put(urls[layout.ADAPTER_WEIGHTS], content=b"once", headers={"If-None-Match": "*"})
+    again = httpx.put(urls[layout.ADAPTER_WEIGHTS], content=b"twice", headers={"If-None-Match": "*"})
+    assert first.status_code == 200 and again.status_code == 412
+
+
 def _policy(fields: dict) -> dict:
     import base64
 
@@ -129,3 +208,41 @@ def _post_fields(url: str) -> tuple[str, dict]:
 
     base, _, fragment = url.partition("#")
     return base, dict(parse_qsl(fragment))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["folder", "s3"])
+def test_box_objects_of_finished_rounds_are_deleted_like_repo_folders(tmp_path, kind, request):
+    """keep_submissions 1, max_staleness 1: after four versions the box holds only the round merged into the
+    current version; the refused round, the merged ones before it and a never-submitted folder are gone."""
+    from hubgrpo.store.boxes import open_box
+    from hubgrpo.errors import InvalidSubmission
+    from hubgrpo.worker.delivery import deliver
+    from tests.test_submissions import _round
+
+    box = str(tmp_path / "box") if kind == "folder" else f"{request.getfixturevalue('s3_bucket_url')}/subs"
+    c = _coordinator(tmp_path, box, **{"merge.quorum": 1, "coordinator.keep_submissions": 1,
+                                       "merge.max_staleness": 1})
+    objects = open_box(box)
+    objects.put(layout.submission_path(0, "crashed-c1", layout.ADAPTER_WEIGHTS), b"half a round")
+    merged = []
+    for i in range(4):
+        lease = c.lease(f"w{i}")
+        if i == 1:  # a refused round: its adapter is not the run's
+            bad = deliver(box, lease, _round(c.store, lease, tmp_path, seed=9, mutate=lambda f: (
+                f / layout.ADAPTER_CONFIG).write_text(json.dumps({"r": 99}))))
+            with pytest.raises(InvalidSubmission):
+                c.submit(lease, bad)
+            lease = c.lease(f"w{i}b")
+        token = deliver(box, lease, _round(c.store, lease, tmp_path, seed=i + 1))
+        assert c.submit(lease, token)["status"] == "merged"
+        merged.append(layout.submission_id(lease.worker, lease.lease_id))
+    assert c.state.version == 4
+    before = {layout.parse_submission_path(p)[1] for p, _ in objects.list(layout.SUBMISSIONS)}
+    assert len(before) == 6  # nothing deleted yet: 4 merged, 1 refused, 1 never submitted
+    c.scan()
+    left = {layout.parse_submission_path(p)[1] for p, _ in objects.list(layout.SUBMISSIONS)}
+    assert left == {merged[-1]}
+    assert len(objects.list(layout.SUBMISSIONS)) == len(layout.SUBMISSION_FILES)
+    if kind == "folder":
+        assert sorted(p.name for p in (tmp_path / "box" / layout.SUBMISSIONS).iterdir()) == ["000003"]

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import httpx
 import pytest
@@ -127,7 +128,8 @@ def test_uploads_through_the_space_go_to_the_box(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_s3_box_presigned_uploads_through_the_api(tmp_path, s3_bucket_url):
-    """Leases over HTTP carry presigned PUT URLs; plain HTTP PUTs deliver the round; the URLs write once."""
+    """Leases over HTTP carry presigned upload URLs (POST forms capped in size: tests/test_boxes_hostile.py);
+    plain HTTP delivers the round; a file over its cap is refused."""
     from hubgrpo.space.api import serve
     from hubgrpo.store.boxes import open_box
     from hubgrpo.worker.client import CoordinatorClient
@@ -139,7 +141,7 @@ def test_s3_box_presigned_uploads_through_the_api(tmp_path, s3_bucket_url):
         client = CoordinatorClient(url, retries=1)
         leases = [client.lease(f"w{i}") for i in range(2)]
         urls = leases[0].uploads
-        assert sorted(urls) == sorted(layout.SUBMISSION_FILES) and all("X-Amz-Signature=" in u for u in urls.values())
+        assert sorted(urls) == sorted(layout.SUBMISSION_FILES) and all("x-amz-signature=" in u for u in urls.values())
         assert all(os.environ["AWS_SECRET_ACCESS_KEY"] not in u for u in urls.values())
         assert "uploads" not in str(c.status()["leases"])
         renewed = client.heartbeat(leases[0])
@@ -150,8 +152,9 @@ def test_s3_box_presigned_uploads_through_the_api(tmp_path, s3_bucket_url):
             token = deliver(box, lease, folder)
             answers.append(client.submit(lease, token)["status"])
         assert answers == ["admitted", "admitted"]
-        r = httpx.put(urls[layout.ADAPTER_WEIGHTS], content=b"overwrite", headers={"If-None-Match": "*"})
-        assert r.status_code == 412  # a round's objects are written once
+        action, _, form = urls[layout.SUBMISSION_FILE].partition("#")
+        r = httpx.post(action, data=dict(parse_qsl(form)), files={"file": ("x", b"{" * ((8 << 20) + 1))})
+        assert r.status_code == 400 and "EntityTooLarge" in r.text  # the record's cap: 8 MiB
         listed = open_box(box).list(layout.SUBMISSIONS)
         assert len(listed) == 2 * len(layout.SUBMISSION_FILES) and store.list_files(layout.SUBMISSIONS) == []
     finally:

@@ -156,7 +156,7 @@ class Coordinator:
         """``lease`` with presigned upload URLs for its round when submissions go to an S3 box (``inbox``); local
         signing, but credentials may need refreshing: call it WITHOUT the server's lock. The URLs are not part of
         the lease's signature."""
-        urls = self.inbox.upload_urls(lease)
+        urls = self.inbox.upload_urls(lease, admit.submission_limit(self, lease))  # each file capped
         return lease.model_copy(update={"uploads": urls}) if urls else lease
 
     def heartbeat(self, lease: Lease) -> Lease:

@@ -101,7 +101,7 @@ class RepoInbox:
     def read_record(self, base: int, sub_id: str, revision: str | None) -> bytes:
         return self.store.read(layout.submission_path(base, sub_id, layout.SUBMISSION_FILE), revision)
 
-    def upload_urls(self, lease) -> dict[str, str]:
+    def upload_urls(self, lease, max_bytes: int) -> dict[str, str]:
         return {}
 
     def judged(self, base: int, sub_id: str) -> None:
@@ -231,15 +231,18 @@ class BoxInbox:
         self.pruned_at = state.version
         return len(gone)
 
-    def upload_urls(self, lease) -> dict[str, str]:
-        """Presigned PUT URLs for the lease's four keys (S3 boxes); {} when the box cannot sign (a folder) or
-        the coordinator has no credentials to sign with (workers then write with their own)."""
+    def upload_urls(self, lease, max_bytes: int) -> dict[str, str]:
+        """Presigned upload URLs for the lease's four keys (S3 boxes), each capped at ``max_bytes`` (the record at
+        ``RECORD_MAX``) where the store enforces caps (``S3Box.presign_upload``); {} when the box cannot sign (a
+        folder) or the coordinator has no credentials to sign with (workers then write with their own)."""
         if not self.box.can_presign:
             return {}
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
+        cap = int(max_bytes)
         try:
-            return {name: self.box.presign_put(layout.submission_path(lease.base_version, sub_id, name),
-                                               self.upload_ttl_s) for name in FILES}
+            return {name: self.box.presign_upload(layout.submission_path(lease.base_version, sub_id, name),
+                                                  min(cap, RECORD_MAX) if name == layout.SUBMISSION_FILE else cap,
+                                                  self.upload_ttl_s) for name in FILES}
         except StoreError as e:
             log.warning("cannot sign upload URLs for %s: %s", sub_id, e.message)
             return {}

@@ -6,7 +6,10 @@ commits, no history, no head to contend for, so a round costs no commit of the r
 - ``FolderBox``: a local folder (one machine, or a shared filesystem); an object is written to a temp file and
   linked into place, so it appears whole, once;
 - ``S3Box``: a bucket/prefix on an S3-compatible store (``hubgrpo.store.s3_bucket``): objects are PUT with
-  ``IfNoneMatch="*"``, and ``presign_put`` hands out URLs that let a worker without credentials PUT one key.
+  ``IfNoneMatch="*"``, and ``presign_upload`` hands out URLs that let a worker without credentials write one key,
+  at most so many bytes: a presigned POST form whose policy caps the size, on stores that enforce it (checked
+  once at start, ``ensure``); elsewhere a presigned write-once PUT, which cannot cap the size (the coordinator
+  still refuses an oversized object from its listed size, before reading it).
 
 Reading is for the coordinator, which trusts nothing in a box: ``list`` gives sizes before anything is read,
 ``fetch`` refuses an object that is not exactly the listed size (and never more than ``max_bytes``), a
@@ -15,6 +18,7 @@ Reading is for the coordinator, which trusts nothing in a box: ``list`` gives si
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -25,6 +29,7 @@ from pathlib import Path
 from hubgrpo.errors import CommitConflict, ConfigError, NotFound, StoreError
 from hubgrpo.store.base import check_path
 
+log = logging.getLogger("hubgrpo.store")
 _CHUNK = 1 << 20
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -156,6 +161,7 @@ class S3Box:
         bucket, prefix = parse_s3_url(url)
         self.objects = S3Bucket(bucket, prefix, endpoint_url=endpoint_url, timeout_s=timeout_s)
         self.location = self.objects.location
+        self.bounded = False  # the store enforces a POST policy's size range (``ensure`` checks)
 
     def __repr__(self) -> str:
         return f"S3Box({self.location!r})"
@@ -182,15 +188,26 @@ class S3Box:
     def delete(self, rels: list[str]) -> None:
         self.objects.delete([check_path(r) for r in rels])
 
-    def presign_put(self, rel: str, expires_s: int) -> str:
-        return self.objects.presign_put(check_path(rel), expires_s)
+    def presign_upload(self, rel: str, max_bytes: int, expires_s: int) -> str:
+        """A URL that lets its holder write ``rel``: a POST form capped at ``max_bytes`` where the store enforces
+        it (``bounded``), else a write-once PUT (``S3Bucket.presign_post`` / ``presign_put``)."""
+        rel = check_path(rel)
+        if self.bounded:
+            return self.objects.presign_post(rel, max_bytes, expires_s)
+        return self.objects.presign_put(rel, expires_s)
 
     def ensure(self) -> None:
-        """Create the bucket when it does not exist, and refuse a backend that ignores conditional writes (the
-        coordinator, at start-up: ``S3Bucket.check_conditional_writes``)."""
+        """At the coordinator's start: create the bucket when it does not exist, refuse a store that ignores
+        conditional writes (``S3Bucket.check_conditional_writes``), and find out whether upload URLs can cap
+        sizes (``S3Bucket.bounds_posts``)."""
         if not self.objects.bucket_exists():
             self.objects.create_bucket()
         self.objects.check_conditional_writes()
+        self.bounded = self.objects.bounds_posts()
+        if not self.bounded:
+            log.warning("%s does not enforce a POST policy's content-length-range: workers get presigned PUT URLs, "
+                        "which cannot cap what they upload (oversized objects are refused from their listed size, "
+                        "never read, and deleted with their round)", self.location)
 
 
 def _check_size(where: str, rel: str, size: int, max_bytes: int) -> None:

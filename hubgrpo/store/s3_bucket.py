@@ -27,6 +27,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Callable, TypeVar
+from urllib.parse import parse_qsl, urlencode
 
 from hubgrpo.errors import (AuthError, CommitConflict, ConfigError, NotFound, RepoBusy, StoreError,
                             StoreUnavailable)
@@ -295,6 +296,35 @@ class S3Bucket:
             "overwrite each other's objects", code="no_conditional_writes",
             hint="use a store that supports conditional writes: AWS S3, MinIO (2024 or later), Cloudflare R2; or "
                  "keep the run repo on the Hub and submissions in the run repo (leave hub.submissions unset)")
+
+    def presign_post(self, rel: str, max_bytes: int, expires_s: int) -> str:
+        """A presigned POST form that lets its holder upload ``rel`` of 1 to ``max_bytes`` bytes for ``expires_s``
+        seconds (the policy's ``content-length-range``: the store refuses a larger file with 400
+        ``EntityTooLarge``), as one URL: the form's action, then ``#`` and its fields, URL-encoded (a fragment
+        is never sent: ``hubgrpo.worker.delivery`` posts the fields and the file). Local computation."""
+        post = self.call(f"sign an upload form for {rel}", lambda: self.client.generate_presigned_post(
+            self.bucket, self.key(rel), Conditions=[["content-length-range", 1, int(max_bytes)]],
+            ExpiresIn=int(expires_s)), retry=False)
+        return f"{post['url']}#{urlencode(post['fields'])}"
+
+    def bounds_posts(self) -> bool:
+        """Whether the store enforces a POST policy's ``content-length-range``: a 2-byte probe under a 1-byte cap
+        must be refused with ``EntityTooLarge`` (moto accepts it; Cloudflare R2 has no POST uploads)."""
+        import httpx
+
+        rel = f".hubgrpo-probe/{uuid.uuid4().hex}"
+        url, _, fields = self.presign_post(rel, 1, 300).partition("#")
+        try:
+            resp = httpx.post(url, data=dict(parse_qsl(fields)), files={"file": ("probe", b"12")},
+                              timeout=self.timeout_s, follow_redirects=False)
+        except httpx.HTTPError:
+            return False
+        if resp.status_code < 300:
+            try:
+                self.delete([rel])
+            except StoreError:
+                pass
+        return resp.status_code == 400 and "EntityTooLarge" in resp.text
 
     # -- the bucket ------------------------------------------------------------------------------------------
     def bucket_exists(self) -> bool:

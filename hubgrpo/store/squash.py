@@ -35,6 +35,10 @@ def squash(store, *, message: str, head_tags: Sequence[str], rebuild: Mapping[st
         return _squash_local(store, message, head_tags, rebuild, drop)
     if isinstance(store, HubStore):
         return _squash_hub(store, message, head_tags, rebuild, drop)
+    if store.location.startswith("s3://"):  # hubgrpo.store.s3_gc: tags never move there
+        from hubgrpo.store.s3_gc import squash as squash_s3
+
+        return squash_s3(store, message=message, head_tags=head_tags, rebuild=rebuild, drop=drop)
     raise StoreError(f"{type(store).__name__} ({store.location}) cannot rewrite its history",
                      hint="hubgrpo gc works on local run folders and Hub repos")
 

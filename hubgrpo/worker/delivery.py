@@ -4,9 +4,11 @@ The four files go in the order the coordinator relies on (the adapter, its confi
 ``submission.json``: a round is present once its record is) and the worker then submits
 ``sha256:<hex of submission.json>``:
 
-- with presigned URLs in the lease (an S3 box): plain HTTP ``PUT`` of each file to its URL — no boto3 and no bucket
-  credentials on the worker. A 412 means the object is already there (our own earlier try whose answer was
-  lost: the URL lets its key be written once); 5xx, 429 and dropped connections are retried with bounded backoff;
+- with presigned URLs in the lease (an S3 box): plain HTTP — no boto3 and no bucket credentials on the worker. A
+  URL with a fragment is a presigned POST form (``S3Bucket.presign_post``: the form's action ``#`` its fields),
+  whose policy caps the file's size: the fields and the file are POSTed; a 400 ``EntityTooLarge`` is a round
+  larger than the run allows. Any other URL is a write-once PUT: a 412 means the object is already there (our
+  own earlier try whose answer was lost). 5xx, 429 and dropped connections are retried with bounded backoff;
   a 403 (the URL expired) is raised as ``AuthError`` for the loop to fetch fresh URLs with a heartbeat;
 - without (a local folder, or an S3 box the coordinator cannot sign for): the box itself, with this machine's
   access to it (``hubgrpo.store.boxes``).
@@ -19,6 +21,7 @@ import random
 import time
 from pathlib import Path
 from typing import Callable
+from urllib.parse import parse_qsl
 
 import httpx
 
@@ -54,17 +57,25 @@ def deliver(spec: str, lease: Lease, folder: Path, *, sleep: Callable[[float], N
 
 def _put(http: httpx.Client, url: str, path: Path, name: str, sleep: Callable[[float], None],
          tries: int = 6) -> None:
-    """One presigned PUT (``If-None-Match: *`` is part of its signature), retried while the store is busy."""
+    """One presigned upload (a POST form, or a PUT with ``If-None-Match: *`` in its signature), retried while the
+    store is busy."""
     data = path.read_bytes()
+    action, _, form = url.partition("#")
     last = ""
     for attempt in range(tries):
         try:
-            resp = http.put(url, content=data, headers={"If-None-Match": "*"})
-        except httpx.HTTPError as e:  # dropped, refused, timed out: the same PUT again is safe (write-once)
+            if form:  # a presigned POST form: the same POST again writes the same bytes
+                resp = http.post(action, data=dict(parse_qsl(form)), files={"file": (name, data)})
+            else:
+                resp = http.put(url, content=data, headers={"If-None-Match": "*"})
+        except httpx.HTTPError as e:  # dropped, refused, timed out: the same upload again is safe
             last = f"{type(e).__name__}: {e}"
         else:
             if resp.status_code in (200, 201, 204, 412):  # 412: already written by our earlier try
                 return
+            if resp.status_code == 400 and "EntityTooLarge" in resp.text:
+                raise StoreError(f"{name} is {len(data):,} bytes, larger than the run allows (the bucket refused "
+                                 "it)", code="too_large", hint="submit only the LoRA adapter at the run's rank")
             if resp.status_code in (401, 403):
                 raise AuthError(f"the upload URL for {name} was refused ({resp.status_code})",
                                 hint="it may have expired; a heartbeat brings fresh ones")
