@@ -164,7 +164,7 @@ def test_hostile_held_out_scores_are_refused_and_only_evaluators_record_them(tmp
         run.check_state_and_restart()
     finally:
         run.close()
-    names = {"tok-alice": "alice", "tok-bob": "bob"}
+    names = {"hf_test_tok_alice": "alice", "hf_test_tok_bob": "bob"}
 
     def whoami(token):
         if token not in names:
@@ -176,7 +176,8 @@ def test_hostile_held_out_scores_are_refused_and_only_evaluators_record_them(tmp
     coord = Coordinator(store, SECRET, workdir=tmp_path / "auth-coord")
     app, url = serve(coord, auth=HubAuth(["alice", "bob"], whoami=whoami, evaluators=["alice"]))
     try:
-        bob, alice = CoordinatorClient(url, token="tok-bob", retries=0), CoordinatorClient(url, token="tok-alice")
+        bob = CoordinatorClient(url, token="hf_test_tok_bob", retries=0)
+        alice = CoordinatorClient(url, token="hf_test_tok_alice")
         assert bob.lease("bob-box").user == "bob"  # bob may train …
         with pytest.raises(Refused) as e:
             bob.record_eval(0, 0.5, 4)  # … but not score

@@ -145,18 +145,19 @@ def test_rate_limit_token_bucket_with_injected_clock():
         limiter.check("bob")
     assert ei.value.code == "rate" and ei.value.wait_s == pytest.approx(20.0)
     hook = HubAuth(["bob"], whoami=lambda token: {"name": "bob", "orgs": []}, rate_limit_per_minute=2, clock=clock)
-    assert hook("t1") == hook("t1") == "bob" and hook.lookups == 1
+    assert hook("hf_test_bob_t1") == hook("hf_test_bob_t1") == "bob" and hook.lookups == 1
     with pytest.raises(Refused, match="calls per minute"):
-        hook("t1")
+        hook("hf_test_bob_t1")
 
 
 def test_token_sources_and_auth_off_for_a_local_repo(tmp_path):
-    bearer = SimpleNamespace(request=SimpleNamespace(headers={"authorization": "Bearer hf_x"}))
+    bearer = SimpleNamespace(request=SimpleNamespace(headers={"authorization": "Bearer hf_test_carol"}))
     oauth = SimpleNamespace(headers={}, session={"oauth_info": {"access_token": "hf_oauth"}})
-    assert request_token(bearer) == "hf_x" and request_token(oauth) == "hf_oauth" and request_token(None) is None
+    assert request_token(bearer) == "hf_test_carol" and request_token(oauth) == "hf_oauth"
+    assert request_token(None) is None
     calls = []
     hook = HubAuth(["team"], whoami=lambda t: calls.append(t) or {"name": "carol", "orgs": [{"name": "Team"}]})
-    assert hook(None, bearer) == "carol" and calls == ["hf_x"]  # admitted through her org (case-insensitive)
+    assert hook(None, bearer) == "carol" and calls == ["hf_test_carol"]  # admitted through her org (any case)
     store = LocalStore(tmp_path / "local")
     init_repo(store, make_config(), write_adapter(tmp_path / "v0", seed=0))
     coord = new_coordinator(store, tmp_path)
