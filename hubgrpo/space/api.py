@@ -18,20 +18,17 @@ at once; admission threads read and check the round and keep its verdict, which 
 ``gr.api`` ``submit`` waits for the verdict and answers it (synchronous, as gradio_client users expect).
 
 Thread safety lives here, not in the coordinator: one lock serialises ``lease``/``heartbeat``/``release``/
-admission/``tick``; ``status`` runs unlocked. No network I/O ever runs under the lock: an admission reads the
-submission from the store before taking it, merges commit without it, auth (``whoami``) runs before it, and the
-repo scan (``coord.scan_pass``, in its own thread) and the refusal flush take it only to update the state — a Hub answering 429
-with a long Retry-After delays a merge commit, never a heartbeat. A daemon thread (``hubgrpo.space.ticker``)
-calls ``coord.tick()`` every ``tick_interval`` seconds while the app runs (started by the app's startup event, so
-``blocks.launch()`` on a Space ticks too).
+admission/``tick``; ``status`` runs unlocked. No network I/O ever runs under the lock (store reads, merge commits,
+``whoami``, the repo scan and the refusal flush all run outside it): a Hub answering 429 delays a merge commit,
+never a heartbeat. A daemon thread (``hubgrpo.space.ticker``, started by the app's startup event, so
+``blocks.launch()`` on a Space ticks too) calls ``coord.tick()`` every ``tick_interval`` seconds.
 
-Merges run in that same thread, off the request path: an admission only admits (the answer says ``merge_due``)
-and wakes the thread, which plans the merge under the lock, computes it WITHOUT the lock and commits it under the
-lock again. A ``lease`` asked while a merge is due or running waits for it, up to
-``coordinator.lease_waits_for_merge_s`` (``merge_wait_s``) in all, so that a worker does not start a round on a
-version about to be replaced. A request holds a server thread for at most ``LEASE_HOLD_S`` of that wait; then it
-is answered with a ``merging`` refusal carrying a short ``wait_s`` and the worker loop asks again. Past the whole
-wait the worker gets the current version (with ``max_staleness: 0``: ``merging`` refusals until the merge is done).
+Merges run in that same thread, off the request path (``hubgrpo.space.ticker``). A ``lease`` asked while a merge is
+due or running waits for it, up to ``coordinator.lease_waits_for_merge_s`` in all, holding a server thread for at
+most ``LEASE_HOLD_S`` of it; then it is answered ``merging`` with a short ``wait_s`` and the worker asks again.
+
+Bodies are bounded and timed before anyone is known, on every route of the app (``hubgrpo.space.guard``, installed
+by ``build_app``); ``verdict`` checks the lease's signature, as ``heartbeat`` and ``submit`` do.
 
 The ``gr.api`` endpoints are registered with ``queue=False``, so that raw HTTP may use ``POST
 /gradio_api/run/<name>`` (one round trip), which Gradio serves even on Spaces (where ``api_open`` is off). See
@@ -58,6 +55,7 @@ from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, Le
 from hubgrpo import __version__  # noqa: E402
 from hubgrpo import layout  # noqa: E402
 from hubgrpo.layout import PROTOCOL_VERSION, Lease  # noqa: E402
+from hubgrpo.space import guard  # noqa: E402
 from hubgrpo.space.admissions import Admissions  # noqa: E402
 from hubgrpo.space.ticker import Ticker  # noqa: E402
 
@@ -321,6 +319,9 @@ class CoordinatorApi:
         duplicate, or the refusal), ``checking`` while it waits, ``unknown`` for a round never submitted here."""
         def run():
             parsed = self._owned_lease(lease, token, request)
+            precheck = getattr(self.coord, "precheck", None)
+            if precheck is not None:
+                precheck(parsed)  # the lease's signature, as for a heartbeat: no verdict for a forged lease
             return self.admissions.verdict(layout.submission_id(parsed.worker, parsed.lease_id))
         return self._guarded("verdict", token, run)
 
@@ -365,6 +366,7 @@ def build_app(coord: CoordinatorLike, *, tick_interval: float = 1.0, blocks: gr.
             gr.api(getattr(api, name), api_name=name, queue=queue, concurrency_limit=None,
                    api_description=getattr(api, name).__doc__)
     ticker = Ticker(api, blocks, tick_interval)
+    guard.install(blocks, auth)  # bodies bounded and timed before auth, on every route of the app it launches
     blocks.hubgrpo_endpoints = {name: getattr(api, name) for name in ENDPOINTS}
     blocks.hubgrpo_endpoints.update(submit=api.submit_queued, verdict=api.verdict)
 
@@ -383,7 +385,8 @@ def attach_routes(blocks: gr.Blocks) -> None:
 
     app = getattr(blocks, "server_app", None) or getattr(blocks, "app", None)
     if app is not None:
-        routes.attach(app, blocks.hubgrpo_endpoints, getattr(blocks, "hubgrpo_body_limits", None))
+        routes.attach(app, blocks.hubgrpo_endpoints, getattr(blocks, "hubgrpo_body_limits", None),
+                      blocks.hubgrpo_ticker.api.auth)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -396,7 +399,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def serve(coord: CoordinatorLike, host: str = "127.0.0.1", port: int = 0, *, tick_interval: float = 1.0,
           auth: AuthHook | None = None, blocks: gr.Blocks | None = None, queue: bool = False,
           **launch_kw: Any) -> tuple[gr.Blocks, str]:
-    """Build and launch the app without blocking; returns ``(app, url)``. ``port=0`` picks a free port.
+    """Build and launch the app without blocking; returns ``(app, url)``. ``port=0`` picks a free port. Without
+    ``auth`` only a loopback ``host`` is served (``guard.check_exposure``: ``ConfigError`` otherwise).
 
     Close it with ``app.close()`` (the tick thread then stops). Extra keyword arguments go to ``launch()``.
     """

@@ -30,7 +30,7 @@ import gradio as gr  # noqa: E402
 
 from hubgrpo.space import view  # noqa: E402
 from hubgrpo.space.api import AuthHook, attach_routes, build_app, free_port  # noqa: E402
-from hubgrpo.space.upload import UPLOAD_FILES, Uploads  # noqa: E402
+from hubgrpo.space.upload import UPLOAD_FILES, Uploads, upload_body_limit  # noqa: E402
 
 CSS = """
 .hg-head h1 {margin: 0 0 2px 0; font-size: 1.6rem;}
@@ -125,8 +125,9 @@ def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, 
 
     with blocks:
         gr.api(upload, api_name="upload", queue=False, concurrency_limit=None, api_description=upload.__doc__)
-    blocks.hubgrpo_endpoints["upload"] = upload  # on the plain routes too, with a body fit for a submission:
-    blocks.hubgrpo_body_limits = {"upload": int(coord.cfg.merge.max_submission_mb * 2**20) * 4 // 3 + (1 << 20)}
+    blocks.hubgrpo_endpoints["upload"] = upload  # on the plain routes too, with a body fit for one round:
+    blocks.hubgrpo_body_limits = {"upload": upload_body_limit(coord)}  # the global adapter + rollouts, base64
+    blocks.hubgrpo_guard.upload_limit = blocks.hubgrpo_body_limits["upload"]  # Gradio's routes alike
     blocks.hubgrpo_uploads = uploads
     return blocks
 
@@ -134,7 +135,8 @@ def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, 
 def serve_space(coord, host: str = "127.0.0.1", port: int = 0, *, auth: AuthHook | None = None,
                 refresh_s: float = 5.0, tick_interval: float = 1.0, batch_size: int = 8, batch_wait_s: float = 5.0,
                 **launch_kw: Any) -> tuple[gr.Blocks, str]:
-    """Build and launch the Space app without blocking; returns ``(app, url)``. ``port=0`` picks a free port."""
+    """Build and launch the Space app without blocking; returns ``(app, url)``. ``port=0`` picks a free port.
+    Without ``auth`` only a loopback ``host`` is served (``hubgrpo.space.guard.check_exposure``: ``ConfigError``)."""
     app = build_space(coord, auth=auth, refresh_s=refresh_s, tick_interval=tick_interval, batch_size=batch_size,
                       batch_wait_s=batch_wait_s)
     launch_kw = {"prevent_thread_lock": True, "quiet": True, **launch_kwargs(), **launch_kw}

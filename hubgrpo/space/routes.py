@@ -9,14 +9,19 @@ they are (one Space still; gradio_client users see no change).
 One difference from the ``gr.api`` endpoints: ``submit`` answers ``checking`` at once and the check runs in the
 background (``hubgrpo.space.admissions``; ``verdict`` tells how it went).
 
-Everything a caller sends is hostile until checked. Before an endpoint function runs, the body must be at most
-``MAX_BODY`` bytes (``upload``, which carries a base64 submission: the limit its app sets, and at most
-``UPLOADS_AT_ONCE`` of them read at once), strict JSON (no NaN/Infinity, no number out of float range or longer
-than ``MAX_NUMBER`` digits, nesting at most ``MAX_DEPTH`` deep, no lone surrogates) of the form ``{"data": [...]}``,
-and its arguments must fit the endpoint's signature: their count, and the JSON type each parameter is annotated
-with (``str``, ``int``, ``float``, ``dict``, optionally ``| None``). Anything else is answered 400/404/413 with an
-envelope naming the problem; the endpoint functions themselves answer envelopes and never raise. Auth is theirs,
-exactly as on the ``gr.api`` endpoints: the ``token`` argument, else the ``Authorization: Bearer`` header. Nothing
+Everything a caller sends is hostile until checked. In front of every route of the app, ``hubgrpo.space.guard``
+bounds bodies before anyone is known (64 KiB), times them, and gives the run's users their upload slots. Here,
+before an endpoint function runs: the body must be ``application/json`` (415 otherwise: no HTML form and no
+``text/plain`` "simple request" of another site can carry a browser's cookie here); on a coordinator with auth, a
+mutating endpoint (``MUTATING``) must come with a token in the ``Authorization: Bearer`` header that names a user
+of the run, checked BEFORE the body is read (401 / 429 otherwise; the ``token`` argument of gradio_client users
+is still accepted on Gradio's routes, and the endpoint functions check the caller again); the body must be at most
+``MAX_BODY`` bytes (``status``, which anyone may call: ``guard.PRE_AUTH_BODY``; ``upload``: the limit its app
+derives from the run), strict JSON (no NaN/Infinity, no number out of float range or longer than ``MAX_NUMBER``
+digits, nesting at most ``MAX_DEPTH`` deep, no lone surrogates) of the form ``{"data": [...]}``, and its
+arguments must fit the endpoint's signature: their count, and the JSON type each parameter is annotated with
+(``str``, ``int``, ``float``, ``dict``, optionally ``| None``). Anything else is answered 400/401/404/413/415/429
+with an envelope naming the problem; the endpoint functions themselves answer envelopes and never raise. Nothing
 here logs a body or a header.
 
 The endpoint functions run on a thread pool of their own (``THREADS``): a lease waiting for a merge holds one
@@ -33,10 +38,10 @@ from typing import Any, Callable
 
 PREFIX = "/hubgrpo/api"
 MAX_BODY = 1 << 20  # a lease, a commit id, a token: far below this
+MUTATING = frozenset({"lease", "heartbeat", "release", "submit", "verdict", "record_eval", "upload"})
 MAX_DEPTH = 32  # a lease is 3 levels deep
 MAX_NUMBER = 40  # characters of one JSON number
 THREADS = 64  # endpoint calls running at once (each mostly waits: for the API lock, or a lease for a merge)
-UPLOADS_AT_ONCE = 4  # upload bodies (megabytes each) held in memory at once
 
 
 class BadRequest(Exception):
@@ -162,17 +167,25 @@ def signature_check(name: str, fn: Callable) -> Callable[[list], None]:
 # ------------------------------------------------------------------------------------------------ the route
 
 
-def make_route(endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None) -> Callable:
+def make_route(endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None,
+               auth: Any = None) -> Callable:
     """The Starlette endpoint serving ``endpoints`` (name → function answering an envelope); ``limits``: body
-    limits of endpoints allowed more than ``MAX_BODY`` (read ``UPLOADS_AT_ONCE`` at a time)."""
+    limits other than ``MAX_BODY``; ``auth``: the app's auth hook (its ``identify`` checks the header)."""
     import anyio
     from starlette.responses import Response
 
-    threads, big = anyio.CapacityLimiter(THREADS), anyio.CapacityLimiter(UPLOADS_AT_ONCE)
+    from hubgrpo.space.guard import PRE_AUTH_BODY
+
+    threads = anyio.CapacityLimiter(THREADS)
     checks = {name: signature_check(name, fn) for name, fn in endpoints.items()}
-    limits = dict(limits or {})
+    limits = {"status": PRE_AUTH_BODY, **(limits or {})}
+    identify = getattr(auth, "identify", None)
 
     async def handle(name: str, request: Any) -> Any:
+        if identify is not None and name in MUTATING:
+            refusal = await authenticate(identify, request, threads)
+            if refusal is not None:
+                return refusal
         args = parse_arguments(await read_body(request, limits.get(name, MAX_BODY)))
         checks[name](args)
         answer = await anyio.to_thread.run_sync(lambda: endpoints[name](*args, request=request), limiter=threads)
@@ -189,10 +202,11 @@ def make_route(endpoints: dict[str, Callable[..., dict]], limits: dict[str, int]
         if name not in endpoints:
             return envelope_error(404, f"no endpoint {name[:60]!r} here (endpoints: {', '.join(sorted(endpoints))})",
                                   "client and coordinator versions may differ")
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":
+            return envelope_error(415, f"{name}: the body must be application/json, not {media[:60] or 'untyped'}",
+                                  "send the JSON body {\"data\": [arguments…]} with Content-Type: application/json")
         try:
-            if name in limits:
-                async with big:
-                    return await handle(name, request)
             return await handle(name, request)
         except BadRequest as e:
             return envelope_error(e.status, f"{name}: {e.message}", e.hint)
@@ -200,11 +214,33 @@ def make_route(endpoints: dict[str, Callable[..., dict]], limits: dict[str, int]
     return route
 
 
-def attach(app: Any, endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None) -> None:
+async def authenticate(identify: Callable, request: Any, threads: Any) -> Any:
+    """None when the ``Authorization: Bearer`` header names a user of the run (``HubAuth.identify``, a lookup on
+    a cache miss: in a thread); else the refusal to answer (401 / 429 / 503), before any body is read."""
+    import anyio
+
+    from hubgrpo.errors import HubGrpoError
+    from hubgrpo.space.auth import request_token
+
+    try:
+        await anyio.to_thread.run_sync(identify, request_token(request), request, limiter=threads)
+        return None
+    except HubGrpoError as e:
+        from starlette.responses import JSONResponse
+
+        status = {"auth": 401, "rate": 429}.get(e.code, 503)
+        error = e.to_dict()
+        if getattr(e, "wait_s", None) is not None:
+            error["wait_s"] = round(float(e.wait_s), 2)
+        return JSONResponse({"ok": False, "error": error}, status_code=status)
+
+
+def attach(app: Any, endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None,
+           auth: Any = None) -> None:
     """Add ``POST {PREFIX}/{name}`` to the Starlette/FastAPI ``app`` (once; later calls add nothing)."""
     from starlette.routing import Route
 
     if getattr(app, "hubgrpo_routes", False):
         return
-    app.router.routes.insert(0, Route(PREFIX + "/{name}", make_route(endpoints, limits), methods=["POST"]))
+    app.router.routes.insert(0, Route(PREFIX + "/{name}", make_route(endpoints, limits, auth), methods=["POST"]))
     app.hubgrpo_routes = True

@@ -4,7 +4,8 @@ A worker calls the ``upload`` endpoint with its lease and its submission folder 
 (``CoordinatorClient.upload``). The coordinator then
 
 1. checks the lease (signature, run, deadline, staleness) and the upload (only ``adapter_model.safetensors``,
-   ``adapter_config.json``, ``rollouts.json.gz`` and ``submission.json``; at most ``merge.max_submission_mb`` decoded) and runs every
+   ``adapter_config.json``, ``rollouts.json.gz`` and ``submission.json``; at most what a round of the run can weigh
+   decoded, ``round_bytes``: the global adapter's size and the rollouts limit) and runs every
    ``hubgrpo.merge.admission`` check and the submission-record check on a temporary copy — BEFORE anything is
    committed, so junk never reaches the repo (a refusal is recorded like any other, with its reason);
 2. queues it in a ``SubmissionBatcher``, which commits every queued submission in ONE commit (no parent:
@@ -198,8 +199,8 @@ def decode_files(files, limit_bytes: int, dest: Path) -> Path:
             raise InvalidSubmission("bad_upload", f"{name} is not a base64 string")
     encoded = sum(len(v) for v in files.values())
     if encoded * 3 // 4 > limit_bytes:
-        raise InvalidSubmission("too_large", f"the upload holds about {encoded * 3 // 4:,} bytes, more than the "
-                                f"limit of {limit_bytes:,} (merge.max_submission_mb)",
+        raise InvalidSubmission("too_large", f"the upload holds about {encoded * 3 // 4:,} bytes, more than a "
+                                f"round of this run can weigh ({limit_bytes:,})",
                                 hint="submit only the LoRA adapter at the run's rank")
     dest.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
@@ -208,6 +209,29 @@ def decode_files(files, limit_bytes: int, dest: Path) -> Path:
         except (binascii.Error, ValueError):
             raise InvalidSubmission("bad_upload", f"{name} is not valid base64", hint="encode with base64.b64encode")
     return dest
+
+
+def round_bytes(coord) -> int:
+    """The most a round of this run can weigh: a submission of the global adapter's size (at most
+    ``merge.max_submission_mb``) plus the largest rollouts file a lease can ask for (``params.balance_rounds``
+    leases up to 4 × ``steps_per_round`` steps), with 1 % for gzip's overhead on what does not compress."""
+    from types import SimpleNamespace
+
+    from hubgrpo.merge.admission import max_submission_bytes
+    from hubgrpo.task.rollouts import size_limit
+
+    cfg = coord.cfg
+    files = int(cfg.merge.max_submission_mb * 2**20)
+    global_ = getattr(coord, "_global", None)
+    if global_ is not None:
+        files = min(files, max_submission_bytes(global_()))
+    longest = SimpleNamespace(steps=4 * cfg.params.steps_per_round, params={})
+    return files + size_limit(cfg, longest) * 101 // 100
+
+
+def upload_body_limit(coord) -> int:
+    """The largest ``upload`` request body: a round (``round_bytes``) in base64, and 1 MiB for the lease and JSON."""
+    return -(-round_bytes(coord) // 3) * 4 + (1 << 20)
 
 
 class Uploads:
@@ -229,7 +253,7 @@ class Uploads:
         with self.lock:
             if not c.upload_precheck(lease):
                 return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
-            limit = int(c.cfg.merge.max_submission_mb * 2**20)
+        limit = round_bytes(c)
         folder = self.workdir / f"{sub_id}-{time.monotonic_ns()}"
         try:
             self._check(lease, files, limit, folder)
