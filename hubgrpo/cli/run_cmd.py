@@ -52,18 +52,23 @@ def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
                 allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP + " The coordinator "
                                                        "recomputes every round's rewards with them."),
                 verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
-    """Serve the coordinator API (lease, heartbeat, release, submit, status, record_eval) for a run repo."""
+    """Serve the coordinator API (lease, heartbeat, release, submit, status, record_eval) for a run repo: open on
+    a loopback address (a trusted local run); elsewhere only with auth (coordinator.allowed_users, default the Hub
+    repo's owner), like `hubgrpo space`."""
     import time
 
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.cli.embedded import coordinator_secret
     from hubgrpo.space.api import serve
+    from hubgrpo.space.auth import make_auth
+    from hubgrpo.space.guard import is_loopback
 
     _logging(verbose)
     store = _store(repo)
     coord = Coordinator(store, coordinator_secret(store), allow_code=allow_reward)
-    app, url = serve(coord, host=host, port=port)
-    typer.echo(f"coordinator for {store.location} at {url}")
+    auth = None if is_loopback(host) else make_auth(coord)
+    app, url = serve(coord, host=host, port=port, auth=auth)  # refuses a non-loopback host without auth
+    typer.echo(f"coordinator for {store.location} at {url}" + ("" if auth is None else " (auth on)"))
     try:
         while True:
             time.sleep(3600)

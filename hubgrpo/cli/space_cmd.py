@@ -2,8 +2,9 @@
 
 ``hubgrpo space --repo REPO`` is ``hubgrpo coordinator`` plus the page (leaderboard, reward curves, versions,
 leases, refusals, config) and the ``upload`` endpoint; it authenticates workers (``hubgrpo.space.auth``) unless the run
-repo is local with no ``coordinator.allowed_users``. ``hubgrpo coordinator`` stays the UI-less, auth-less API
-server for trusted local runs (``hubgrpo run`` uses the same code path).
+repo has no Hub owner (a local folder, S3) and no ``coordinator.allowed_users`` — then it serves a loopback address
+only. ``hubgrpo coordinator`` is the UI-less API server: open on loopback for trusted local runs (``hubgrpo run``
+uses the same code path), authenticated like the Space on any other address.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def space(ctx: typer.Context,
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.cli.embedded import coordinator_secret
     from hubgrpo.space.app import serve_space
+    from hubgrpo.space.guard import check_exposure
     from hubgrpo.store import open_store
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -56,6 +58,7 @@ def space(ctx: typer.Context,
     store = open_store(repo, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"))
     coord = Coordinator(store, coordinator_secret(store), allow_code=allow_reward)
     auth = make_auth(coord)
+    check_exposure(host, auth)  # no Hub owner and no coordinator.allowed_users: loopback only
     app, url = serve_space(coord, host=host, port=port, auth=auth, refresh_s=refresh_s, batch_size=batch_size,
                            batch_wait_s=batch_wait_s)
     typer.echo(f"coordinator + UI for {store.location} at {url} (auth {'on' if auth else 'OFF'})")
