@@ -7,6 +7,14 @@ mapped onto this tree only in ``hubgrpo.store.hub``.
 
 from __future__ import annotations
 
+import math
+import re
+
+MAX_WAIT_S = 3600.0  # the longest a worker sleeps on a coordinator's word (a refusal's wait_s or hint, a 429)
+MAX_ERROR_TEXT = 2000  # characters kept of a message or hint that came over the wire
+MAX_CODE = 64  # characters kept of an error code that came over the wire
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # all but newline: no terminal escapes from a server
+
 
 class HubGrpoError(Exception):
     """Base class. ``hint`` tells the user what to do; ``code`` is a stable machine-readable reason."""
@@ -150,12 +158,40 @@ _BY_NAME = {cls.__name__: cls for cls in [
 ]}
 
 
-def from_dict(d: dict) -> HubGrpoError:
-    """Rebuild an error sent over the coordinator API by ``HubGrpoError.to_dict``."""
-    cls = _BY_NAME.get(d.get("error", ""), HubGrpoError)
-    msg, hint, code = d.get("message", "unknown error"), d.get("hint"), d.get("code")
+def wait_seconds(value: object, default: float) -> float:
+    """A wait someone else suggested, as seconds in [0, MAX_WAIT_S]; ``default`` for anything that is not a
+    finite number (a string, NaN, a list...). Every sleep fed by a coordinator's number goes through here."""
+    try:
+        wait = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return min(max(float(default), 0.0), MAX_WAIT_S)
+    if math.isnan(wait):
+        return min(max(float(default), 0.0), MAX_WAIT_S)
+    return min(max(wait, 0.0), MAX_WAIT_S)
+
+
+def wire_text(value: object, limit: int = MAX_ERROR_TEXT) -> str:
+    """A string that came over the wire, made safe to show: a string (else ''), control characters but newlines
+    replaced, at most ``limit`` characters."""
+    if not isinstance(value, str):
+        return ""
+    text = _CONTROL.sub("?", value[:limit + 1])
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def from_dict(d: object) -> HubGrpoError:
+    """Rebuild an error sent over the coordinator API by ``HubGrpoError.to_dict``. The sender is not trusted:
+    whatever ``d`` is, this returns an error (unknown classes become ``HubGrpoError``), with its message and hint
+    cut to ``MAX_ERROR_TEXT``, its code to ``MAX_CODE`` and a ``wait_s`` within [0, MAX_WAIT_S]."""
+    if not isinstance(d, dict):
+        d = {"message": f"a malformed error from the coordinator: {str(d)[:200]}"}
+    name = d.get("error")
+    cls = _BY_NAME.get(name, HubGrpoError) if isinstance(name, str) else HubGrpoError
+    msg = wire_text(d.get("message")) or "unknown error"
+    hint = wire_text(d.get("hint")) or None
+    code = wire_text(d.get("code"), MAX_CODE) or None
     if cls in (InvalidSubmission, Refused):
         return cls(code or "refused", msg, hint=hint)
     if cls is RateLimited:
-        return RateLimited(msg, wait_s=float(d.get("wait_s", 60.0)), hint=hint)
+        return RateLimited(msg, wait_s=wait_seconds(d.get("wait_s"), 60.0), hint=hint)
     return cls(msg, hint=hint, code=code)

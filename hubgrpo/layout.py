@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hubgrpo.errors import InvalidSubmission
+from hubgrpo.errors import InvalidPath, InvalidSubmission
 
 SCHEMA_VERSION = 1
 # The wire protocol between workers and coordinators; a lease request carries it and a coordinator refuses any other
@@ -54,6 +54,8 @@ SUBMISSION_FILES = (*ADAPTER_FILES, ROLLOUTS_FILE, SUBMISSION_FILE)  # what a wo
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TAG = re.compile(r"v(\d{6,})")
+_SHA = re.compile(r"[0-9a-f]{40}")
+_COMMIT_TAG = re.compile(r"v\d{6,10}")  # a version tag as a revision (versions stop at 10**9)
 _SUB = re.compile(r"submissions/(\d{6,})/([A-Za-z0-9][A-Za-z0-9._-]{0,160})/([^/]+)")
 
 
@@ -105,6 +107,32 @@ class Lease(Record):
     # file name → presigned PUT URL when hub.submissions is an S3 box (not signed by the coordinator: the URLs
     # carry the bucket's own signature); never written to submission.json
     uploads: dict[Text, Annotated[str, Field(max_length=8192)]] = Field(default_factory=dict, max_length=8)
+
+    # A coordinator is only a URL a participant was given: what becomes a folder, a file name or a revision on
+    # the worker (adapters/<base_sha>, rounds/<worker>-<lease_id>) or a request target is checked here.
+    @field_validator("base_sha")
+    @classmethod
+    def _commit_id(cls, value: str) -> str:
+        if not is_commit_id(value):
+            raise ValueError(f"{value[:80]!r} is not a commit id (40 lowercase hex digits, or a tag vNNNNNN)")
+        return value
+
+    @field_validator("lease_id", "worker", "run_id")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not is_name(value):
+            raise ValueError(f"{value[:80]!r} is not a name (1-64 letters, digits, '.', '_', '-'; no '..')")
+        return value
+
+    @field_validator("uploads")
+    @classmethod
+    def _upload_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            if name not in SUBMISSION_FILES:
+                raise ValueError(f"{name[:80]!r} is not a submission file ({', '.join(SUBMISSION_FILES)})")
+            if not url.startswith(("https://", "http://")):
+                raise ValueError(f"the upload URL for {name} is not http(s): {url[:40]!r}")
+        return value
 
 
 class StepMetrics(Record):
@@ -269,12 +297,33 @@ class RunState(Record):
 # ------------------------------------------------------------------------------------------------ paths
 
 
+def is_name(name: object) -> bool:
+    """Whether ``name`` is safe as one path segment: 1-64 of [A-Za-z0-9._-], not starting with '.', '_' or '-',
+    no '..'."""
+    return isinstance(name, str) and bool(_NAME.fullmatch(name)) and ".." not in name
+
+
 def check_name(name: str, what: str = "worker name") -> str:
     """Worker names and lease ids become path segments: refuse anything but [A-Za-z0-9._-]."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
-        raise InvalidSubmission("bad_name", f"{what} {name!r} is not allowed",
+    if not is_name(name):
+        raise InvalidSubmission("bad_name", f"{what} {str(name)[:80]!r} is not allowed",
                                 hint="use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
     return name
+
+
+def is_commit_id(revision: object) -> bool:
+    """Whether ``revision`` is a commit sha (40 lowercase hex digits) or a version tag (vNNNNNN): the only
+    revisions that may name a folder (``runrepo.adapter_at``) or come from a coordinator."""
+    return isinstance(revision, str) and bool(_SHA.fullmatch(revision) or _COMMIT_TAG.fullmatch(revision))
+
+
+def check_commit_id(revision: object, what: str = "revision") -> str:
+    """``revision`` if it is a commit id (``is_commit_id``), else ``InvalidPath`` naming it."""
+    if not is_commit_id(revision):
+        raise InvalidPath(f"{what} {str(revision)[:80]!r} is not a commit id",
+                          hint="a commit id is a sha of 40 lowercase hex digits or a version tag such as v000003; "
+                               "a coordinator that sends anything else is broken or hostile")
+    return revision
 
 
 def version_tag(version: int) -> str:

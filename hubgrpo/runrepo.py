@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hubgrpo import layout
 from hubgrpo.config import Config, loads
-from hubgrpo.errors import NotFound
+from hubgrpo.errors import InvalidPath, NotFound
 from hubgrpo.layout import RunState
 from hubgrpo.store.base import Store
 from hubgrpo.store.cache import evict
@@ -60,8 +60,10 @@ def version_shas(store: Store) -> dict[int, str]:
 
 
 def fetch_dir(store: Store, files: dict[str, str], revision: str, dest: Path) -> Path:
-    """Copy repo files (repo path → local file name) at ``revision`` into ``dest`` (cached per revision); the
-    store's own cached copies are then evicted (``hubgrpo.store.cache``): ``dest`` is the one copy kept."""
+    """Copy repo files (repo path → local file name) at ``revision`` (a commit id: ``layout.check_commit_id``) into
+    ``dest`` (cached per revision); the store's own cached copies are then evicted (``hubgrpo.store.cache``):
+    ``dest`` is the one copy kept."""
+    layout.check_commit_id(revision)
     if dest.is_dir():  # only ever created by the atomic rename below, so it is complete
         os.utime(dest)  # most recently used (``prune_revisions``)
         return dest
@@ -92,18 +94,40 @@ def _copy(store: Store, repo_path: str, revision: str, target: Path, tries: int 
                 raise
 
 
-def prune_revisions(parent: Path, keep: int) -> None:
-    """Delete all but the ``keep`` most recently used revision folders under ``parent`` (``fetch_dir``'s cache)."""
+def inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` (resolved: through '..' and every symlink) lies inside ``root`` (resolved)."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
+
+
+def remove_tree(path: Path, root: Path) -> None:
+    """Delete the folder ``path``, which must lie inside ``root`` and not be a symlink (``InvalidPath`` otherwise:
+    nothing outside a cache root is ever deleted, whatever named the folder). Missing: nothing to do."""
+    if path.is_symlink():
+        raise InvalidPath(f"refusing to delete {path}: it is a symlink", hint="hubgrpo only deletes what it made")
+    if not inside(path, root):
+        raise InvalidPath(f"refusing to delete {path}: it is outside {root}",
+                          hint="hubgrpo only deletes inside its own cache folders")
+    shutil.rmtree(path, ignore_errors=True)  # rmtree never follows the symlinks inside the tree
+
+
+def prune_revisions(parent: Path, keep: int, *, root: Path | None = None) -> None:
+    """Delete all but the ``keep`` most recently used revision folders under ``parent`` (``fetch_dir``'s cache),
+    which must lie inside ``root`` (default ``parent`` itself); symlinks are never followed nor deleted."""
+    root = parent if root is None else root
+    if not inside(parent, root):
+        raise InvalidPath(f"refusing to prune {parent}: it is outside {root}",
+                          hint="hubgrpo only deletes inside its own cache folders")
     if not parent.is_dir():
         return
-    folders = sorted((p for p in parent.iterdir() if p.is_dir() and ".tmp-" not in p.name),
+    folders = sorted((p for p in parent.iterdir() if not p.is_symlink() and p.is_dir() and ".tmp-" not in p.name),
                      key=lambda p: p.stat().st_mtime, reverse=True)
     for old in folders[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_tree(old, parent)
 
 
 def adapter_at(store: Store, revision: str, cache: Path | None = None) -> Path:
-    """A local PEFT folder with the global adapter at ``revision`` (cached; the revision should be a sha)."""
+    """A local PEFT folder with the global adapter at ``revision`` (a commit id: it names the cached folder)."""
+    layout.check_commit_id(revision)
     cache = cache or cache_root() / "adapters"
     key = "".join(c if c.isalnum() else "_" for c in f"{store.location}")[-80:]
     files = {f: f for f in layout.ADAPTER_FILES}

@@ -23,8 +23,9 @@ def evict(store, paths: Iterable[str], revision: str) -> int:
     repo_id, repo_type = getattr(store, "repo_id", None), getattr(store, "repo_type", None)
     if repo_id is None or repo_type is None or not hasattr(store, "cache_dir"):
         return 0
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import constants, try_to_load_from_cache
 
+    root = Path(os.path.realpath(store.cache_dir or constants.HF_HUB_CACHE))
     freed = 0
     for path in paths:
         try:
@@ -34,13 +35,17 @@ def evict(store, paths: Iterable[str], revision: str) -> int:
             continue
         if not isinstance(cached, str):
             continue
-        freed += _unlink(Path(cached))
+        freed += _unlink(Path(cached), root)
     return freed
 
 
-def _unlink(entry: Path) -> int:
-    """Delete a snapshot entry and the blob it points to; the bytes freed."""
+def _unlink(entry: Path, root: Path) -> int:
+    """Delete a snapshot entry and the blob it points to (both inside the cache ``root``: a link out of it is
+    left alone); the bytes freed."""
     blob = Path(os.path.realpath(entry))
+    if not (blob.is_relative_to(root) and Path(os.path.realpath(entry.parent)).is_relative_to(root)):
+        log.warning("not evicting %s: it leads outside the cache %s", entry, root)
+        return 0
     size = 0
     try:
         size = blob.stat().st_size

@@ -9,8 +9,14 @@ Two transports carry the same JSON envelopes:
   ``POST {url}/gradio_api/run/<name>`` (Gradio's one-round-trip API; coordinators before the plain routes) and
   then to the queued ``POST /gradio_api/call/<name>`` + SSE ``GET`` when ``/run`` answers 404/405
   (``http_route`` picks where to start: ``plain``, ``run`` or ``call``).
-- ``gradio``: ``gradio_client.Client`` (a URL or a Space id ``user/space``; resolves Spaces through the Hub and
-  sends the token for private ones). Its 0.05 s polling puts a floor of ~75 ms on every call.
+- ``gradio``: ``gradio_client.Client`` (a URL or a Space id ``user/space``, resolved through the Hub;
+  ``hubgrpo.worker.gradio_transport``). Its 0.05 s polling puts a floor of ~75 ms on every call.
+
+A coordinator is only a URL a participant was given, so its answers are untrusted (``hubgrpo.worker.bounded_http``):
+the token travels only as an ``Authorization`` header, only to the coordinator's origin (https or loopback); no
+redirect is followed (``redirect``); an answer is read up to ``MAX_ANSWER_BYTES`` (``too_large``); each attempt
+has an overall deadline; a lease is checked field by field (``bad_lease``); waits it suggests are capped
+(``errors.wait_seconds``). The worker loop stops on ``redirect``, ``too_large`` and ``bad_lease``.
 
 On the plain routes ``submit`` answers ``checking`` at once and the coordinator checks the round in the background;
 ``CoordinatorClient.submit`` then polls ``verdict`` and returns (or raises) what a synchronous submit would have.
@@ -32,36 +38,21 @@ import time
 from typing import Any, Callable
 
 import httpx
+from pydantic import ValidationError
 
 from hubgrpo import errors, layout
-from hubgrpo.errors import CoordinatorError
+from hubgrpo.errors import CoordinatorError, wire_text
 from hubgrpo.layout import PROTOCOL_VERSION, Lease
+from hubgrpo.worker.bounded_http import (MIN_BODY_RATE, Deadline, OriginToken, TooLarge, Unavailable,
+                                         bounded_client, http_failure, read_capped, redirect_error,
+                                         token_may_go_to)
 
 API_PREFIX = "/gradio_api"
 PLAIN_PREFIX = "/hubgrpo/api"  # the coordinator's plain routes (hubgrpo.space.routes)
 VERDICT_WAIT_S = 1800.0  # longest submit() polls `verdict` for a round the coordinator is still checking
+MAX_ANSWER_BYTES = 4 << 20  # the most of a coordinator's answer a worker reads (a lease, a verdict: a few KiB)
+MAX_STATUS_BYTES = 16 << 20  # ... of a status (every version's row and the unsaved refusals: MiBs in long runs)
 _SPACE_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-
-
-class Unavailable(Exception):
-    """Internal: the coordinator did not answer (connection, timeout, 5xx); the caller may retry."""
-
-
-def token_may_go_to(url: str) -> bool:
-    """Whether a token may travel to ``url``: https anywhere, plain http only to a loopback address."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.scheme == "https":
-        return True
-    host = (parts.hostname or "").strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return parts.scheme == "http" and ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def space_url(space_id: str) -> str:
@@ -69,90 +60,95 @@ def space_url(space_id: str) -> str:
     return "https://" + re.sub(r"[/_.]", "-", space_id.lower()) + ".hf.space"
 
 
-def _http_failure(e: BaseException, where: str) -> Exception:
-    """Classify a transport-library exception as ``Unavailable`` (retry) or ``CoordinatorError`` (give up)."""
-    status = getattr(getattr(e, "response", None), "status_code", None)
-    if status is not None:
-        if status >= 500 or status in (408, 429):
-            return Unavailable(f"HTTP {status}")
-        code = "auth" if status in (401, 403) else "protocol"
-        return CoordinatorError(f"the coordinator at {where} answered HTTP {status}", code=code,
-                                hint="check the URL or Space id, and the token for a private Space")
-    if isinstance(e, (httpx.TransportError, TimeoutError, ConnectionError)):
-        return Unavailable(f"{type(e).__name__}: {e}")
-    return CoordinatorError(f"unexpected answer from the coordinator at {where}: {type(e).__name__}: {e}",
-                            code="protocol", hint="client and coordinator versions may differ")
-
-
-def _envelope(resp: httpx.Response) -> dict | None:
-    """The envelope a plain route answered (any status below 500), or None (not a hubgrpo answer)."""
-    if resp.status_code >= 500:
-        return None
-    try:
-        body = resp.json()
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) and "ok" in body else None
+def _too_large(where: str, name: str, limit: int) -> CoordinatorError:
+    return CoordinatorError(f"the coordinator at {where} answered {name} with more than {limit >> 20} MiB; the "
+                            "worker stopped reading", code="too_large",
+                            hint="a hubgrpo coordinator's answers are small: check the URL you were given")
 
 
 class HttpTransport:
     """Raw HTTP to the coordinator's plain routes (``/hubgrpo/api/<name>``) or a Gradio app's call API, over one
-    persistent (thread-safe) ``httpx.Client``."""
+    persistent (thread-safe) ``httpx.Client`` that sends the token only to this origin (``OriginToken``), follows
+    no redirect (a 3xx is the error ``redirect``), reads at most ``MAX_ANSWER_BYTES`` of an answer
+    (``MAX_STATUS_BYTES`` of a status; more is ``too_large``) and gives each call ``timeout`` seconds in all (plus
+    the time its body takes at ``MIN_BODY_RATE``), however the answer trickles in."""
 
     def __init__(self, url: str, *, token: str | None, timeout: float, route: str = "plain"):
         self.url = url.rstrip("/")
         self.route = route
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._auth = OriginToken(token, self.url)
         self._timeout = timeout
+        self._deadline = Deadline()
         self._http: httpx.Client | None = None
         self._lock = threading.Lock()
 
     def _client(self) -> httpx.Client:
         with self._lock:
             if self._http is None:
-                self._http = httpx.Client(base_url=self.url, headers=self._headers,
-                                          timeout=self._timeout, follow_redirects=True)
+                self._http = bounded_client(base_url=self.url, auth=self._auth, timeout=self._timeout,
+                                            deadline=self._deadline)
             return self._http
 
-    def _check(self, resp: httpx.Response) -> httpx.Response:
-        if resp.status_code >= 500 or resp.status_code in (408, 429):
-            raise Unavailable(f"HTTP {resp.status_code}")
-        if not resp.is_success:
-            code = "auth" if resp.status_code in (401, 403) else "protocol"
-            raise CoordinatorError(f"the coordinator at {self.url} answered HTTP {resp.status_code} "
-                                   f"for {resp.request.url.path}: {resp.text[:200]}", code=code,
+    def _send(self, method: str, path: str, name: str, body: bytes | None = None) -> tuple[int, bytes]:
+        """(status, answer) of one request; a redirect or an oversized answer is refused."""
+        limit = MAX_STATUS_BYTES if name == "status" else MAX_ANSWER_BYTES
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        with self._client().stream(method, path, content=body, headers=headers) as resp:
+            if 300 <= resp.status_code < 400:
+                raise redirect_error(self.url, resp.status_code, resp.headers.get("location"))
+            try:
+                return resp.status_code, read_capped(resp, limit, self._deadline)
+            except TooLarge:
+                raise _too_large(self.url, name, limit) from None
+
+    def _check(self, status: int, data: bytes, path: str) -> bytes:
+        if status >= 500 or status in (408, 429):
+            raise Unavailable(f"HTTP {status}")
+        if not 200 <= status < 300:
+            code = "auth" if status in (401, 403) else "protocol"
+            raise CoordinatorError(f"the coordinator at {self.url} answered HTTP {status} for {path}: "
+                                   f"{wire_text(data[:200].decode(errors='replace'))}", code=code,
                                    hint="check the URL, the token, and that the app is a hubgrpo coordinator")
-        return resp
+        return data
 
     def call(self, name: str, args: list) -> Any:
         """POST ``args`` to endpoint ``name`` and return its (enveloped) answer."""
+        body = json.dumps({"data": args}, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         try:
-            if self.route == "plain":
-                resp = self._client().post(f"{PLAIN_PREFIX}/{name}", json={"data": args})
-                answer = _envelope(resp)
-                if answer is not None:  # also a 400/404/413 naming the problem
-                    return answer
-                if resp.status_code not in (404, 405):
-                    self._check(resp)  # 5xx: Unavailable (retried); anything else: a protocol error
-                    raise ValueError(f"HTTP {resp.status_code} without an envelope from {resp.request.url.path}")
-                self.route = "run"  # a coordinator without plain routes (older hubgrpo): Gradio's API
-            if self.route == "run":
-                resp = self._client().post(f"{API_PREFIX}/run/{name}", json={"data": args})
-                if resp.status_code not in (404, 405):
-                    return self._check(resp).json()["data"][0]
-                self.route = "call"  # endpoint queued (e.g. on a Space): use the queue's call API
-            return self._queued(name, args)
+            with self._deadline.within(self._timeout + len(body) / MIN_BODY_RATE):
+                return self._call(name, body)
         except httpx.HTTPError as e:
-            raise _http_failure(e, self.url) from None
+            raise http_failure(e, self.url) from None
         except (ValueError, KeyError, IndexError, TypeError) as e:  # body not the JSON we expect
-            raise CoordinatorError(f"unexpected answer from the coordinator at {self.url}: {e}",
+            raise CoordinatorError(f"unexpected answer from the coordinator at {self.url}: {wire_text(str(e), 300)}",
                                    code="protocol", hint="is this URL a hubgrpo coordinator?") from None
 
-    def _queued(self, name: str, args: list) -> Any:
+    def _call(self, name: str, body: bytes) -> Any:
+        if self.route == "plain":
+            path = f"{PLAIN_PREFIX}/{name}"
+            status, data = self._send("POST", path, name, body)
+            answer = _envelope(status, data)
+            if answer is not None:  # also a 400/404/413 naming the problem
+                return answer
+            if status not in (404, 405):
+                self._check(status, data, path)  # 5xx: Unavailable (retried); anything else: a protocol error
+                raise ValueError(f"HTTP {status} without an envelope from {path}")
+            self.route = "run"  # a coordinator without plain routes (older hubgrpo): Gradio's API
+        if self.route == "run":
+            path = f"{API_PREFIX}/run/{name}"
+            status, data = self._send("POST", path, name, body)
+            if status not in (404, 405):
+                return json.loads(self._check(status, data, path))["data"][0]
+            self.route = "call"  # endpoint queued (e.g. on a Space): use the queue's call API
+        return self._queued(name, body)
+
+    def _queued(self, name: str, body: bytes) -> Any:
         """The queued path: POST /call/<name> → event id, then GET the SSE stream until ``complete``."""
-        http = self._client()
-        event_id = self._check(http.post(f"{API_PREFIX}/call/{name}", json={"data": args})).json()["event_id"]
-        text = self._check(http.get(f"{API_PREFIX}/call/{name}/{event_id}")).text
+        path = f"{API_PREFIX}/call/{name}"
+        event_id = json.loads(self._check(*self._send("POST", path, name, body), path))["event_id"]
+        if not isinstance(event_id, str) or not re.fullmatch(r"[\w-]{1,100}", event_id):
+            raise ValueError(f"event id {str(event_id)[:40]!r}")
+        text = self._check(*self._send("GET", f"{path}/{event_id}", name), path).decode(errors="replace")
         event = None
         for line in text.splitlines():
             if line.startswith("event:"):
@@ -160,7 +156,7 @@ class HttpTransport:
             elif line.startswith("data:") and event == "complete":
                 return json.loads(line[5:])[0]
             elif line.startswith("data:") and event == "error":
-                raise CoordinatorError(f"the app at {self.url} failed on {name!r}: {line[5:].strip()[:200]}",
+                raise CoordinatorError(f"the app at {self.url} failed on {name!r}: {wire_text(line[5:].strip(), 200)}",
                                        code="protocol", hint="client and coordinator versions may differ")
         raise Unavailable("the event stream ended without a result")
 
@@ -172,47 +168,15 @@ class HttpTransport:
                 self._http = None
 
 
-class GradioTransport:
-    """``gradio_client.Client`` (URL or Space id), created on first use and re-created after a failure."""
-
-    def __init__(self, src: str, *, token: str | None, timeout: float):
-        self.src, self._token, self._timeout = src, token, timeout
-        self._gc = None
-        self._lock = threading.Lock()
-
-    def _client(self):
-        with self._lock:
-            if self._gc is None:
-                from gradio_client import Client
-
-                self._gc = Client(self.src, token=self._token, verbose=False, analytics_enabled=False,
-                                  download_files=False, httpx_kwargs={"timeout": self._timeout})
-            return self._gc
-
-    def call(self, name: str, args: list) -> Any:
-        """Submit a job to endpoint ``name`` and wait for its answer (at most ``timeout`` seconds)."""
-        from gradio_client.exceptions import AppError
-        from gradio_client.utils import QueueError, TooManyRequestsError
-
-        try:
-            return self._client().submit(*args, api_name=f"/{name}").result(timeout=self._timeout)
-        except (QueueError, TooManyRequestsError) as e:
-            raise Unavailable(f"{type(e).__name__}: {e}") from None
-        except AppError as e:
-            raise CoordinatorError(f"the app at {self.src} failed on {name!r}: {e}", code="protocol",
-                                   hint="client and coordinator versions may differ") from None
-        except Exception as e:  # deliberate: gradio_client raises many types; classify, reconnect next time
-            failure = _http_failure(e, self.src)
-            if isinstance(failure, Unavailable):
-                self.close()
-            raise failure from None
-
-    def close(self) -> None:
-        """Stop gradio_client's heartbeat thread and forget the connection."""
-        with self._lock:
-            if self._gc is not None:
-                self._gc.close()
-                self._gc = None
+def _envelope(status: int, data: bytes) -> dict | None:
+    """The envelope a plain route answered (any status below 500), or None (not a hubgrpo answer)."""
+    if status >= 500:
+        return None
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and "ok" in body else None
 
 
 def unwrap(answer: Any) -> Any:
@@ -222,14 +186,10 @@ def unwrap(answer: Any) -> Any:
                                hint="client and coordinator versions may differ")
     if answer["ok"]:
         return answer.get("result")
-    detail = answer.get("error") if isinstance(answer.get("error"), dict) else {}
+    detail = answer.get("error")
     err = errors.from_dict(detail)
-    if "wait_s" in detail and not hasattr(err, "wait_s"):
-        try:
-            wait = float(detail["wait_s"])
-        except (TypeError, ValueError):
-            wait = 30.0
-        err.wait_s = min(max(wait, 0.0), 3600.0) if wait == wait else 30.0  # NaN → 30 s; never sleep forever
+    if isinstance(detail, dict) and "wait_s" in detail and not hasattr(err, "wait_s"):
+        err.wait_s = errors.wait_seconds(detail["wait_s"], 30.0)  # never sleep for ever on a coordinator's word
     raise err
 
 
@@ -247,18 +207,25 @@ def _lease_dict(lease: Lease | dict) -> dict:
 
 
 def _as_lease(result: Any) -> Lease:
+    """The coordinator's lease, checked like anything a stranger sends (``Lease``: commit ids, names, upload URLs);
+    a lease that fails is the error ``bad_lease``, which stops the worker before it writes anything."""
     try:
         return Lease.model_validate(result)
-    except ValueError as e:
-        raise CoordinatorError(f"the coordinator returned a malformed lease: {e}", code="protocol",
-                               hint="client and coordinator versions may differ") from None
+    except ValidationError as e:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())) or "lease"
+        raise CoordinatorError(f"the coordinator sent a lease the worker refuses: {where}: "
+                               f"{wire_text(str(first.get('msg', 'invalid')), 300)}", code="bad_lease",
+                               hint="a commit id is 40 hex digits and names are 1-64 of [A-Za-z0-9._-]: this "
+                                    "coordinator is broken or hostile, or speaks another hubgrpo version; check the "
+                                    "URL you were given") from None
 
 
 class CoordinatorClient:
     """Talk to a hubgrpo coordinator at an http(s) URL or a Space id (``user/space``).
 
-    ``token`` authenticates to the coordinator (sent as the endpoints' ``token`` argument, and as the HTTP
-    credential for a private Space). ``retries`` failed attempts are retried after sleeping
+    ``token`` authenticates to the coordinator (sent only as the HTTP Authorization header, never in a body; it
+    is also the credential for a private Space). ``retries`` failed attempts are retried after sleeping
     ``min(max_backoff, backoff·2^i)·U(0.5, 1)`` seconds via ``sleep``; ``timeout`` bounds each attempt. Polls for
     a submitted round's verdict wait with ``poll_sleep``.
     Thread-safe: one client may be shared by a worker's training and heartbeat threads.
@@ -288,6 +255,8 @@ class CoordinatorClient:
             url = url_or_space if is_url else space_url(url_or_space)
             self._transport = HttpTransport(url, token=token, timeout=timeout, route=http_route)
         else:
+            from hubgrpo.worker.gradio_transport import GradioTransport
+
             self._transport = GradioTransport(url_or_space, token=token, timeout=timeout)
 
     def __repr__(self) -> str:  # never shows the token
@@ -297,12 +266,12 @@ class CoordinatorClient:
         return min(self.max_backoff, self.backoff * 2 ** attempt) * random.uniform(0.5, 1.0)
 
     def _call(self, name: str, *args: Any, after_token: list | None = None) -> Any:
-        """Call endpoint ``name`` (the token appended, then ``after_token``), retrying only while the coordinator is
-        unreachable."""
+        """Call endpoint ``name`` (then ``after_token``), retrying only while the coordinator is unreachable. The
+        token travels only in the Authorization header (``OriginToken``): its argument position stays, empty."""
         last = "no attempt made"
         for attempt in range(self.retries + 1):
             try:
-                answer = self._transport.call(name, [*args, self.token, *(after_token or [])])
+                answer = self._transport.call(name, [*args, None, *(after_token or [])])
             except Unavailable as e:
                 last = str(e)
                 if attempt < self.retries:

@@ -14,7 +14,6 @@ Like a worker, it runs only reward code its owner allowed.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
@@ -43,9 +42,12 @@ class Evaluator:
         self.seconds: list[float] = []  # seconds per scored version (download + greedy generation + rewards)
 
     def todo(self, status: dict) -> list[int]:
-        """Versions without a held-out score, newest first."""
-        return sorted((v["version"] for v in status.get("versions", []) if v.get("eval_reward") is None),
-                      reverse=True)
+        """Versions without a held-out score, newest first (what the coordinator lists: rows that are not a
+        version number within bounds are skipped)."""
+        rows = status.get("versions")
+        return sorted({v["version"] for v in rows if isinstance(v, dict) and type(v.get("version")) is int
+                       and 0 <= v["version"] <= 10**9 and v.get("eval_reward") is None}
+                      if isinstance(rows, list) else (), reverse=True)
 
     def ready(self):
         """The engine (base model + held-out prompts + rewards), built on first use."""
@@ -62,7 +64,7 @@ class Evaluator:
         try:
             reward = self.engine.evaluate(folder, n=self.samples, greedy=True)
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            runrepo.remove_tree(folder, self.workdir / "adapters")
         return float(reward), min(self.samples, self.engine.source.eval_size)
 
     def run(self, once: bool = False) -> list[dict]:

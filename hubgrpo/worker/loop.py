@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.errors import (CoordinatorError, InvalidSubmission, LeaseError, RateLimited, Refused, StoreError,
-                            StoreUnavailable)
+                            StoreUnavailable, wait_seconds)
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
 
 log = logging.getLogger("hubgrpo.worker")
-STOP_CODES = ("auth", "config", "orphaned", "version")  # coordinator answers a worker cannot wait out
+# coordinator answers a worker cannot wait out; the last three: an answer it must never act on (a lease naming
+# paths or revisions that are not names and commit ids, a redirect, an oversized answer: hubgrpo.worker.client)
+STOP_CODES = ("auth", "config", "orphaned", "version", "bad_lease", "redirect", "too_large")
+MIN_REFUSAL_WAIT_S = 0.1  # a refusal asking for no wait (or a negative one) does not make the worker spin
 
 
 class Heartbeat:
@@ -154,7 +156,7 @@ class Worker:
                 lease = self.client.lease(self.name, self.user)
                 self._failures = 0
                 return lease
-            except Refused as e:
+            except (Refused, RateLimited) as e:  # RateLimited: the coordinator's store is busy
                 if e.code == "finished":
                     log.info("run finished: %s", e.message)
                     return None
@@ -177,7 +179,8 @@ class Worker:
         """Train one leased round and submit it."""
         t0 = time.time()
         adapter_dir = runrepo.adapter_at(self.store, lease.base_sha, self.workdir / "adapters")
-        runrepo.prune_revisions(adapter_dir.parent, keep=2)  # the version trained on and the one before
+        # the version trained on and the one before; never anything outside the worker's own folder
+        runrepo.prune_revisions(adapter_dir.parent, keep=2, root=self.workdir / "adapters")
         t_download = time.time() - t0
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         out = self.workdir / "rounds" / sub_id
@@ -196,7 +199,7 @@ class Worker:
                 t2 = time.time()
                 answer = self._submit(hb.lease, commit)
         finally:  # delivered or given up: the round's folder is not needed again (the disk stays bounded)
-            shutil.rmtree(out, ignore_errors=True)
+            runrepo.remove_tree(out, self.workdir / "rounds")
         answer.update(submission_id=sub_id, reward_mean=sub.reward_mean, download_s=t_download,
                       train_s=t1 - t0 - t_download, upload_s=t_upload, submit_s=time.time() - t2,
                       round_s=time.time() - t0)
@@ -239,8 +242,9 @@ class Worker:
             try:
                 return self.store.commit(adds, message=msg)
             except RateLimited as e:
-                log.warning("store rate-limited; waiting %.0f s", e.wait_s)
-                self.sleep(e.wait_s)
+                wait = wait_seconds(e.wait_s, 60.0)
+                log.warning("store rate-limited; waiting %.0f s", wait)
+                self.sleep(wait)
             except StoreUnavailable as e:
                 log.warning("store unavailable (%s); retrying in %.0f s", e.message, delay)
                 self.sleep(delay)
@@ -258,11 +262,12 @@ class Worker:
         for attempt in range(8):
             try:
                 return send()
-            except Refused as e:
+            except (Refused, RateLimited) as e:
                 if getattr(e, "wait_s", None) is None or e.code in STOP_CODES:
                     raise  # a verdict on this round (or on this worker), not a request to wait
-                log.info("submit: coordinator asks to wait %.1f s (%s)", e.wait_s, e.code)
-                self.sleep(float(e.wait_s))
+                wait = wait_seconds(e.wait_s, 30.0)
+                log.info("submit: coordinator asks to wait %.1f s (%s)", wait, e.code)
+                self.sleep(wait)
             except CoordinatorError as e:
                 if e.code in STOP_CODES:
                     raise
@@ -332,13 +337,11 @@ def _stop_if_orphaned(err: CoordinatorError) -> None:
 
 
 def _wait_hint(err: Exception, default: float) -> float:
-    """Seconds to wait, from a RateLimited error or a refusal's 'wait_s=N' hint."""
+    """Seconds to wait, from a RateLimited error or a refusal's ``wait_s`` or 'wait_s=N' hint: always within
+    [0, ``errors.MAX_WAIT_S``] (the coordinator's word is not trusted with the worker's time)."""
     if isinstance(err, RateLimited) or getattr(err, "wait_s", None):
-        return float(err.wait_s)
+        return max(MIN_REFUSAL_WAIT_S, wait_seconds(err.wait_s, default))
     hint = getattr(err, "hint", "") or ""
     if "wait_s=" in hint:
-        try:
-            return float(hint.split("wait_s=")[1].split()[0])
-        except ValueError:
-            pass
+        return max(MIN_REFUSAL_WAIT_S, wait_seconds((hint.split("wait_s=")[1].split() or [""])[0], default))
     return default

@@ -114,7 +114,7 @@ class CoordinatorSource:
         self._last = -float("inf")
 
     def __call__(self, step: int, current: int, generated: bool = False) -> tuple[int, Path] | None:
-        from hubgrpo import runrepo
+        from hubgrpo import layout, runrepo
         from hubgrpo.errors import HubGrpoError
 
         if self.clock() - self._last < self.poll_s:
@@ -123,8 +123,12 @@ class CoordinatorSource:
         try:
             status = self.client.status()
             version, sha = status.get("version"), status.get("version_sha")
-            if not isinstance(version, int) or not isinstance(sha, str) or version <= current:
+            if not isinstance(version, int) or not isinstance(sha, str) or not current < version <= 10**9:
                 return None  # (an older coordinator sends no sha: no rebase)
+            if not layout.is_commit_id(sha):  # a coordinator's word never names a folder: only a commit id may
+                log.warning("rebase: the coordinator's version_sha %r is not a commit id; staying on v%d",
+                            sha[:80], current)
+                return None
             return version, runrepo.adapter_at(self.store, sha, self.cache)
         except (HubGrpoError, OSError) as e:
             log.info("rebase: could not read the newest version (%s); staying on v%d", e, current)
