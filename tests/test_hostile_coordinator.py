@@ -342,6 +342,38 @@ def test_a_junk_error_becomes_a_bounded_typed_error(error):
     assert math.isfinite(wait) and 0 <= wait <= MAX_WAIT_S
 
 
+# ------------------------------------------------------------------------------------------------ uploads
+
+
+@pytest.mark.timeout(60)
+def test_upload_urls_get_no_token_no_redirect_and_a_bounded_answer(tmp_path, monkeypatch):
+    """Presigned upload URLs (lease.uploads) come from the coordinator: the PUT carries no Authorization header, a
+    redirect is not followed, and an answer of 200 MiB is not read into memory."""
+    from hubgrpo.errors import StoreError
+    from hubgrpo.worker.delivery import deliver
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    folder = tmp_path / "round"
+    folder.mkdir()
+    for name in layout.SUBMISSION_FILES:
+        (folder / name).write_bytes(b"x" * 100)
+    with Recorder() as target, HostileCoordinator(**{"*": redirect(307, f"{target.url}/stolen")}) as bucket:
+        lease = Lease.model_validate(lease_dict(uploads={n: f"{bucket.url}/box/{n}" for n in layout.SUBMISSION_FILES}))
+        with pytest.raises(StoreError, match="307"):
+            deliver("s3://box", lease, folder, sleep=lambda s: None)
+        bucket.on("*", huge(200 << 20, declared=False, status=400))
+        tracemalloc.start()
+        try:
+            with pytest.raises(StoreError):
+                deliver("s3://box", lease, folder, sleep=lambda s: None)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 48 << 20, f"peak {peak / 2**20:.0f} MiB"
+    assert bucket.requests and not any(r.carries(TOKEN) or "authorization" in r.headers for r in bucket.requests)
+    assert target.requests == []
+
+
 # ------------------------------------------------------------------------------------------------ evaluator
 
 

@@ -9,7 +9,10 @@ The four files go in the order the coordinator relies on (the adapter, its confi
   whose policy caps the file's size: the fields and the file are POSTed; a 400 ``EntityTooLarge`` is a round
   larger than the run allows. Any other URL is a write-once PUT: a 412 means the object is already there (our
   own earlier try whose answer was lost). 5xx, 429 and dropped connections are retried with bounded backoff;
-  a 403 (the URL expired) is raised as ``AuthError`` for the loop to fetch fresh URLs with a heartbeat;
+  a 403 (the URL expired) is raised as ``AuthError`` for the loop to fetch fresh URLs with a heartbeat. The URLs
+  come from the coordinator, so they are treated like its answers (``hubgrpo.worker.bounded_http``): http(s)
+  only, never an Authorization header, no redirect followed, each upload bounded in time, at most
+  ``MAX_ERROR_BYTES`` of an answer read (a success's body is not read at all);
 - without (a local folder, or an S3 box the coordinator cannot sign for): the box itself, with this machine's
   access to it (``hubgrpo.store.boxes``).
 """
@@ -26,11 +29,13 @@ from urllib.parse import parse_qsl
 import httpx
 
 from hubgrpo import layout
-from hubgrpo.errors import AuthError, StoreError, StoreUnavailable
+from hubgrpo.errors import AuthError, StoreError, StoreUnavailable, wire_text
 from hubgrpo.layout import Lease
+from hubgrpo.worker.bounded_http import MIN_BODY_RATE, Deadline, TooLarge, bounded_client, origin, read_capped
 
 log = logging.getLogger("hubgrpo.worker")
 FILES = layout.SUBMISSION_FILES
+MAX_ERROR_BYTES = 64 << 10  # the most of an upload URL's answer read (for the error message)
 
 
 def deliver(spec: str, lease: Lease, folder: Path, *, sleep: Callable[[float], None] = time.sleep,
@@ -42,9 +47,14 @@ def deliver(spec: str, lease: Lease, folder: Path, *, sleep: Callable[[float], N
         if missing:
             raise StoreError(f"the lease has no upload URL for {missing[0]}", code="protocol",
                              hint="the coordinator speaks another hubgrpo version; upgrade the worker")
-        with httpx.Client(timeout=timeout_s, follow_redirects=False) as http:
+        bad = [n for n in FILES if not lease.uploads[n].startswith(("https://", "http://"))]
+        if bad:
+            raise StoreError(f"the lease's upload URL for {bad[0]} is not http(s)", code="protocol",
+                             hint="the coordinator is broken or hostile; the round was not sent")
+        deadline = Deadline()
+        with bounded_client(timeout=timeout_s, deadline=deadline) as http:  # no auth, no redirects, no token
             for name in FILES:
-                _put(http, lease.uploads[name], folder / name, name, sleep)
+                _put(http, deadline, lease.uploads[name], folder / name, name, sleep, timeout_s)
     else:
         from hubgrpo.store.boxes import open_box
 
@@ -55,35 +65,52 @@ def deliver(spec: str, lease: Lease, folder: Path, *, sleep: Callable[[float], N
     return layout.box_token((folder / layout.SUBMISSION_FILE).read_bytes())
 
 
-def _put(http: httpx.Client, url: str, path: Path, name: str, sleep: Callable[[float], None],
-         tries: int = 6) -> None:
+def _put(http: httpx.Client, deadline: Deadline, url: str, path: Path, name: str,
+         sleep: Callable[[float], None], timeout_s: float, tries: int = 6) -> None:
     """One presigned upload (a POST form, or a PUT with ``If-None-Match: *`` in its signature), retried while the
     store is busy."""
     data = path.read_bytes()
-    action, _, form = url.partition("#")
     last = ""
     for attempt in range(tries):
         try:
-            if form:  # a presigned POST form: the same POST again writes the same bytes
-                resp = http.post(action, data=dict(parse_qsl(form)), files={"file": (name, data)})
-            else:
-                resp = http.put(url, content=data, headers={"If-None-Match": "*"})
+            with deadline.within(timeout_s + len(data) / MIN_BODY_RATE):
+                status, text = _send(http, url, name, data)
         except httpx.HTTPError as e:  # dropped, refused, timed out: the same upload again is safe
             last = f"{type(e).__name__}: {e}"
         else:
-            if resp.status_code in (200, 201, 204, 412):  # 412: already written by our earlier try
+            if status in (200, 201, 204, 412):  # 412: already written by our earlier try
                 return
-            if resp.status_code == 400 and "EntityTooLarge" in resp.text:
+            if status == 400 and "EntityTooLarge" in text:
                 raise StoreError(f"{name} is {len(data):,} bytes, larger than the run allows (the bucket refused "
                                  "it)", code="too_large", hint="submit only the LoRA adapter at the run's rank")
-            if resp.status_code in (401, 403):
-                raise AuthError(f"the upload URL for {name} was refused ({resp.status_code})",
+            if status in (401, 403):
+                raise AuthError(f"the upload URL for {name} was refused ({status})",
                                 hint="it may have expired; a heartbeat brings fresh ones")
-            if resp.status_code < 500 and resp.status_code not in (408, 409, 429):
-                raise StoreError(f"uploading {name} failed: HTTP {resp.status_code}: {resp.text[:200]}",
-                                 hint="the bucket refused the object; see the message")
-            last = f"HTTP {resp.status_code}"
+            if status < 500 and status not in (408, 409, 429):
+                raise StoreError(f"uploading {name} to {origin(url)} failed: HTTP {status}: {text}",
+                                 hint="the bucket refused the object (a redirect is never followed); see the message")
+            last = f"HTTP {status}"
         if attempt + 1 < tries:
             sleep(min(30.0, 0.5 * 2 ** attempt) * random.uniform(0.5, 1.0))
     raise StoreUnavailable(f"uploading {name} failed after {tries} tries ({last})",
                            hint="check the network to the bucket; the round is kept for the next try")
+
+
+def _send(http: httpx.Client, url: str, name: str, data: bytes) -> tuple[int, str]:
+    """(status, the start of an error answer's text) of one upload: a success's body is never read."""
+    action, _, form = url.partition("#")
+    if form:  # a presigned POST form: the same POST again writes the same bytes
+        request = http.build_request("POST", action, data=dict(parse_qsl(form)), files={"file": (name, data)})
+    else:
+        request = http.build_request("PUT", url, content=data, headers={"If-None-Match": "*"})
+    resp = http.send(request, stream=True)
+    try:
+        if resp.status_code in (200, 201, 204, 412):
+            return resp.status_code, ""
+        try:
+            text = read_capped(resp, MAX_ERROR_BYTES).decode(errors="replace")
+        except TooLarge:
+            text = f"(an answer of more than {MAX_ERROR_BYTES >> 10} KiB, not read)"
+        return resp.status_code, wire_text(text, 200)
+    finally:
+        resp.close()
