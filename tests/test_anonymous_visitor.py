@@ -92,7 +92,8 @@ def refused(o: va.Outcome, status: int, code: str, *words: str) -> None:
 
 @pytest.mark.timeout(180)
 def test_bodies_declared_too_large_are_refused_on_their_headers_on_every_route(space):
-    """28 cases: 8 plain routes, 8 × Gradio's /run and /call, /queue/join and Gradio's file /upload."""
+    """27 cases: 8 plain routes, 8 × Gradio's /run and /call, /queue/join, Gradio's file /upload, and a user's
+    oversized body on a route that carries no upload."""
     before = space.whoami[0]
     for path in PLAIN + GRADIO:
         o = va.send(space.url, path, size=400 * va.MiB, body=False, early_wait_s=2.0)

@@ -1,0 +1,239 @@
+"""How much memory an anonymous visitor can make a served Space take (issue 35: at most +64 MiB, whatever it sends).
+
+Serves ``hubgrpo space`` in a subprocess over a run repo on the Hub emulator (so auth is on: alice owns the run),
+samples its RSS (``/proc/<pid>/status``: VmRSS every 10 ms, and VmHWM reset before each attack), and sends what an
+anonymous visitor can send (``tests/visitor_attacks.py``):
+
+- oversized bodies, one at a time: 600 MiB on the upload route (declared and chunked), 400 MiB on Gradio's
+  ``/gradio_api/run/upload``, ``/call/upload``, ``/queue/join`` and ``/upload`` (files), and on other plain routes;
+- six 200 MiB bodies at once;
+- eight slow anonymous uploads (60,000 bytes at 100 bytes/s) while alice uploads a real round through the Space;
+- a flood of 200 requests with distinct bogus tokens (counting the emulator's ``whoami`` calls).
+
+Reports each attack's answer, the body bytes sent before it came, and the server's peak RSS above its idle
+baseline. Writes ``benchmarks/results/anonymous_memory.{md,json}`` with the git commit it measured.
+
+    .venv/bin/python benchmarks/anonymous_memory.py [--scale 1.0] [--name anonymous_memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+
+from tests import visitor_attacks as va  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+SECRET = "anonymous-memory-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def commit() -> str:
+    """The git commit measured, with '+dirty' when the Space's files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "hubgrpo/space", "hubgrpo/cli"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
+def mib(kib: int) -> float:
+    return round(kib / 1024, 1)
+
+
+def measured(pid: int, baseline: int, fn) -> tuple[object, dict]:
+    """Run ``fn()`` while sampling the server; its result and the peak RSS (MiB above the idle baseline and
+    above the RSS just before)."""
+    before = va.rss_kib(pid)
+    with va.PeakSampler(pid) as sampler:
+        result = fn()
+        time.sleep(0.3)  # what the server does right after answering counts too
+    return result, {"peak_over_baseline_mib": mib(sampler.peak - baseline),
+                    "peak_over_start_mib": mib(sampler.peak - before)}
+
+
+def outcome_row(label: str, o: va.Outcome, mem: dict) -> dict:
+    return {"attack": label, "status": o.status, "code": o.code, "body_bytes_taken": o.sent,
+            "seconds": round(o.seconds, 2), "error": o.error, **mem}
+
+
+def bogus_token() -> str:
+    return "hf_" + "".join(secrets.choice(string.ascii_letters) for _ in range(34))
+
+
+SLOW_PATHS = ("/hubgrpo/api/upload", "/gradio_api/run/upload", "/gradio_api/queue/join", "/hubgrpo/api/upload")
+
+
+def slow_uploads_meanwhile(url: str, pid: int, baseline: int, alice_upload, n: int = 8, slow_s: float = 20.0):
+    """``n`` slow anonymous uploads (100 bytes/s, 60,000 bytes declared: under what may come before
+    authentication) on the plain and Gradio upload routes and, once they are all connected, one real upload by
+    alice; how each ended and how long alice's took."""
+    calls = [lambda p=SLOW_PATHS[i % len(SLOW_PATHS)]: va.send(url, p, size=60_000, rate_bps=100, timeout_s=slow_s,
+                                                               prefix=va.UPLOAD_PREFIX, suffix=va.UPLOAD_SUFFIX)
+             for i in range(n)]
+    result: dict = {}
+
+    def run():
+        slow: list = []
+        t = threading.Thread(target=lambda: slow.extend(va.concurrently(calls)), daemon=True)
+        t.start()
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        try:
+            answer = alice_upload()
+            result["alice"] = {"status": answer.get("status"), "seconds": round(time.monotonic() - t0, 2)}
+        except Exception as e:  # deliberate: the benchmark reports it
+            result["alice"] = {"error": f"{type(e).__name__}: {str(e)[:200]}",
+                               "seconds": round(time.monotonic() - t0, 2)}
+        t.join()
+        result["slow"] = [{"status": o.status, "code": o.code, "seconds": round(o.seconds, 1), "sent": o.sent}
+                          for o in slow]
+        return result
+
+    return measured(pid, baseline, run)
+
+
+def token_flood(url: str, pid: int, baseline: int, emu, n: int = 200) -> tuple[dict, dict]:
+    """``n`` lease requests, each with its own bogus (well-formed) token, 20 at a time; the emulator's whoami
+    calls counted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    counted = va.count_whoami(emu)
+    body = {"size": 40, "prefix": b'{"data": ["w", null, null, 2]}', "suffix": b""}
+
+    def one(_):
+        o = va.send(url, "/hubgrpo/api/lease", headers={"Authorization": f"Bearer {bogus_token()}"}, timeout_s=60,
+                    **{**body, "size": len(body["prefix"])})
+        return o.status, o.code
+
+    def run():
+        with ThreadPoolExecutor(20) as pool:
+            answers = list(pool.map(one, range(n)))
+        return {"requests": n, "whoami_calls": counted[0],
+                "answers": {f"{s} {c}": answers.count((s, c)) for s, c in sorted(set(answers), key=str)}}
+
+    return measured(pid, baseline, run)
+
+
+def run(scale: float, slow_s: float) -> dict:
+    from hubgrpo.worker.client import CoordinatorClient
+    from tests.test_space_support import ALICE, make_run, start_emulator, submission_folder
+
+    tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-anon-mem-"))
+    emu = start_emulator()
+    make_run(emu, tmp, "bench")
+    env = dict(os.environ, HF_ENDPOINT=emu.url, HF_TOKEN=ALICE, HUBGRPO_SECRET=SECRET, OMP_NUM_THREADS="1",
+               HUBGRPO_CACHE=str(tmp / "cache"), HF_HOME=str(tmp / "hf-home"))
+    port = free_port()
+    proc = va.start_space("alice/bench", port, env, tmp / "space.log", extra=("--quiet",))
+    url = f"http://127.0.0.1:{port}"
+    alice = CoordinatorClient(url, token=ALICE, transport="http", retries=1, backoff=0.05, timeout=120)
+    try:
+        alice.status()
+        reader = None
+
+        def alice_upload() -> dict:
+            lease = alice.lease(f"alice-{time.monotonic_ns()}")
+            return alice.upload(lease, submission_folder(lease, tmp / "rounds", seed=lease.seed % 997, reward=0.3,
+                                                         reader=reader))
+
+        from hubgrpo.store.hub import HubStore
+
+        reader = HubStore("alice/bench", token=ALICE, endpoint=emu.url, cache_dir=tmp / "alice-cache")
+        alice_upload()  # warm: the upload path, the admission checks, a batch commit
+        time.sleep(3.0)
+        baseline = va.rss_kib(proc.pid)
+        rows = []
+        for label, kw in va.big_bodies(scale):
+            o, mem = measured(proc.pid, baseline, lambda: va.send(url, **kw))
+            rows.append(outcome_row(label, o, mem))
+            print(rows[-1], flush=True)
+        group = va.concurrent_bodies(scale)
+        outs, mem = measured(proc.pid, baseline, lambda: va.concurrently([lambda kw=kw: va.send(url, **kw)
+                                                                          for _, kw in group]))
+        concurrent = {"bodies": len(group), "size_mib": round(group[0][1]["size"] / va.MiB),
+                      "statuses": [o.status for o in outs], "body_bytes_taken": [o.sent for o in outs], **mem}
+        print(concurrent, flush=True)
+        slow, slow_mem = slow_uploads_meanwhile(url, proc.pid, baseline, alice_upload, slow_s=slow_s)
+        slow.update(slow_mem)
+        print(slow, flush=True)
+        flood, flood_mem = token_flood(url, proc.pid, baseline, emu)
+        flood.update(flood_mem)
+        print(flood, flush=True)
+        peak = max([r["peak_over_baseline_mib"] for r in rows] + [concurrent["peak_over_baseline_mib"],
+                                                                   slow["peak_over_baseline_mib"],
+                                                                   flood["peak_over_baseline_mib"]])
+        return {"commit": commit(), "scale": scale, "baseline_rss_mib": mib(baseline), "peak_over_baseline_mib": peak,
+                "bodies": rows, "concurrent": concurrent, "slow_uploads": slow, "token_flood": flood,
+                "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}}
+    finally:
+        alice.close()
+        va.stop(proc)
+        emu.stop()
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Anonymous visitor vs a served Space: peak memory (commit `{r['commit']}`)", "",
+             f"`hubgrpo space` in a subprocess, run repo on the Hub emulator (auth on); scale {r['scale']} of the "
+             f"issue's sizes. Idle RSS {r['baseline_rss_mib']} MiB. **Peak RSS above idle: "
+             f"{r['peak_over_baseline_mib']} MiB** (target: at most 64 MiB).", "",
+             "| attack | answer | body bytes sent before the answer | s | peak above idle (MiB) |",
+             "|---|---|---|---|---|"]
+    for b in r["bodies"]:
+        answer = f"{b['status']} {b['code'] or ''}".strip() if b["status"] else f"none ({b['error']})"
+        lines.append(f"| {b['attack']} | {answer} | {b['body_bytes_taken']:,} | {b['seconds']} | "
+                     f"{b['peak_over_baseline_mib']} |")
+    c = r["concurrent"]
+    lines.append(f"| {c['bodies']} × {c['size_mib']} MiB at once | {sorted(set(map(str, c['statuses'])))} | "
+                 f"{sum(c['body_bytes_taken']):,} in all | - | {c['peak_over_baseline_mib']} |")
+    s = r["slow_uploads"]
+    slow = sorted(set(str(x["status"]) for x in s["slow"]))
+    lines.append(f"| 8 slow anonymous uploads (60,000 B at 100 B/s) | {slow} after "
+                 f"{max(x['seconds'] for x in s['slow'])} s; alice's real upload meanwhile: {s['alice']} | - | - | "
+                 f"{s['peak_over_baseline_mib']} |")
+    f = r["token_flood"]
+    lines.append(f"| {f['requests']} bogus tokens | {f['answers']}; **{f['whoami_calls']} whoami calls** | - | - | "
+                 f"{f['peak_over_baseline_mib']} |")
+    lines += ["", "Peak: the highest RSS (VmRSS sampled every 10 ms, and VmHWM reset before each attack) minus the "
+              "idle RSS after one real upload; the slow-body row includes alice's real upload made meanwhile "
+              "(authenticated work). Memory a Python process took is rarely given back, so each row's figure also "
+              "holds what the rows above it took. Reproduce: `.venv/bin/python benchmarks/anonymous_memory.py`."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the issue's body sizes")
+    ap.add_argument("--slow-s", type=float, default=20.0, help="how long the slow bodies keep sending")
+    ap.add_argument("--name", default="anonymous_memory", help="results file name (without suffix)")
+    args = ap.parse_args()
+    result = run(args.scale, args.slow_s)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
