@@ -246,3 +246,13 @@ def test_box_objects_of_finished_rounds_are_deleted_like_repo_folders(tmp_path, 
     assert len(objects.list(layout.SUBMISSIONS)) == len(layout.SUBMISSION_FILES)
     if kind == "folder":
         assert sorted(p.name for p in (tmp_path / "box" / layout.SUBMISSIONS).iterdir()) == ["000003"]
+
+
+def test_the_memory_of_judged_records_is_bounded():
+    from hubgrpo.coordinator.inbox import Judged
+
+    judged = Judged(limit=3)
+    for i in range(5):
+        judged.add((f"submissions/000000/j{i}-x/submission.json", 8 << 20, f'"etag{i}"'))
+    assert len(judged) == 3 and ("submissions/000000/j0-x/submission.json", 8 << 20, '"etag0"') not in judged
+    assert ("submissions/000000/j4-x/submission.json", 8 << 20, '"etag4"') in judged

@@ -131,3 +131,34 @@ def test_every_store_lists_sizes_without_downloading(store_factory):
     assert sorted(everything) == store.list_files("", sha)  # the Hub's own first commit has .gitattributes
     assert {p: everything[p] for p in ("a/x.bin", "a/b/y.bin", "c.txt")} == {"a/x.bin": 5, "a/b/y.bin": 0, "c.txt": 1}
     assert store.file_sizes("missing") == {}
+
+
+@pytest.mark.timeout(300)
+def test_an_oversized_record_in_the_repo_is_never_downloaded_by_a_scan(tmp_path, hub_emulator):
+    """A 40 MiB submission.json committed to the run repo (the largest record read is 8 MiB): the coordinator's
+    scans (at start, then every minute) refuse it from the tree listing; the emulator serves none of it."""
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.store.hub import HubStore
+    from tests.conftest import TEST_TOKEN
+    from tests.coord_helpers import FakeClock
+
+    served = []
+    resolve = hub_emulator.api.resolve
+
+    def counting(req, t, rid, rev, path):
+        resp = resolve(req, t, rid, rev, path)
+        served.append((path, len(resp.body)))
+        return resp
+
+    hub_emulator.api.resolve = counting
+    store = HubStore("alice/records", token=TEST_TOKEN, endpoint=hub_emulator.url, cache_dir=tmp_path / "hf")
+    store.create()
+    init_repo(store, make_config(), write_adapter(tmp_path / "v0", seed=0))
+    store.commit({layout.submission_path(0, "junk-j1", layout.SUBMISSION_FILE): b"{" * (40 << 20)},
+                 message="a record nobody can read")
+    c = Coordinator(store, b"secret", clock=FakeClock(), workdir=tmp_path / "work")  # its first scan
+    for prepared in c.scan():
+        c.accept_quietly(prepared)
+    from_submissions = sum(n for p, n in served if p.startswith(layout.SUBMISSIONS + "/"))
+    print(f"bytes the emulator served from submissions/ in two scans: {from_submissions}")
+    assert from_submissions == 0

@@ -68,52 +68,8 @@ def check_listing(prefix: str, sizes: dict[str, int], max_bytes: int, allowed=No
                                 hint="submit only the LoRA adapter at the run's rank")
 
 
-class RepoInbox:
-    """Submissions committed to the run repo."""
-
-    in_repo = True
-
-    def __init__(self, store: Store):
-        self.store = store
-        self.location = store.location
-
-    def fetch(self, base: int, sub_id: str, commit: str, dest: Path, *, max_bytes: int) -> Path:
-        """Copy the submission's files at ``commit`` into ``dest``, after checking their names and sizes in the
-        repo's listing (``check_listing``): an oversized or unexpected file is refused before any byte of the
-        folder is downloaded."""
-        prefix = layout.submission_dir(base, sub_id)
-        sizes = self.store.file_sizes(prefix, commit)
-        if sizes:
-            check_listing(prefix, {p[len(prefix) + 1:]: n for p, n in sizes.items()}, max_bytes)
-        return runrepo.submission_at(self.store, base, sub_id, commit, dest, sizes=sizes)
-
-    def revision(self) -> str | None:
-        return self.store.head()
-
-    def unseen(self, done: set[str], revision: str | None, bases=None) -> list[tuple[int, str]]:
-        seen: dict[str, int] = {}
-        for path in self.store.list_files(layout.SUBMISSIONS, revision):
-            parsed = layout.parse_submission_path(path)
-            if parsed and parsed[2] == layout.SUBMISSION_FILE and parsed[1] not in done:
-                seen[parsed[1]] = parsed[0]
-        return sorted((base, sub_id) for sub_id, base in seen.items())
-
-    def read_record(self, base: int, sub_id: str, revision: str | None) -> bytes:
-        return self.store.read(layout.submission_path(base, sub_id, layout.SUBMISSION_FILE), revision)
-
-    def upload_urls(self, lease, max_bytes: int) -> dict[str, str]:
-        return {}
-
-    def judged(self, base: int, sub_id: str) -> None:
-        """Nothing to remember: a repo's files are read through the store's cache, once per content."""
-
-    def prune(self, state, keep: int | None, max_age: int) -> int:
-        """Nothing to do: a merge commit deletes the repo's finished folders (``pruning.merge_deletes``)."""
-        return 0
-
-
 class Judged:
-    """Box records already judged (refused or ignored), by (key, size, etag): a scan never reads one again
+    """Records already judged (refused or ignored), by (path, size, version): a scan never reads one again
     while it is unchanged. Bounded (the oldest are forgotten first, and then read once more); kept in memory, so
     a restarted coordinator reads each once more."""
 
@@ -133,17 +89,90 @@ class Judged:
             self._seen.popitem(last=False)
 
 
-class BoxInbox:
+class Scanned:
+    """What both inboxes share for scans: the records the last scan listed (path, size, version), refused by their
+    listed size before they are read (``RECORD_MAX``), and those already judged, which no scan reads again."""
+
+    def __init__(self):
+        self.judged_records = Judged()
+        self._listed: dict[tuple[int, str], tuple[str, int, str]] = {}
+
+    def _unjudged(self, entries, done: set[str]) -> list[tuple[int, str]]:
+        """(base, submission id) of the records among ``entries`` neither ``done`` nor judged as they are now."""
+        listed = {}
+        for entry in entries:
+            parsed = layout.parse_submission_path(entry[0])
+            if parsed and parsed[2] == layout.SUBMISSION_FILE and parsed[1] not in done \
+                    and entry not in self.judged_records:
+                listed[parsed[:2]] = entry
+        self._listed = listed
+        return sorted(listed)
+
+    def _check_record_size(self, base: int, sub_id: str) -> str:
+        """The record's path; refused by its listed size (nothing is downloaded) when over ``RECORD_MAX``."""
+        rel = layout.submission_path(base, sub_id, layout.SUBMISSION_FILE)
+        entry = self._listed.get((base, sub_id))
+        if entry is not None and entry[1] > RECORD_MAX:
+            raise StoreError(f"{self.location}/{rel} is {entry[1]:,} bytes, more than the {RECORD_MAX:,} a "
+                             "submission record may have", code="too_large", hint="it is not read")
+        return rel
+
+    def judged(self, base: int, sub_id: str) -> None:
+        """Remember the record of ``sub_id`` as the last scan listed it: refused or ignored, it is not read again
+        until it changes (``Judged``)."""
+        entry = self._listed.get((base, sub_id))
+        if entry is not None:
+            self.judged_records.add(entry)
+
+
+class RepoInbox(Scanned):
+    """Submissions committed to the run repo (a record's version: its size only; a repo path is written once)."""
+
+    in_repo = True
+
+    def __init__(self, store: Store):
+        super().__init__()
+        self.store = store
+        self.location = store.location
+
+    def fetch(self, base: int, sub_id: str, commit: str, dest: Path, *, max_bytes: int) -> Path:
+        """Copy the submission's files at ``commit`` into ``dest``, after checking their names and sizes in the
+        repo's listing (``check_listing``): an oversized or unexpected file is refused before any byte of the
+        folder is downloaded."""
+        prefix = layout.submission_dir(base, sub_id)
+        sizes = self.store.file_sizes(prefix, commit)
+        if sizes:
+            check_listing(prefix, {p[len(prefix) + 1:]: n for p, n in sizes.items()}, max_bytes)
+        return runrepo.submission_at(self.store, base, sub_id, commit, dest, sizes=sizes)
+
+    def revision(self) -> str | None:
+        return self.store.head()
+
+    def unseen(self, done: set[str], revision: str | None, bases=None) -> list[tuple[int, str]]:
+        sizes = self.store.file_sizes(layout.SUBMISSIONS, revision)
+        return self._unjudged(((path, size, "") for path, size in sizes.items()), done)
+
+    def read_record(self, base: int, sub_id: str, revision: str | None) -> bytes:
+        return self.store.read(self._check_record_size(base, sub_id), revision)
+
+    def upload_urls(self, lease, max_bytes: int) -> dict[str, str]:
+        return {}
+
+    def prune(self, state, keep: int | None, max_age: int) -> int:
+        """Nothing to do: a merge commit deletes the repo's finished folders (``pruning.merge_deletes``)."""
+        return 0
+
+
+class BoxInbox(Scanned):
     """Submissions as write-once objects in a box (a local folder or an S3 bucket/prefix)."""
 
     in_repo = False
 
     def __init__(self, box, *, upload_ttl_s: int = 900):
+        super().__init__()
         self.box, self.upload_ttl_s = box, int(upload_ttl_s)
         self.location = box.location
-        self.judged_records = Judged()
         self.pruned_at: int | None = None  # the version whose finished rounds were last deleted (``prune``)
-        self._listed: dict[tuple[int, str], tuple[str, int, str]] = {}  # the last scan's records
 
     def fetch(self, base: int, sub_id: str, commit: str, dest: Path, *, max_bytes: int) -> Path:
         """Copy the submission's objects into ``dest`` after checking the listing; ``commit`` (``sha256:…``)
@@ -185,30 +214,12 @@ class BoxInbox:
     def unseen(self, done: set[str], revision: str | None, bases=None) -> list[tuple[int, str]]:
         """Rounds whose submission.json is in the box, neither ``done``, already judged as it is now, nor older
         than ``bases`` allows."""
-        listed = {}
-        for base in bases if bases is not None else ():
-            for entry in self.box.entries(f"{layout.SUBMISSIONS}/{base:06d}"):
-                parsed = layout.parse_submission_path(entry[0])
-                if parsed and parsed[2] == layout.SUBMISSION_FILE and parsed[1] not in done \
-                        and entry not in self.judged_records:
-                    listed[parsed[:2]] = entry
-        self._listed = listed
-        return sorted(listed)
+        entries = [e for base in (bases if bases is not None else ())
+                   for e in self.box.entries(f"{layout.SUBMISSIONS}/{base:06d}")]
+        return self._unjudged(entries, done)
 
     def read_record(self, base: int, sub_id: str, revision: str | None) -> bytes:
-        rel = layout.submission_path(base, sub_id, layout.SUBMISSION_FILE)
-        entry = self._listed.get((base, sub_id))
-        if entry is not None and entry[1] > RECORD_MAX:  # refused by its listed size: nothing is downloaded
-            raise StoreError(f"{self.location}/{rel} is {entry[1]:,} bytes, more than the {RECORD_MAX:,} a "
-                             "submission record may have", code="too_large", hint="it is not read")
-        return self.box.read(rel, max_bytes=RECORD_MAX)
-
-    def judged(self, base: int, sub_id: str) -> None:
-        """Remember the record of ``sub_id`` as the last scan listed it: refused or ignored, it is not read again
-        until it changes (``Judged``)."""
-        entry = self._listed.get((base, sub_id))
-        if entry is not None:
-            self.judged_records.add(entry)
+        return self.box.read(self._check_record_size(base, sub_id), max_bytes=RECORD_MAX)
 
     def prune(self, state, keep: int | None, max_age: int) -> int:
         """Delete the objects of rounds finished as ``coordinator.keep_submissions`` says for folders in the repo
