@@ -16,6 +16,7 @@ state.json with every merged entry, so a restart keeps the bound) — from histo
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import statistics
 from dataclasses import dataclass, field
@@ -126,7 +127,8 @@ def _check_staleness(c, lease: Lease, sub_id: str, base_version: int) -> None:
 def _check_folder(c, lease: Lease, sub_id: str, commit: str) -> Pending:
     """Fetch the submission from the run's inbox (the repo at ``commit``, or a box): names and sizes are checked
     in the listing first, against ``submission_limit``, so an oversized folder is refused before it is read."""
-    dest = c.workdir / "submissions" / f"{sub_id}-{commit.removeprefix('sha256:')[:12]}"
+    tag = hashlib.sha256(commit.encode()).hexdigest()[:12]  # the participant's commit never names the folder
+    dest = c.workdir / "submissions" / f"{sub_id}-{tag}"
     limit = submission_limit(c, lease)
     try:
         folder = c.inbox.fetch(lease.base_version, sub_id, commit, dest, max_bytes=limit)
