@@ -8,7 +8,6 @@ this side: one chunk is sent again and again, so a 600 MiB attack costs the send
 from __future__ import annotations
 
 import json
-import os
 import select
 import socket
 import subprocess

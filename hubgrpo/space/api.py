@@ -38,7 +38,6 @@ The ``gr.api`` endpoints are registered with ``queue=False``, so that raw HTTP m
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
@@ -49,15 +48,14 @@ from typing import Any, Callable, Protocol
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is imported: no phoning home
 
 import gradio as gr  # noqa: E402
-from pydantic import BaseModel, ValidationError  # noqa: E402
 
-from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, Refused  # noqa: E402
-from hubgrpo import __version__  # noqa: E402
+from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, Refused  # noqa: E402
 from hubgrpo import layout  # noqa: E402
-from hubgrpo.layout import PROTOCOL_VERSION, Lease  # noqa: E402
+from hubgrpo.layout import Lease  # noqa: E402
 from hubgrpo.space import guard  # noqa: E402
 from hubgrpo.space.admissions import Admissions  # noqa: E402
 from hubgrpo.space.ticker import Ticker  # noqa: E402
+from hubgrpo.space.wire import caller_token, check_protocol, error_dict, parse_lease, plain, redact  # noqa: E402
 
 log = logging.getLogger("hubgrpo.space.api")
 
@@ -89,62 +87,6 @@ class CoordinatorLike(Protocol):
     merge_wait_s: float  # how long a lease may wait for a due or running merge
 
 
-# ------------------------------------------------------------------------------------------------ wire helpers
-
-
-def plain(value: Any) -> Any:
-    """Make ``value`` strict JSON: pydantic models dumped, tuples as lists, NaN/inf as null; else TypeError."""
-    if isinstance(value, BaseModel):
-        return plain(value.model_dump(mode="json"))
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
-
-
-def error_dict(err: HubGrpoError) -> dict:
-    """``err.to_dict()``, plus ``wait_s`` when the error says how long to wait before retrying."""
-    d = err.to_dict()
-    wait = getattr(err, "wait_s", None)
-    if wait is not None:
-        d["wait_s"] = float(wait)
-    return d
-
-
-def check_protocol(protocol: Any) -> None:
-    """Refuse a worker that speaks another wire protocol (or does not say), with the install that matches."""
-    if protocol == PROTOCOL_VERSION and not isinstance(protocol, bool):
-        return
-    from hubgrpo.space.view import install_line
-
-    install = install_line(os.environ.get("SPACE_ID"), os.environ.get("HF_ENDPOINT"))
-    raise Refused("version", f"this coordinator speaks hubgrpo protocol {PROTOCOL_VERSION} (hubgrpo {__version__}); "
-                  f"the worker sent {str(protocol)[:40]!r}", hint=f"{install}, then start the worker again")
-
-
-def parse_lease(value: Any) -> Lease:
-    """Validate a lease sent by a worker; anything malformed is a ``LeaseError`` refusal."""
-    try:
-        return Lease.model_validate(value)
-    except ValidationError as e:
-        first = e.errors()[0] if e.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())) or "lease"
-        raise LeaseError(f"malformed lease ({where}: {first.get('msg', 'invalid')})",
-                         hint="send the lease exactly as the coordinator returned it") from None
-
-
-def _redact(text: str, secrets: tuple[Any, ...]) -> str:
-    for s in secrets:
-        if isinstance(s, str) and s:
-            text = text.replace(s, "***")
-    return text
-
-
 # ------------------------------------------------------------------------------------------------ endpoints
 
 
@@ -171,12 +113,12 @@ class CoordinatorApi:
         try:
             return fn()
         except HubGrpoError as e:
-            log.debug("%s refused: %s (%s)", name, e.code, _redact(e.message, (token,)))
+            log.debug("%s refused: %s (%s)", name, e.code, redact(e.message, (token,)))
             return {"ok": False, "error": error_dict(e)}
         except Exception as e:  # deliberate: nothing unexpected may cross the wire as a traceback
-            text = _redact("".join(traceback.format_exception(e)), (token,))
+            text = redact("".join(traceback.format_exception(e)), (token,))
             log.error("internal error in %s endpoint:\n%s", name, text)
-            message = _redact(f"{type(e).__name__}: {e}", (token,))[:500]
+            message = redact(f"{type(e).__name__}: {e}", (token,))[:500]
             err = CoordinatorError(f"the coordinator failed while handling {name!r}: {message}",
                                    hint="this is a coordinator bug or outage; it is logged on the server, "
                                         "retry later", code="internal")
@@ -204,6 +146,8 @@ class CoordinatorApi:
               request: gr.Request = None) -> dict:
         """Lease a round to ``worker``. With an auth hook the authenticated name replaces ``user``. ``protocol``
         is the worker's wire protocol version; any other than this coordinator's is refused (code ``version``)."""
+        token = caller_token(token, request)
+
         def run():
             check_protocol(protocol)
             who = self._user(token, request) if self.auth is not None else user
@@ -256,6 +200,8 @@ class CoordinatorApi:
 
     def heartbeat(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
         """Extend a lease's deadline; the answer is the re-signed lease."""
+        token = caller_token(token, request)
+
         def run():
             parsed = self._owned_lease(lease, token, request)
             with self.lock:
@@ -265,6 +211,8 @@ class CoordinatorApi:
 
     def release(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
         """Give a lease back (the worker stopped); its prompts return to the pool."""
+        token = caller_token(token, request)
+
         def run():
             parsed = self._owned_lease(lease, token, request)
             with self.lock:
@@ -274,6 +222,8 @@ class CoordinatorApi:
     def submit(self, lease: dict, commit: str, token: str | None = None, request: gr.Request = None) -> dict:
         """Report the commit holding a round's submission; answers admitted / merged / duplicate (synchronous: the
         answer waits for the round's check; the plain route ``/hubgrpo/api/submit`` answers at once instead)."""
+        token = caller_token(token, request)
+
         def run():
             first = self._queue_round(lease, commit, token, request)
             result = first.get("result") if first.get("ok") else None
@@ -286,6 +236,7 @@ class CoordinatorApi:
                       request: gr.Request = None) -> dict:
         """Report a round's commit; answers ``{status: checking, submission_id, wait_s}`` at once, after the cheap
         checks (lease signature and owner, the commit id); ``verdict`` then tells how the check went."""
+        token = caller_token(token, request)
         return self._guarded("submit", token, lambda: self._queue_round(lease, commit, token, request))
 
     def _queue_round(self, lease: Any, commit: Any, token: str | None, request: Any) -> dict:
@@ -317,6 +268,8 @@ class CoordinatorApi:
     def verdict(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
         """How the check of a submitted round went: the answer ``submit`` would have given (admitted / merged /
         duplicate, or the refusal), ``checking`` while it waits, ``unknown`` for a round never submitted here."""
+        token = caller_token(token, request)
+
         def run():
             parsed = self._owned_lease(lease, token, request)
             precheck = getattr(self.coord, "precheck", None)
@@ -327,12 +280,15 @@ class CoordinatorApi:
 
     def status(self, token: str | None = None, request: gr.Request = None) -> dict:
         """Run status (public, read-only, not serialised behind the lock)."""
+        token = caller_token(token, request)
         return self._answer("status", token, self.coord.status)
 
     def record_eval(self, version: int, reward: float, samples: int, token: str | None = None,
                     protocol: Any = None, request: gr.Request = None) -> dict:
         """Record the held-out reward of a version (``hubgrpo evaluate``): ``{status: recorded | duplicate,
         version}``. With auth, only ``coordinator.evaluators`` (default: the repo owner) may call it."""
+        token = caller_token(token, request)
+
         def run():
             check_protocol(protocol)
             if self.auth is not None:

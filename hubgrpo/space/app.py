@@ -29,7 +29,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is i
 import gradio as gr  # noqa: E402
 
 from hubgrpo.space import view  # noqa: E402
-from hubgrpo.space.api import AuthHook, attach_routes, build_app, free_port  # noqa: E402
+from hubgrpo.space.api import AuthHook, attach_routes, build_app, caller_token, free_port  # noqa: E402
 from hubgrpo.space.upload import UPLOAD_FILES, Uploads, upload_body_limit  # noqa: E402
 
 CSS = """
@@ -119,6 +119,8 @@ def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, 
         """Upload a round's submission ({file name: base64} of adapter_model.safetensors, adapter_config.json,
         rollouts.json.gz and submission.json) for a worker without write access; checked, committed in a batch,
         then submitted."""
+        token = caller_token(token, request)
+
         def run():
             return uploads.handle(api._owned_lease(lease, token, request), files)
         return api._answer("upload", token, run)
