@@ -10,7 +10,8 @@ the command line::
 
     python -m tests.hub_emulator --port 8123 --data /tmp/bucket --user hf_test_alice_token=alice
 
-Faults (``set_faults`` for a random rate, ``fail_next`` for exact sequences), per endpoint name:
+Faults (``set_faults`` for a random rate, ``fail_next`` for exact sequences, ``fail_at`` for the Nth request of
+any endpoint, optionally with the server down from there on: a client that crashed at that call), per endpoint name:
 ``429`` (``RateLimit: "api";r=0;t=<ratelimit_reset_s>``), ``409`` (the busy answer), ``500`` (not applied),
 ``timeout`` (sleeps ``timeout_s`` then closes the connection without answering; not applied), ``lost`` (APPLIED,
 then the answer is dropped: alternately a 500 and a connection reset; ``lost-500``/``lost-reset`` pick one),
@@ -61,6 +62,9 @@ class HubEmulator:
         self._forced: list[tuple[str, tuple[str, ...]]] = []
         self._lost_toggle = 0
         self._late: list = []
+        self._fail_at: tuple[int, str, bool] | None = None  # (requests left before the fault, kind, down after it)
+        self._down = False
+        self.calls: list[tuple[str, str]] | None = None  # (method, endpoint) of each request, after record_calls()
         self.set_faults()
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -119,6 +123,24 @@ class HubEmulator:
         with self._lock:
             self._forced.extend([(kind, tuple(paths))] * count)
 
+    def fail_at(self, n: int, kind: str = "500", *, down: bool = False) -> None:
+        """Force ``kind`` on request number ``n`` (1-based) from now, whatever its endpoint; with ``down`` every
+        later request answers 500 as well, until ``clear_faults`` (as if the client crashed at that call)."""
+        with self._lock:
+            self._fail_at, self._down = (int(n), kind, bool(down)), False
+
+    def record_calls(self) -> list[tuple[str, str]]:
+        """Start a fresh list of the (method, endpoint) of every request from now on (off by default: unbounded)."""
+        with self._lock:
+            self.calls = []
+            return self.calls
+
+    def clear_faults(self) -> None:
+        """Forget every forced fault and the random rate, and bring a ``fail_at(down=True)`` server back up."""
+        with self._lock:
+            self._forced, self._fail_at, self._down = [], None, False
+        self.set_faults()
+
     @property
     def stats(self) -> dict:
         """requests, commits_applied, busy_409 (real lock contention) and faults injected per kind."""
@@ -126,10 +148,16 @@ class HubEmulator:
             return {"requests": self._requests, **self.api.counts, "faults": dict(self._faults_done)}
 
     # -- fault injection -----------------------------------------------------------------------------------
-    def _draw_fault(self, endpoint: str) -> str | None:
-        """Count the request and pick its fault: a forced one first, else random at ``fault_rate``."""
+    def _draw_fault(self, endpoint: str, method: str = "GET") -> str | None:
+        """Count the request and pick its fault: ``fail_at`` first, then a forced one, else random at ``fault_rate``."""
         with self._lock:
             self._requests += 1
+            if self.calls is not None:
+                self.calls.append((method, endpoint))
+            kind = self._scheduled()
+            if kind is not None:
+                self._faults_done[kind.split("-")[0]] += 1
+                return kind
             for i, (kind, paths) in enumerate(self._forced):
                 if endpoint in paths or "*" in paths:
                     del self._forced[i]
@@ -144,6 +172,22 @@ class HubEmulator:
                 kind = "lost-500" if self._lost_toggle % 2 else "lost-reset"
             self._faults_done[kind.split("-")[0]] += 1
             return kind
+
+    def _scheduled(self) -> str | None:
+        """The ``fail_at`` fault of this request, if any (under the lock); 'lost' alternates like random faults."""
+        if self._down:
+            return "500"
+        if self._fail_at is None:
+            return None
+        left, kind, down = self._fail_at
+        if left > 1:
+            self._fail_at = (left - 1, kind, down)
+            return None
+        self._fail_at, self._down = None, down
+        if kind == "lost":
+            self._lost_toggle += 1
+            kind = "lost-500" if self._lost_toggle % 2 else "lost-reset"
+        return kind
 
     def _land_late_commits(self) -> None:
         """Apply the commits held back by ``late`` faults (their clients already saw a dropped connection)."""
@@ -208,7 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
         endpoint, thunk = emu.api.route(req)
         if endpoint == "commit":
             emu._land_late_commits()
-        fault = emu._draw_fault(endpoint)
+        fault = emu._draw_fault(endpoint, self.command)
         if fault == "late":
             with emu._lock:
                 emu._late.append(thunk)

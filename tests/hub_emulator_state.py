@@ -197,6 +197,17 @@ class HubState:
         register_lfs(self, repo, old, tree)
         return self._add_commit(repo, branch, tree, title, message, author)
 
+    def copy_repo(self, repo_type: str, src: str, dst: str) -> Repo:
+        """A copy of repo ``src`` named ``dst`` (same commits, refs and LFS records; blobs are shared), so that a
+        test can run one scenario many times on the same history. Not persisted to ``data_dir``."""
+        with self.lock:
+            old = self.repos[(repo_type, src)]
+            new = Repo(repo_type, dst, old.private, old.created_at, lfs={k: dict(v) for k, v in old.lfs.items()},
+                       commits={s: Commit(**asdict(c)) for s, c in old.commits.items()},
+                       branches=dict(old.branches), tags=dict(old.tags))
+            self.repos[(repo_type, dst)] = new
+            return new
+
     def delete_repo(self, repo_type: str, repo_id: str) -> None:
         del self.repos[(repo_type, repo_id)]
         self._log({"op": "delete", "type": repo_type, "id": repo_id})

@@ -80,9 +80,10 @@ def test_gc_reclaims_history_and_keeps_every_kept_version_loadable_by_its_tag(ba
     r = subprocess.run([str(EXE), "gc", "--repo", repo_arg, "--keep", "3"], env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "would keep 3 versions" in r.stdout, r.stdout + r.stderr
+    assert "looks live" in r.stdout  # the last merge is seconds old: --yes alone would refuse
     assert len(store.history()) == commits  # a dry run changes nothing
-    r = subprocess.run([str(EXE), "gc", "--repo", repo_arg, "--keep", "3", "--yes"], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([str(EXE), "gc", "--repo", repo_arg, "--keep", "3", "--yes", "--force"], env=env,
+                       capture_output=True, text=True, timeout=120)  # the coordinator is stopped
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(store.history()) == 1 and sorted(store.tags()) == ["v000006", "v000007", "v000008"]
     after = _tagged_adapters(store)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.config import Config
-from hubgrpo.coordinator import admit, leases, leasing
+from hubgrpo.coordinator import admit, leases, leasing, reconcile
 from hubgrpo.errors import (CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, MergeError, NotFound,
                             RateLimited, StoreUnavailable)
 from hubgrpo.layout import Lease, Refusal, RunState, WorkerStats
@@ -92,9 +92,7 @@ class Coordinator:
         if head is None:
             raise NotFound(f"{self.store.location} is empty", hint="create the run with `hubgrpo init`")
         state = runrepo.read_state(self.store, head)
-        shas = runrepo.version_shas(self.store)
-        if state.version not in shas:
-            shas[state.version] = self._reconcile_tag(state.version)
+        shas = reconcile.version_shas(self.store, state.version)  # tags a crashed gc or merge left missing
         return {"head": head, "cfg": runrepo.read_config(self.store, head), "state": state, "shas": shas,
                 "history": [c.created_at for c in self.store.history(limit=200)]}
 
@@ -121,16 +119,6 @@ class Coordinator:
 
     def reload(self) -> None:
         self.apply_repo(self.read_repo())
-
-    def _reconcile_tag(self, version: int) -> str:
-        """A coordinator that died between the merge commit and its tag: tag that commit now."""
-        want = f"hubgrpo: version {version} "
-        for c in self.store.history(limit=200):
-            if c.message.startswith(want):
-                self.store.tag(layout.version_tag(version), c.sha, exist_ok=True)
-                return c.sha
-        raise NotFound(f"state.json says version {version} but no commit or tag for it was found",
-                       hint="the run repo was edited by hand; restore state.json from the last tagged version")
 
     @property
     def restart_margin(self) -> int:
@@ -335,6 +323,7 @@ class Coordinator:
         ~9000 box objects for 10–19 s, and merges must not wait for it. Returns how many rounds were found."""
         if not force and not self.scan_due():
             return 0
+        reconcile.reload_if_rewritten(self, lock)  # `hubgrpo gc` moved the tags: never lease deleted commits
         prepared = self.scan()
         with lock or contextlib.nullcontext():
             for p in prepared:

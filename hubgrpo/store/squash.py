@@ -11,7 +11,10 @@
    rebuilt commits, and the LFS files no remaining tree references are deleted for good
    (``list_lfs_files`` / ``permanently_delete_lfs_files``; regular files the Hub collects itself).
 
-Not atomic, and readers holding an old revision lose it: stop every writer first, and rerun it after a failure.
+A ``LocalStore`` does it under its lock, switching tags and head with atomic writes. On the Hub it is a sequence
+of calls (``squash_hub``) in which every kept tag always names a commit holding its files — a tag on the move has a
+temporary stand-in, which ``restore_tags`` turns back into the tag after a crash — and a rerun after a failure
+anywhere finishes the job. Readers holding an old revision lose it: stop every writer first.
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ import shutil
 from typing import Mapping, Sequence
 
 from hubgrpo.errors import StoreError
-
-SCRATCH_BRANCH = "hubgrpo-gc"
+from hubgrpo.store.squash_hub import SCRATCH_BRANCH, TEMP_PREFIX  # noqa: F401 (re-exported)
 
 
 def squash(store, *, message: str, head_tags: Sequence[str], rebuild: Mapping[str, Sequence[str]],
@@ -34,7 +36,9 @@ def squash(store, *, message: str, head_tags: Sequence[str], rebuild: Mapping[st
     if isinstance(store, LocalStore):
         return _squash_local(store, message, head_tags, rebuild, drop)
     if isinstance(store, HubStore):
-        return _squash_hub(store, message, head_tags, rebuild, drop)
+        from hubgrpo.store.squash_hub import squash_hub
+
+        return squash_hub(store, message, head_tags, rebuild, drop)
     if store.location.startswith("s3://"):  # hubgrpo.store.s3_gc: tags never move there
         from hubgrpo.store.s3_gc import squash as squash_s3
 
@@ -87,64 +91,17 @@ def _reclaim_local(store, refs: set[str]) -> None:
         store._trees.clear()
 
 
-# ------------------------------------------------------------------------------------------------ Hub
+# ------------------------------------------------------------------------------------------------ tags
 
 
-def _squash_hub(store, message, head_tags, rebuild, drop) -> dict[str, str]:
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from hubgrpo.store.hub import HUB_ERRORS, map_error
-
-    api, kw = store.api, {"repo_type": store.repo_type, "token": store.token}
-    try:
-        tags = store.tags()
-        files = {tag: {p: store.local_path(p, tags[tag]) for p in paths} for tag, paths in rebuild.items()}
-        api.super_squash_history(store.repo_id, branch="main", commit_message=message, **kw)
-        main = store.head()
-        new = {"main": main, **{t: main for t in head_tags}}
-        new.update(_rebuild_hub(store, main, files, message))
-        for tag in [t for t in new if t != "main"] + [t for t in drop if t not in new]:
-            try:
-                api.delete_tag(store.repo_id, tag=tag, **kw)
-            except HfHubHTTPError as e:  # a tag that is not there (a rerun after a failure) is fine
-                if getattr(e.response, "status_code", None) != 404:
-                    raise
-            if tag in new:
-                api.create_tag(store.repo_id, tag=tag, revision=new[tag], **kw)
-        api.delete_branch(store.repo_id, branch=SCRATCH_BRANCH, **kw)
-        _delete_dead_lfs(store, set(new.values()) | set(store.tags().values()))
-    except HUB_ERRORS as e:
-        raise map_error(e, what="gc (history rewrite)", repo=store.location) from None
-    return new
-
-
-def _rebuild_hub(store, main: str, files: dict, message: str) -> dict[str, str]:
-    """One commit per rebuilt tag on a scratch branch started at ``main``, each holding exactly its files."""
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
-
-    api, kw = store.api, {"repo_type": store.repo_type, "token": store.token}
-    api.create_branch(store.repo_id, branch=SCRATCH_BRANCH, revision=main, exist_ok=True, **kw)
-    present = set(store.list_files("", main))
-    out = {}
-    for tag, local in files.items():
-        ops = [CommitOperationDelete(path_in_repo=p) for p in sorted(present - set(local))]
-        ops += [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(f)) for p, f in local.items()]
-        info = api.create_commit(store.repo_id, ops, commit_message=f"{message} ({tag})", revision=SCRATCH_BRANCH,
-                                 **kw)
-        out[tag], present = info.oid, set(local)
-    return out
-
-
-def _delete_dead_lfs(store, refs: set[str]) -> int:
-    """Permanently delete the stored LFS files no tree of ``refs`` references; returns how many."""
-    api, kw = store.api, {"repo_type": store.repo_type, "token": store.token}
-    live = set()
-    for sha in refs:
-        for entry in api.list_repo_tree(store.repo_id, recursive=True, revision=sha, **kw):
-            lfs = getattr(entry, "lfs", None)
-            if lfs is not None:
-                live.add(lfs.sha256)
-    dead = [f for f in api.list_lfs_files(store.repo_id, **kw) if f.file_oid not in live]
-    if dead:
-        api.permanently_delete_lfs_files(store.repo_id, dead, **kw)
-    return len(dead)
+def restore_tags(store, tags: dict[str, str] | None = None, *, write: bool = True) -> dict[str, str]:
+    """The tags of ``store`` with every tag a crashed ``gc`` left missing re-created (``write``) from its temporary
+    stand-in ``hubgrpo-gc.<tag>`` (``squash_hub``, step 4); without ``write`` only the returned view has them."""
+    tags = dict(store.tags() if tags is None else tags)
+    for temp, sha in sorted(tags.items()):
+        name = temp[len(TEMP_PREFIX):]
+        if temp.startswith(TEMP_PREFIX) and name and name not in tags:
+            if write:
+                store.tag(name, sha, exist_ok=True)
+            tags[name] = sha
+    return tags
