@@ -76,5 +76,5 @@ def live_reason(store, state, head: str, now: float) -> str | None:
     age = now - when
     if age >= window:
         return None
-    return (f"{what} {max(0.0, age):.0f} s ago, less than {window:.0f} s (2 × coordinator.round_timeout_s) before "
-            "now")
+    return (f"its last write ({what}) was {max(0.0, age):.0f} s ago, within {window:.0f} s "
+            f"({LIVE_TIMEOUTS} × coordinator.round_timeout_s)")
