@@ -100,13 +100,30 @@ def load_adapter(repo: str | Path | Store, *, revision: str | None = None, devic
     from hubgrpo.worker.models import load_model
 
     store = store_for(repo)
-    rev = revision or store.head()
+    rev = _commit_for(store, revision)
     folder = runrepo.fetch_dir(store, {f: f for f in layout.ADAPTER_FILES}, rev,
                                Path(tempfile.mkdtemp(prefix="hubgrpo-adapter-")) / "adapter")
 
     base_name = json.loads((folder / layout.ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
     base, tokenizer = load_model(_builtin_for(base_name), device=device)
     return PeftModel.from_pretrained(base, str(folder)).eval(), tokenizer
+
+
+def _commit_for(store: Store, revision: str | None) -> str:
+    """The commit ``revision`` names: a sha or a version tag as it is, ``None`` or ``"main"`` the head, another tag
+    its commit (only commit ids name a folder of the cache: ``layout.is_commit_id``)."""
+    from hubgrpo import layout
+    from hubgrpo.errors import NotFound
+
+    if revision in (None, "main"):
+        return store.head()
+    if layout.is_commit_id(revision):
+        return revision
+    sha = store.tags().get(revision)
+    if sha is None:
+        raise NotFound(f"{store.location} has no revision {revision[:80]!r}",
+                       hint="use a version tag such as v000003, a commit sha, or leave revision out for the head")
+    return sha
 
 
 def _builtin_for(name: str) -> str:

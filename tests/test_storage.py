@@ -99,3 +99,18 @@ def test_gc_reclaims_history_and_keeps_every_kept_version_loadable_by_its_tag(ba
     c = Coordinator(store, SECRET, clock=FakeClock(2_000_000.0), workdir=tmp_path / "coord-after")
     run_versions(store, tmp_path / "after", 2, c)  # the run goes on after gc
     assert c.state.version == 10 and sorted(store.tags())[-1] == "v000010"
+
+
+def test_the_python_api_resolves_main_tags_and_shas_and_names_an_unknown_revision(tmp_path):
+    """``load_adapter(revision=...)``: the user's own argument may be ``main`` or any tag (resolved to its commit
+    before it names a cache folder); a name the repo does not have is a clear NotFound, not a path."""
+    from hubgrpo.errors import NotFound
+    from hubgrpo.runs import _commit_for
+    from tests.coord_helpers import local_coordinator
+
+    store, _, _ = local_coordinator(tmp_path)
+    head, v0 = store.head(), store.tags()["v000000"]
+    assert _commit_for(store, None) == _commit_for(store, "main") == head
+    assert _commit_for(store, "v000000") == "v000000" and _commit_for(store, v0) == v0
+    with pytest.raises(NotFound, match="no revision '../x'"):
+        _commit_for(store, "../x")
