@@ -264,3 +264,30 @@ def test_a_coordinator_refuses_a_secret_file_others_can_read(tmp_path):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert str(secret_file) in r.stderr and "0644" in r.stderr and "chmod 600" in r.stderr
     assert secret_file.read_bytes() == kept and kept.decode() not in r.stdout + r.stderr  # nothing lost or shown
+
+
+@pytest.mark.timeout(60)
+def test_a_whole_run_from_the_users_own_config_grants_its_reward_placeholders_and_nothing_else(tmp_path, monkeypatch):
+    """``hubgrpo run CONFIG``: the reward kwargs' placeholders of the user's own file are granted for the run (the
+    coordinator and its workers read them back from the repo); a name only the repo carries is not; the variable is
+    restored afterwards."""
+    from hubgrpo.cli.embedded import _restore_env, grant_reward_env
+    from hubgrpo.config import RewardConfig, load_config
+    from hubgrpo.errors import ConfigError
+    from hubgrpo.task.rewards import fill_kwargs
+
+    (tmp_path / "run.yaml").write_text("base_model: builtin:tiny\nproject_name: p\nrewards:\n  - function: builtin:exact_answer\n"
+                                       "    kwargs: {api_key: '${JUDGE_API_KEY}'}\n")
+    monkeypatch.setenv("JUDGE_API_KEY", JUDGE_KEY)
+    monkeypatch.setenv("HUBGRPO_REWARD_ENV", "OTHER")
+    cfg = load_config(tmp_path / "run.yaml")
+    previous = grant_reward_env(cfg)
+    try:
+        assert os.environ["HUBGRPO_REWARD_ENV"] == "OTHER,JUDGE_API_KEY"
+        stored = RewardConfig(function="builtin:exact_answer", kwargs={"api_key": "${JUDGE_API_KEY}"})
+        assert fill_kwargs(stored) == {"api_key": JUDGE_KEY}
+        with pytest.raises(ConfigError, match="HUBGRPO_SECRET"):
+            fill_kwargs(RewardConfig(function="builtin:exact_answer", kwargs={"k": "${HUBGRPO_SECRET}"}))
+    finally:
+        _restore_env("HUBGRPO_REWARD_ENV", previous)
+    assert os.environ["HUBGRPO_REWARD_ENV"] == "OTHER"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -16,9 +17,10 @@ from pathlib import Path
 
 from hubgrpo import runrepo
 from hubgrpo.coordinator.repo_init import init_repo
-from hubgrpo.config import Config
+from hubgrpo.config import Config, from_env, placeholders
 from hubgrpo.errors import ConfigError, StoreError
 from hubgrpo.store.base import Store
+from hubgrpo.task.rewards import REWARD_ENV
 
 log = logging.getLogger("hubgrpo.cli.embedded")
 
@@ -142,13 +144,36 @@ def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers own the cores; an oversubscribed merge stalls every submit
     previous = _unwind_on_sigterm()
+    granted = grant_reward_env(cfg)
     try:
         return _serve_and_watch(cfg, store, workers=workers, repo_arg=repo_arg, port=port, on_status=on_status,
                                 max_wall_s=max_wall_s, eval_samples=eval_samples if evaluate else 0)
     finally:
         torch.set_num_threads(threads)
+        _restore_env(REWARD_ENV, granted)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def grant_reward_env(cfg: Config) -> str | None:
+    """A whole run on this machine from the user's OWN config file: the variables its reward kwargs name
+    (``${JUDGE_API_KEY}``, filled from this environment when the file was loaded) are added to
+    ``HUBGRPO_REWARD_ENV`` for the coordinator and the processes it spawns, which read the placeholders back from
+    the run repo (``task.rewards.fill_kwargs``). Names come from the file, never from the repo. Returns the
+    previous value of the variable (``_restore_env``)."""
+    names = placeholders([text for path, text in from_env(cfg).items() if path and path[0] == "rewards"])
+    previous = os.environ.get(REWARD_ENV)
+    if names:
+        listed = [n for n in re.split(r"[,\s]+", previous or "") if n]
+        os.environ[REWARD_ENV] = ",".join(dict.fromkeys(listed + names))
+    return previous
+
+
+def _restore_env(name: str, previous: str | None) -> None:
+    if previous is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = previous
 
 
 def _unwind_on_sigterm():
