@@ -53,6 +53,7 @@ def launch(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
         return
     api = _api()
     if install == "space":
+        _check_space_owner(api, coordinator)
         _check_wheel(api, coordinator)
     started = jobs.start(specs, token=api.token, api=api)
     for spec, job in zip(specs, started):
@@ -66,6 +67,21 @@ def _describe(spec: dict) -> str:
              f"  command: {spec['command'][-1]}", f"  env: {spec['env']}",
              f"  secrets: {', '.join(spec['secrets'])} (your token)", f"  labels: {spec['labels']}"]
     return "\n".join(lines)
+
+
+def _check_space_owner(api, space_id: str) -> None:
+    """``--install space`` runs the Space's wheel in each job with your HF_TOKEN: only a Space in your namespace
+    (your name or one of your orgs) is trusted with that; a coordinator someone gave you is not."""
+    from hubgrpo.errors import ConfigError
+
+    me = api.whoami()
+    mine = {me.get("name")} | {o.get("name") for o in me.get("orgs") or [] if isinstance(o, dict)}
+    if space_id.split("/")[0] not in mine:
+        raise ConfigError(f"--install space would run the code that {space_id} publishes in each job, with your "
+                          f"HF_TOKEN; that Space is not in your namespace ({', '.join(sorted(filter(None, mine)))})",
+                          hint="install a hubgrpo you trust: --install 'hubgrpo==VERSION' or a wheel URL (if you "
+                               "trust that Space's owner with your token: --install <its wheel URL>), or --install "
+                               "none with an image that has hubgrpo")
 
 
 def _check_wheel(api, space_id: str) -> None:
