@@ -14,6 +14,16 @@ def _fmt(x, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _safe(x):
+    """A value from a status (a coordinator's answer, a repo's state.json: the other side wrote it) as rich text:
+    no terminal control characters (``errors.wire_text``), and never read as rich markup."""
+    from rich.text import Text
+
+    from hubgrpo.errors import wire_text
+
+    return Text(wire_text(x if isinstance(x, str) else str(x), 400))
+
+
 def _console():
     """A rich console; 160 columns wide when the output is not a terminal (a log file), so no column is cut."""
     import sys
@@ -26,15 +36,15 @@ def _console():
 def print_versions(status: dict) -> None:
     from rich.table import Table
 
-    t = Table(title=f"{status['project']}: reward per version (training: recomputed from the rounds' rollouts)")
+    t = Table(title=_safe(status["project"]) + ": reward per version (training: recomputed from the rounds' rollouts)")
     for col in ("version", "reward", "held-out", "from", "submissions", "samples", "max τ", "residual"):
         t.add_column(col, no_wrap=True)
     t.add_column("contributors", overflow="fold", min_width=16)
     for v in status["versions"]:
         start = v.get("start_version")
-        t.add_row(str(v["version"]), _fmt(v["reward"]), _fmt(v.get("eval_reward")),
-                  "-" if start is None else f"v{start} (eval gate)", str(v["submissions"]), str(v["samples"]),
-                  str(v["max_staleness"]), _fmt(v["residual"], ".2e"), ", ".join(v["contributors"]))
+        t.add_row(*map(_safe, (v["version"], _fmt(v["reward"]), _fmt(v.get("eval_reward")),
+                               "-" if start is None else f"v{start} (eval gate)", v["submissions"], v["samples"],
+                               v["max_staleness"], _fmt(v["residual"], ".2e"), ", ".join(v["contributors"]))))
     _console().print(t)
 
 
@@ -46,8 +56,9 @@ def print_leaderboard(status: dict) -> None:
         t.add_column(col)
     now = time.time()
     for r in status["leaderboard"]:
-        t.add_row(r["worker"], r["user"] or "-", str(r["accepted"]), str(r["refused"]), str(r["samples"]),
-                  _fmt(r["mean_reward"]), _fmt(r["reward_gain"], "+.3f"), f"{now - r['last_seen']:.0f} s ago")
+        t.add_row(*map(_safe, (r["worker"], r["user"] or "-", r["accepted"], r["refused"], r["samples"],
+                               _fmt(r["mean_reward"]), _fmt(r["reward_gain"], "+.3f"),
+                               f"{now - r['last_seen']:.0f} s ago")))
     _console().print(t)
 
 
@@ -66,14 +77,21 @@ def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
         status["commits_last_hour"] = sum(c.created_at > hour_ago for c in store.history(limit=500))
         status["commit_budget_per_hour"] = cfg.coordinator.commit_budget_per_hour
     if as_json:
-        print(json.dumps(status, indent=1, default=str))
+        print(json.dumps(status, indent=1, default=str))  # control characters escaped as \u001b
         return
-    print_versions(status)
-    print_leaderboard(status)
-    leases = status.get("leases")
-    extra = f", live leases {len(leases)}" if leases is not None else " (no live coordinator asked)"
-    print(f"commits in the last hour: {status['commits_last_hour']} / budget {status['commit_budget_per_hour']}"
-          f"{extra}; finished: {status['finished']}")
+    try:
+        print_versions(status)
+        print_leaderboard(status)
+        leases = status.get("leases")
+        extra = f", live leases {len(leases)}" if leases is not None else " (no live coordinator asked)"
+        _console().print(_safe(f"commits in the last hour: {status['commits_last_hour']} / budget "
+                               f"{status['commit_budget_per_hour']}{extra}; finished: {status['finished']}"))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:  # not the shape a status has
+        from hubgrpo.errors import CoordinatorError, wire_text
+
+        raise CoordinatorError(f"the status from {wire_text(coordinator or store.location, 200)} is not a hubgrpo "
+                               f"status ({type(e).__name__}: {wire_text(str(e), 100)})", code="protocol",
+                               hint="check the URL: is it the run's coordinator, of this hubgrpo version?") from None
 
 
 def print_run_report(status: dict, store: Store, cfg) -> None:
