@@ -446,3 +446,18 @@ def test_submits_checked_at_once_read_the_global_adapter_once_and_all_get_it(tmp
     assert not errors, errors
     assert len(results) == 6 and all(r is results[0] for r in results)
     assert slow.adapter_reads == 1
+
+
+def test_a_budget_wait_never_exceeds_an_hour_when_the_store_clock_differs(tmp_path):
+    """Commit times come from the store (the Hub's clock, or the real clock under a simulation's virtual one): a
+    commit stamped later than the coordinator's now counts as made now, so a budget wait is at most an hour (a
+    virtual clock at 0 once waited ~1.8e9 s for a commit stamped with the epoch)."""
+    from hubgrpo.coordinator.core import Coordinator
+    from tests.coord_helpers import FakeClock
+
+    store, _, _ = _setup(tmp_path, **{"coordinator.commit_budget_per_hour": 3})
+    c = Coordinator(store, SECRET, clock=FakeClock(1000.0), workdir=tmp_path / "virtual")
+    c.lease("w1")
+    with pytest.raises(Refused) as ei:
+        c.lease("w2")
+    assert ei.value.code == "budget" and 0 < ei.value.wait_s <= 3600

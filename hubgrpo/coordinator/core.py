@@ -106,8 +106,8 @@ class Coordinator:
         self.pool.next_index = max(self.pool.next_index, self.state.next_prompt, max(live, default=-1) + 1)
         self.momentum = None
         self.last_merge_at = self.state.versions[-1].created_at if self.state.versions else self.clock()
-        hour_ago = self.clock() - 3600
-        self.commit_times = sorted(t for t in repo["history"] if t > hour_ago)
+        now = self.clock()  # a commit stamped after now (the Hub's clock ahead, a virtual clock) counts as now
+        self.commit_times = sorted(min(t, now) for t in repo["history"] if t > now - 3600)
         with self._cache_lock:
             self._adapters = {v: a for v, a in self._adapters.items() if v in self.shas}
         self.pending = {k: p for k, p in self.pending.items() if k not in set(self.state.merged_ids)}
