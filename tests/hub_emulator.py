@@ -16,7 +16,8 @@ any endpoint, optionally with the server down from there on: a client that crash
 ``timeout`` (sleeps ``timeout_s`` then closes the connection without answering; not applied), ``lost`` (APPLIED,
 then the answer is dropped: alternately a 500 and a connection reset; ``lost-500``/``lost-reset`` pick one),
 and, only on request, ``late`` (the connection is reset at once and the commit lands just before the next commit
-request is handled: a commit that landed after its client gave up).
+request is handled: a commit that landed after its client gave up). ``set_commit_quota`` gives every repo the
+Hub's hourly commit quota (off by default): past it a commit is answered 429 with the Hub's message.
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ class HubEmulator:
     def set_latency(self, s: float) -> None:
         """Seconds slept inside the commit critical section (makes concurrent commits see 409)."""
         self.api.latency_s = float(s)
+
+    def set_commit_quota(self, per_hour: int | None, clock=time.time) -> None:
+        """Answer a commit with the Hub's 429 once a repo made ``per_hour`` commits in the rolling hour of ``clock``
+        (None: no quota, the default)."""
+        self.api.commit_quota, self.api.quota_clock = (None if per_hour is None else int(per_hour)), clock
 
     def set_faults(self, rate: float = 0.0, kinds=ALL_FAULTS, seed: int = 0, paths=("commit",), *,
                    ratelimit_reset_s: int = 1, timeout_s: float = 0.2) -> None:
@@ -318,10 +324,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fault-rate", type=float, default=0.0)
     ap.add_argument("--fault-kinds", default=",".join(ALL_FAULTS))
     ap.add_argument("--fault-paths", default="commit", help="comma-separated endpoint names, or *")
+    ap.add_argument("--commit-quota", type=int, default=None, help="commits per repo per rolling hour (the Hub: ~128)")
     args = ap.parse_args(argv)
     users = dict(u.split("=", 1) for u in args.user) or {"hf_test_alice_token": "alice"}
     emu = HubEmulator(users, args.latency, args.host, args.port, data_dir=args.data)
     emu.set_faults(args.fault_rate, tuple(args.fault_kinds.split(",")), paths=tuple(args.fault_paths.split(",")))
+    emu.set_commit_quota(args.commit_quota)
     emu.start()
     print(emu.url, flush=True)
     done = threading.Event()

@@ -7,6 +7,7 @@ status, ``X-Error-Code``/``X-Error-Message`` headers and a JSON body (no body on
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 import time
@@ -21,6 +22,8 @@ from tests.hub_emulator_jobs import JobsEmulator
 from tests.hub_emulator_spaces import SpaceSettings
 from tests.hub_emulator_state import HubError, HubState, Repo, iso, tree_items
 
+# the Hub's answer past its hourly commit quota per repo (../shared/HUB_PROTOCOL.md); ~128 an hour, unpublished
+QUOTA_MESSAGE = "You have exceeded our hourly quotas for action: commit. We invite you to retry later."
 BUSY_MESSAGE = "Another commit operation is in progress for this repository. Please try again later."
 TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
@@ -83,8 +86,12 @@ class HubApi:
         self.spaces = SpaceSettings()  # Space variables and secrets (hub_emulator_spaces)
         self.jobs = JobsEmulator()  # HF Jobs run as local processes (hub_emulator_jobs)
         self.space_sdks: dict[str, str | None] = {}  # Space id -> the sdk it was created with
-        self.counts = {"commits_applied": 0, "busy_409": 0}
+        self.counts = {"commits_applied": 0, "busy_409": 0, "quota_429": 0}
         self._count_lock = threading.Lock()
+        # the Hub's hourly commit quota per repo (None: none); ``quota_clock`` may be a test's clock
+        self.commit_quota: int | None = None
+        self.quota_clock: Callable[[], float] = time.time
+        self._commit_times: dict[str, collections.deque] = {}
 
     def _count(self, key: str) -> None:
         with self._count_lock:
@@ -263,6 +270,7 @@ class HubApi:
         try:
             if self.latency_s:
                 time.sleep(self.latency_s)
+            self._spend_quota(f"{t}/{rid}")
             with self.state.lock:
                 c = self.state.apply_commit(repo, rev, lines[0].get("value") or {}, lines[1:], req.user)
                 self._count("commits_applied")
@@ -270,6 +278,20 @@ class HubApi:
             repo.commit_lock.release()
         return json_resp({"success": True, "commitOid": c.sha, "pullRequestUrl": None,
                           "commitUrl": f"{self.repo_url(req, t, rid)}/commit/{c.sha}"})
+
+    def _spend_quota(self, key: str) -> None:
+        """One commit of ``key``'s rolling-hour quota, or the Hub's 429 (no wait header: the Hub names none)."""
+        if self.commit_quota is None:
+            return
+        now = self.quota_clock()
+        with self._count_lock:
+            times = self._commit_times.setdefault(key, collections.deque())
+            while times and times[0] <= now - 3600:
+                times.popleft()
+            if len(times) >= self.commit_quota:
+                self.counts["quota_429"] += 1
+                raise HubError(429, QUOTA_MESSAGE)
+            times.append(now)
 
     # -- listing -------------------------------------------------------------------------------------------
     def tree(self, req: Request, t: str, rid: str, rev: str, path: str) -> Resp:

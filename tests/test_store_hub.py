@@ -300,3 +300,24 @@ def test_chaos_60_commits_4_threads_no_loss_no_duplicate(hub_emulator, tmp_path)
     assert len(messages) == 60 and len(set(messages)) == 60
     stats = hub_emulator.stats
     assert stats["commits_applied"] == 60 and stats["faults"]["lost"] >= 2 and sum(stats["faults"].values()) >= 5
+
+
+def test_the_emulators_hourly_commit_quota_is_the_hubs_429_and_rolls(make, hub_emulator):
+    """Past ``set_commit_quota`` commits in a rolling hour the emulator answers the Hub's 429 for commits; the store
+    maps it to ``RateLimited`` (nothing applied) and commits again once the oldest commit left the hour."""
+    from hubgrpo.errors import RateLimited
+    from tests.hub_emulator_api import QUOTA_MESSAGE
+
+    now = [1000.0]
+    hub_emulator.set_commit_quota(2, clock=lambda: now[0])
+    store = make(max_retries=0)
+    for i in range(2):
+        store.commit({f"f{i}.txt": b"x"}, message=f"c{i}")
+        now[0] += 60
+    head = store.head()
+    with pytest.raises(RateLimited, match="hourly quotas for action: commit"):
+        store.commit({"f2.txt": b"x"}, message="over the quota")
+    assert store.head() == head and hub_emulator.stats["quota_429"] == 1 and "hourly" in QUOTA_MESSAGE
+    now[0] += 3600 - 120 + 1  # the first commit is now older than an hour
+    store.commit({"f2.txt": b"x"}, message="room again")
+    assert store.head() != head
