@@ -80,3 +80,27 @@ def test_a_junk_status_is_a_clear_error_not_a_traceback(run_repo, junk):
     out = done.stdout + done.stderr
     assert done.returncode != 0 and "Traceback" not in out, out
     assert "error:" in out and "is not a hubgrpo status" in out and coord.url in out, out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("recorded", [{"status": "recorded" + ESC}, {"status": "recorded", "eval_reward": "x",
+                                                                      "version": "v", "samples": None}],
+                         ids=["escapes", "overrides"])
+def test_evaluate_prints_its_own_numbers_and_no_escape_sequence(tmp_path, recorded):
+    """`hubgrpo evaluate --once` scores v0, records it, prints the result: the coordinator's answer to record_eval
+    neither replaces the evaluator's own version, score and count (a traceback, or a forged line) nor puts escapes
+    on the terminal."""
+    from hubgrpo.cli.embedded import ensure_repo
+    from hubgrpo.config import load_config
+
+    run_repo = LocalStore(tmp_path / "real")
+    ensure_repo(run_repo, load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml"))  # a real v0 adapter
+    exe = Path(sys.executable).with_name("hubgrpo")
+    status = {"versions": [{"version": 0, "eval_reward": None}], "finished": True}
+    with HostileCoordinator(status=answer(status), record_eval=answer(recorded)) as coord:
+        done = subprocess.run([str(exe), "evaluate", "--repo", str(run_repo.root), "--coordinator", coord.url,
+                               "--once", "--samples", "2", "--threads", "1", "--quiet"], capture_output=True,
+                              text=True, timeout=200, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "Traceback" not in out, out
+    assert "\x1b" not in out and "v000000  held-out reward" in done.stdout, repr(out)

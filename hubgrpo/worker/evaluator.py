@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from hubgrpo import runrepo
-from hubgrpo.errors import CoordinatorError, Refused
+from hubgrpo.errors import CoordinatorError, Refused, wire_text
 from hubgrpo.store.base import Store
 
 log = logging.getLogger("hubgrpo.evaluator")
@@ -87,9 +87,11 @@ class Evaluator:
         reward, n = self.score(version, sha)
         self.seconds.append(time.perf_counter() - t0)
         answer = self.client.record_eval(version, reward, n)
+        status = wire_text(answer.get("status"), 40)  # the coordinator's word: shown as text, never over ours
         log.info("version %d: held-out reward %.4f on %d prompts (%.1f s), %s", version, reward, n,
-                 self.seconds[-1], answer.get("status"))
-        return {"version": version, "eval_reward": reward, "samples": n, "seconds": self.seconds[-1], **answer}
+                 self.seconds[-1], status)
+        return {**answer, "status": status, "version": version, "eval_reward": reward, "samples": n,
+                "seconds": self.seconds[-1]}
 
     def _status(self) -> dict:
         """The coordinator's status, waiting out outages (a refusal such as ``auth`` stops the evaluator)."""
