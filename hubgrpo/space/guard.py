@@ -18,6 +18,10 @@ passes the limit (413). Every body must arrive at ``MIN_BODY_RATE`` bytes/s on a
 their ``SLOTS_PER_USER`` slots (and one of ``SLOTS`` in all) — after authentication, so an anonymous visitor never
 takes one. Refusals are the API's envelope, code ``protocol`` (``rate`` for a slot, with ``wait_s``).
 
+Before any of this, the request line and headers: uvicorn's httptools protocol keeps a head of any size in memory,
+so the app is served with its h11 protocol, which refuses a head over 16 KiB (``bound_heads``). Gradio's file route
+``/gradio_api/upload`` takes no body at all (this app has no file component; each file sent there stayed on disk).
+
 Installed by ``install(blocks)`` (``hubgrpo.space.api.build_app``): ``blocks.launch`` then passes the middleware to
 the FastAPI app it creates (``app_kwargs``), on a Space too, and refuses to serve a non-loopback address without
 auth (``check_exposure``).
@@ -41,6 +45,7 @@ SLOTS_PER_USER = 4  # a user's large upload bodies in flight at once
 SLOTS = 16  # large upload bodies in flight at once, all users
 SLOT_WAIT_S = 30.0  # longest a large body waits for a slot before it is refused with `rate`
 IDENTIFY_THREADS = 8  # header checks (whoami on a cache miss) running at once
+FILE_ROUTE = "/gradio_api/upload"  # Gradio's file upload: this app has no file component, so it takes no body
 UPLOAD_PATHS = frozenset({"/hubgrpo/api/upload", "/gradio_api/run/upload", "/gradio_api/api/upload",
                           "/gradio_api/call/upload", "/gradio_api/call/v2/upload", "/gradio_api/queue/join"})
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -134,6 +139,8 @@ class BodyGuard:
             return await envelope(400, "the Content-Length header is not a number", "send a valid HTTP request")(
                 scope, receive, send)
         size = None if chunked else int(declared)
+        if scope["path"].rstrip("/") == FILE_ROUTE:
+            return await self._no_files(size)(scope, receive, send)
         upload = scope["path"].rstrip("/") in UPLOAD_PATHS
         user = await self._user(policy, scope, size)
         limit = PRE_AUTH_BODY if user is None else policy.upload_limit if upload else MAX_BODY
@@ -174,6 +181,15 @@ class BodyGuard:
         except Exception as e:  # deliberate: refused, rate-limited or unavailable all mean "anonymous" here
             log.debug("body of an unidentified caller: %s", type(e).__name__)
             return None
+
+    @staticmethod
+    def _no_files(size: int | None) -> Any:
+        """The refusal of any body on Gradio's file route: each file sent there stayed on the server's disk."""
+        what = f"the body ({size:,} bytes)" if size is not None else "the body"
+        return envelope(413, f"{what} is larger than the limit of 0 bytes: this coordinator takes no files on "
+                        f"{FILE_ROUTE}", "a round goes to the upload endpoint as JSON, with the token in the "
+                        f"Authorization: Bearer header (bodies before authentication are limited to "
+                        f"{PRE_AUTH_BODY:,} bytes)")
 
     @staticmethod
     def _too_large(size: int | None, limit: int, user: str | None, upload: bool) -> Any:
@@ -236,6 +252,15 @@ class BodyGuard:
                 raise  # the app's own failure, not a body cut short
 
 
+def bound_heads() -> None:
+    """Serve with uvicorn's h11 protocol, which answers 400 to a request line and headers over 16 KiB (h11's
+    ``max_incomplete_event_size``): the ``auto`` choice, httptools when it is installed, keeps a head of any size in memory (one 300 MiB
+    header: +600 MiB, before any middleware runs). Gradio builds its ``uvicorn.Config`` itself, with ``auto``."""
+    from uvicorn import config
+
+    config.HTTP_PROTOCOLS["auto"] = config.HTTP_PROTOCOLS["h11"]
+
+
 def install(blocks: Any, auth: Any) -> None:
     """Serve ``blocks`` behind ``BodyGuard`` (policy ``blocks.hubgrpo_guard``): every later ``blocks.launch()``
     passes the middleware to the app it creates and refuses a non-loopback address without auth."""
@@ -244,6 +269,7 @@ def install(blocks: Any, auth: Any) -> None:
     blocks.hubgrpo_guard = Policy(auth=auth)
     if getattr(blocks, "hubgrpo_guarded", False):
         return
+    bound_heads()
     launch = blocks.launch
 
     def guarded_launch(*args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,99 @@
+"""An anonymous visitor against a served ``hubgrpo space`` subprocess, before any body: what the HTTP server itself
+keeps (the request line and the headers) and what Gradio keeps on disk (its file upload route).
+
+- a request line (a URL, a query string) or a header of tens of MiB is cut by the server's head limit: the
+  process's memory stays within 64 MiB of idle, and the connection is refused or closed long before it is all sent
+  (uvicorn with httptools keeps a head of any size: +600 MiB for one 300 MiB header);
+- Gradio's file route ``/gradio_api/upload`` takes no file: this app has no file component, and each anonymous
+  64 KiB file there stayed on the Space's disk (``GRADIO_TEMP_DIR``), a disk filled at the network's speed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+
+import pytest
+
+from tests import visitor_attacks as va
+from tests.test_space_support import ALICE, make_run, start_emulator
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("heads")
+    emu = start_emulator()
+    proc = None
+    try:
+        make_run(emu, tmp, "heads", **{"params.versions": 1000})
+        files = tmp / "gradio-files"
+        env = dict(os.environ, HF_ENDPOINT=emu.url, HF_TOKEN=ALICE, HUBGRPO_SECRET="heads-test-secret",
+                   OMP_NUM_THREADS="1", GRADIO_TEMP_DIR=str(files))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = va.start_space("alice/heads", port, env, tmp / "space.log", extra=("--quiet",))
+        yield proc, f"http://127.0.0.1:{port}", port, files
+    finally:
+        if proc is not None:
+            va.stop(proc)
+        emu.stop()
+
+
+def send_head(port: int, start: bytes, total: int, timeout_s: float = 60.0) -> tuple[int, bytes]:
+    """Send ``start`` then ``total`` bytes of ``a`` (a request line or a header that never ends) as fast as the
+    server reads them; stop when it answers or closes. The bytes sent and what it answered."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    sent, answer, deadline = 0, b"", time.monotonic() + timeout_s
+    piece = memoryview(b"a" * MiB)
+    try:
+        sock.sendall(start)
+        sock.setblocking(False)
+        while sent < total and time.monotonic() < deadline:
+            readable, writable, _ = select.select([sock], [sock], [], 1.0)
+            if readable:
+                break
+            if writable:
+                sent += sock.send(piece[: min(MiB, total - sent)])
+        if select.select([sock], [], [], 5.0)[0]:
+            answer = sock.recv(65536)
+    except OSError:  # the server closed the connection while the head was being sent
+        pass
+    finally:
+        sock.close()
+    return sent, answer
+
+
+@pytest.mark.timeout(300)
+def test_an_endless_request_line_or_header_is_cut_and_costs_no_memory(served):
+    proc, url, port, _ = served
+    time.sleep(1.0)
+    baseline = va.rss_kib(proc.pid)
+    size = 96 * MiB
+    with va.PeakSampler(proc.pid) as sampler:
+        header = send_head(port, b"GET /hubgrpo/api/status HTTP/1.1\r\nHost: x\r\nX-Long: ", size)
+        query = send_head(port, b"GET /?q=", size)
+        time.sleep(0.5)
+    grew_mib = (sampler.peak - baseline) / 1024
+    assert grew_mib <= 64, f"the Space grew by {grew_mib:.0f} MiB over its idle {baseline / 1024:.0f} MiB"
+    for sent, answer in (header, query):
+        assert sent < 16 * MiB, (sent, answer[:200])  # refused long before the end
+        assert not answer or answer.split(b" ", 2)[1] in (b"400", b"413", b"414", b"431"), answer[:200]
+
+
+@pytest.mark.timeout(120)
+def test_gradios_file_route_takes_no_file_from_anyone(served):
+    import httpx
+
+    _, url, _, files = served
+    for headers in ({}, {"Authorization": f"Bearer {ALICE}"}):
+        r = httpx.post(f"{url}/gradio_api/upload", files={"files": ("a.bin", os.urandom(60 << 10))},
+                       headers=headers, timeout=30)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "protocol", (r.status_code, r.text[:300])
+        assert "no file" in r.json()["error"]["message"], r.text[:300]
+    kept = [p for p in files.rglob("*") if p.is_file()] if files.exists() else []
+    assert not kept, kept[:5]
