@@ -7,7 +7,9 @@ non-built-in functions in a fresh ``python -m hubgrpo.task.reward_process``: the
 the functions' names and kwargs, the prompts, the run's dataset columns and the round's completions) goes as a
 pickle on its stdin, the values come back as JSON on its stdout, and when the budget runs out the child and
 everything it started are killed (SIGKILL to its process group) and ``TimeoutError`` is raised. The child also
-limits its own CPU time, so it ends even if the coordinator dies first. Built-in rewards stay in-process: they are
+limits its own CPU time, so it ends even if the coordinator dies first, and it gets the coordinator's environment
+without its secrets (``WITHHELD``: the Hub token, the lease-signing secret; a reward's own values come as its
+kwargs): a reward that runs what a completion says would otherwise hand them to any participant. Built-in rewards stay in-process: they are
 linear in the completion's length.
 """
 
@@ -24,6 +26,7 @@ import sys
 from hubgrpo.errors import HubGrpoError, RewardError
 
 MAX_ANSWER_BYTES = 64 << 20  # a round's values as JSON are kilobytes; anything beyond is a broken function
+WITHHELD = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUBGRPO_SECRET")  # the coordinator's secrets: no reward needs them
 
 
 class IsolatedReward:
@@ -39,8 +42,9 @@ def score(rewards: list[IsolatedReward], inputs: list[tuple], budget_s: float) -
     ``TimeoutError`` past the budget (the child is killed), ``RewardError`` when a function fails."""
     request = pickle.dumps({"path": list(sys.path), "budget_s": budget_s, "inputs": inputs,
                             "rewards": [(r.spec, r.__name__, r.weight, r.kwargs) for r in rewards]})
+    env = {k: v for k, v in os.environ.items() if k not in WITHHELD}  # a reward may run what a completion says
     proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True, env=env)
     try:
         out, err = proc.communicate(request, timeout=budget_s)
     except subprocess.TimeoutExpired:
