@@ -177,7 +177,9 @@ def bogus() -> str:
 
 
 def lease_with(url: str, token: str) -> va.Outcome:
-    body = b'{"data": ["w", null, null, 2]}'
+    from hubgrpo.layout import PROTOCOL_VERSION
+
+    body = b'{"data": ["w", null, null, %d]}' % PROTOCOL_VERSION
     return va.send(url, "/hubgrpo/api/lease", size=len(body), prefix=body, suffix=b"",
                    headers={"Authorization": f"Bearer {token}"}, timeout_s=60)
 
