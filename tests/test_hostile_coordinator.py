@@ -134,6 +134,12 @@ BAD_LEASES = {
     "run_id-path": {"run_id": "../../run"},
     "uploads-outside-the-run": {"uploads": {"../../outside": "https://bucket.example/x"}},
     "uploads-file-url": {"uploads": {name: "file:///etc/passwd" for name in layout.SUBMISSION_FILES}},
+    # sizes past the run's own config (hubgrpo.worker.lease_bounds): generate for ever, fill the memory
+    "params-not-a-lease-param": {"params": {"max_completion_length": 10**9}},
+    "params-learning-rate-above-the-run's": {"params": {"learning_rate": 10.0}},
+    "params-batch-above-the-run's": {"params": {"per_device_train_batch_size": 10**6}},
+    "steps-past-balance-rounds": {"steps": 1_000_000},
+    "prompt_indices-past-the-steps": {"prompt_indices": list(range(100_000))},
 }
 
 

@@ -23,6 +23,7 @@ from hubgrpo.errors import (CoordinatorError, InvalidSubmission, LeaseError, Rat
                             StoreUnavailable, wait_seconds)
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
+from hubgrpo.worker.lease_bounds import check_lease_bounds
 
 log = logging.getLogger("hubgrpo.worker")
 # coordinator answers a worker cannot wait out; the last three: an answer it must never act on (a lease naming
@@ -178,6 +179,7 @@ class Worker:
     def round(self, lease: Lease) -> dict:
         """Train one leased round and submit it."""
         t0 = time.time()
+        check_lease_bounds(self.cfg, lease)  # nothing downloaded or trained for a lease past the run's config
         adapter_dir = runrepo.adapter_at(self.store, lease.base_sha, self.workdir / "adapters")
         # the version trained on and the one before; never anything outside the worker's own folder
         runrepo.prune_revisions(adapter_dir.parent, keep=2, root=self.workdir / "adapters")

@@ -1,0 +1,42 @@
+"""What a lease may ask of a worker's machine, checked before anything is downloaded or trained.
+
+A coordinator is only a URL a participant was given. ``layout.Lease`` checks the form of a lease (commit ids,
+names, upload URLs); this checks its size against the run's own config: a lease sets only what a coordinator
+legitimately sets (``coordinator.leasing.lease_params``: the learning rate of the run's schedule, a worker's share
+of the fleet's batch), never above the config's own values, and at most the steps ``params.balance_rounds`` can
+give a round (4 × ``steps_per_round``) and the prompts those steps consume. Anything else is the error
+``bad_lease``, which stops the worker: a hostile coordinator cannot make it generate for ever or fill its memory.
+No torch here.
+"""
+
+from __future__ import annotations
+
+from hubgrpo.config import Config
+from hubgrpo.errors import CoordinatorError
+from hubgrpo.layout import Lease
+
+LEASE_PARAMS = ("learning_rate", "per_device_train_batch_size")  # what lease_params ever sets
+MAX_STEPS_FACTOR = 4  # balance_rounds gives a slow machine's round at most 4 × steps_per_round
+
+
+def check_lease_bounds(cfg: Config, lease: Lease) -> None:
+    """Raise ``CoordinatorError("bad_lease")`` unless ``lease`` stays within what ``cfg`` lets a coordinator ask."""
+    p = cfg.params
+    for key, value in lease.params.items():
+        if key not in LEASE_PARAMS:
+            _refuse(f"params.{key}", "a coordinator sets only " + " and ".join(LEASE_PARAMS))
+        limit = getattr(p, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= limit * (1 + 1e-9):
+            _refuse(f"params.{key} = {str(value)[:40]}", f"it must be above 0 and at most the run's {limit}")
+    max_steps = MAX_STEPS_FACTOR * p.steps_per_round
+    if lease.steps > max_steps:
+        _refuse(f"steps = {lease.steps}", f"a round of this run has at most {max_steps} steps")
+    max_prompts = max_steps * max(1, p.per_device_train_batch_size * p.gradient_accumulation_steps // p.num_generations)
+    if len(lease.prompt_indices) > max_prompts:
+        _refuse(f"prompt_indices: {len(lease.prompt_indices)} prompts", f"a round of this run uses at most {max_prompts}")
+
+
+def _refuse(what: str, why: str) -> None:
+    raise CoordinatorError(f"the coordinator sent a lease the worker refuses: {what}: {why}", code="bad_lease",
+                           hint="this coordinator is broken or hostile, or runs another config than the run repo's; "
+                                "check the URL you were given")
