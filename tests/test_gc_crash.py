@@ -172,6 +172,26 @@ def test_gc_heals_a_repo_an_older_gc_broke(tmp_path, hub_emulator):
     assert snapshot(emu, "alice/old")["branches"] == ["main"]
 
 
+@pytest.mark.timeout(300)
+def test_gc_deletes_no_lfs_file_an_older_commit_of_another_branch_still_needs(tmp_path, hub_emulator):
+    """A branch gc does not rewrite (someone's experiment) keeps its history: an LFS file only its older commit
+    holds stays stored (gc lists only the refs' heads, so with such a branch it deletes no LFS file)."""
+    from huggingface_hub import CommitOperationAdd
+
+    emu = hub_emulator
+    store = hub_store(emu, "alice/branchy", tmp_path / "hf")
+    run_versions(store, tmp_path, 3)
+    v1 = store.tags()["v000001"]
+    store.api.create_branch("alice/branchy", branch="experiment", revision=v1, token=TEST_TOKEN)
+    store.api.create_commit("alice/branchy", [CommitOperationAdd(layout.ADAPTER_WEIGHTS, b"not the v1 adapter")],
+                            commit_message="experiment", revision="experiment", token=TEST_TOKEN)
+    needed = next(f.lfs.sha256 for f in store.api.list_repo_tree("alice/branchy", revision=v1, token=TEST_TOKEN)
+                  if f.path == layout.ADAPTER_WEIGHTS)
+    collect(store, 2, force=True)
+    assert sorted(store.tags()) == ["v000002", "v000003"]
+    assert needed in {f.file_oid for f in store.api.list_lfs_files("alice/branchy", token=TEST_TOKEN)}
+
+
 # ------------------------------------------------------------------------------------------------ live coordinator
 
 

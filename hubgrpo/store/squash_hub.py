@@ -21,11 +21,14 @@ scratch branch), so nothing is done twice.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Mapping, Sequence
 
 from hubgrpo.errors import StoreError
 from hubgrpo.store.base import MARKER_PREFIX
+
+log = logging.getLogger("hubgrpo.gc")
 
 SCRATCH_BRANCH = "hubgrpo-gc"
 TEMP_PREFIX = "hubgrpo-gc."  # + the tag it stands in for while that tag moves
@@ -49,8 +52,12 @@ def squash_hub(store, message: str, head_tags: Sequence[str], rebuild: Mapping[s
         delete_ref(store, "tag", tag)
     if SCRATCH_BRANCH in left["branches"]:
         delete_ref(store, "branch", SCRATCH_BRANCH)
-    live = {s for b, s in left["branches"].items() if b != SCRATCH_BRANCH}
-    _delete_dead_lfs(store, live | {s for t, s in left["tags"].items() if t not in gone})
+    foreign = sorted(b for b in left["branches"] if b not in ("main", SCRATCH_BRANCH)) + sorted(left["pulls"])
+    if foreign:  # their older commits may hold files no ref's tree shows: deleting those would break them
+        log.warning("gc kept every LFS file: the repo has branches or pull requests gc does not rewrite (%s); "
+                    "delete them first to reclaim the storage", ", ".join(foreign)[:300])
+        return new
+    _delete_dead_lfs(store, {left["branches"]["main"]} | {s for t, s in left["tags"].items() if t not in gone})
     return new
 
 
@@ -62,11 +69,12 @@ def _kw(store) -> dict:
 
 
 def refs_of(store) -> dict[str, dict[str, str]]:
-    """{"branches": {name: sha}, "tags": {name: sha}} in one call."""
+    """{"branches": {name: sha}, "tags": {name: sha}, "pulls": {ref: sha}} in one call."""
     def read(_uncertain: bool) -> dict:
-        refs = store.api.list_repo_refs(store.repo_id, **_kw(store))
+        refs = store.api.list_repo_refs(store.repo_id, include_pull_requests=True, **_kw(store))
         return {"branches": {b.name: b.target_commit for b in refs.branches},
-                "tags": {t.name: t.target_commit for t in refs.tags}}
+                "tags": {t.name: t.target_commit for t in refs.tags},
+                "pulls": {p.ref: p.target_commit for p in refs.pull_requests or []}}
 
     return store._run("list refs", read)
 
