@@ -446,3 +446,25 @@ def test_evicting_the_hf_cache_never_deletes_through_a_link_out_of_it(tmp_path, 
     store = SimpleNamespace(repo_id="alice/run", repo_type="model", cache_dir=str(tmp_path / "hf"))
     assert evict(store, list(layout.ADAPTER_FILES), SHA) == len(b"adapter")
     assert not (blobs / "b1").exists() and intact(victim)
+
+
+@pytest.mark.timeout(60)
+def test_a_remote_run_repo_never_picks_a_folder_of_the_workers_machine_as_its_box(tmp_path, hub_emulator):
+    """``hub.submissions`` comes from the run repo's config: for a remote run (a Hub repo, a coordinator elsewhere)
+    a local folder there is refused before anything is leased or written; on this machine it stays allowed."""
+    from hubgrpo.errors import ConfigError
+    from hubgrpo.store.hub import HubStore
+    from hubgrpo.worker.loop import check_box_is_ours
+    from tests.conftest import TEST_TOKEN
+
+    target = tmp_path / "users-folder"
+    store = HubStore("alice/boxed", token=TEST_TOKEN, endpoint=hub_emulator.url, cache_dir=tmp_path / "hf")
+    init_repo(store, make_config(**{"hub.submissions": str(target)}), write_adapter(tmp_path / "v0", seed=0))
+    w = Worker(store, CoordinatorClient("https://coordinator.invalid", retries=0, timeout=1), name="w1",
+               engine=NoEngine(), workdir=tmp_path / "cache", progress=False, max_rounds=1)
+    with pytest.raises(ConfigError, match="folder of this machine"):
+        w.run()
+    assert not target.exists()
+    check_box_is_ours(str(target), store, "http://127.0.0.1:7860")  # coordinator here: a run on this machine
+    check_box_is_ours(str(target), LocalStore(tmp_path / "repo2"), "https://coordinator.invalid")
+    check_box_is_ours("s3://bucket/rounds", store, "https://coordinator.invalid")

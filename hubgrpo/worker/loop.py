@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.errors import (CoordinatorError, InvalidSubmission, LeaseError, RateLimited, Refused, StoreError,
-                            StoreUnavailable, wait_seconds)
+                            StoreUnavailable, wait_seconds, wire_text)
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
 from hubgrpo.worker.lease_bounds import check_lease_bounds
@@ -30,6 +30,29 @@ log = logging.getLogger("hubgrpo.worker")
 # paths or revisions that are not names and commit ids, a redirect, an oversized answer: hubgrpo.worker.client)
 STOP_CODES = ("auth", "config", "orphaned", "version", "bad_lease", "redirect", "too_large")
 MIN_REFUSAL_WAIT_S = 0.1  # a refusal asking for no wait (or a negative one) does not make the worker spin
+
+
+def check_box_is_ours(spec: str | None, store: Store, coordinator: str) -> None:
+    """A submissions box that is a local folder is this machine's disk: the worker writes there only for a run on
+    this machine (its repo a local folder, or its coordinator on loopback). A remote run repo's config is data
+    written by others: it never picks a folder here."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    from hubgrpo.store.local import LocalStore
+
+    host = (urlsplit(coordinator).hostname or "") if "://" in coordinator else ""
+    try:
+        here = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        here = False
+    if spec and not spec.startswith("s3://") and not isinstance(store, LocalStore) and not here:
+        from hubgrpo.errors import ConfigError
+
+        raise ConfigError(f"the run repo {store.location} names a folder of this machine as its submissions box "
+                          f"({wire_text(spec, 120)}); a worker writes there only for a run on this machine",
+                          hint="a remote run's rounds go to its repo, an s3:// box, or the coordinator "
+                               "(--upload-via coordinator); ask the run's owner to fix hub.submissions")
 
 
 class Heartbeat:
@@ -102,6 +125,8 @@ class Worker:
             from hubgrpo.tracking import make_tracker
 
             self.tracker = make_tracker(self.cfg.log, project=self.cfg.project_name, name=self.name)
+        if self.upload_via == "store":
+            check_box_is_ours(self.cfg.hub.submissions, self.store, getattr(self.client, "target", ""))
         while self.max_rounds is None or len(self.results) < self.max_rounds:
             t0 = time.time()
             lease = self._lease()
