@@ -113,10 +113,13 @@ def test_undeclared_bodies_are_cut_at_the_limit(space):
     files = {"prefix": va.FILE_PREFIX, "suffix": va.FILE_SUFFIX, "content_type": va.MULTIPART}
     upload = {"prefix": va.UPLOAD_PREFIX, "suffix": va.UPLOAD_SUFFIX}
     for path, kw in [("/hubgrpo/api/status", upload), ("/gradio_api/run/upload", upload),
-                     ("/gradio_api/call/upload", upload), ("/gradio_api/queue/join", upload),
                      ("/gradio_api/upload", files)]:
         o = va.send(space.url, path, size=size, declared=False, **kw)
         refused(o, 413, "protocol", "larger than", f"{PRE_AUTH:,}")
+        assert o.sent < size, path
+    for path in ["/gradio_api/call/upload", "/gradio_api/queue/join"]:  # Gradio's queued routes: users only
+        o = va.send(space.url, path, size=size, declared=False, **upload)
+        refused(o, 401, "auth", "for the run's users")
         assert o.sent < size, path
     for path in ["/hubgrpo/api/upload", "/hubgrpo/api/lease"]:  # a mutating plain route asks for a token first
         o = va.send(space.url, path, size=size, declared=False, prefix=va.UPLOAD_PREFIX, suffix=va.UPLOAD_SUFFIX)
@@ -141,15 +144,15 @@ def test_an_authenticated_upload_is_limited_by_what_a_round_of_this_run_can_weig
 
 @pytest.mark.timeout(120)
 def test_slow_bodies_are_cut_and_never_hold_a_users_upload(space):
-    """Anonymous uploads on Gradio's routes and a status on the plain route, and one upload of bob's, each sending
+    """Anonymous bodies on Gradio's /run routes and a status on the plain route, and one upload of bob's, each sending
     100 bytes a second: alice uploads meanwhile, and the slow ones are answered 408 by the read deadline. An
     anonymous upload on the plain route is refused at once (no token), before its body."""
     def slow(path: str, headers=None):
         return lambda: va.send(space.url, path, size=60_000, rate_bps=100, timeout_s=60, prefix=va.UPLOAD_PREFIX,
                                suffix=va.UPLOAD_SUFFIX, headers=headers)
 
-    paths = ["/gradio_api/run/upload", "/gradio_api/run/upload", "/gradio_api/queue/join",
-             "/gradio_api/queue/join", "/gradio_api/call/upload", "/hubgrpo/api/status"]
+    paths = ["/gradio_api/run/upload", "/gradio_api/run/upload", "/gradio_api/run/lease",
+             "/gradio_api/run/heartbeat", "/gradio_api/run/status", "/hubgrpo/api/status"]
     calls = [slow(p) for p in paths] + [slow("/hubgrpo/api/upload", {"Authorization": f"Bearer {BOB}"}),
                                         slow("/hubgrpo/api/upload")]
     outcomes: list = []

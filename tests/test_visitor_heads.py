@@ -97,3 +97,38 @@ def test_gradios_file_route_takes_no_file_from_anyone(served):
         assert "no file" in r.json()["error"]["message"], r.text[:300]
     kept = [p for p in files.rglob("*") if p.is_file()] if files.exists() else []
     assert not kept, kept[:5]
+
+
+@pytest.mark.timeout(300)
+def test_gradios_queued_routes_keep_nothing_for_an_anonymous_visitor(served):
+    """Each call on Gradio's queued routes (``/gradio_api/call/<name>``, ``/gradio_api/queue/join``) is kept as an
+    event with its body and its answer until someone reads the answer: 1500 anonymous 60 KB calls of ``status``
+    grew the server by 300 MiB. Anonymous callers are refused there before the body (``status`` stays public on
+    ``/hubgrpo/api/status`` and ``/gradio_api/run/status``); a user of the run is served."""
+    import httpx
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc, url, _, _ = served
+    time.sleep(1.0)
+    baseline = va.rss_kib(proc.pid)
+    body = {"data": ["x" * 60_000]}
+
+    def anonymous(i: int) -> int:
+        path = "/gradio_api/call/status" if i % 2 else "/gradio_api/queue/join"
+        extra = {} if i % 2 else {"fn_index": 0, "session_hash": f"visitor{i}"}
+        with httpx.Client(timeout=30) as c:
+            return c.post(url + path, json={**body, **extra}).status_code
+
+    with va.PeakSampler(proc.pid) as sampler:
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(anonymous, range(800)))
+        time.sleep(1.0)
+    grew_mib = (sampler.peak - baseline) / 1024
+    assert grew_mib <= 64, f"the Space grew by {grew_mib:.0f} MiB over its idle {baseline / 1024:.0f} MiB"
+    assert set(codes) == {401}, sorted(set(codes))
+    alice = {"Authorization": f"Bearer {ALICE}"}
+    event = httpx.post(f"{url}/gradio_api/call/status", json={"data": [None]}, headers=alice, timeout=30).json()
+    stream = httpx.get(f"{url}/gradio_api/call/status/{event['event_id']}", headers=alice, timeout=30).text
+    assert "event: complete" in stream and '"ok": true' in stream.replace('"ok":true', '"ok": true'), stream[:300]
+    plain = httpx.post(f"{url}/hubgrpo/api/status", json={"data": []}, timeout=30).json()
+    assert plain["ok"] is True  # status stays public where nothing is kept

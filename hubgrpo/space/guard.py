@@ -21,6 +21,10 @@ takes one. Refusals are the API's envelope, code ``protocol`` (``rate`` for a sl
 Before any of this, the request line and headers: uvicorn's httptools protocol keeps a head of any size in memory,
 so the app is served with its h11 protocol, which refuses a head over 16 KiB (``bound_heads``). Gradio's file route
 ``/gradio_api/upload`` takes no body at all (this app has no file component; each file sent there stayed on disk).
+Gradio's queued routes (``QUEUED``: ``/gradio_api/call/<name>``, ``/gradio_api/queue/join``) keep every call, its
+body and its answer, until the answer is read: with auth, a body there must come from a user of the run (401
+before the body otherwise); the public ``status`` is served where nothing is kept (``/hubgrpo/api/status``,
+``/gradio_api/run/status``).
 
 Installed by ``install(blocks)`` (``hubgrpo.space.api.build_app``): ``blocks.launch`` then passes the middleware to
 the FastAPI app it creates (``app_kwargs``), on a Space too, and refuses to serve a non-loopback address without
@@ -46,6 +50,7 @@ SLOTS = 16  # large upload bodies in flight at once, all users
 SLOT_WAIT_S = 30.0  # longest a large body waits for a slot before it is refused with `rate`
 IDENTIFY_THREADS = 8  # header checks (whoami on a cache miss) running at once
 FILE_ROUTE = "/gradio_api/upload"  # Gradio's file upload: this app has no file component, so it takes no body
+QUEUED = ("/gradio_api/call/", "/gradio_api/queue/join")  # Gradio keeps each call there until its answer is read
 UPLOAD_PATHS = frozenset({"/hubgrpo/api/upload", "/gradio_api/run/upload", "/gradio_api/api/upload",
                           "/gradio_api/call/upload", "/gradio_api/call/v2/upload", "/gradio_api/queue/join"})
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -142,10 +147,24 @@ class BodyGuard:
         if scope["path"].rstrip("/") == FILE_ROUTE:
             return await self._no_files(size)(scope, receive, send)
         upload = scope["path"].rstrip("/") in UPLOAD_PATHS
-        user = await self._user(policy, scope, size)
+        queued = scope["path"].startswith(QUEUED)
+        user = await self._user(policy, scope, size, queued)
         limit = PRE_AUTH_BODY if user is None else policy.upload_limit if upload else MAX_BODY
         if size is not None and size > limit:
             return await self._too_large(size, limit, user, upload)(scope, receive, send)
+        if queued and user is None:
+            failed = scope.get("hubgrpo.identify_error")
+            if failed is not None and failed.code != "auth":  # rate-limited, or the Hub could not be asked
+                from starlette.responses import JSONResponse
+
+                error = {**failed.to_dict(), **({"wait_s": round(float(failed.wait_s), 2)}
+                                                if getattr(failed, "wait_s", None) is not None else {})}
+                return await JSONResponse({"ok": False, "error": error}, status_code=429 if failed.code == "rate"
+                                          else 503)(scope, receive, send)
+            return await envelope(401, f"{scope['path'][:80]} is for the run's users: Gradio keeps every call there "
+                                  "until its answer is read", "send your Hugging Face token in the Authorization: "
+                                  "Bearer header; anyone may read the status at /hubgrpo/api/status",
+                                  code="auth")(scope, receive, send)
         cut = self._too_large(None, limit, user, upload)
         if user is None or not upload or (size is not None and size <= PRE_AUTH_BODY):
             return await self._guarded(scope, receive, send, limit, size, cut)
@@ -158,9 +177,10 @@ class BodyGuard:
         finally:
             self.slots.give(user)
 
-    async def _user(self, policy: Policy, scope: dict, size: int | None) -> str | None:
+    async def _user(self, policy: Policy, scope: dict, size: int | None, queued: bool = False) -> str | None:
         """Whose request this is, from its headers: a user of the run, the caller's address when there is no
-        auth, or None (anonymous) — asked only when the body may be larger than anonymous bodies may be."""
+        auth, or None (anonymous) — asked only when the body may be larger than anonymous bodies may be, or on
+        Gradio's queued routes (``QUEUED``)."""
         from starlette.requests import Request
 
         from hubgrpo.space.auth import client_address, request_token
@@ -170,7 +190,7 @@ class BodyGuard:
             return f"address {client_address(request)}"
         identify = getattr(policy.auth, "identify", None)
         token = request_token(request)
-        if identify is None or not token or (size is not None and size <= PRE_AUTH_BODY):
+        if identify is None or not token or (size is not None and size <= PRE_AUTH_BODY and not queued):
             return None
         import anyio
 
@@ -180,6 +200,8 @@ class BodyGuard:
             return await anyio.to_thread.run_sync(identify, token, request, limiter=self._threads)
         except Exception as e:  # deliberate: refused, rate-limited or unavailable all mean "anonymous" here
             log.debug("body of an unidentified caller: %s", type(e).__name__)
+            if getattr(e, "code", None):
+                scope["hubgrpo.identify_error"] = e  # a queued route answers why (``__call__``)
             return None
 
     @staticmethod
@@ -254,8 +276,9 @@ class BodyGuard:
 
 def bound_heads() -> None:
     """Serve with uvicorn's h11 protocol, which answers 400 to a request line and headers over 16 KiB (h11's
-    ``max_incomplete_event_size``): the ``auto`` choice, httptools when it is installed, keeps a head of any size in memory (one 300 MiB
-    header: +600 MiB, before any middleware runs). Gradio builds its ``uvicorn.Config`` itself, with ``auto``."""
+    ``max_incomplete_event_size``): the ``auto`` choice, httptools when it is installed, keeps a head of any size
+    in memory (one 300 MiB header: +600 MiB, before any middleware runs). Gradio builds its ``uvicorn.Config``
+    itself, with ``auto``."""
     from uvicorn import config
 
     config.HTTP_PROTOCOLS["auto"] = config.HTTP_PROTOCOLS["h11"]
