@@ -9,8 +9,8 @@ pickle on its stdin, the values come back as JSON on its stdout, and when the bu
 everything it started are killed (SIGKILL to its process group) and ``TimeoutError`` is raised. The child also
 limits its own CPU time, so it ends even if the coordinator dies first, and it gets the coordinator's environment
 without its secrets (``WITHHELD``: the Hub token, the lease-signing secret; a reward's own values come as its
-kwargs): a reward that runs what a completion says would otherwise hand them to any participant. Built-in rewards stay in-process: they are
-linear in the completion's length.
+kwargs): a reward that runs what a completion says would otherwise hand them to any participant. Built-in rewards
+stay in-process: they are linear in the completion's length.
 """
 
 from __future__ import annotations
