@@ -15,6 +15,7 @@ import pytest
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
+from hubgrpo.layout import PROTOCOL_VERSION
 from hubgrpo.space.api import serve
 from hubgrpo.space.app import serve_space
 from hubgrpo.space.auth import make_auth
@@ -65,7 +66,7 @@ def post(url: str, name: str, *args, **kw) -> httpx.Response:
 def test_plain_routes_answer_envelopes_and_submit_answers_before_the_check(served):
     coord, url = served(SlowChecks(check_s=0.0, quorum=3))
     coord.release_checks.clear()  # the check waits until the test lets it go
-    lease = post(url, "lease", "w1", None, None, 2).json()["result"]
+    lease = post(url, "lease", "w1", None, None, PROTOCOL_VERSION).json()["result"]
     assert lease["worker"] == "w1" and lease["signature"]
     t0 = time.monotonic()
     first = post(url, "submit", lease, SHA, None).json()
@@ -133,7 +134,7 @@ def hostile(url: str, body: bytes, name: str = "lease", **kw) -> httpx.Response:
 @pytest.mark.timeout(60)
 def test_hostile_bodies_get_a_400_or_413_that_names_the_problem(served):
     coord, url = served()
-    lease = post(url, "lease", "w1", None, None, 2).json()["result"]
+    lease = post(url, "lease", "w1", None, None, PROTOCOL_VERSION).json()["result"]
     seen = dict(coord.calls)
     deep = b'{"data": [' + b"[" * 40 + b"]" * 40 + b"]}"
     cases = [
@@ -173,7 +174,7 @@ def test_hostile_bodies_get_a_400_or_413_that_names_the_problem(served):
     assert coord.calls == seen  # none of it reached the coordinator
     malformed = post(url, "heartbeat", {"lease_id": "x"}, None).json()  # the right type, a wrong value
     assert malformed["ok"] is False and malformed["error"]["code"] == "lease"
-    assert post(url, "lease", "w2", None, None, 2).json()["ok"]  # the app is fine afterwards
+    assert post(url, "lease", "w2", None, None, PROTOCOL_VERSION).json()["ok"]  # the app is fine afterwards
 
 
 @pytest.mark.timeout(30)
@@ -213,8 +214,8 @@ def test_each_plain_route_answers_the_envelope_of_its_gradio_endpoint(served):
 
     for call in (plain, gradio):
         answers = []
-        first = call("lease", "w1", None, None, 2)
-        second = call("lease", "w2", None, None, 2)
+        first = call("lease", "w1", None, None, PROTOCOL_VERSION)
+        second = call("lease", "w2", None, None, PROTOCOL_VERSION)
         answers += [first, second, call("lease", "w3", None, None, 1)]  # another protocol: refused
         lease, other = first["result"], second["result"]
         answers.append(call("heartbeat", lease, None))
@@ -347,10 +348,10 @@ def test_auth_on_the_plain_routes_is_the_auth_of_the_gradio_endpoints(tmp_path, 
         answers = {}
         for call in (plain, gradio):
             tag = call.__name__
-            refused = [call("lease", f"{tag}-a", None, None, 2),
-                       call("lease", f"{tag}-b", None, None, 2, token=MALLORY),
-                       call("lease", f"{tag}-c", None, None, 2, token="hf_not_a_real_token")]
-            bob = call("lease", f"{tag}-bob", "alice", None, 2, token=BOB)  # the authenticated name replaces `user`
+            refused = [call("lease", f"{tag}-a", None, None, PROTOCOL_VERSION),
+                       call("lease", f"{tag}-b", None, None, PROTOCOL_VERSION, token=MALLORY),
+                       call("lease", f"{tag}-c", None, None, PROTOCOL_VERSION, token="hf_not_a_real_token")]
+            bob = call("lease", f"{tag}-bob", "alice", None, PROTOCOL_VERSION, token=BOB)  # the authenticated name replaces `user`
             lease = bob["result"]
             assert bob["ok"] and lease["user"] == "bob"
             refused += [call("heartbeat", lease, None, token=ALICE),
@@ -360,8 +361,9 @@ def test_auth_on_the_plain_routes_is_the_auth_of_the_gradio_endpoints(tmp_path, 
             answers[tag] = json.loads(json.dumps(refused).replace(lease["lease_id"], "LEASE"))
         # gradio_client users may still send the token as an argument on Gradio's routes; the plain routes
         # authenticate from the header before they read a body
-        assert gradio("lease", "gradio-arg", None, BOB, 2)["result"]["user"] == "bob"
-        by_argument = httpx.post(f"{url}/hubgrpo/api/lease", json={"data": ["plain-arg", None, BOB, 2]}, timeout=20)
+        assert gradio("lease", "gradio-arg", None, BOB, PROTOCOL_VERSION)["result"]["user"] == "bob"
+        by_argument = httpx.post(f"{url}/hubgrpo/api/lease", json={"data": ["plain-arg", None, BOB, PROTOCOL_VERSION]},
+                                 timeout=20)
         assert by_argument.status_code == 401 and "no token" in by_argument.json()["error"]["message"]
         assert answers["plain"] == answers["gradio"]
         assert [a["error"]["code"] for a in answers["plain"]] == ["auth"] * 7
