@@ -355,3 +355,35 @@ def test_an_ffa_run_refuses_a_trained_lora_a_instead_of_stalling_its_merges(tmp_
     finally:
         run.close()
 
+
+
+@pytest.mark.timeout(180)
+def test_one_participant_flooding_small_rounds_cannot_make_honest_rounds_outliers(tmp_path):
+    """The outlier bound is ``max_norm_factor`` × the typical round: the median over participants of their own
+    medians. One participant's many small rounds, each just big enough to count (0.3 × the median of all credited
+    rounds so far), once dragged a median of all rounds down until honest rounds were refused as
+    ``norm_outlier`` (the run stalled: seen with 16 such rounds); now they move typical by one vote."""
+    import statistics
+
+    from tests.coord_helpers import local_coordinator, push_submission
+
+    store, c, _ = local_coordinator(tmp_path, **{"merge.quorum": 1, "params.versions": 100})
+
+    def round_of(worker: str, b_scale: float, seed: int) -> dict:
+        lease = c.lease(worker)
+        return c.submit(lease, push_submission(store, lease, tmp_path, seed=seed, b_scale=b_scale))
+
+    def per_step(entry) -> float:
+        return entry.update_norm / max(1, entry.steps or 1)
+
+    for seed in range(3):
+        assert round_of("honest", 0.1, seed)["status"] in ("admitted", "merged")
+    scale, per_unit = 0.025, None
+    for i in range(16):
+        credited = [per_step(m) for v in runrepo.read_state(store).versions for m in v.merged
+                    if m.weight > 0 and m.update_norm]
+        if per_unit:
+            scale = 0.3 * statistics.median(credited) / per_unit
+        assert round_of("flood", scale, 10 + i)["status"] in ("admitted", "merged")
+        per_unit = per_step(runrepo.read_state(store).versions[-1].merged[0]) / scale
+    assert round_of("honest", 0.1, 99)["status"] in ("admitted", "merged")  # was: norm_outlier

@@ -195,11 +195,11 @@ class MergeSection(_Section):
         "counting at most one round per distinct worker.")
     clip_factor: float | None = Field(None, gt=0, description="Clip each update norm to clip_factor × median; None = off.")
     max_norm_factor: float | None = Field(
-        5.0, gt=0, description="Refuse an update whose norm per step exceeds this × the median of the last 64 "
-        "accepted ones (a bound from history, not from the current quorum); None = off.")
+        5.0, gt=0, description="Refuse an update whose norm per step exceeds this × the typical recent round (the "
+        "median over participants of their own medians; a bound from history, not from the current quorum); None = off.")
     min_norm_factor: float | None = Field(
-        0.05, ge=0, lt=1, description="A round whose update norm per step is below this × the median of the last "
-        "64 credited ones (scaled by its lease's learning rate ÷ params.learning_rate), or exactly zero, is merged "
+        0.05, ge=0, lt=1, description="A round whose update norm per step is below this × the typical recent round "
+        "(scaled by its lease's learning rate ÷ params.learning_rate), or exactly zero, is merged "
         "with weight 0 and earns no leaderboard credit: it moved the model by less than a twentieth of a typical "
         "step (no training, or GRPO groups that all got the same reward). None or 0: only exactly-zero updates.")
     trim_fraction: float = Field(0.0, ge=0, lt=0.5, description="Drop this share of largest-norm updates before the mean.")

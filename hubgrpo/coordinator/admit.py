@@ -10,24 +10,22 @@ What is trusted: only what the coordinator derives or verifies. The merge weight
 (completions per step × steps), never from submission.json. Each factor entry may move at most what ``steps``
 AdamW steps at the lease's learning rate can move it (``step_bound``: ``|Δ| ≤ steps · lr · (5 + wd·|θ|)``; one
 AdamW step moves an entry by lr·|m̂/√v̂| ≤ 3.2·lr with TRL's betas). The update norm ‖ΔWᵢ − ΔW_base‖, per step,
-may be at most ``merge.max_norm_factor`` × the median of the last ``NORM_HISTORY`` accepted ones (kept in
-state.json with every merged entry, so a restart keeps the bound) — from history, not from the current quorum.
+may be at most ``merge.max_norm_factor`` × the typical norm of recent credited rounds (``coordinator.norms``: the
+median over participants, rebuilt from state.json after a restart) — from history, not from the current quorum.
 """
 
 from __future__ import annotations
 
 import hashlib
 import shutil
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hubgrpo import layout
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
 from hubgrpo.layout import Lease, Submission
+from hubgrpo.coordinator.norms import norm_limit
 
-NORM_HISTORY = 64  # accepted update norms (per step) the norm bound is the median of
-MIN_NORM_HISTORY = 3  # below this many, only the step bound applies
 ADAM_RATIO = 5.0  # > the largest |m̂/√v̂| of AdamW with betas (0.9, 0.999): (1 − β1)/√(1 − β2) ≈ 3.16
 
 
@@ -71,21 +69,6 @@ def step_bound(cfg, lease: Lease, base) -> tuple[float, str]:
     biggest = max((float(t.abs().max()) for k, t in base.weights.items() if ".lora_" in k and t.numel()), default=0)
     bound = steps * lr * (ADAM_RATIO + wd * biggest)
     return bound, f"{steps} AdamW steps at learning rate {lr:g} move an entry by at most {bound:.3g}"
-
-
-def enters_history(history, norm_per_step: float, factor: float | None) -> bool:
-    """Whether an accepted norm joins the history: not when it is below 1/``factor`` of the median (near-zero
-    updates are harmless and admitted, but a flood of them must not drag the bound down)."""
-    if factor is None or len(history) < MIN_NORM_HISTORY:
-        return norm_per_step > 0
-    return norm_per_step >= statistics.median(history) / factor
-
-
-def norm_limit(history, steps: int, factor: float | None) -> float | None:
-    """``factor`` × the median accepted norm per step × ``steps``; None while the history is too short."""
-    if factor is None or len(history) < MIN_NORM_HISTORY:
-        return None
-    return factor * statistics.median(history) * max(1, steps)
 
 
 def prepare(c, lease: Lease, commit: str, *, check_deadline: bool = True) -> Prepared:
@@ -178,7 +161,7 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
     limit = norm_limit(c.norm_history, steps, c.cfg.merge.max_norm_factor)
     if limit is not None and not norm <= limit:
         raise InvalidSubmission("norm_outlier", f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} is more than "
-                                f"{c.cfg.merge.max_norm_factor:g}× the median of the last accepted updates "
+                                f"{c.cfg.merge.max_norm_factor:g}× the typical update of recent rounds "
                                 f"(limit {limit:.4g} for {steps} steps)", hint="submit what the round's training produced")
     return Pending(sub=sub, adapter=adapter, commit=commit, samples=lease_samples(c.cfg, lease), steps=steps,
                    update_norm=norm, reward_mean=reward)

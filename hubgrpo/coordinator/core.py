@@ -20,7 +20,6 @@ Thread safety belongs to the server (``hubgrpo.space.api``): it calls the store-
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import shutil
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.config import Config
-from hubgrpo.coordinator import admit, leases, leasing, reconcile
+from hubgrpo.coordinator import admit, leases, leasing, norms, reconcile
 from hubgrpo.errors import (CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, MergeError, NotFound,
                             RateLimited, StoreUnavailable)
 from hubgrpo.layout import Lease, Refusal, RunState, WorkerStats
@@ -111,11 +110,7 @@ class Coordinator:
         with self._cache_lock:
             self._adapters = {v: a for v, a in self._adapters.items() if v in self.shas}
         self.pending = {k: p for k, p in self.pending.items() if k not in set(self.state.merged_ids)}
-        self.norm_history = collections.deque(maxlen=admit.NORM_HISTORY)
-        for m in (m for v in self.state.versions for m in v.merged if m.update_norm is not None):
-            per_step = m.update_norm / max(1, m.steps or 1)
-            if admit.enters_history(self.norm_history, per_step, self.cfg.merge.max_norm_factor):
-                self.norm_history.append(per_step)
+        self.norm_history = norms.rebuild(self.state.versions, self.cfg.merge.max_norm_factor)
 
     def reload(self) -> None:
         self.apply_repo(self.read_repo())

@@ -196,12 +196,11 @@ def prefold(c, lock) -> int:
 def credited(c, p) -> bool:
     """Whether pending submission ``p`` moved the adapter enough to earn merge weight and credit (``norm_floor``
     from the per-step norms of recent credited rounds, scaled by its lease's learning rate)."""
-    from hubgrpo.coordinator.admit import MIN_NORM_HISTORY
     from hubgrpo.merge.admission import below_floor, norm_floor
     from hubgrpo.task.rollouts import lease_params
 
     ratio = float(lease_params(c.cfg, p.sub.lease)["learning_rate"]) / c.cfg.params.learning_rate
-    floor = norm_floor(c.norm_history, c.cfg.merge.min_norm_factor, ratio, MIN_NORM_HISTORY)
+    floor = norm_floor(c.norm_history.typical(), c.cfg.merge.min_norm_factor, ratio)
     return not below_floor(p.update_norm, p.steps, floor)
 
 
@@ -409,14 +408,11 @@ def adopt(c, staged: Staged) -> bool:
         c._adapters[state.version] = result.adapter
     c.momentum = result.momentum
     c.last_merge_at = state.versions[-1].created_at
-    from hubgrpo.coordinator.admit import enters_history
+    from hubgrpo.coordinator.norms import participant
 
     for e in state.versions[-1].merged:
-        if e.weight <= 0:  # uncredited rounds never set the bounds of later ones
-            continue
-        per_step = None if e.update_norm is None else e.update_norm / max(1, e.steps or 1)
-        if per_step is not None and enters_history(c.norm_history, per_step, c.cfg.merge.max_norm_factor):
-            c.norm_history.append(per_step)
+        if e.weight > 0 and e.update_norm is not None:  # uncredited rounds never set the bounds of later ones
+            c.norm_history.offer(participant(e), e.update_norm / max(1, e.steps or 1), c.cfg.merge.max_norm_factor)
     log.info("version %d merged from %d submissions (residual %s)", state.version, len(state.versions[-1].merged),
              result.report.get("residual"))
     return True

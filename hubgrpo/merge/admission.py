@@ -289,19 +289,16 @@ def _check_norm(adapter, base, norm_limit: float) -> None:
                 hint="lower the learning rate or the number of steps per round")
 
 
-def norm_floor(history, factor: float | None, lr_ratio: float = 1.0, min_history: int = 3) -> float:
+def norm_floor(typical: float | None, factor: float | None, lr_ratio: float = 1.0) -> float:
     """The update norm per step below which a round moved the model too little to earn merge weight or credit:
-    ``factor`` × the median of ``history`` (the per-step norms of recent credited rounds) × ``lr_ratio`` (the
-    round's learning rate ÷ the run's peak, so a run-wide schedule does not put late honest rounds below it);
-    0.0 — only an exactly-zero update falls below — while the history is shorter than ``min_history`` or without
-    a factor. An AdamW step moves every entry with a non-zero gradient by about the learning rate, so an honest
-    round's per-step norm stays near the median; a round that trained nothing (the leased adapter sent back) has
-    norm 0."""
-    import statistics
-
-    if not factor or len(history) < min_history:
+    ``factor`` × ``typical`` (the per-step norm of recent credited rounds, ``coordinator.norms``) × ``lr_ratio``
+    (the round's learning rate ÷ the run's peak, so a run-wide schedule does not put late honest rounds below it);
+    0.0 — only an exactly-zero update falls below — while there is no typical norm yet or no factor. An AdamW
+    step moves every entry with a non-zero gradient by about the learning rate, so an honest round's per-step
+    norm stays near typical; a round that trained nothing (the leased adapter sent back) has norm 0."""
+    if not factor or typical is None:
         return 0.0
-    return factor * statistics.median(history) * max(0.0, lr_ratio)
+    return factor * typical * max(0.0, lr_ratio)
 
 
 def below_floor(norm: float | None, steps: int, floor: float) -> bool:
