@@ -8,7 +8,9 @@ anonymous visitor can send (``tests/visitor_attacks.py``):
   ``/gradio_api/run/upload``, ``/call/upload``, ``/queue/join`` and ``/upload`` (files), and on other plain routes;
 - six 200 MiB bodies at once;
 - eight slow anonymous uploads (60,000 bytes at 100 bytes/s) while alice uploads a real round through the Space;
-- a flood of 200 requests with distinct bogus tokens (counting the emulator's ``whoami`` calls).
+- a flood of 200 requests with distinct bogus tokens (counting the emulator's ``whoami`` calls);
+- a header and a request line that never end (300 MiB each);
+- 1,500 anonymous 60 KB calls on Gradio's queued routes whose answers are never read.
 
 Reports each attack's answer, the body bytes sent before it came, and the server's peak RSS above its idle
 baseline. Writes ``benchmarks/results/anonymous_memory.{md,json}`` with the git commit it measured.
@@ -181,16 +183,59 @@ def run(scale: float, slow_s: float) -> dict:
         flood, flood_mem = token_flood(url, proc.pid, baseline, emu)
         flood.update(flood_mem)
         print(flood, flush=True)
-        peak = max([r["peak_over_baseline_mib"] for r in rows] + [concurrent["peak_over_baseline_mib"],
-                                                                   slow["peak_over_baseline_mib"],
-                                                                   flood["peak_over_baseline_mib"]])
+        heads = endless_heads(url, proc.pid, baseline, scale)
+        queued = queued_flood(url, proc.pid, baseline, n=max(1, int(1500 * scale)))
+        print(queued, flush=True)
+        peak = max([r["peak_over_baseline_mib"] for r in rows + heads] + [
+            concurrent["peak_over_baseline_mib"], slow["peak_over_baseline_mib"], flood["peak_over_baseline_mib"],
+            queued["peak_over_baseline_mib"]])
         return {"commit": commit(), "scale": scale, "baseline_rss_mib": mib(baseline), "peak_over_baseline_mib": peak,
                 "bodies": rows, "concurrent": concurrent, "slow_uploads": slow, "token_flood": flood,
+                "heads": heads, "queued": queued,
                 "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}}
     finally:
         alice.close()
         va.stop(proc)
         emu.stop()
+
+
+def endless_heads(url: str, pid: int, baseline: int, scale: float) -> list[dict]:
+    """A header and a request line (a query) that never end, 300 MiB × ``scale`` each: cut by the server's
+    16 KiB bound on heads (uvicorn's h11, ``hubgrpo.space.guard.bound_heads``)."""
+    from tests.test_visitor_heads import send_head
+
+    port = int(url.rsplit(":", 1)[1])
+    size, rows = int(300 * va.MiB * scale), []
+    for label, start in (("endless header", b"GET /hubgrpo/api/status HTTP/1.1\r\nHost: x\r\nX-Long: "),
+                         ("endless request line (query)", b"GET /?q=")):
+        (sent, answer), mem = measured(pid, baseline, lambda start=start: send_head(port, start, size))
+        status = answer.split(b" ", 2)[1].decode() if answer.count(b" ") >= 2 else "closed"
+        rows.append({"attack": f"{label}, {size // va.MiB} MiB", "answer": status, "bytes_sent": sent, **mem})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def queued_flood(url: str, pid: int, baseline: int, n: int = 1500) -> dict:
+    """``n`` anonymous 60 KB calls on Gradio's queued routes (``/gradio_api/call/status``, ``/queue/join``), 8 at
+    a time, never read: Gradio keeps each call's event until its answer is read, unless refused before the body."""
+    import httpx
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"data": ["x" * 60_000]}
+
+    def one(i: int) -> int:
+        path = "/gradio_api/call/status" if i % 2 else "/gradio_api/queue/join"
+        extra = {} if i % 2 else {"fn_index": 0, "session_hash": f"visitor{i}"}
+        with httpx.Client(timeout=30) as c:
+            return c.post(url + path, json={**body, **extra}).status_code
+
+    def run():
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(one, range(n)))
+        return {"calls": n, "answers": {str(c): codes.count(c) for c in sorted(set(codes))}}
+
+    out, mem = measured(pid, baseline, run)
+    return {**out, **mem}
 
 
 def markdown(r: dict) -> str:
@@ -215,6 +260,13 @@ def markdown(r: dict) -> str:
     f = r["token_flood"]
     lines.append(f"| {f['requests']} bogus tokens | {f['answers']}; **{f['whoami_calls']} whoami calls** | - | - | "
                  f"{f['peak_over_baseline_mib']} |")
+    for h in r.get("heads", []):
+        lines.append(f"| {h['attack']} | {h['answer']} | {h['bytes_sent']:,} (head bytes) | - | "
+                     f"{h['peak_over_baseline_mib']} |")
+    q = r.get("queued")
+    if q:
+        lines.append(f"| {q['calls']} anonymous 60 KB calls on Gradio's queued routes, never read | {q['answers']} "
+                     f"| - | - | {q['peak_over_baseline_mib']} |")
     lines += ["", "Peak: the highest RSS (VmRSS sampled every 10 ms, and VmHWM reset before each attack) minus the "
               "idle RSS after one real upload; the slow-body row includes alice's real upload made meanwhile "
               "(authenticated work). Memory a Python process took is rarely given back, so each row's figure also "
