@@ -75,6 +75,19 @@ def envelope(status: int, message: str, hint: str, code: str = "protocol", wait_
     return JSONResponse({"ok": False, "error": error}, status_code=status)
 
 
+def refusal(err: Any) -> Any:
+    """A refusal of the auth hook (a ``HubGrpoError``) as the API's envelope: 401 for ``auth``, 429 for ``rate``
+    (with its ``wait_s``), 503 otherwise (the Hub could not be asked)."""
+    from starlette.responses import JSONResponse
+
+    from hubgrpo.space.wire import error_dict
+
+    error = error_dict(err)
+    if "wait_s" in error:
+        error["wait_s"] = round(error["wait_s"], 2)
+    return JSONResponse({"ok": False, "error": error}, status_code={"auth": 401, "rate": 429}.get(err.code, 503))
+
+
 def is_loopback(host: str | None) -> bool:
     import ipaddress
 
@@ -155,12 +168,7 @@ class BodyGuard:
         if queued and user is None:
             failed = scope.get("hubgrpo.identify_error")
             if failed is not None and failed.code != "auth":  # rate-limited, or the Hub could not be asked
-                from starlette.responses import JSONResponse
-
-                error = {**failed.to_dict(), **({"wait_s": round(float(failed.wait_s), 2)}
-                                                if getattr(failed, "wait_s", None) is not None else {})}
-                return await JSONResponse({"ok": False, "error": error}, status_code=429 if failed.code == "rate"
-                                          else 503)(scope, receive, send)
+                return await refusal(failed)(scope, receive, send)
             return await envelope(401, f"{scope['path'][:80]} is for the run's users: Gradio keeps every call there "
                                   "until its answer is read", "send your Hugging Face token in the Authorization: "
                                   "Bearer header; anyone may read the status at /hubgrpo/api/status",

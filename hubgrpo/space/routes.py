@@ -36,6 +36,8 @@ import math
 import typing
 from typing import Any, Callable
 
+from hubgrpo.space.guard import PRE_AUTH_BODY, envelope, refusal
+
 PREFIX = "/hubgrpo/api"
 MAX_BODY = 1 << 20  # a lease, a commit id, a token: far below this
 MUTATING = frozenset({"lease", "heartbeat", "release", "submit", "verdict", "record_eval", "upload"})
@@ -50,13 +52,6 @@ class BadRequest(Exception):
     def __init__(self, status: int, message: str, hint: str = "send what the hubgrpo client sends"):
         super().__init__(message)
         self.status, self.message, self.hint = status, message, hint
-
-
-def envelope_error(status: int, message: str, hint: str) -> Any:
-    from starlette.responses import JSONResponse
-
-    return JSONResponse({"ok": False, "error": {"error": "CoordinatorError", "code": "protocol",
-                                                "message": message, "hint": hint}}, status_code=status)
 
 
 async def read_body(request: Any, limit: int) -> bytes:
@@ -174,8 +169,6 @@ def make_route(endpoints: dict[str, Callable[..., dict]], limits: dict[str, int]
     import anyio
     from starlette.responses import Response
 
-    from hubgrpo.space.guard import PRE_AUTH_BODY
-
     threads = anyio.CapacityLimiter(THREADS)
     checks = {name: signature_check(name, fn) for name, fn in endpoints.items()}
     limits = {"status": PRE_AUTH_BODY, **(limits or {})}
@@ -200,16 +193,16 @@ def make_route(endpoints: dict[str, Callable[..., dict]], limits: dict[str, int]
     async def route(request: Any) -> Any:
         name = request.path_params["name"]
         if name not in endpoints:
-            return envelope_error(404, f"no endpoint {name[:60]!r} here (endpoints: {', '.join(sorted(endpoints))})",
+            return envelope(404, f"no endpoint {name[:60]!r} here (endpoints: {', '.join(sorted(endpoints))})",
                                   "client and coordinator versions may differ")
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media != "application/json":
-            return envelope_error(415, f"{name}: the body must be application/json, not {media[:60] or 'untyped'}",
+            return envelope(415, f"{name}: the body must be application/json, not {media[:60] or 'untyped'}",
                                   "send the JSON body {\"data\": [arguments…]} with Content-Type: application/json")
         try:
             return await handle(name, request)
         except BadRequest as e:
-            return envelope_error(e.status, f"{name}: {e.message}", e.hint)
+            return envelope(e.status, f"{name}: {e.message}", e.hint)
 
     return route
 
@@ -226,13 +219,7 @@ async def authenticate(identify: Callable, request: Any, threads: Any) -> Any:
         await anyio.to_thread.run_sync(identify, request_token(request), request, limiter=threads)
         return None
     except HubGrpoError as e:
-        from starlette.responses import JSONResponse
-
-        status = {"auth": 401, "rate": 429}.get(e.code, 503)
-        error = e.to_dict()
-        if getattr(e, "wait_s", None) is not None:
-            error["wait_s"] = round(float(e.wait_s), 2)
-        return JSONResponse({"ok": False, "error": error}, status_code=status)
+        return refusal(e)
 
 
 def attach(app: Any, endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None,
