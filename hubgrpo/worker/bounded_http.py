@@ -33,18 +33,21 @@ log = logging.getLogger(__name__)
 MIN_BODY_RATE = 256 * 1024  # bytes/s a request body may take on top of the timeout (a large upload is slow)
 
 
-def token_may_go_to(url: str) -> bool:
-    """Whether a token may travel to ``url``: https anywhere, plain http only to a loopback address."""
-    parts = urlsplit(url)
-    if parts.scheme == "https":
-        return True
-    host = (parts.hostname or "").strip("[]")
+def on_this_machine(url: str) -> bool:
+    """Whether ``url``'s host is a loopback address (or ``localhost``)."""
+    host = (urlsplit(url).hostname or "").strip("[]")
     if host == "localhost":
         return True
     try:
-        return parts.scheme == "http" and ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def token_may_go_to(url: str) -> bool:
+    """Whether a token may travel to ``url``: https anywhere, plain http only to a loopback address."""
+    scheme = urlsplit(url).scheme
+    return scheme == "https" or (scheme == "http" and on_this_machine(url))
 
 
 def origin(url: str) -> str:

@@ -36,16 +36,10 @@ def check_box_is_ours(spec: str | None, store: Store, coordinator: str) -> None:
     """A submissions box that is a local folder is this machine's disk: the worker writes there only for a run on
     this machine (its repo a local folder, or its coordinator on loopback). A remote run repo's config is data
     written by others: it never picks a folder here."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
     from hubgrpo.store.local import LocalStore
+    from hubgrpo.worker.bounded_http import on_this_machine
 
-    host = (urlsplit(coordinator).hostname or "") if "://" in coordinator else ""
-    try:
-        here = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        here = False
+    here = "://" in coordinator and on_this_machine(coordinator)
     if spec and not spec.startswith("s3://") and not isinstance(store, LocalStore) and not here:
         from hubgrpo.errors import ConfigError
 
