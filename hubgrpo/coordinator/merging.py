@@ -15,7 +15,7 @@ network I/O:
 ``coordinator.refusal_flush_s`` for a merge. Submissions admitted during a merge stay pending for the next one.
 
 The merge weight of a submission is derived from its lease (completions per step × steps), discounted for
-staleness; nothing the worker reports decides it. A round whose update is below the norm floor (``credited``:
+staleness; nothing the worker reports decides it. A round whose update is below the norm floor (``norms.credited``:
 ``merge.min_norm_factor``; an unchanged adapter always is) is merged with weight 0 and earns no leaderboard
 credit: its recomputed reward proves only that its rewards match its completions, not that anyone trained. A
 version whose rounds all are below it repeats the previous adapter.
@@ -34,13 +34,14 @@ from hubgrpo import layout, runrepo
 from hubgrpo.card import run_card
 from hubgrpo.coordinator import evals
 from hubgrpo.coordinator.admit import staleness_limit
+from hubgrpo.coordinator.ledger import MAX_REFUSALS_KEPT, fork_state, next_state
+from hubgrpo.coordinator.norms import credited
 from hubgrpo.coordinator.pruning import merge_deletes
 from hubgrpo.errors import CommitConflict, InvalidSubmission
-from hubgrpo.layout import MergedEntry, RunState, VersionRecord
+from hubgrpo.layout import MergedEntry, RunState
 
 log = logging.getLogger("hubgrpo.coordinator")
 MAX_CAS_RETRIES = 20
-MAX_REFUSALS_KEPT = 500
 
 
 @dataclass
@@ -193,17 +194,6 @@ def prefold(c, lock) -> int:
     return len(todo)
 
 
-def credited(c, p) -> bool:
-    """Whether pending submission ``p`` moved the adapter enough to earn merge weight and credit (``norm_floor``
-    from the per-step norms of recent credited rounds, scaled by its lease's learning rate)."""
-    from hubgrpo.merge.admission import below_floor, norm_floor
-    from hubgrpo.task.rollouts import lease_params
-
-    ratio = float(lease_params(c.cfg, p.sub.lease)["learning_rate"]) / c.cfg.params.learning_rate
-    floor = norm_floor(c.norm_history.typical(), c.cfg.merge.min_norm_factor, ratio)
-    return not below_floor(p.update_norm, p.steps, floor)
-
-
 def _raw_weight(c, p) -> float | None:
     """A pending submission's merge weight before normalisation (None when it has grown too stale or earns no
     weight: ``credited``)."""
@@ -274,7 +264,7 @@ def stage(c, plan: MergePlan, result) -> Staged | None:
     if c.state.version + 1 != plan.version or c.state.finished:
         log.warning("dropping the merge for version %d: the run is at version %d", plan.version, c.state.version)
         return None
-    state = _next_state(c, plan.entries, result.report)
+    state = next_state(c, plan.entries, result.report)
     state.versions[-1].start_version = plan.start_version
     saved = evals.apply(state, c.new_evals)
     tmp = tempfile.TemporaryDirectory(prefix="hubgrpo-merge-")
@@ -287,55 +277,6 @@ def stage(c, plan: MergePlan, result) -> Staged | None:
 
 def _worker_counts(c) -> dict:
     return {k: (w.refused, w.accepted) for k, w in c.state.workers.items()}
-
-
-def _next_state(c, entries: list[MergedEntry], report: dict) -> RunState:
-    now = c.clock()
-    st = fork_state(c.state)
-    st.version += 1
-    samples = sum(e.samples for e in entries if e.weight > 0)  # completions that moved the model
-    reward = sum(e.weight * e.reward_mean for e in entries) if samples else None  # the credited rounds' reward
-    st.versions.append(VersionRecord(
-        version=st.version, tag=layout.version_tag(st.version), created_at=now, method=c.cfg.merge.method,
-        algorithm=report.get("algorithm"), residual=_num(report.get("residual")),
-        update_norm=_num(report.get("update_norm")), outer_lr=float(report.get("outer_lr") or c.cfg.merge.outer_lr),
-        merged=entries, reward_mean=reward, samples=samples))
-    st.merged_ids += [e.submission_id for e in entries]
-    st.refused = (st.refused + c.new_refusals)[-MAX_REFUSALS_KEPT:]
-    for e in entries:
-        key = c.worker_key(e.worker, e.user)
-        ws = st.workers.get(key)
-        ws = ws.model_copy() if ws is not None else layout.WorkerStats(worker=e.worker, user=e.user, first_seen=now)
-        if e.weight <= 0:  # merged with weight 0 (below the norm floor): no credit
-            ws.uncredited += 1
-            st.workers[key] = ws
-            continue
-        ws.accepted += 1
-        ws.samples += e.samples
-        ws.reward_sum += e.reward_mean
-        ws.reward_first = e.reward_mean if ws.reward_first is None else ws.reward_first
-        ws.reward_last = e.reward_mean
-        st.workers[key] = ws
-    st.samples_total += samples
-    st.next_prompt = c.pool.next_index
-    st.commit_times = [t for t in c.commit_times if t > now - 3600] + [now]
-    st.finished = st.version >= c.cfg.params.versions
-    return st
-
-
-def fork_state(state: RunState) -> RunState:
-    """The copy a merge stages the next state in: new containers, records shared with ``state`` (whoever changes
-    a record in the copy replaces it with a copy first: ``_next_state``, ``evals.apply``). A deep copy of a long
-    run's history (every version's merged entries, every worker's row) cost 40 ms at 10 versions × 256 rounds,
-    under the API lock, and grows with the run."""
-    st = state.model_copy()
-    st.versions, st.merged_ids, st.refused = list(state.versions), list(state.merged_ids), list(state.refused)
-    st.workers, st.commit_times = dict(state.workers), list(state.commit_times)
-    return st
-
-
-def _num(x) -> float | None:
-    return None if x is None else float(x)
 
 
 def _files(c, result, state: RunState, tmp: Path) -> dict:
@@ -408,11 +349,7 @@ def adopt(c, staged: Staged) -> bool:
         c._adapters[state.version] = result.adapter
     c.momentum = result.momentum
     c.last_merge_at = state.versions[-1].created_at
-    from hubgrpo.coordinator.norms import participant
-
-    for e in state.versions[-1].merged:
-        if e.weight > 0 and e.update_norm is not None:  # uncredited rounds never set the bounds of later ones
-            c.norm_history.offer(participant(e), e.update_norm / max(1, e.steps or 1), c.cfg.merge.max_norm_factor)
+    c.norm_history.add_merged(state.versions[-1].merged, c.cfg.merge.max_norm_factor)
     log.info("version %d merged from %d submissions (residual %s)", state.version, len(state.versions[-1].merged),
              result.report.get("residual"))
     return True

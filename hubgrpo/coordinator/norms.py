@@ -55,6 +55,13 @@ class NormHistory:
         return True
 
 
+    def add_merged(self, entries, factor: float | None) -> None:
+        """Offer the credited entries of one merged version (uncredited rounds never set later bounds)."""
+        for e in entries:
+            if e.weight > 0 and e.update_norm is not None:
+                self.offer(participant(e), e.update_norm / max(1, e.steps or 1), factor)
+
+
 def participant(entry) -> str:
     """Whom a merged entry or submission counts for: its HF user, else (a run without auth) its worker name."""
     return f"user:{entry.user}" if entry.user else f"worker:{entry.worker}"
@@ -72,7 +79,18 @@ def norm_limit(history: NormHistory, steps: int, factor: float | None) -> float 
 def rebuild(versions, factor: float | None) -> NormHistory:
     """The history of a run's merged versions (state.json), as the merges built it."""
     history = NormHistory()
-    for entry in (m for v in versions for m in v.merged):
-        if entry.weight > 0 and entry.update_norm is not None:
-            history.offer(participant(entry), entry.update_norm / max(1, entry.steps or 1), factor)
+    for version in versions:
+        history.add_merged(version.merged, factor)
     return history
+
+
+def credited(c, p) -> bool:
+    """Whether pending submission ``p`` of coordinator ``c`` moved the adapter enough to earn merge weight and
+    credit: at or above the free-rider floor (``merge.admission.norm_floor`` from typical, scaled by its lease's
+    learning rate ÷ the run's)."""
+    from hubgrpo.merge.admission import below_floor, norm_floor
+    from hubgrpo.task.rollouts import lease_params
+
+    ratio = float(lease_params(c.cfg, p.sub.lease)["learning_rate"]) / c.cfg.params.learning_rate
+    floor = norm_floor(c.norm_history.typical(), c.cfg.merge.min_norm_factor, ratio)
+    return not below_floor(p.update_norm, p.steps, floor)
