@@ -202,13 +202,11 @@ def run(scale: float, slow_s: float) -> dict:
 def endless_heads(url: str, pid: int, baseline: int, scale: float) -> list[dict]:
     """A header and a request line (a query) that never end, 300 MiB × ``scale`` each: cut by the server's
     16 KiB bound on heads (uvicorn's h11, ``hubgrpo.space.guard.bound_heads``)."""
-    from tests.test_visitor_heads import send_head
-
     port = int(url.rsplit(":", 1)[1])
     size, rows = int(300 * va.MiB * scale), []
     for label, start in (("endless header", b"GET /hubgrpo/api/status HTTP/1.1\r\nHost: x\r\nX-Long: "),
                          ("endless request line (query)", b"GET /?q=")):
-        (sent, answer), mem = measured(pid, baseline, lambda start=start: send_head(port, start, size))
+        (sent, answer), mem = measured(pid, baseline, lambda start=start: va.send_head(port, start, size))
         status = answer.split(b" ", 2)[1].decode() if answer.count(b" ") >= 2 else "closed"
         rows.append({"attack": f"{label}, {size // va.MiB} MiB", "answer": status, "bytes_sent": sent, **mem})
         print(rows[-1], flush=True)
@@ -218,20 +216,11 @@ def endless_heads(url: str, pid: int, baseline: int, scale: float) -> list[dict]
 def queued_flood(url: str, pid: int, baseline: int, n: int = 1500) -> dict:
     """``n`` anonymous 60 KB calls on Gradio's queued routes (``/gradio_api/call/status``, ``/queue/join``), 8 at
     a time, never read: Gradio keeps each call's event until its answer is read, unless refused before the body."""
-    import httpx
     from concurrent.futures import ThreadPoolExecutor
-
-    body = {"data": ["x" * 60_000]}
-
-    def one(i: int) -> int:
-        path = "/gradio_api/call/status" if i % 2 else "/gradio_api/queue/join"
-        extra = {} if i % 2 else {"fn_index": 0, "session_hash": f"visitor{i}"}
-        with httpx.Client(timeout=30) as c:
-            return c.post(url + path, json={**body, **extra}).status_code
 
     def run():
         with ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(one, range(n)))
+            codes = list(pool.map(lambda i: va.queued_call(url, i), range(n)))
         return {"calls": n, "answers": {str(c): codes.count(c) for c in sorted(set(codes))}}
 
     out, mem = measured(pid, baseline, run)

@@ -11,7 +11,6 @@ keeps (the request line and the headers) and what Gradio keeps on disk (its file
 from __future__ import annotations
 
 import os
-import select
 import socket
 import time
 
@@ -44,30 +43,6 @@ def served(tmp_path_factory):
         emu.stop()
 
 
-def send_head(port: int, start: bytes, total: int, timeout_s: float = 60.0) -> tuple[int, bytes]:
-    """Send ``start`` then ``total`` bytes of ``a`` (a request line or a header that never ends) as fast as the
-    server reads them; stop when it answers or closes. The bytes sent and what it answered."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
-    sent, answer, deadline = 0, b"", time.monotonic() + timeout_s
-    piece = memoryview(b"a" * MiB)
-    try:
-        sock.sendall(start)
-        sock.setblocking(False)
-        while sent < total and time.monotonic() < deadline:
-            readable, writable, _ = select.select([sock], [sock], [], 1.0)
-            if readable:
-                break
-            if writable:
-                sent += sock.send(piece[: min(MiB, total - sent)])
-        if select.select([sock], [], [], 5.0)[0]:
-            answer = sock.recv(65536)
-    except OSError:  # the server closed the connection while the head was being sent
-        pass
-    finally:
-        sock.close()
-    return sent, answer
-
-
 @pytest.mark.timeout(300)
 def test_an_endless_request_line_or_header_is_cut_and_costs_no_memory(served):
     proc, url, port, _ = served
@@ -75,8 +50,8 @@ def test_an_endless_request_line_or_header_is_cut_and_costs_no_memory(served):
     baseline = va.rss_kib(proc.pid)
     size = 96 * MiB
     with va.PeakSampler(proc.pid) as sampler:
-        header = send_head(port, b"GET /hubgrpo/api/status HTTP/1.1\r\nHost: x\r\nX-Long: ", size)
-        query = send_head(port, b"GET /?q=", size)
+        header = va.send_head(port, b"GET /hubgrpo/api/status HTTP/1.1\r\nHost: x\r\nX-Long: ", size)
+        query = va.send_head(port, b"GET /?q=", size)
         time.sleep(0.5)
     grew_mib = (sampler.peak - baseline) / 1024
     assert grew_mib <= 64, f"the Space grew by {grew_mib:.0f} MiB over its idle {baseline / 1024:.0f} MiB"
@@ -111,17 +86,9 @@ def test_gradios_queued_routes_keep_nothing_for_an_anonymous_visitor(served):
     proc, url, _, _ = served
     time.sleep(1.0)
     baseline = va.rss_kib(proc.pid)
-    body = {"data": ["x" * 60_000]}
-
-    def anonymous(i: int) -> int:
-        path = "/gradio_api/call/status" if i % 2 else "/gradio_api/queue/join"
-        extra = {} if i % 2 else {"fn_index": 0, "session_hash": f"visitor{i}"}
-        with httpx.Client(timeout=30) as c:
-            return c.post(url + path, json={**body, **extra}).status_code
-
     with va.PeakSampler(proc.pid) as sampler:
         with ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(anonymous, range(800)))
+            codes = list(pool.map(lambda i: va.queued_call(url, i), range(800)))
         time.sleep(1.0)
     grew_mib = (sampler.peak - baseline) / 1024
     assert grew_mib <= 64, f"the Space grew by {grew_mib:.0f} MiB over its idle {baseline / 1024:.0f} MiB"

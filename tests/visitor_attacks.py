@@ -304,3 +304,38 @@ def concurrent_bodies(scale: float = 1.0, n: int = 6) -> list[tuple[str, dict]]:
     upload = {"prefix": UPLOAD_PREFIX, "suffix": UPLOAD_SUFFIX}
     paths = ["/hubgrpo/api/upload", "/gradio_api/run/upload", "/gradio_api/queue/join"]
     return [(f"concurrent {i}: {paths[i % 3]}", {"path": paths[i % 3], "size": size, **upload}) for i in range(n)]
+
+
+def send_head(port: int, start: bytes, total: int, timeout_s: float = 60.0) -> tuple[int, bytes]:
+    """Send ``start`` then ``total`` bytes of ``a`` (a request line or a header that never ends) as fast as the
+    server reads them; stop when it answers or closes. The bytes sent and what it answered."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    sent, answer, deadline = 0, b"", time.monotonic() + timeout_s
+    piece = memoryview(b"a" * MiB)
+    try:
+        sock.sendall(start)
+        sock.setblocking(False)
+        while sent < total and time.monotonic() < deadline:
+            readable, writable, _ = select.select([sock], [sock], [], 1.0)
+            if readable:
+                break
+            if writable:
+                sent += sock.send(piece[: min(MiB, total - sent)])
+        if select.select([sock], [], [], 5.0)[0]:
+            answer = sock.recv(65536)
+    except OSError:  # the server closed the connection while the head was being sent
+        pass
+    finally:
+        sock.close()
+    return sent, answer
+
+
+def queued_call(url: str, i: int) -> int:
+    """One anonymous 60 KB call on Gradio's queued routes (``/gradio_api/call/status`` for odd ``i``, else
+    ``/gradio_api/queue/join``), its answer never read; the HTTP status."""
+    import httpx
+
+    path = "/gradio_api/call/status" if i % 2 else "/gradio_api/queue/join"
+    extra = {} if i % 2 else {"fn_index": 0, "session_hash": f"visitor{i}"}
+    with httpx.Client(timeout=30) as c:
+        return c.post(url + path, json={"data": ["x" * 60_000], **extra}).status_code
