@@ -16,6 +16,7 @@ No torch import here: the coordinator's Space stays light.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Annotated, Literal
 
@@ -26,9 +27,11 @@ from hubgrpo.errors import InvalidPath, InvalidSubmission
 SCHEMA_VERSION = 1
 # The wire protocol between workers and coordinators; a lease request carries it and a coordinator refuses any other
 # (code ``version``). Raise it with every change a worker and a coordinator of different releases would disagree on.
-PROTOCOL_VERSION = 3  # 2: leases carry ``uploads`` (presigned URLs for submissions in an S3 box); every
+PROTOCOL_VERSION = 4  # 2: leases carry ``uploads`` (presigned URLs for submissions in an S3 box); every
 # submission carries its round's rollouts (ROLLOUTS_FILE) and the coordinator recomputes the rewards.
 # 3: ``uploads`` may be size-capped presigned POST forms (``url#fields``); the token travels in the header only
+# 4: a lease's ``base_sha`` is the version's adapter id (``adapter_id``), served by the coordinator's ``adapter``
+# route; the repo holds checkpoints only; a rebased round names the id of the version it moved onto (``rebased_sha``)
 WHEELS_DIR = "wheels"  # where `hubgrpo space deploy` publishes the hubgrpo wheel in the Space repo
 
 
@@ -177,9 +180,10 @@ class Submission(Record):
     # merge.rebase (ffa): the newer version this round moved onto between steps (``hubgrpo.worker.rebase``); the
     # coordinator measures the update and the staleness from it. None: trained on ``base_version`` throughout.
     rebased_version: Version | None = None
+    rebased_sha: Text | None = None  # the adapter id of ``rebased_version`` (the coordinator checks its lineage)
 
     def to_json(self) -> bytes:  # without rebase the record stays readable by coordinators older than the field
-        exclude = {"rebased_version"} if self.rebased_version is None else None
+        exclude = {"rebased_version", "rebased_sha"} if self.rebased_version is None else None
         return self.model_dump_json(indent=1, exclude=exclude).encode()
 
     @property
@@ -243,12 +247,13 @@ class Refusal(Record):
 
 
 class VersionRecord(Record):
-    """One global version (tag vNNNNNN)."""
+    """One global version; checkpointed versions are tagged vNNNNNN."""
 
     version: Version
-    tag: Text
+    tag: Text | None = None  # vNNNNNN when the version was committed as a checkpoint, else None
     created_at: Seconds
     method: Text
+    adapter_id: Text | None = None  # ``adapter_id`` of its adapter: what leases on it carry as ``base_sha``
     algorithm: Text | None = None
     residual: Annotated[float, Field(ge=0, le=1e6)] | None = None
     update_norm: Annotated[float, Field(ge=0, le=1e12)] | None = None
@@ -316,6 +321,16 @@ def is_commit_id(revision: object) -> bool:
     """Whether ``revision`` is a commit sha (40 lowercase hex digits) or a version tag (vNNNNNN): the only
     revisions that may name a folder (``runrepo.adapter_at``) or come from a coordinator."""
     return isinstance(revision, str) and bool(_SHA.fullmatch(revision) or _COMMIT_TAG.fullmatch(revision))
+
+
+def adapter_id(weights: bytes, config: bytes) -> str:
+    """The id of a version's adapter: 40 hex digits of SHA-256 over its two files. A lease names its base version
+    by it (``Lease.base_sha``), the coordinator serves the adapter by it, and a worker checks what it got with it;
+    a version lost with a restarted coordinator and merged again from other rounds gets another id."""
+    h = hashlib.sha256(b"hubgrpo-adapter\0" + len(weights).to_bytes(8, "big"))
+    h.update(weights)
+    h.update(config)
+    return h.hexdigest()[:40]
 
 
 def check_commit_id(revision: object, what: str = "revision") -> str:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
+FREE_COMMITS = 1_000_000  # a commit budget this high is lifted (a local folder: commits cost nothing)
 OUTER_LR_MAX = 10.0  # a merge's outer learning rate: above this a version only amplifies its rounds' noise
 
 
@@ -274,6 +275,15 @@ class CoordinatorSection(_Section):
     commit_budget_per_hour: int = Field(60, gt=0, description="Keep repo commits per hour under this (the Hub's "
                                         "hourly commit quota); `hubgrpo run` in a local directory lifts it unless "
                                         "the config sets it.")
+    checkpoint_every_s: float | None = Field(
+        None, ge=0, le=86400, description="How often a new version is committed to the run repo as a checkpoint "
+        "(adapter, state.json, model card; tagged vNNNNNN); between checkpoints workers get versions from the "
+        "coordinator, and a restarted coordinator resumes from the last checkpoint. None = from the budget: "
+        "7200 / commit_budget_per_hour seconds (half the budget), every version when the budget is lifted; "
+        "0 = every version.")
+    checkpoint_every_versions: int | None = Field(None, gt=0, le=1_000_000, description="Also checkpoint once "
+                                                  "this many versions were merged since the last checkpoint "
+                                                  "(never beyond the commit budget).")
     rate_limit_per_minute: int = Field(120, gt=0, description="API calls per worker per minute.")
     max_leases_per_user: int = Field(32, gt=0, description="Live leases one user may hold at once.")
     scan_interval_s: float = Field(60, gt=0, description="How often the repo is scanned for committed rounds "
@@ -284,6 +294,13 @@ class CoordinatorSection(_Section):
                                     "functions may take to rescore one submitted round (in a child process, killed "
                                     "after it): a round over it is refused (reward_timeout).")
     secret: SecretStr | None = Field(None, description="HMAC secret that signs leases; usually ${HUBGRPO_SECRET}.")
+
+    @property
+    def checkpoint_interval_s(self) -> float:
+        """Seconds between checkpoints (``checkpoint_every_s``, or its default from the commit budget)."""
+        if self.checkpoint_every_s is not None:
+            return float(self.checkpoint_every_s)
+        return 0.0 if self.commit_budget_per_hour >= FREE_COMMITS else 7200.0 / self.commit_budget_per_hour
 
 
 class HubSection(_Section):
