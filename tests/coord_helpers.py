@@ -60,14 +60,24 @@ def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2
     return folder
 
 
+def base_adapter_dir(store, lease: Lease, dest: Path) -> Path:
+    """The adapter ``lease`` is based on, read from its checkpoint's tag (every version is a checkpoint on a local
+    folder), checked against the lease's adapter id."""
+    from hubgrpo import runrepo
+
+    sha = store.tags()[layout.version_tag(lease.base_version)]
+    folder = runrepo.adapter_at(store, sha, dest)
+    got = layout.adapter_id((folder / layout.ADAPTER_WEIGHTS).read_bytes(), (folder / layout.ADAPTER_CONFIG).read_bytes())
+    assert got == lease.base_sha, f"v{lease.base_version}'s checkpoint is not the leased adapter"
+    return folder
+
+
 def trained_adapter(store, lease: Lease, folder: Path, seed: int, b_scale: float) -> Path:
     """What a round of training produces: the leased base adapter with B moved by ``b_scale``·N(0, 1) (A kept, as
     a few optimizer steps barely move it). From version 0 (B = 0) this is ``write_adapter(seed, b_scale)``."""
     from safetensors.torch import load_file
 
-    from hubgrpo import runrepo
-
-    base_dir = runrepo.adapter_at(store, lease.base_sha, folder.parent / "bases")
+    base_dir = base_adapter_dir(store, lease, folder.parent / "bases")
     base = load_file(base_dir / layout.ADAPTER_WEIGHTS)
     write_adapter(folder, seed, b_scale)
     delta = load_file(folder / layout.ADAPTER_WEIGHTS)

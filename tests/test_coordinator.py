@@ -333,8 +333,9 @@ def test_every_unsaved_refusal_stays_visible_in_the_status(tmp_path):
 
 
 def test_two_coordinators_on_one_repo_never_lose_or_double_a_step(tmp_path):
-    """Two coordinators (a Space and a forgotten local one, say) on one repo with outer momentum: the one that loses
-    the compare-and-swap reloads — state, tags and the momentum the other wrote — and merges its round on top."""
+    """Two coordinators (a Space and a forgotten local one, say) on one repo with outer momentum: the one whose
+    checkpoint loses the compare-and-swap reloads — state, tags and the momentum the other wrote — and, finding its
+    round again in the repo, merges it on top."""
     from hubgrpo.merge import MergeOptions, load_adapter_dir, merge
     from safetensors.torch import load
 
@@ -344,8 +345,10 @@ def test_two_coordinators_on_one_repo_never_lose_or_double_a_step(tmp_path):
     s1, s2 = push_submission(store, l1, tmp_path, seed=1), push_submission(store, l2, tmp_path, seed=2)
     assert c1.submit(l1, s1)["status"] == "merged"
     m1 = load(store.read(layout.MOMENTUM_FILE))
-    answer = c2.submit(l2, s2)  # c2's merge loses the CAS: it reloads instead of overwriting version 1
-    assert answer["status"] == "admitted" and c2.state.version == 1 and c2.momentum is None
+    answer = c2.submit(l2, s2)  # c2 merges a live version 1; its checkpoint loses the CAS: it reloads c1's
+    assert answer["status"] == "merged" and c2.state.version == 1 and c2.momentum is None
+    assert c2.shas[1] == store.tags()["v000001"] and c2.ids[1] == c1.ids[1]
+    assert c2.scan_pass(force=True) == 1  # its round, merged only into the version it lost, is found again
     assert c2.maybe_merge() and c2.state.version == 2
     state = runrepo.read_state(store)
     assert [v.version for v in state.versions] == [0, 1, 2]
@@ -367,7 +370,8 @@ def test_two_coordinators_on_one_repo_never_lose_or_double_a_step(tmp_path):
     # must continue from version 2's momentum (the old in-memory one would silently drop c2's step)
     l3 = c1.lease("w3")
     s3 = push_submission(store, l3, tmp_path, seed=3)
-    assert c1.submit(l3, s3)["status"] == "admitted" and c1.state.version == 2
+    assert c1.submit(l3, s3)["status"] == "merged" and c1.state.version == 2  # lost the CAS: reloaded c2's v2
+    assert c1.scan_pass(force=True) == 1
     assert c1.maybe_merge() and runrepo.read_state(store).version == 3
     v2 = load_adapter_dir(runrepo.adapter_at(store, c1.shas[2], tmp_path / "a"))
     sub3 = load_adapter_dir(runrepo.submission_at(store, 1, layout.submission_id("w3", l3.lease_id), s3,

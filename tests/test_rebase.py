@@ -36,7 +36,8 @@ def _push(store, c, lease, tmp: Path, *, onto: int | None, seed: int) -> tuple[s
     folder.mkdir(parents=True)
     save_file(weights, str(folder / layout.ADAPTER_WEIGHTS))
     (folder / layout.ADAPTER_CONFIG).write_bytes((base_dir / layout.ADAPTER_CONFIG).read_bytes())
-    record = submission_record(lease).model_copy(update={"rebased_version": onto})
+    onto_id = None if onto is None else c.ids.get(onto, c.ids[trained_on])  # a claim may name a version ahead
+    record = submission_record(lease).model_copy(update={"rebased_version": onto, "rebased_sha": onto_id})
     (folder / layout.SUBMISSION_FILE).write_bytes(record.to_json())
     write_rollouts(folder, lease, runrepo.read_config(store))
     adds = {layout.submission_path(lease.base_version, sub_id, f.name): f for f in folder.iterdir()}
@@ -104,7 +105,7 @@ def test_a_worker_moves_onto_the_coordinators_version_at_its_next_poll_never_ont
 
     store, c, _ = _setup(tmp_path, **FFA)
     clock = FakeClock(0.0)
-    source = CoordinatorSource(c, store, tmp_path / "cache", poll_s=10, clock=clock)
+    source = CoordinatorSource(InProcess(c), tmp_path / "cache", 1 << 30, poll_s=10, clock=clock)
     store.tag(layout.version_tag(7), store.history()[0].sha)  # a forged "newer version"
     assert source(1, 0) is None  # the coordinator is at version 0
     fast = c.lease("fast")
@@ -119,6 +120,19 @@ def test_a_worker_moves_onto_the_coordinators_version_at_its_next_poll_never_ont
     assert source(4, 1) is None  # nothing newer than what it is on
 
 
+class InProcess:
+    """The coordinator's status and adapter route, in process."""
+
+    def __init__(self, c):
+        self.c = c
+
+    def status(self):
+        return self.c.status()
+
+    def adapter(self, version, adapter_id, cache, max_bytes):
+        return self.c.version_dir(version, adapter_id)
+
+
 class _Down:
     def status(self):
         from hubgrpo.errors import CoordinatorError
@@ -130,7 +144,7 @@ def test_an_unreachable_coordinator_leaves_the_round_where_it_is(tmp_path):
     from hubgrpo.worker.rebase import CoordinatorSource
 
     store, _, _ = _setup(tmp_path, **FFA)
-    assert CoordinatorSource(_Down(), store, tmp_path / "cache", poll_s=0)(1, 0) is None
+    assert CoordinatorSource(_Down(), tmp_path / "cache", 1 << 30, poll_s=0)(1, 0) is None
 
 
 def test_a_rebased_rounds_lease_may_be_at_most_max_lease_age_old(tmp_path):

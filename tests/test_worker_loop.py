@@ -63,6 +63,14 @@ class ScriptedClient:
     def release(self, lease):
         self.coord.release(lease)
 
+    def adapter(self, version, adapter_id, cache, max_bytes):  # what the adapter route serves, in process
+        import shutil
+
+        dest = cache / adapter_id
+        if not dest.is_dir():
+            shutil.copytree(self.coord.version_dir(version, adapter_id), dest)
+        return dest
+
 
 class FlakyStore(LocalStore):
     """A store whose commits fail (503) while ``failures`` > 0."""

@@ -80,6 +80,7 @@ def prepare(c, lease: Lease, commit: str, *, check_deadline: bool = True) -> Pre
         return out
     try:
         c._verify(lease, c.clock(), check_deadline=check_deadline)
+        check_lineage(c, lease.base_version, lease.base_sha, sub_id)  # before anything is read
         if not c.cfg.merge.rebase:  # a rebased round's staleness counts from its record: checked after reading it
             _check_staleness(c, lease, sub_id, lease.base_version)
         out.pending = _check_folder(c, lease, sub_id, commit)
@@ -130,7 +131,7 @@ def submission_limit(c, lease: Lease) -> int:
     from hubgrpo.task.rollouts import size_limit
 
     limit = int(c.cfg.merge.max_submission_mb * 2**20)
-    if lease.base_version in c.shas:
+    if lease.base_version in c.ids:
         limit = min(limit, max_submission_bytes(c._global()))
     return limit + size_limit(c.cfg, lease)
 
@@ -141,14 +142,13 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
 
     sub_id = layout.submission_id(lease.worker, lease.lease_id)
     sub = read_record(folder, lease, sub_id)
-    if lease.base_version not in c.shas:
-        raise InvalidSubmission("unknown_base", f"base version {lease.base_version} is not a version of this run")
+    check_lineage(c, lease.base_version, lease.base_sha, sub_id)
     base_version = check_rebase(c, lease, sub, sub_id)
     _check_staleness(c, lease, sub_id, base_version)
     global_, base = c._global(), c._adapter(base_version)
     limit = submission_limit(c, lease)
     steps = int(lease.steps)
-    adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.shas),
+    adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.ids),
                                base_version=base_version)
     reward = c.reward_check.check(lease, folder)  # the rewards recomputed from the rollouts (``verify``)
     if c.cfg.merge.method == "ffa":
@@ -182,11 +182,29 @@ def check_rebase(c, lease: Lease, sub: Submission, sub_id: str) -> int:
         raise InvalidSubmission("stale", f"submission {sub_id} was leased {age} versions ago (base "
                                 f"{lease.base_version}, current {c.state.version}); a rebased round's lease may be at most "
                                 f"{limit} versions old (merge.max_lease_age)", hint="lease again")
-    if not lease.base_version <= v <= c.state.version or v not in c.shas:
+    if not lease.base_version <= v <= max(c.state.version, c.checkpoint.version):
         raise InvalidSubmission("bad_rebase", f"submission {sub_id} names version {v} as the one it was "
                                 f"moved onto; it must be a version between its lease's {lease.base_version} and the "
                                 f"current {c.state.version}", hint="submit what the round's training produced")
+    if sub.rebased_sha is None and v not in c.shas:
+        raise InvalidSubmission("bad_rebase", f"submission {sub_id} names version {v} as the one it was moved onto "
+                                "without its adapter id (rebased_sha)", hint="upgrade hubgrpo on the worker")
+    check_lineage(c, v, sub.rebased_sha or c.shas[v], sub_id)
     return v
+
+
+def check_lineage(c, version: int, adapter_id: str, sub_id: str) -> None:
+    """The version a round was trained on must be one of this coordinator's lineage under that adapter id: a
+    version merged after the last checkpoint by a coordinator that restarted since is gone (``stale``), and the
+    same number merged again is another adapter."""
+    if c.ids.get(version) == adapter_id or (c.shas.get(version) == adapter_id and version in c.ids):
+        return
+    if version in c.ids or version > c.checkpoint.version:
+        raise InvalidSubmission("stale", f"submission {sub_id} was trained on version {version} "
+                                f"({str(adapter_id)[:10]}), which this coordinator does not have: it was merged after "
+                                f"the last checkpoint (v{c.checkpoint.version}) by a coordinator that restarted since",
+                                hint="lease again and train on the current version")
+    raise InvalidSubmission("unknown_base", f"base version {version} is not a version of this run")
 
 
 def check_frozen_a(adapter, global_) -> None:

@@ -7,12 +7,12 @@ Everything durable lives in the run repo, so the coordinator is a function of re
 - a submission is a folder the worker committed under ``submissions/``; admission (``admit``) reads and checks it
   without touching the coordinator's state, then keeps it pending; folders committed but never submitted are
   found by a periodic scan of the repo, and after a restart (every folder neither merged nor refused);
-- a merge (``merging``) writes the new root adapter, ``state.json`` and the model card in ONE compare-and-swap
-  commit, then tags ``vNNNNNN``; refusals are also written to ``state.json`` on their own when no merge comes for
-  ``coordinator.refusal_flush_s``.
-Commits per hour are counted (worker submissions + merges; merges only when ``hub.submissions`` puts rounds in a
-box, ``inbox``); leases are refused with a wait while a new round would push the repo over
-``coordinator.commit_budget_per_hour``.
+- a merge (``merging``) makes a live version: in memory and in the version cache on disk (``versions``), served
+  to workers by the ``adapter`` route under its adapter id; a ``checkpoint`` commits the current version (adapter,
+  ``state.json``, model card; ONE compare-and-swap commit, tagged ``vNNNNNN``) every ``checkpoint.interval_s``
+  seconds, with the refusals and held-out scores since. A restarted coordinator resumes from the last checkpoint.
+Commits per hour are counted (worker submissions when rounds are in the repo, checkpoints); leases are refused
+with a wait while a new round would push the repo over ``coordinator.commit_budget_per_hour``.
 
 Thread safety belongs to the server (``hubgrpo.space.api``): it calls the store-reading phases (``prepare_submission``,
 ``scan``, ``read_repo``, the merge commit) without its lock and everything else under it.
@@ -30,7 +30,8 @@ from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.config import Config
-from hubgrpo.coordinator import admit, leases, leasing, norms, reconcile
+from hubgrpo.coordinator import admit, checkpoint, leases, leasing, norms, reconcile
+from hubgrpo.coordinator.versions import VersionCache
 from hubgrpo.errors import (CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, MergeError, NotFound,
                             RateLimited, StoreUnavailable)
 from hubgrpo.layout import Lease, Refusal, RunState, WorkerStats
@@ -66,6 +67,8 @@ class Coordinator:
         self.new_lease_id = leases.new_lease_id  # injectable: the simulator numbers leases for determinism
         self.momentum = None
         self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (balance_rounds)
+        self.versions = VersionCache(self.workdir / "versions")  # live and recent versions (the adapter route)
+        self.ids: dict[int, str] = {}  # version → adapter id (what leases carry as base_sha), this lineage only
         repo = self.read_repo()
         self.apply_repo(repo)
         from hubgrpo.coordinator.inbox import open_inbox
@@ -92,13 +95,17 @@ class Coordinator:
             raise NotFound(f"{self.store.location} is empty", hint="create the run with `hubgrpo init`")
         state = runrepo.read_state(self.store, head)
         shas = reconcile.version_shas(self.store, state.version)  # tags a crashed gc or merge left missing
+        history = self.store.history(limit=200)
+        adapter = runrepo.adapter_at(self.store, shas[state.version], self.workdir / "checkpoint")
         return {"head": head, "cfg": runrepo.read_config(self.store, head), "state": state, "shas": shas,
-                "history": [c.created_at for c in self.store.history(limit=200)]}
+                "history": [c.created_at for c in history], "adapter": adapter,
+                "head_at": next((c.created_at for c in history if c.sha == head), None)}
 
     def apply_repo(self, repo: dict) -> None:
         """Adopt what ``read_repo`` read: config, state, tags, commit log; outer momentum is re-read at the next
         merge; the prompt pool never goes back below a live lease's prompts."""
         self.head, self.cfg, self.state, self.shas = repo["head"], repo["cfg"], repo["state"], repo["shas"]
+        self._adopt_lineage(repo)
         old = getattr(self, "pool", None)
         self.pool = leases.PromptPool(self.state.next_prompt) if old is None else old
         live = [i for l in self.active.values() for i in l.prompt_indices]
@@ -108,9 +115,21 @@ class Coordinator:
         now = self.clock()  # a commit stamped after now (the Hub's clock ahead, a virtual clock) counts as now
         self.commit_times = sorted(min(t, now) for t in repo["history"] if t > now - 3600)
         with self._cache_lock:
-            self._adapters = {v: a for v, a in self._adapters.items() if v in self.shas}
+            self._adapters = {v: a for v, a in self._adapters.items() if v <= self.state.version}
         self.pending = {k: p for k, p in self.pending.items() if k not in set(self.state.merged_ids)}
         self.norm_history = norms.rebuild(self.state.versions, self.cfg.merge.max_norm_factor)
+
+    def _adopt_lineage(self, repo: dict) -> None:
+        """The adapter ids of the versions a loaded state.json knows, the checkpoint's adapter in the version cache
+        (its id computed from the committed bytes), and the checkpoint itself; versions newer than it are gone."""
+        version, now = self.state.version, self.clock()
+        self.versions.forget_after(version)
+        self.ids = {r.version: r.adapter_id for r in self.state.versions if r.adapter_id and r.version < version}
+        self.ids[version] = self.versions.put(version, {n: repo["adapter"] / n for n in (
+            layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
+        at = repo.get("head_at")
+        self.checkpoint = checkpoint.Checkpoint(version=version, sha=repo["head"],
+                                                at=min(at, now) if at is not None else now)
 
     def reload(self) -> None:
         self.apply_repo(self.read_repo())
@@ -278,11 +297,7 @@ class Coordinator:
         from hubgrpo.merge import load_adapter_dir
 
         try:
-            folder = runrepo.adapter_at(self.store, self.shas[version], self.workdir / "adapters")
-            try:
-                adapter = load_adapter_dir(folder)
-            finally:  # in memory now; a version needed again after it left the cache is read again
-                shutil.rmtree(folder, ignore_errors=True)
+            adapter = load_adapter_dir(self._version_folder(version))
         except (MergeError, StoreUnavailable, RateLimited) as e:
             raise CoordinatorError(f"the coordinator could not read version {version}'s adapter: {e.message}",
                                    code="unavailable", hint="submit again in a few seconds") from e
@@ -292,6 +307,49 @@ class Coordinator:
                 del self._adapters[old]
                 self._loading.pop(old, None)
         return adapter
+
+    def _version_folder(self, version: int) -> Path:
+        """The folder of ``version`` in the version cache, read from its checkpoint's tag when it left the cache
+        (a store read); a version that was never checkpointed and is not in the cache was lost with a restart:
+        rounds based on it are stale."""
+        folder = self.versions.path(version)
+        if folder is not None:
+            return folder
+        sha = self.shas.get(version)
+        if sha is None:
+            raise InvalidSubmission("stale", f"version {version} is not available any more: it was merged after "
+                                    f"the last checkpoint (v{self.checkpoint.version}) by a coordinator that "
+                                    "restarted since", hint="lease again and train on the current version")
+        fetched = runrepo.adapter_at(self.store, sha, self.workdir / "checkpoint")
+        try:
+            self.versions.put(version, {n: fetched / n for n in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
+        finally:
+            shutil.rmtree(fetched, ignore_errors=True)
+        return self.versions.path(version)
+
+    def version_dir(self, version: int, adapter_id: str) -> Path:
+        """The folder (adapter_model.safetensors, adapter_config.json) of ``version`` with id ``adapter_id``: what
+        the ``adapter`` route serves (a store read when only its checkpoint has it; call without the lock).
+        ``NotFound`` for a version this coordinator does not have under that id."""
+        if not isinstance(version, int) or self.ids.get(version) != adapter_id:
+            raise NotFound(f"version {version} with adapter id {str(adapter_id)[:40]!r} is not a version of this "
+                           f"run's coordinator (now at v{self.state.version})",
+                           hint="lease again: the coordinator restarted, or the version is too old")
+        folder = self.versions.get(version, adapter_id)
+        if folder is None:
+            try:
+                self._version_folder(version)
+            except InvalidSubmission as e:
+                raise NotFound(e.message, hint=e.hint) from None
+            folder = self.versions.get(version, adapter_id)
+        if folder is None:
+            raise NotFound(f"version {version}'s adapter changed since it was leased", hint="lease again")
+        return folder
+
+    def evict_versions(self) -> None:
+        """Versions no lease may be based on any more leave the version cache (the checkpoint stays)."""
+        keep = self.cfg.merge.lease_age_limit() + 2
+        self.versions.evict({self.checkpoint.version}, self.state.version - keep)
 
     # -------------------------------------------------------------------------------------------- ticks, merges
 
@@ -308,7 +366,7 @@ class Coordinator:
             self.housekeeping()
 
     def housekeeping(self, lock=None) -> None:
-        """The repo scan (when due) and the refusal flush (when due); store I/O runs outside ``lock``."""
+        """The repo scan (when due) and the checkpoint (when due); store I/O runs outside ``lock``."""
         self.scan_pass(lock)
         self.flush(lock, force=False)
 
@@ -326,20 +384,9 @@ class Coordinator:
         return len(prepared)
 
     def flush(self, lock=None, *, force: bool = True) -> bool:
-        """Write unsaved refusals and held-out scores to state.json in a state-only commit — now (``force``), or
-        when the oldest waited ``refusal_flush_s``; store I/O outside ``lock``. True when something was written."""
-        from hubgrpo.coordinator.merging import commit, stage_refusals
-
-        lock = lock or contextlib.nullcontext()
-        with self._flush_lock:  # the server's tick thread and `hubgrpo run` at its end: one flush at a time
-            with lock:
-                staged = stage_refusals(self, force=force)
-            if staged is None:
-                return False
-            ok = commit(self, staged)
-            with lock:
-                self.adopt(staged) if ok else self.apply_repo(self.pending_reload)
-            return ok
+        """Commit a checkpoint — now (``force``: whatever is unsaved: versions, refusals, held-out scores), or when
+        one is due (``checkpoint.due``); store I/O outside ``lock``. True when something was written."""
+        return checkpoint.run(self, lock, force=force)
 
     def record_eval(self, version, reward, samples) -> dict:
         """A held-out score of a version, reported by an evaluator: checked as hostile input, kept until the next

@@ -1,5 +1,12 @@
 """Where the coordinator finds submitted rounds: the run repo (the default) or the box ``hub.submissions`` names.
 
+``hub.submissions: coordinator`` is a ``FolderBox`` on the coordinator's own disk, ``rounds_folder``:
+``$HUBGRPO_CACHE/rounds/<run repo>/<run id>``, the disk that already keeps the run's lease secret
+(``$HUBGRPO_CACHE/secrets``), not the coordinator's working folder, which ``hubgrpo coordinator`` and ``hubgrpo
+space`` make afresh at every start. A restarted coordinator on the same disk thus finds the rounds uploaded but not
+merged; a new run in the same repo (``init --force``: a new run id) starts with an empty folder. On a Space, point
+``HUBGRPO_CACHE`` at its persistent storage (``/data/…``) to keep them across restarts.
+
 - ``RepoInbox``: a round is a commit of the run repo (a folder under ``submissions/``); ``submit`` names the commit.
   Every round is one commit, so rounds count against ``coordinator.commit_budget_per_hour`` (``in_repo``).
 - ``BoxInbox``: a round is four write-once objects in a ``hubgrpo.store.boxes`` box, ``submission.json`` last;
@@ -30,18 +37,34 @@ RECORD_MAX = 8 << 20  # the largest submission.json read (as admit.read_record)
 JUDGED_MAX = 50_000  # box records remembered as judged (refused or ignored): about 10 MB at most
 
 
-def open_inbox(cfg, store: Store):
-    """The inbox of a run: ``cfg.hub.submissions`` (a box), or the run repo itself when unset."""
+def open_inbox(cfg, store: Store, *, run_id: str | None = None):
+    """The inbox of a run: ``cfg.hub.submissions`` (a box), or the run repo itself when unset. ``run_id``: the
+    run's (read from the repo when not given), which names the folder of ``hub.submissions: coordinator``."""
     spec = cfg.hub.submissions
     if not spec:
         return RepoInbox(store)
-    from hubgrpo.store.boxes import open_box
+    from hubgrpo.store.boxes import COORDINATOR, FolderBox, open_box
 
+    if spec == COORDINATOR:
+        run_id = run_id if run_id is not None else runrepo.read_state(store).run_id
+        return BoxInbox(FolderBox(rounds_folder(store.location, run_id)))
     box = open_box(spec)
     if hasattr(box, "ensure"):
         box.ensure()  # the bucket exists from the start (created when missing)
     upload_ttl = int(min(7 * 86400, max(900, 3 * cfg.coordinator.heartbeat_interval_s)))
     return BoxInbox(box, upload_ttl_s=upload_ttl)
+
+
+def rounds_folder(location: str, run_id: str) -> Path:
+    """The folder of ``hub.submissions: coordinator`` for the run ``run_id`` in the repo at ``location``: under
+    ``$HUBGRPO_CACHE/rounds``, one folder per repo (a readable tail of its location and a digest of all of it)
+    and one per run in it (the run id as it is in state.json, kept to letters and digits)."""
+    import hashlib
+
+    slug = "".join(c if c.isalnum() else "_" for c in location)[-60:].strip("_") or "run"
+    digest = hashlib.sha256(location.encode()).hexdigest()[:12]
+    run = "".join(c for c in str(run_id) if c.isalnum())[:64] or "run"
+    return runrepo.cache_root() / "rounds" / f"{slug}-{digest}" / run
 
 
 def check_listing(prefix: str, sizes: dict[str, int], max_bytes: int, allowed=None) -> None:

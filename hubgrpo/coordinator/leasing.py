@@ -52,7 +52,7 @@ def issue(c, worker: str, user: str | None) -> Lease:
     lease = Lease(
         lease_id=c.new_lease_id(), run_id=c.state.run_id, round_id=len(c.state.merged_ids) + len(c.pending)
         + len(c.active), worker=worker, user=user, base_version=c.state.version,
-        base_sha=c.shas[c.state.version], prompt_indices=c.pool.take(per_step * steps),
+        base_sha=c.ids[c.state.version], prompt_indices=c.pool.take(per_step * steps),
         steps=steps, seed=c.cfg.params.seed * 1_000_003 + c.pool.next_index,
         params=params, issued_at=now,
         deadline=now + c.cfg.coordinator.lease_timeout_s)

@@ -1,18 +1,17 @@
-"""One merge of the coordinator: pending submissions → the next global version, in one CAS commit + a tag.
+"""One merge of the coordinator: pending submissions → the next global version, live in the coordinator (its
+memory, its version cache, the ``adapter`` route); the run repo gets it with the next checkpoint (``checkpoint``).
 
 A merge runs in phases so that a server holds its API lock only for bookkeeping, never for tensor work or
-network I/O:
+I/O:
 
 - ``plan_merge(c)`` (lock): pick the pending submissions; those grown too stale are refused and leave the queue
   at once; snapshot the global adapter, their base adapters and the outer momentum;
 - ``MergePlan.compute()`` (no lock): pure tensor functions over the snapshot;
 - ``stage(c, plan, result)`` (lock): the next state from the coordinator's state *now* (``fork_state``: new
   containers, shared records, no deep copy);
-- ``commit(c, staged)`` (no lock): render the files (adapter, state.json, model card), then the compare-and-swap
-  commit and the tag (store writes; retries, 429 waits);
-- ``adopt(c, staged)`` (lock): the new state, keeping what happened during the commit (refusals, heartbeats).
-``flush_refusals`` writes state.json alone (stage → commit → adopt) when refusals wait longer than
-``coordinator.refusal_flush_s`` for a merge. Submissions admitted during a merge stay pending for the next one.
+- render (no lock): the adapter's two files into the version cache, which gives the version its adapter id;
+- ``adopt(c, staged)`` (lock): the new state, keeping what happened meanwhile (refusals, heartbeats).
+Submissions admitted during a merge stay pending for the next one.
 
 The merge weight of a submission is derived from its lease (completions per step × steps), discounted for
 staleness; nothing the worker reports decides it. A round whose update is below the norm floor (``norms.credited``:
@@ -25,23 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from hubgrpo import layout, runrepo
-from hubgrpo.card import run_card
+from hubgrpo import layout
 from hubgrpo.coordinator import evals
 from hubgrpo.coordinator.admit import staleness_limit
-from hubgrpo.coordinator.ledger import MAX_REFUSALS_KEPT, fork_state, next_state
+from hubgrpo.coordinator.ledger import next_state
 from hubgrpo.coordinator.norms import credited
-from hubgrpo.coordinator.pruning import merge_deletes
-from hubgrpo.errors import CommitConflict, InvalidSubmission
+from hubgrpo.errors import InvalidSubmission
 from hubgrpo.layout import MergedEntry, RunState
 
 log = logging.getLogger("hubgrpo.coordinator")
-MAX_CAS_RETRIES = 20
 
 
 @dataclass
@@ -83,18 +77,16 @@ class MergePlan:
 
 @dataclass
 class Staged:
-    """A commit ready to go: files, message, the state it writes, and what it already holds."""
+    """A merged version ready to adopt: the state it makes, and what it already holds."""
 
     state: RunState
-    render: Callable[[], dict]  # () -> the files; ``commit`` calls it without the lock (adapter, state.json, card)
+    render: Callable[[], None]  # saves the adapter into the version cache (no lock)
     message: str
-    version: int | None  # the version it tags (None: a state-only commit, e.g. a refusal flush)
+    version: int
     refusals_saved: int  # how many of ``c.new_refusals`` it holds
-    evals_saved: dict = field(default_factory=dict)  # the held-out scores it writes (version → score)
+    evals_saved: dict = field(default_factory=dict)  # the held-out scores it holds (version → score)
     workers_then: dict = field(default_factory=dict)  # (refused, accepted) per leaderboard row when staged
     result: object = None
-    tmp: object = None
-    sha: str | None = None
 
 
 def merge_version(c) -> bool:
@@ -107,29 +99,32 @@ def merge_version(c) -> bool:
     except BaseException:
         c.merging = None
         raise
-    return finish(c, plan, result, contextlib.nullcontext())
+    merged = finish(c, plan, result, contextlib.nullcontext())
+    if merged:
+        from hubgrpo.coordinator import checkpoint
+
+        checkpoint.run(c)  # inline (no server): the checkpoint too, when one is due
+    return merged
 
 
 def finish(c, plan: MergePlan, result, lock) -> bool:
-    """``stage`` under ``lock``, ``commit`` without it, ``adopt`` (or reload after losing the CAS) under it."""
+    """``stage`` under ``lock``, render the adapter into the version cache without it, ``adopt`` under it: the new
+    version is live (served to workers); the run repo gets it with the next checkpoint (``checkpoint.run``)."""
     with lock:
         staged = stage(c, plan, result)
         if staged is None:
             c.merging = None
             return False
     try:
-        ok = commit(c, staged)
+        staged.render()  # tensors to files, the adapter id: no lock held
     except BaseException:
         with lock:
             c.merging = None
         raise
     with lock:
         c.merging = None
-        if not ok:
-            c.apply_repo(c.pending_reload)
-            return False
         adopted = adopt(c, staged)
-    if adopted and staged.version is not None:
+    if adopted:
         _track(c, staged.state)  # a tracker may write files: not under the lock
     return adopted
 
@@ -267,10 +262,9 @@ def stage(c, plan: MergePlan, result) -> Staged | None:
     state = next_state(c, plan.entries, result.report)
     state.versions[-1].start_version = plan.start_version
     saved = evals.apply(state, c.new_evals)
-    tmp = tempfile.TemporaryDirectory(prefix="hubgrpo-merge-")
-    staged = Staged(state=state, render=lambda: _files(c, result, state, Path(tmp.name)), version=state.version,
+    staged = Staged(state=state, render=lambda: _render(c, staged), version=state.version,
                     message=f"hubgrpo: version {state.version} ({len(plan.entries)} submissions)",
-                    refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c), result=result, tmp=tmp,
+                    refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c), result=result,
                     evals_saved=saved)
     return staged
 
@@ -279,52 +273,20 @@ def _worker_counts(c) -> dict:
     return {k: (w.refused, w.accepted) for k, w in c.state.workers.items()}
 
 
-def _files(c, result, state: RunState, tmp: Path) -> dict:
-    from hubgrpo.merge import save_adapter_dir
+def _render(c, staged: Staged) -> None:
+    """Save the merged adapter into the coordinator's version cache (no lock); its id goes into the version's
+    record (a new record, not shared with the live state yet)."""
+    from hubgrpo.merge.adapter import adapter_bytes
 
-    folder = save_adapter_dir(result.adapter, tmp / "adapter")
-    adds = {layout.ADAPTER_WEIGHTS: folder / layout.ADAPTER_WEIGHTS,
-            layout.ADAPTER_CONFIG: folder / layout.ADAPTER_CONFIG,
-            layout.STATE_FILE: state.to_json(),
-            layout.MODEL_CARD: run_card(c.cfg, state).encode()}
-    if result.momentum is not None and c.cfg.merge.outer_momentum > 0:
-        from safetensors.torch import save
-
-        adds[layout.MOMENTUM_FILE] = save({k: v.contiguous() for k, v in result.momentum.items()})
-    return adds
-
-
-def commit(c, staged: Staged) -> bool:
-    """The compare-and-swap commit (+ tag) of ``staged`` (store writes: WITHOUT the lock). Retried when only worker
-    commits moved the head; False — and the coordinator reloads from the repo — when another coordinator wrote
-    state.json first."""
-    try:
-        files = staged.render()  # tensors to files, state.json, the model card: no lock held
-        for _ in range(MAX_CAS_RETRIES):
-            head = c.store.head()
-            if head != c.head and runrepo.read_state(c.store, head).version != c.state.version:
-                log.warning("another coordinator merged version %d first; reloading", c.state.version + 1)
-                c.pending_reload = c.read_repo()
-                return False
-            try:
-                deletes = merge_deletes(c, staged.state, head) if staged.version is not None else []
-                staged.sha = c.store.commit(files, deletes, message=staged.message, parent=head)
-            except CommitConflict:
-                continue
-            if staged.version is not None:
-                c.store.tag(layout.version_tag(staged.version), staged.sha, exist_ok=True)
-            return True
-        raise CommitConflict(f"could not commit version {staged.version} after {MAX_CAS_RETRIES} tries: the head "
-                             "keeps moving", hint="too many concurrent commits; fewer workers or a larger quorum")
-    finally:
-        if staged.tmp is not None:
-            staged.tmp.cleanup()
+    weights, config = adapter_bytes(staged.result.adapter)
+    aid = c.versions.put(staged.version, {layout.ADAPTER_WEIGHTS: weights, layout.ADAPTER_CONFIG: config})
+    staged.state.versions[-1].adapter_id = aid
 
 
 def adopt(c, staged: Staged) -> bool:
-    """Adopt a committed ``staged`` state (under the lock), keeping what changed since it was staged: refusals,
-    worker rows, last-seen times."""
-    state, sha = staged.state, staged.sha
+    """Adopt a merged ``staged`` state (under the lock), keeping what changed since it was staged: refusals,
+    worker rows, last-seen times. The version is live from now on."""
+    state = staged.state
     for key, ws in c.state.workers.items():
         refused_then, _ = staged.workers_then.get(key, (0, 0))
         row = state.workers.get(key)
@@ -337,19 +299,17 @@ def adopt(c, staged: Staged) -> bool:
         row.last_seen = max(row.last_seen, ws.last_seen)
     merged = set(state.merged_ids)
     c.pending = {k: p for k, p in c.pending.items() if k not in merged}
-    c.state, c.head = state, sha
+    c.state = state
     c.new_refusals = c.new_refusals[staged.refusals_saved:]
     c.new_evals = {v: e for v, e in c.new_evals.items() if v not in staged.evals_saved}
-    c.commit_times.append(state.versions[-1].created_at if staged.version is not None else c.clock())
-    if staged.version is None:
-        return True
-    c.shas[state.version] = sha
+    c.ids[state.version] = state.versions[-1].adapter_id
     result = staged.result
     with c._cache_lock:
         c._adapters[state.version] = result.adapter
     c.momentum = result.momentum
     c.last_merge_at = state.versions[-1].created_at
     c.norm_history.add_merged(state.versions[-1].merged, c.cfg.merge.max_norm_factor)
+    c.evict_versions()
     log.info("version %d merged from %d submissions (residual %s)", state.version, len(state.versions[-1].merged),
              result.report.get("residual"))
     return True
@@ -362,29 +322,3 @@ def _track(c, state: RunState) -> None:
                        "version/submissions": len(v.merged), "version/update_norm": v.update_norm,
                        "version/max_staleness": max((m.staleness for m in v.merged), default=0),
                        "run/samples_total": state.samples_total}, step=v.version)
-
-
-def stage_refusals(c, *, force: bool = False) -> Staged | None:
-    """A state.json-only commit holding the unsaved refusals and held-out scores, when the oldest waited
-    ``refusal_flush_s`` without a merge and the commit budget has room, or at once with ``force`` (under the
-    lock); else None."""
-    if not (c.new_refusals or c.new_evals) or c.merging is not None:
-        return None
-    now = c.clock()
-    oldest = min([r.at for r in c.new_refusals] + [e[2] for e in c.new_evals.values()])
-    if not force and (now - oldest < c.cfg.coordinator.refusal_flush_s or c._budget_wait(now) > 0):
-        return None
-    st = fork_state(c.state)
-    st.refused = (st.refused + c.new_refusals)[-MAX_REFUSALS_KEPT:]
-    st.next_prompt = c.pool.next_index
-    saved = evals.apply(st, c.new_evals)
-
-    def render() -> dict:
-        files = {layout.STATE_FILE: st.to_json()}
-        if saved:
-            files[layout.MODEL_CARD] = run_card(c.cfg, st).encode()
-        return files
-
-    return Staged(state=st, render=render, version=None, evals_saved=saved,
-                  message=f"hubgrpo: {len(c.new_refusals)} refusal(s), {len(saved)} held-out score(s) at version "
-                          f"{st.version}", refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c))

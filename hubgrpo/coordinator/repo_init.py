@@ -15,8 +15,8 @@ from hubgrpo.runrepo import read_state
 from hubgrpo.store.base import Store
 
 
-def initial_state(cfg: Config, now: float) -> RunState:
-    v0 = VersionRecord(version=0, tag=layout.version_tag(0), created_at=now, method="init")
+def initial_state(cfg: Config, now: float, adapter_id: str | None = None) -> RunState:
+    v0 = VersionRecord(version=0, tag=layout.version_tag(0), created_at=now, method="init", adapter_id=adapter_id)
     return RunState(run_id=uuid.uuid4().hex, project_name=cfg.project_name, versions=[v0], started_at=now)
 
 
@@ -35,7 +35,9 @@ def init_repo(store: Store, cfg: Config, adapter_dir: Path, *, force: bool = Fal
         if not force:
             raise StoreError(f"{store.location} is already a hubgrpo run (version {state.version})",
                              hint="resume it with `hubgrpo run`/`hubgrpo worker`, or pass --force to start over")
-    state = initial_state(cfg, clock())
+    aid = layout.adapter_id((adapter_dir / layout.ADAPTER_WEIGHTS).read_bytes(),
+                            (adapter_dir / layout.ADAPTER_CONFIG).read_bytes())
+    state = initial_state(cfg, clock(), aid)
     adds = {
         layout.ADAPTER_WEIGHTS: adapter_dir / layout.ADAPTER_WEIGHTS,
         layout.ADAPTER_CONFIG: adapter_dir / layout.ADAPTER_CONFIG,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hubgrpo import layout
 from hubgrpo.layout import RunState
 
 
@@ -63,5 +64,8 @@ def run_status(c) -> dict:
     out["commit_budget_per_hour"] = c.cfg.coordinator.commit_budget_per_hour
     out["prompts_returned"] = c.pool.returned
     out["head"] = c.head
-    out["version_sha"] = c.shas.get(c.state.version)  # what a rebasing worker (merge.rebase) moves onto
+    out["version_sha"] = c.shas.get(c.state.version)  # the commit of the current version (None until checkpointed)
+    out["version_id"] = c.ids.get(c.state.version)  # its adapter id: what a rebasing worker (merge.rebase) fetches
+    cp = c.checkpoint
+    out["checkpoint"] = {"version": cp.version, "tag": layout.version_tag(cp.version), "sha": cp.sha, "at": cp.at}
     return out

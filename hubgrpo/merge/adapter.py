@@ -201,6 +201,14 @@ def load_adapter_dir(path: str | os.PathLike) -> Adapter:
     return Adapter(weights=weights, config=config)
 
 
+def adapter_bytes(adapter: Adapter) -> tuple[bytes, bytes]:
+    """The two files of ``adapter`` as ``save_adapter_dir`` writes them: (adapter_model.safetensors, config)."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().contiguous().cpu() for k, v in adapter.weights.items()}
+    return save(tensors, metadata={"format": "pt"}), (json.dumps(adapter.config, indent=2) + "\n").encode()
+
+
 def save_adapter_dir(adapter: Adapter, path: str | os.PathLike) -> Path:
     """Write ``adapter`` as a PEFT folder loadable with ``PeftModel.from_pretrained`` (files replaced atomically)."""
     from safetensors.torch import save_file

@@ -342,7 +342,7 @@ def attach_routes(blocks: gr.Blocks) -> None:
     app = getattr(blocks, "server_app", None) or getattr(blocks, "app", None)
     if app is not None:
         routes.attach(app, blocks.hubgrpo_endpoints, getattr(blocks, "hubgrpo_body_limits", None),
-                      blocks.hubgrpo_ticker.api.auth)
+                      blocks.hubgrpo_ticker.api.auth, blocks.hubgrpo_ticker.api.coord)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -354,13 +354,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def serve(coord: CoordinatorLike, host: str = "127.0.0.1", port: int = 0, *, tick_interval: float = 1.0,
           auth: AuthHook | None = None, blocks: gr.Blocks | None = None, queue: bool = False,
-          **launch_kw: Any) -> tuple[gr.Blocks, str]:
+          uploads: bool | None = None, **launch_kw: Any) -> tuple[gr.Blocks, str]:
     """Build and launch the app without blocking; returns ``(app, url)``. ``port=0`` picks a free port. Without
-    ``auth`` only a loopback ``host`` is served (``guard.check_exposure``: ``ConfigError`` otherwise).
+    ``auth`` only a loopback ``host`` is served (``guard.check_exposure``: ``ConfigError`` otherwise). ``uploads``:
+    serve ``upload`` too (``upload_route``); None: when the run's rounds come that way (``hub.submissions``).
 
     Close it with ``app.close()`` (the tick thread then stops). Extra keyword arguments go to ``launch()``.
     """
     app = build_app(coord, tick_interval=tick_interval, blocks=blocks, auth=auth, queue=queue)
+    from hubgrpo.space.upload_route import add_upload, rounds_via_coordinator
+
+    if uploads or (uploads is None and rounds_via_coordinator(coord)):
+        add_upload(app, coord)
     launch_kw = {"prevent_thread_lock": True, "quiet": True, "ssr_mode": False, **launch_kw}
     app.launch(server_name=host, server_port=port or free_port(host), **launch_kw)
     attach_routes(app)

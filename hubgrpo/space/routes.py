@@ -223,11 +223,18 @@ async def authenticate(identify: Callable, request: Any, threads: Any) -> Any:
 
 
 def attach(app: Any, endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None,
-           auth: Any = None) -> None:
-    """Add ``POST {PREFIX}/{name}`` to the Starlette/FastAPI ``app`` (once; later calls add nothing)."""
+           auth: Any = None, coord: Any = None) -> None:
+    """Add ``POST {PREFIX}/{name}`` to the Starlette/FastAPI ``app`` (once; later calls add nothing), and with
+    ``coord`` the ``GET`` adapter route (``hubgrpo.space.adapter_route``)."""
+    import anyio
     from starlette.routing import Route
 
     if getattr(app, "hubgrpo_routes", False):
         return
     app.router.routes.insert(0, Route(PREFIX + "/{name}", make_route(endpoints, limits, auth), methods=["POST"]))
+    if coord is not None and hasattr(coord, "version_dir"):
+        from hubgrpo.space.adapter_route import make_adapter_route
+
+        route = make_adapter_route(coord, auth, anyio.CapacityLimiter(THREADS))
+        app.router.routes.insert(0, Route(PREFIX + "/adapter/{version}/{aid}/{name}", route, methods=["GET"]))
     app.hubgrpo_routes = True

@@ -137,6 +137,8 @@ def _exists_error(what: str) -> Callable[[str], StoreError]:
 class HubStore(Store):
     """A run repo on the Hugging Face Hub (or any Hub-compatible endpoint, such as the test emulator)."""
 
+    hourly_commit_quota = 128  # commits per repo per hour the Hub allows (a 429 past it): checkpoint.interval_s
+
     def __init__(self, repo_id: str, *, token: str | None = None, endpoint: str | None = None,
                  repo_type: str = "model", api: HfApi | None = None, sleep: Callable[[float], None] = time.sleep,
                  max_retries: int = 8, max_wait_s: float = 900.0, cache_dir: str | Path | None = None,

@@ -1,7 +1,8 @@
 """The worker's side of the coordinator API (see ``hubgrpo.space.api`` for the wire format).
 
 ``CoordinatorClient`` mirrors the coordinator: ``lease``, ``heartbeat``, ``release``, ``submit`` (polling
-``verdict``), ``status``, ``record_eval``, and the Space's ``upload``.
+``verdict``), ``status``, ``record_eval``, the Space's ``upload``, and ``adapter`` (a version's adapter,
+``hubgrpo.worker.downloads``).
 Two transports carry the same JSON envelopes:
 
 - ``http``: raw HTTP with one persistent ``httpx.Client``: ``POST {url}/hubgrpo/api/<name>`` (the coordinator's
@@ -248,7 +249,8 @@ class CoordinatorClient:
         if transport not in ("http", "gradio"):
             raise CoordinatorError(f"unknown transport {transport!r}", code="config",
                                    hint="use 'auto', 'http' or 'gradio'")
-        self.target, self.transport_name, self.token = url_or_space, transport, token
+        self.target, self.transport_name, self.token, self.timeout = url_or_space, transport, token, timeout
+        self._downloader = None  # made at the first ``adapter`` call
         self.retries, self.backoff, self.max_backoff, self.sleep = int(retries), backoff, max_backoff, sleep
         self.verdict_wait_s, self.poll_sleep = float(verdict_wait_s), poll_sleep  # polls wait for real work
         if transport == "http":
@@ -339,6 +341,26 @@ class CoordinatorClient:
                  if (Path(folder) / name).is_file()}
         return self._dict("upload", self._call("upload", _lease_dict(lease), files))
 
+    def adapter(self, version: int, adapter_id: str, cache, max_bytes: int):
+        """The folder ``<cache>/<adapter_id>/`` of ``version``'s adapter, downloaded from the coordinator and
+        checked against its id (``hubgrpo.worker.downloads``); retried while the coordinator is unreachable."""
+        if self._downloader is None:
+            from hubgrpo.worker.downloads import Downloader
+
+            url = self.target if self.target.startswith(("http://", "https://")) else space_url(self.target)
+            self._downloader = Downloader(url, OriginToken(self.token, url), timeout=self.timeout)
+        last = "no attempt made"
+        for attempt in range(self.retries + 1):
+            try:
+                return self._downloader.fetch(version, adapter_id, cache, max_bytes)
+            except Unavailable as e:
+                last = str(e)
+                if attempt < self.retries:
+                    self.sleep(self._delay(attempt))
+        raise CoordinatorError(f"coordinator at {self.target} unreachable after {self.retries + 1} attempts "
+                               f"(adapter of version {version}): {last}", code="unreachable",
+                               hint="check that the coordinator app / Space is running")
+
     def record_eval(self, version: int, reward: float, samples: int) -> dict:
         """Report the held-out reward of ``version`` (``hubgrpo evaluate``): ``{"status": "recorded"|"duplicate"}``."""
         answer = self._call("record_eval", int(version), float(reward), int(samples), after_token=[PROTOCOL_VERSION])
@@ -351,6 +373,8 @@ class CoordinatorClient:
     def close(self) -> None:
         """Close connections (the client reconnects if used again)."""
         self._transport.close()
+        if self._downloader is not None:
+            self._downloader.close()
 
     def __enter__(self) -> CoordinatorClient:
         return self

@@ -351,7 +351,8 @@ class RoundEngine:
             reward_mean=weighted_mean([r.weight for r in self.rewards], self.rollouts.batches) if rewards else 0.0,
             reward_first=rewards[0] if rewards else 0.0, reward_last=rewards[-1] if rewards else 0.0,
             step_metrics=result.step_metrics, timings=dict(result.timings), versions=library_versions(),
-            device=self.device_name, created_at=time.time(), rebased_version=self._rebaser.rebased_version)
+            device=self.device_name, created_at=time.time(), rebased_version=self._rebaser.rebased_version,
+            rebased_sha=self._rebaser.rebased_sha)
 
     # -------------------------------------------------------------------------------------- evaluation
 

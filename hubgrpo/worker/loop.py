@@ -49,6 +49,11 @@ def check_box_is_ours(spec: str | None, store: Store, coordinator: str) -> None:
                                "(--upload-via coordinator); ask the run's owner to fix hub.submissions")
 
 
+def adapter_limit(cfg) -> int:
+    """The most bytes one file of a version's adapter may weigh: what a submission of the run may (its config)."""
+    return int(cfg.merge.max_submission_mb * 2**20)
+
+
 class Heartbeat:
     """Background heartbeats for one lease; ``lease`` is always the latest re-signed copy."""
 
@@ -86,17 +91,19 @@ class Worker:
 
     def __init__(self, store: Store, client, *, name: str, user: str | None = None, engine=None,
                  max_rounds: int | None = None, workdir: Path | None = None, sleep=time.sleep,
-                 progress: bool = True, threads: int | None = None, upload_via: str = "store",
+                 progress: bool = True, threads: int | None = None, upload_via: str | None = None,
                  allow_code: list[str] | None = None):
         """``upload_via="coordinator"``: send submissions to the coordinator's ``upload`` endpoint instead of
-        committing them (for workers without write access to the run repo; see ``hubgrpo.space.upload``).
-        ``allow_code``: the non-built-in reward functions (``module:function``, ``file.py:function``) of the run's
-        config that this worker's owner allows to run; any other one stops the worker before it trains."""
-        if upload_via not in ("store", "coordinator"):
-            raise ValueError(f"upload_via must be 'store' or 'coordinator', not {upload_via!r}")
-        self.upload_via = upload_via
+        committing them (for workers without write access to the run repo; see ``hubgrpo.space.upload``); None:
+        the route the run's config implies (``delivery.upload_route``: the coordinator for ``hub.submissions:
+        coordinator``, else the store). ``allow_code``: the non-built-in reward functions (``module:function``,
+        ``file.py:function``) of the run's config that this worker's owner allows to run; any other one stops
+        the worker before it trains."""
+        from hubgrpo.worker.delivery import upload_route
+
         self.store, self.client, self.name, self.user = store, client, layout.check_name(name), user
         self.cfg = runrepo.read_config(store)
+        self.upload_via = upload_route(self.cfg.hub.submissions, upload_via)
         from hubgrpo.task.rewards import check_allowed
 
         check_allowed(self.cfg.rewards, allow_code or [])
@@ -199,7 +206,8 @@ class Worker:
         """Train one leased round and submit it."""
         t0 = time.time()
         check_lease_bounds(self.cfg, lease)  # nothing downloaded or trained for a lease past the run's config
-        adapter_dir = runrepo.adapter_at(self.store, lease.base_sha, self.workdir / "adapters")
+        adapter_dir = self.client.adapter(lease.base_version, lease.base_sha, self.workdir / "adapters",
+                                          adapter_limit(self.cfg))  # from the coordinator: no repo read
         # the version trained on and the one before; never anything outside the worker's own folder
         runrepo.prune_revisions(adapter_dir.parent, keep=2, root=self.workdir / "adapters")
         t_download = time.time() - t0
@@ -233,7 +241,7 @@ class Worker:
             return None
         from hubgrpo.worker.rebase import CoordinatorSource
 
-        return CoordinatorSource(self.client, self.store, self.workdir / "adapters",
+        return CoordinatorSource(self.client, self.workdir / "adapters", adapter_limit(self.cfg),
                                  poll_s=min(10.0, self.cfg.coordinator.heartbeat_interval_s))
 
     def _deliver(self, out: Path, hb: Heartbeat, sub_id: str) -> str:

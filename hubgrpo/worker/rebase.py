@@ -45,6 +45,7 @@ class Rebaser(TrainerCallback):
     def __init__(self) -> None:
         self.source: Source | None = None
         self.version: int | None = None  # the version the round is an update of now
+        self.sha: str | None = None  # its adapter id, once the round moved (``Submission.rebased_sha``)
         self.moved: list[int] = []
         self.seconds = 0.0
         self._base: dict[str, torch.Tensor] = {}
@@ -53,6 +54,7 @@ class Rebaser(TrainerCallback):
     def start(self, engine, source: Source | None, version: int) -> None:
         """A new round from ``version`` (the adapter just loaded into ``engine``'s model)."""
         self.source, self.version, self.moved, self.seconds, self._engine = source, version, [], 0.0, engine
+        self.sha = None
         self._base = {k: v.detach().clone() for k, v in engine._adapter_state().items()} if source else {}
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -97,6 +99,11 @@ class Rebaser(TrainerCallback):
         if result.unexpected_keys:  # (so AdamW keeps its parameters and moments)
             raise ValueError(f"peft did not place {sorted(result.unexpected_keys)[:3]}")
         self._base = {k: new[k].to(v.device, v.dtype) for k, v in current.items()}
+        from hubgrpo import layout
+
+        folder = Path(folder)
+        self.sha = layout.adapter_id((folder / layout.ADAPTER_WEIGHTS).read_bytes(),
+                                     (folder / layout.ADAPTER_CONFIG).read_bytes())
         self.version = version
         self.moved.append(version)
 
@@ -104,17 +111,22 @@ class Rebaser(TrainerCallback):
     def rebased_version(self) -> int | None:
         return self.version if self.moved else None
 
+    @property
+    def rebased_sha(self) -> str | None:
+        return self.sha if self.moved else None
+
 
 class CoordinatorSource:
-    """A real worker's view of the run: the coordinator's current version and its sha (``status``), the adapter
-    fetched from the repo at that sha once."""
+    """A real worker's view of the run: the coordinator's current version and its adapter id (``status``), the
+    adapter downloaded from the coordinator once (``CoordinatorClient.adapter``, checked against the id)."""
 
-    def __init__(self, client, store, cache: Path, *, poll_s: float = 10.0, clock=time.monotonic):
-        self.client, self.store, self.cache, self.poll_s, self.clock = client, store, Path(cache), poll_s, clock
+    def __init__(self, client, cache: Path, max_bytes: int, *, poll_s: float = 10.0, clock=time.monotonic):
+        self.client, self.cache, self.max_bytes, self.poll_s, self.clock = client, Path(cache), max_bytes, poll_s, clock
         self._last = -float("inf")
+        self.ids: dict[int, str] = {}  # version → adapter id of the versions offered (the submission names it)
 
     def __call__(self, step: int, current: int, generated: bool = False) -> tuple[int, Path] | None:
-        from hubgrpo import layout, runrepo
+        from hubgrpo import layout
         from hubgrpo.errors import HubGrpoError
 
         if self.clock() - self._last < self.poll_s:
@@ -122,14 +134,16 @@ class CoordinatorSource:
         self._last = self.clock()
         try:
             status = self.client.status()
-            version, sha = status.get("version"), status.get("version_sha")
-            if not isinstance(version, int) or not isinstance(sha, str) or not current < version <= 10**9:
-                return None  # (an older coordinator sends no sha: no rebase)
-            if not layout.is_commit_id(sha):  # a coordinator's word never names a folder: only a commit id may
-                log.warning("rebase: the coordinator's version_sha %r is not a commit id; staying on v%d",
-                            sha[:80], current)
+            version, aid = status.get("version"), status.get("version_id")
+            if not isinstance(version, int) or not isinstance(aid, str) or not current < version <= 10**9:
+                return None  # (an older coordinator sends no id: no rebase)
+            if not layout.is_commit_id(aid):  # a coordinator's word never names a folder unchecked
+                log.warning("rebase: the coordinator's version_id %r is not an adapter id; staying on v%d",
+                            aid[:80], current)
                 return None
-            return version, runrepo.adapter_at(self.store, sha, self.cache)
+            folder = self.client.adapter(version, aid, self.cache, self.max_bytes)
+            self.ids[version] = aid
+            return version, folder
         except (HubGrpoError, OSError) as e:
             log.info("rebase: could not read the newest version (%s); staying on v%d", e, current)
             return None
