@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from hubgrpo import layout, runrepo
+from hubgrpo import layout
 from hubgrpo.config import Config
-from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
+from hubgrpo.errors import InvalidSubmission, LeaseError, RateLimited, Refused
 from hubgrpo.sim.fleet import (CostModel, SimWorker, default_fixed_share, default_generate_share, default_step_s,
                                make_fleet, parse_starts)
 
@@ -61,6 +61,7 @@ class SimOptions:
     eval_sampled: int = 0  # 0: greedy; k: mean of k sampled passes at the training temperature (fixed seeds)
     jitter: float = 0.1
     keep_budget: bool = False
+    commit_quota: int | None = None  # the Hub's commits per rolling hour on the run repo (None: commits are free)
     generate_share: float | None = None  # of a step's time, sampling (default: fleet.GENERATE_SHARE for the model)
 
 
@@ -89,13 +90,20 @@ class RoundRecord:
     rebased_version: int | None = None  # merge.rebase: the version the round moved onto mid-round
 
 
-def sim_config(cfg: Config, opts: SimOptions) -> Config:
-    """The run config as the simulation uses it (see the module docstring)."""
+def sim_config(cfg: Config, opts: SimOptions, output: Path | None = None) -> Config:
+    """The run config as the simulation uses it (see the module docstring). The commit budget: the config's
+    with ``keep_budget``; else, under a quota, the quota's figure unless the config sets one; without a quota,
+    lifted. Rounds go to a box (``hub.submissions`` set, whatever it names) in ``output``/box."""
     cfg = cfg.model_copy(deep=True)
     cfg.params.versions = opts.until_version or 10**6
     cfg.log = "none"
-    if not opts.keep_budget:
-        cfg.coordinator.commit_budget_per_hour = 10**9
+    co = cfg.coordinator
+    if opts.commit_quota is None and not opts.keep_budget:
+        co.commit_budget_per_hour = 10**9
+    elif opts.commit_quota is not None and not opts.keep_budget and "commit_budget_per_hour" not in co.model_fields_set:
+        co.commit_budget_per_hour = opts.commit_quota
+    if cfg.hub.submissions and output is not None:
+        cfg.hub.submissions = str(Path(output).absolute() / "box")
     return cfg
 
 
@@ -107,7 +115,7 @@ class Simulation:
         if not (opts.until_version or opts.until_reward is not None or opts.max_virtual_s or opts.max_rounds):
             raise ValueError("give a stop condition: until_version, until_reward, max_virtual_s or max_rounds")
         self.opts, self.output, self.on_version = opts, Path(output), on_version
-        self.cfg = sim_config(cfg, opts)
+        self.cfg = sim_config(cfg, opts, self.output)
         step_s = opts.step_s or default_step_s(cfg.base_model)
         if step_s is None:
             raise ValueError(f"no built-in step cost for {cfg.base_model}: pass step_s (seconds per GRPO step)")
@@ -123,7 +131,9 @@ class Simulation:
         self._rounds_at_last_version, self.stalled = 0, False
         self.prompts: dict[str, list[int]] = {}  # lease id → its prompt indices (not in the result: bulky)
         self.versions: list[dict] = []
+        self.in_flight: dict[str, int] = {}  # lease id → base version of each round leased and not handed in
         self.compute = {"train_s": 0.0, "eval_s": 0.0, "merge_s": 0.0, "setup_s": 0.0}
+        self.quota_waits = {"submission": 0, "coordinator": 0}  # commits the quota refused (429), by whom
         self.engine = engine
         self._setup()
 
@@ -132,14 +142,15 @@ class Simulation:
     def _setup(self) -> None:
         from hubgrpo.coordinator.core import Coordinator
         from hubgrpo.coordinator.repo_init import init_repo
-        from hubgrpo.store.local import LocalStore
+        from hubgrpo.sim.store import SimStore
+        from hubgrpo.sim.versions import PinnedVersions
 
         t0 = time.perf_counter()
         if self.engine is None:
             from hubgrpo.worker.engine import RoundEngine
 
             self.engine = RoundEngine(self.cfg, worker="sim")
-        self.store = LocalStore(self.output / "repo")
+        self.store = SimStore(self.output / "repo", clock=lambda: self.now, quota_per_hour=self.opts.commit_quota)
         init_repo(self.store, self.cfg, self.engine.init_adapter(self.output / "v0"), clock=lambda: 0.0)
         from hubgrpo.task.rewards import foreign_code
 
@@ -147,6 +158,7 @@ class Simulation:
                                  workdir=self.output / "coordinator", allow_code=foreign_code(self.cfg.rewards))
         ids = itertools.count()
         self.coord.new_lease_id = lambda: f"l{next(ids):06d}"
+        self.pins = PinnedVersions(self.coord, self.output / "adapters")
         self.compute["setup_s"] = time.perf_counter() - t0
         self._record_version(0)
 
@@ -183,7 +195,7 @@ class Simulation:
     def _ready(self, ev: Event) -> None:
         """A free worker asks for a lease; trains the round (real compute) unless it drops out of it."""
         w = self.fleet[ev.worker]
-        self.coord.tick()
+        self._coordinator(self.coord.tick)
         try:
             lease = self.coord.lease(w.process_name)
         except Refused as e:
@@ -211,13 +223,14 @@ class Simulation:
             self._push(gone + self.cfg.coordinator.lease_timeout_s + 1e-3, "tick")  # past its last renewal
             return
         # trained when it is delivered (every version before then is known: a rebase sees the ones it would)
-        self._push(start + train_s + 2 * lat, "deliver", ev.worker, (holder, rec, start, train_s))  # upload + submit
+        self.in_flight[lease.lease_id] = lease.base_version
+        self._push(start + train_s + 2 * lat, "deliver", ev.worker, (holder, rec, start, train_s, None))  # upload
 
     def _train(self, lease, rec: RoundRecord, start: float, train_s: float):
         """The round's real training, from its leased version (and, with merge.rebase, onto the versions its
         machine would have seen published by the end of each step)."""
         t0 = time.perf_counter()
-        base = runrepo.adapter_at(self.store, lease.base_sha, self.output / "adapters")
+        base = self.pins.get(lease.base_version)  # downloaded from the coordinator when leased
         folder = self.output / "rounds" / layout.submission_id(lease.worker, lease.lease_id)
 
         share = self.generate_share
@@ -226,8 +239,7 @@ class Simulation:
             done = step + (share if generated else 0.0)  # steps of the round done (a generation: share of a step)
             t = start + train_s * done / max(1, lease.steps) - self.cost.latency_s  # its download takes a latency
             v = max((r["version"] for r in self.versions if r["virtual_time_s"] <= t), default=current)
-            return (v, runrepo.adapter_at(self.store, self.coord.shas[v], self.output / "adapters")) \
-                if v > current else None
+            return (v, self.pins.get(v)) if v > current else None
 
         sub = self.engine.run_round(base, lease, folder, optimizer_key=rec.worker, rebase=newest)
         self.compute["train_s"] += time.perf_counter() - t0
@@ -249,27 +261,53 @@ class Simulation:
             pass  # expired: the submit will be refused and say why
 
     def _deliver(self, ev: Event) -> None:
-        """Commit the round's folder (at its virtual arrival time) and submit it; maybe merge."""
-        holder, rec, start, train_s = ev.data
+        """Hand the round in (at its virtual arrival time) and submit it; maybe merge. A commit the Hub's quota
+        refuses (429) is tried again after the wait, as a worker does, its lease kept alive meanwhile."""
+        holder, rec, start, train_s, trained = ev.data
         lease = holder["lease"]
-        folder, sub = self._train(lease, rec, start, train_s)
-        adds = {layout.submission_path(lease.base_version, layout.submission_id(lease.worker, lease.lease_id), f):
-                folder / f for f in layout.SUBMISSION_FILES}
-        commit = self.store.commit(adds, message=f"hubgrpo: submission {lease.worker}-{lease.lease_id}")
+        folder, sub = trained or self._train(lease, rec, start, train_s)
+        try:
+            token = self._hand_in(lease, folder)
+        except RateLimited as e:
+            self.quota_waits["submission"] += 1
+            self._schedule_heartbeats(ev.worker, holder, self.now, self.now + e.wait_s)
+            self._push(self.now + e.wait_s, "deliver", ev.worker, (holder, rec, start, train_s, (folder, sub)))
+            return
+        self.in_flight.pop(lease.lease_id, None)
         rec.t_deliver, rec.staleness_at_delivery = self.now, self.coord.state.version - sub.trained_base
-        self.coord.tick()
+        self._coordinator(self.coord.tick)
         t0 = time.perf_counter()
         try:
-            answer = self.coord.submit(lease, commit)
-            rec.status = answer["status"]
+            answer = self._coordinator(self.coord.submit, lease, token)
+            rec.status = answer["status"] if answer else "admitted"  # None: its merge waits for the quota
         except (InvalidSubmission, LeaseError) as e:
             rec.status, rec.code = "refused", e.code
         self.compute["merge_s"] += time.perf_counter() - t0
         self._push(self.now + self.cost.latency_s, "ready", ev.worker)
 
+    def _hand_in(self, lease, folder: Path) -> str:
+        """A commit of the round to the run repo, or its files in the box (``hub.submissions``): what to submit."""
+        if self.cfg.hub.submissions:
+            from hubgrpo.worker.delivery import deliver
+
+            return deliver(self.cfg.hub.submissions, lease, folder)
+        adds = {layout.submission_path(lease.base_version, layout.submission_id(lease.worker, lease.lease_id), f):
+                folder / f for f in layout.SUBMISSION_FILES}
+        return self.store.commit(adds, message=f"hubgrpo: submission {lease.worker}-{lease.lease_id}")
+
+    def _coordinator(self, call: Callable, *args):
+        """``call(*args)`` on the coordinator; when one of its commits (a merge, a checkpoint) meets the Hub's
+        quota, None, and a tick after the wait (its submissions stay pending)."""
+        try:
+            return call(*args)
+        except RateLimited as e:
+            self.quota_waits["coordinator"] += 1
+            self._push(self.now + e.wait_s, "tick")
+            return None
+
     def _tick(self, ev: Event) -> None:
         t0 = time.perf_counter()
-        self.coord.tick()  # lease expiry; a merge at the round deadline
+        self._coordinator(self.coord.tick)  # lease expiry; a merge at the round deadline
         self.compute["merge_s"] += time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------ versions
@@ -287,10 +325,11 @@ class Simulation:
             if any(m.submission_id.endswith("-" + rec.lease_id) for m in v.merged):
                 rec.status = "merged"
         samples = (self.versions[-1]["samples"] if self.versions else 0) + v.samples
+        folder = self.pins.pin(version)  # rounds in flight may rebase onto it
+        self.pins.release(min([version, *self.in_flight.values()]))
         ev = None
         if version % max(1, self.opts.eval_every) == 0 or self.opts.until_reward is not None:
             t0 = time.perf_counter()
-            folder = runrepo.adapter_at(self.store, self.coord.shas[version], self.output / "adapters")
             ev = self._evaluate(folder)
             self.compute["eval_s"] += time.perf_counter() - t0
         row = {"version": version, "virtual_time_s": round(self.now, 6), "samples": samples,
@@ -312,6 +351,8 @@ class Simulation:
 
     def result(self) -> dict:
         """Everything ``hubgrpo.sim.report`` writes; ``compute`` (real seconds) is the only non-deterministic part."""
+        from hubgrpo.sim.store import quota_report
+
         merged = [s for v in self.versions for s in v["staleness"]]
         return {
             "workers": len(self.fleet), "speeds": [w.speed for w in self.fleet],
@@ -330,5 +371,8 @@ class Simulation:
                        "completions_per_step": self.cfg.params.per_device_train_batch_size,
                        "fleet_batch": self.cfg.params.fleet_batch,
                        "merge": self.cfg.merge.model_dump(), "quorum": self.cfg.merge.quorum},
+            "quota": {**quota_report(self.store, self.now, self.cfg.coordinator.commit_budget_per_hour),
+                      "waits": dict(self.quota_waits)},
+            "rounds_via": "box" if self.cfg.hub.submissions else "repo",
             "compute": {k: round(v, 2) for k, v in self.compute.items()},
         }
