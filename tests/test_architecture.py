@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "hubgrpo"
-CORE = {"hubgrpo", "hubgrpo.config", "hubgrpo.config.sections", "hubgrpo.config.loading", "hubgrpo.errors",
-        "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card", "hubgrpo.tracking"}
+CORE = {"hubgrpo", "hubgrpo.config", "hubgrpo.config.sections", "hubgrpo.config.loading", "hubgrpo.config.quota",
+        "hubgrpo.errors", "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card", "hubgrpo.tracking"}
 BELOW = {"core", "store", "task", "merge"}
 ALLOWED = {
     "core": {"core", "store"},
