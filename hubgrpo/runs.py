@@ -16,6 +16,7 @@ path) or the ``Store`` that ``init_run`` returns. Workers on other machines join
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -38,13 +39,20 @@ def _config(config: Config | str | Path) -> Config:
     return config if isinstance(config, Config) else load_config(config)
 
 
-def init_run(config: Config | str | Path, repo: str | Path | Store, *, force: bool = False) -> Store:
+def init_run(config: Config | str | Path, repo: str | Path | Store, *, force: bool = False,
+             echo=logging.getLogger("hubgrpo.init").warning) -> Store:
     """Create the run repo with its version-0 adapter (``hubgrpo init``); an existing run is kept (resumed)
-    unless ``force``. Returns its store."""
+    unless ``force``. On the Hub the config is first fitted to the commit quota (``cli.init_quota.fit_to_store``; ``echo``
+    gets each line saying what changed and why). Returns its store."""
     from hubgrpo.cli.embedded import ensure_repo
+    from hubgrpo.cli.init_quota import fit_to_store, holds_run
 
     store = store_for(repo)
-    ensure_repo(store, _config(config), force=force)
+    if force or not holds_run(store):
+        cfg, lines = fit_to_store(_config(config), store)
+        for line in lines:
+            echo(f"{store.location}: {line}")
+        ensure_repo(store, cfg, force=force)
     return store
 
 

@@ -29,17 +29,23 @@ def init(config: Path = typer.Argument(..., help="YAML config file."),
          repo: str = typer.Option(None, "--repo", help=REPO_HELP + " Default: hub.repo_id, else runs/<project>."),
          set_: list[str] = typer.Option([], "--set", help=SET_HELP),
          force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run.")) -> None:
-    """Create the run repo: config, version-0 adapter (equal to the base model), state and model card."""
+    """Create the run repo: config, version-0 adapter (equal to the base model), state and model card. On the Hub
+    the config is first fitted to the commit quota (printed: what changed and why; refused if it cannot fit)."""
     from hubgrpo.config import load_config
     from hubgrpo.cli.embedded import ensure_repo
+    from hubgrpo.cli.init_quota import fit_to_store, holds_run, hourly_quota
 
     cfg = load_config(config, overrides=set_)
     repo = repo or cfg.hub.repo_id or f"./runs/{cfg.project_name}"
     store = _store(repo)
-    if store.exists() and store.head() and store.exists_file("state.json") and not force:
+    cfg, lines = fit_to_store(cfg, store)  # before anything is read or created
+    if holds_run(store) and not force:
         from hubgrpo.errors import StoreError
 
         raise StoreError(f"{repo} already holds a hubgrpo run", hint="pass --force to start over, or use a new repo")
+    if lines:
+        typer.echo(f"{repo} is on the Hub (about {hourly_quota(store)} commits an hour per repo); the config is "
+                   "fitted to it:\n  " + "\n  ".join(lines))
     ensure_repo(store, cfg, force=force)
     typer.echo(f"initialised {store.location} (version 0)\nnext:\n"
                f"  hubgrpo coordinator --repo {repo}\n  hubgrpo worker --repo {repo} --coordinator URL\n"
@@ -52,7 +58,7 @@ def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
                 allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP + " The coordinator "
                                                        "recomputes every round's rewards with them."),
                 verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
-    """Serve the coordinator API (lease, heartbeat, release, submit, status, record_eval) for a run repo: open on
+    """Serve the coordinator API (lease, heartbeat, release, submit, status, record_eval, upload) for a run repo: open on
     a loopback address (a trusted local run); elsewhere only with auth (coordinator.allowed_users, default the Hub
     repo's owner), like `hubgrpo space`."""
     import time
@@ -67,12 +73,13 @@ def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     store = _store(repo)
     coord = Coordinator(store, coordinator_secret(store), allow_code=allow_reward)
     auth = None if is_loopback(host) else make_auth(coord)
-    app, url = serve(coord, host=host, port=port, auth=auth)  # refuses a non-loopback host without auth
+    app, url = serve(coord, host=host, port=port, auth=auth, uploads=True)  # no non-loopback host without auth
     typer.echo(f"coordinator for {store.location} at {url}" + ("" if auth is None else " (auth on)"))
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        app.hubgrpo_uploads.close()  # uploads queued for a batch commit are committed first
         app.close()
 
 
@@ -82,8 +89,10 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
            name: str = typer.Option(None, "--name", help="Worker name (default: host name)."),
            max_rounds: int = typer.Option(None, "--max-rounds", help="Stop after this many rounds."),
            threads: int = typer.Option(None, "--threads", help="torch threads (default: all cores)."),
-           upload_via: str = typer.Option("store", "--upload-via", help="store: commit submissions to the run "
-                                          "repo; coordinator: upload them to the coordinator (no write access)."),
+           upload_via: str = typer.Option(None, "--upload-via", help="store: commit submissions to the run "
+                                          "repo (or put them in its hub.submissions box); coordinator: upload them "
+                                          "to the coordinator (no write access). Default: coordinator when the "
+                                          "run's hub.submissions is `coordinator`, else store."),
            allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
            verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
     """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes.
