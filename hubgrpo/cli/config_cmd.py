@@ -13,15 +13,33 @@ SET_HELP = "Override a field, e.g. --set params.learning_rate=1e-4 (repeatable; 
 
 @config_app.command("validate")
 def validate(file: Path = typer.Argument(..., help="YAML config file."),
-             set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
-    """Exit 0 when FILE is a valid config; otherwise print every problem with its key path and line."""
+             set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+             repo: str = typer.Option(None, "--repo", help="The run repo it is for (default hub.repo_id): on the "
+                                      "Hub, also say what `hubgrpo init` changes to fit its commit quota.")) -> None:
+    """Exit 0 when FILE is a valid config; otherwise print every problem with its key path and line. For a run
+    repo on the Hub, a config `hubgrpo init` would refuse there fails too, and what init would change is printed
+    as warnings."""
     from hubgrpo.config import load_config, shown
 
     cfg = load_config(file, overrides=set_)
     what = {k: shown(cfg, k, v) for k, v in (("project_name", cfg.project_name), ("base_model", cfg.base_model),
                                               ("data.path", cfg.data.path))}
+    for line in _hub_fit_lines(cfg, repo or cfg.hub.repo_id):
+        if line.startswith("changed "):
+            line = "on the Hub, `hubgrpo init` changes " + line[len("changed "):]
+        typer.echo(f"warning: {line}", err=True)
     typer.echo(f"{file}: ok (project {what['project_name']}, base model {what['base_model']}, "
                f"data {what['data.path']})")
+
+
+def _hub_fit_lines(cfg, repo: str | None) -> list[str]:
+    """``hubgrpo init``'s lines for ``repo`` when it is on the Hub (``init_quota.fit_to_store``; no I/O)."""
+    if not repo or repo.startswith("s3://"):
+        return []
+    from hubgrpo.cli.init_quota import fit_to_store
+    from hubgrpo.store import open_store
+
+    return fit_to_store(cfg, open_store(repo))[1]
 
 
 @config_app.command("show")
