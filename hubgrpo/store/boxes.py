@@ -4,7 +4,9 @@ A box is a flat namespace of write-once objects keyed by repo-style paths (``sub
 commits, no history, no head to contend for, so a round costs no commit of the run repo. Two kinds:
 
 - ``FolderBox``: a local folder (one machine, or a shared filesystem); an object is written to a temp file and
-  linked into place, so it appears whole, once;
+  linked into place, so it appears whole, once. ``hub.submissions: coordinator`` is a folder box on the
+  coordinator's own disk, filled through its upload route (``hubgrpo.coordinator.inbox.rounds_folder``): no
+  worker ever opens it (``open_box`` refuses);
 - ``S3Box``: a bucket/prefix on an S3-compatible store (``hubgrpo.store.s3_bucket``): objects are PUT with
   ``IfNoneMatch="*"``, and ``presign_upload`` hands out URLs that let a worker without credentials write one key,
   at most so many bytes: a presigned POST form whose policy caps the size, on stores that enforce it (checked
@@ -32,11 +34,15 @@ from hubgrpo.store.base import check_path
 log = logging.getLogger("hubgrpo.store")
 _CHUNK = 1 << 20
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+COORDINATOR = "coordinator"  # hub.submissions: rounds go through the coordinator's upload route to its own disk
+_SPECS = "`coordinator`, s3://bucket/prefix, a local folder (/abs/path, ./rel/path, file://path)"
 
 
 def check_box_spec(spec: str) -> str:
-    """Refuse a ``hub.submissions`` value that names no box: ``s3://bucket/prefix`` or a local folder written as
-    an absolute path, ``./…``, ``../…``, ``~/…`` or ``file://…``."""
+    """Refuse a ``hub.submissions`` value that names no box: ``coordinator``, ``s3://bucket/prefix`` or a local
+    folder written as an absolute path, ``./…``, ``../…``, ``~/…`` or ``file://…``."""
+    if spec == COORDINATOR:
+        return spec
     scheme = _SCHEME.match(spec)
     if scheme and scheme.group(1).lower() == "s3":
         from hubgrpo.store.s3_bucket import parse_s3_url
@@ -45,17 +51,22 @@ def check_box_spec(spec: str) -> str:
         return spec
     if scheme and scheme.group(1).lower() != "file":
         raise ConfigError(f"submissions location {spec!r}: the scheme {scheme.group(1)}:// is not supported",
-                          hint="use s3://bucket/prefix, a local folder (/abs/path, ./rel/path, file://path), or "
-                               "leave hub.submissions unset to keep submissions in the run repo")
+                          hint=f"use {_SPECS}, or leave hub.submissions unset to keep submissions in the run repo")
     if not scheme and not spec.startswith(("/", "./", "../", "~")):
         raise ConfigError(f"submissions location {spec!r} is ambiguous",
-                          hint="write a local folder as ./name or /abs/path, a bucket as s3://bucket/prefix")
+                          hint="write `coordinator` for rounds through the coordinator's upload route, a local "
+                               "folder as ./name or /abs/path, a bucket as s3://bucket/prefix")
     return spec
 
 
 def open_box(spec: str):
-    """The box that ``spec`` names (see ``check_box_spec``)."""
+    """The box that ``spec`` names (see ``check_box_spec``); not ``coordinator``, whose folder only the
+    coordinator opens (``hubgrpo.coordinator.inbox.open_inbox``)."""
     check_box_spec(spec)
+    if spec == COORDINATOR:
+        raise ConfigError("this run's rounds go through its coordinator (hub.submissions: coordinator); no worker "
+                          "writes its box", hint="upload rounds with `hubgrpo worker --upload-via coordinator` "
+                                                 "(the default for such a run)")
     if spec.startswith("s3://"):
         return S3Box(spec)
     return FolderBox(spec[len("file://"):] if spec.startswith("file://") else spec)
