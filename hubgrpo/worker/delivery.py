@@ -15,6 +15,9 @@ The four files go in the order the coordinator relies on (the adapter, its confi
   ``MAX_ERROR_BYTES`` of an answer read (a success's body is not read at all);
 - without (a local folder, or an S3 box the coordinator cannot sign for): the box itself, with this machine's
   access to it (``hubgrpo.store.boxes``).
+
+``hub.submissions: coordinator`` is no box a worker writes: its rounds go to the coordinator's ``upload`` route
+(``CoordinatorClient.upload``), which ``upload_route`` picks by itself.
 """
 
 from __future__ import annotations
@@ -36,6 +39,25 @@ from hubgrpo.worker.bounded_http import MIN_BODY_RATE, Deadline, TooLarge, bound
 log = logging.getLogger("hubgrpo.worker")
 FILES = layout.SUBMISSION_FILES
 MAX_ERROR_BYTES = 64 << 10  # the most of an upload URL's answer read (for the error message)
+
+
+def upload_route(spec: str | None, asked: str | None = None) -> str:
+    """How a worker hands in its rounds: ``coordinator`` (the ``upload`` route) or ``store`` (a commit of the run
+    repo, or the box ``spec`` names). ``asked``: what its owner said (``--upload-via``; None: nothing). A run whose
+    rounds go through the coordinator (``hub.submissions: coordinator``) takes them no other way."""
+    from hubgrpo.errors import ConfigError
+    from hubgrpo.store.boxes import COORDINATOR
+
+    if asked not in (None, "store", "coordinator"):
+        raise ConfigError(f"--upload-via {wire_text(str(asked), 40)} is not a way to hand in rounds",
+                          hint="use --upload-via coordinator or --upload-via store (or leave it out)")
+    if spec == COORDINATOR:
+        if asked == "store":
+            raise ConfigError("--upload-via store: this run takes rounds only through its coordinator "
+                              "(hub.submissions: coordinator), which keeps them off the run repo",
+                              hint="leave --upload-via out (or pass --upload-via coordinator)")
+        return "coordinator"
+    return asked or "store"
 
 
 def deliver(spec: str, lease: Lease, folder: Path, *, sleep: Callable[[float], None] = time.sleep,
