@@ -29,8 +29,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is i
 import gradio as gr  # noqa: E402
 
 from hubgrpo.space import view  # noqa: E402
-from hubgrpo.space.api import AuthHook, attach_routes, build_app, caller_token, free_port  # noqa: E402
-from hubgrpo.space.upload import UPLOAD_FILES, Uploads, upload_body_limit  # noqa: E402
+from hubgrpo.space.api import AuthHook, attach_routes, build_app, free_port  # noqa: E402
+from hubgrpo.space.upload import UPLOAD_FILES  # noqa: E402
+from hubgrpo.space.upload_route import add_upload  # noqa: E402
 
 CSS = """
 .hg-head h1 {margin: 0 0 2px 0; font-size: 1.6rem;}
@@ -111,26 +112,7 @@ def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, 
         timer.tick(refresh, outputs=outputs, api_visibility="private", show_progress="hidden", queue=False)
         blocks.load(refresh, outputs=outputs, api_visibility="private", show_progress="hidden", queue=False)
     build_app(coord, blocks=blocks, auth=auth, tick_interval=tick_interval)
-    api = blocks.hubgrpo_ticker.api  # the server's endpoint object: its lock and its auth hook
-    uploads = Uploads(coord, api.lock, batch_size=batch_size, batch_wait_s=batch_wait_s,
-                      on_merge_due=api.merge_is_due)
-
-    def upload(lease: dict, files: dict, token: str | None = None, request: gr.Request = None) -> dict:
-        """Upload a round's submission ({file name: base64} of adapter_model.safetensors, adapter_config.json,
-        rollouts.json.gz and submission.json) for a worker without write access; checked, committed in a batch,
-        then submitted."""
-        token = caller_token(token, request)
-
-        def run():
-            return uploads.handle(api._owned_lease(lease, token, request), files)
-        return api._answer("upload", token, run)
-
-    with blocks:
-        gr.api(upload, api_name="upload", queue=False, concurrency_limit=None, api_description=upload.__doc__)
-    blocks.hubgrpo_endpoints["upload"] = upload  # on the plain routes too, with a body fit for one round:
-    blocks.hubgrpo_body_limits = {"upload": upload_body_limit(coord)}  # the global adapter + rollouts, base64
-    blocks.hubgrpo_guard.upload_limit = blocks.hubgrpo_body_limits["upload"]  # Gradio's routes alike
-    blocks.hubgrpo_uploads = uploads
+    add_upload(blocks, coord, batch_size=batch_size, batch_wait_s=batch_wait_s)
     return blocks
 
 

@@ -18,6 +18,12 @@ of an upload still in its batch joins it; a retry after it was submitted answers
 is made with the coordinator's own token. Budget: ``Coordinator.submit`` still counts one commit per submission in
 its live ``commit_times`` (conservative); after a restart the count comes from the repo history, which holds one
 commit per batch.
+
+When ``hub.submissions`` names a box (``hub.submissions: coordinator``: a folder on the coordinator's own disk; or
+a folder or S3 box of the run) there is no commit to share, so nothing is batched: in the request's own thread the
+decoded folder is put in the box (its record last: a coordinator that dies now finds the round by its next scan)
+and submitted, and ``submit`` runs every check once, on the copy it reads back from the box. A refused round is
+deleted from the box at once; the worker gets the verdict (``commit`` is the round's ``sha256:`` token).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hubgrpo import layout
-from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission
+from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError
 from hubgrpo.layout import Lease
 
 log = logging.getLogger("hubgrpo.space.app")
@@ -120,11 +126,7 @@ class SubmissionBatcher:
         return full or self._closed or time.monotonic() >= (self._first_at or 0.0) + self.batch_wait_s
 
     def flush(self, batch: list[QueuedSubmission]) -> None:
-        """One commit with every submission folder of ``batch``, then ``coord.submit`` for each (under the lock).
-        With ``hub.submissions`` naming a box, each folder is put in the box instead (no commit)."""
-        inbox = getattr(self.coord, "inbox", None)
-        if inbox is not None and not inbox.in_repo:
-            return self._flush_to_box(batch, inbox)
+        """One commit with every submission folder of ``batch``, then ``coord.submit`` for each (under the lock)."""
         adds = {layout.submission_path(it.lease.base_version, it.sub_id, f.name): f
                 for it in batch for f in sorted(it.folder.iterdir())}
         try:
@@ -141,21 +143,6 @@ class SubmissionBatcher:
             try:  # one commit for the whole batch: count it once in the commit budget
                 answer = self.coord.submit(it.lease, sha, count_commit=i == 0, lock=self.lock)
                 it.result = {**answer, "commit": sha, "batch": len(batch)}
-                if answer.get("merge_due") and self.on_merge_due is not None:
-                    self.on_merge_due()
-            except Exception as e:  # deliberate: the error goes back to that worker only
-                it.error = e
-        self._finish(batch)
-
-    def _flush_to_box(self, batch: list[QueuedSubmission], inbox) -> None:
-        """Put each checked folder in the run's box (record last) and submit its token; errors go to each worker."""
-        for it in batch:
-            try:
-                for name in layout.SUBMISSION_FILES:
-                    inbox.box.put(layout.submission_path(it.lease.base_version, it.sub_id, name), it.folder / name)
-                token = layout.box_token((it.folder / layout.SUBMISSION_FILE).read_bytes())
-                answer = self.coord.submit(it.lease, token, lock=self.lock)
-                it.result = {**answer, "commit": token, "batch": 1}
                 if answer.get("merge_due") and self.on_merge_due is not None:
                     self.on_merge_due()
             except Exception as e:  # deliberate: the error goes back to that worker only
@@ -235,12 +222,13 @@ def upload_body_limit(coord) -> int:
 
 
 class Uploads:
-    """The ``upload`` endpoint's logic: check before committing, then hand over to the batcher and wait."""
+    """The ``upload`` endpoint's logic: check before committing, then hand over to the batcher and wait; or, with
+    rounds in a box, put the round there and submit it (``_into_box``)."""
 
     def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
                  workdir: Path | None = None, wait_timeout_s: float = 300.0,
                  on_merge_due=None):
-        self.coord, self.lock = coord, lock
+        self.coord, self.lock, self.on_merge_due = coord, lock, on_merge_due
         self.batcher = SubmissionBatcher(coord, lock, batch_size=batch_size, batch_wait_s=batch_wait_s,
                                          on_merge_due=on_merge_due)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-uploads-"))
@@ -255,20 +243,44 @@ class Uploads:
                 return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
         limit = round_bytes(c)
         folder = self.workdir / f"{sub_id}-{time.monotonic_ns()}"
+        inbox = getattr(c, "inbox", None)
+        boxed = inbox is not None and not inbox.in_repo
         try:
-            self._check(lease, files, limit, folder)
+            decode_files(files, limit, folder)
+            if not boxed:
+                c.check_upload(lease, folder)  # every check before the commit: junk never reaches the repo
+            elif not (folder / layout.SUBMISSION_FILE).is_file():
+                raise InvalidSubmission("no_record", f"the upload of {sub_id} holds no {layout.SUBMISSION_FILE}",
+                                        hint="upload every file of the round, submission.json included")
         except InvalidSubmission as e:
             shutil.rmtree(folder, ignore_errors=True)
             with self.lock:
                 c.record_refusal(lease, e)
             raise
+        if boxed:
+            return self._into_box(inbox.box, lease, sub_id, folder)
         item = self.batcher.add(QueuedSubmission(lease=lease, sub_id=sub_id, folder=folder))
         return self.batcher.wait(item, self.wait_timeout_s)
 
-    def _check(self, lease: Lease, files, limit: int, folder: Path) -> None:
-        """Decode, then the record check and every admission check (no lock: local files and adapters)."""
-        decode_files(files, limit, folder)
-        self.coord.check_upload(lease, folder)
+    def _into_box(self, box, lease: Lease, sub_id: str, folder: Path) -> dict:
+        """Put the decoded round in ``box`` (the record last) and submit its token: ``submit`` reads it back and
+        checks it (once). A refused round leaves the box at once; a coordinator error leaves it for the scan."""
+        names = [n for n in UPLOAD_FILES if (folder / n).is_file()]  # UPLOAD_FILES: the record last
+        paths = [layout.submission_path(lease.base_version, sub_id, n) for n in names]
+        try:
+            for rel, name in zip(paths, names):
+                box.put(rel, folder / name)
+            token = layout.box_token((folder / layout.SUBMISSION_FILE).read_bytes())
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            answer = self.coord.submit(lease, token, lock=self.lock)
+        except (InvalidSubmission, LeaseError):
+            box.delete(paths)  # a verdict on this round: nothing of it stays
+            raise
+        if answer.get("merge_due") and self.on_merge_due is not None:
+            self.on_merge_due()
+        return {**answer, "commit": token, "batch": 1}
 
     def close(self) -> None:
         """Flush queued submissions and stop the batcher."""

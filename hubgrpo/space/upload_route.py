@@ -1,0 +1,51 @@
+"""The ``upload`` endpoint on a served coordinator app (the Space, and ``hubgrpo coordinator``): a worker's round as
+``{file name: base64}``, for workers that do not write the run repo (``hubgrpo.space.upload`` checks it, then
+commits it in a batch, or puts it in the run's box: ``hub.submissions: coordinator`` or another box).
+
+``add_upload(blocks, coord)`` registers it on ``blocks`` after ``hubgrpo.space.api.build_app`` and before the
+launch: as a ``gr.api`` endpoint and as the plain route ``POST /hubgrpo/api/upload``, whose body limit (and the
+guard's, on Gradio's routes alike) is what one round of the run can weigh in base64 (``upload_body_limit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from hubgrpo.space.upload import Uploads, upload_body_limit
+from hubgrpo.space.wire import caller_token
+
+
+def add_upload(blocks: gr.Blocks, coord, *, batch_size: int = 8, batch_wait_s: float = 5.0) -> Uploads:
+    """Register ``upload`` on ``blocks`` (built by ``build_app``, not launched yet); ``blocks.hubgrpo_uploads`` is
+    the returned ``Uploads`` (close it to flush the queued uploads of a run whose rounds are commits)."""
+    api = blocks.hubgrpo_ticker.api  # the server's endpoint object: its lock and its auth hook
+    uploads = Uploads(coord, api.lock, batch_size=batch_size, batch_wait_s=batch_wait_s,
+                      on_merge_due=api.merge_is_due)
+
+    def upload(lease: dict, files: dict, token: str | None = None, request: gr.Request = None) -> dict:
+        """Upload a round's submission ({file name: base64} of adapter_model.safetensors, adapter_config.json,
+        rollouts.json.gz and submission.json) for a worker without write access; checked, committed in a batch
+        (or put in the run's box), then submitted."""
+        token = caller_token(token, request)
+
+        def run() -> Any:
+            return uploads.handle(api._owned_lease(lease, token, request), files)
+        return api._answer("upload", token, run)
+
+    with blocks:
+        gr.api(upload, api_name="upload", queue=False, concurrency_limit=None, api_description=upload.__doc__)
+    blocks.hubgrpo_endpoints["upload"] = upload  # on the plain routes too, with a body fit for one round:
+    blocks.hubgrpo_body_limits = {"upload": upload_body_limit(coord)}  # the global adapter + rollouts, base64
+    blocks.hubgrpo_guard.upload_limit = blocks.hubgrpo_body_limits["upload"]  # Gradio's routes alike
+    blocks.hubgrpo_uploads = uploads
+    return uploads
+
+
+def rounds_via_coordinator(coord) -> bool:
+    """Whether the run's rounds come only through the upload route (``hub.submissions: coordinator``)."""
+    from hubgrpo.store.boxes import COORDINATOR
+
+    hub = getattr(getattr(coord, "cfg", None), "hub", None)
+    return getattr(hub, "submissions", None) == COORDINATOR
