@@ -311,8 +311,10 @@ class HubSection(_Section):
     private: bool = Field(True, description="Create the Hub repo as private.")
     push_to_hub: bool = Field(False, description="hubgrpo train/run: push the final adapter to hub.repo_id.")
     submissions: str | None = Field(
-        None, description="Where workers put their rounds: s3://bucket/prefix (workers get presigned upload URLs, "
-        "no commits), a local folder (./path, /path), or unset = the run repo itself (one commit per round).")
+        None, description="Where workers put their rounds: coordinator (through its upload route, kept on its "
+        "disk under $HUBGRPO_CACHE/rounds: no commits, no write access for workers), s3://bucket/prefix (workers "
+        "get presigned upload URLs, no commits), a local folder (./path, /path), or unset = the run repo itself "
+        "(one commit per round).")
 
     @field_validator("submissions")
     @classmethod
