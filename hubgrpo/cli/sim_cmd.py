@@ -40,6 +40,10 @@ def simulate(
                                      "sampled passes at the training temperature, fixed seeds (smoother)."),
     jitter: float = typer.Option(0.1, "--jitter", min=0.0, max=0.9, help="Each round's duration varies by up to "
                                  "± this fraction."),
+    commit_quota: str = typer.Option("128", "--commit-quota", help="The Hub's commits per rolling (virtual) hour "
+                                     "on the run repo: past it the simulated repo answers the Hub's 429, and the "
+                                     "coordinator's commit_budget_per_hour is this unless the config sets one. "
+                                     "off: commits are free (the budget lifted)."),
     set_: list[str] = typer.Option([], "--set", help="Override a config field (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
@@ -60,12 +64,15 @@ def simulate(
                     "--step-s": step_s, "--until-reward": until_reward, "--min-virtual-s": min_virtual_s,
                     "--max-virtual-s": max_virtual_s, "--target": target}, positive=("--max-virtual-s",))
     parse_speeds(speeds, workers), parse_starts(starts, workers, seed)  # bad specs are refused before any work
+    from hubgrpo.sim.store import parse_quota
+
+    quota = parse_quota(commit_quota)
     cfg = load_config(config, overrides=[*set_, f"params.seed={seed}"])
     out = output or Path("runs") / f"{cfg.project_name}-sim-{workers}w-s{seed}"
     opts = SimOptions(workers=workers, speeds=speeds, starts=starts, dropout=dropout, latency_s=latency_s, seed=seed,
                       step_s=step_s, rejoin_s=rejoin_s, until_version=until_version, until_reward=until_reward,
                       min_virtual_s=min_virtual_s, max_virtual_s=max_virtual_s, eval_samples=eval_samples,
-                      eval_every=eval_every, eval_sampled=eval_sampled, jitter=jitter)
+                      eval_every=eval_every, eval_sampled=eval_sampled, jitter=jitter, commit_quota=quota)
     _simulate(cfg, opts, out, progress, target if target is not None else until_reward)
 
 

@@ -72,7 +72,20 @@ def summary_lines(result: dict) -> list[str]:
             f"target {result['target_reward']:.3f}: " + (f"reached at version {result['version_at_target']}, "
                                                          f"{tt:.0f} virtual s" if tt is not None else "not reached")
             if result.get("target_reward") is not None else "no target",
-            f"real compute: {result['compute']}"]
+            quota_line(result), f"real compute: {result['compute']}"]
+
+
+def quota_line(result: dict) -> str:
+    """Which commit quota the run repo had, and how many commits the run made in its busiest virtual hour."""
+    q = result.get("quota") or {}
+    if not q:
+        return "Hub commit quota: not recorded"
+    quota = f"{q['quota_per_hour']} commits per rolling virtual hour" if q["in_force"] else "off (commits free)"
+    mean = q.get("commits_per_hour_mean")
+    return (f"Hub commit quota: {quota}; coordinator budget {q['commit_budget_per_hour']}/hour; {q['commits']} "
+            f"commits, peak {q['peak_commits_per_hour']} commits in a rolling virtual hour"
+            + (f" ({mean:g}/hour on average)" if mean is not None else "")
+            + f"; {q['refused_429']} refused by the quota (429); rounds via the {result.get('rounds_via', 'repo')}")
 
 
 def _moved(result: dict) -> str:

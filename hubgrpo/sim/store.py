@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from hubgrpo.errors import RateLimited
+from hubgrpo.errors import ConfigError, RateLimited
 from hubgrpo.store.local import LocalStore
 
 HUB_QUOTA = 128  # commits per rolling hour per repo: the Hub's 429 "... repository commits (128 per hour)"
@@ -60,6 +60,17 @@ class SimStore(LocalStore):
 
     def history(self, limit: int | None = None):
         return [replace(c, created_at=self.stamps.get(c.sha, c.created_at)) for c in super().history(limit)]
+
+
+def parse_quota(spec: str) -> int | None:
+    """``--commit-quota``: a whole number of commits per rolling hour (1 to 1,000,000), or ``off`` (None)."""
+    text = str(spec).strip().lower()
+    if text == "off":
+        return None
+    if text.isdigit() and 1 <= int(text) <= 1_000_000:
+        return int(text)
+    raise ConfigError(f"--commit-quota {spec!r} is not a number of commits an hour",
+                      hint=f"use a whole number from 1 to 1000000 (the Hub: {HUB_QUOTA}), or off for free commits")
 
 
 def peak_per_hour(times: list[float]) -> int:
