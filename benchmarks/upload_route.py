@@ -291,7 +291,7 @@ def git_commit() -> str:
 
 def report(res: dict) -> str:
     m = res["meta"]
-    lines = [f"# Rounds through the coordinator's upload route (`hub.submissions: coordinator`)", "",
+    lines = ["# Rounds through the coordinator's upload route (`hub.submissions: coordinator`)", "",
              f"`{m['command']}` · commit `{m['commit']}` · {m['when']} · {m['cpus']} CPUs, load average "
              f"{m['load_before']} before / {m['load_after']} after (a shared machine) · python {m['python']}", "",
              "Real HTTP on 127.0.0.1: `hubgrpo coordinator` in its own process (one torch thread), this process the "
