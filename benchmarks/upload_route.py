@@ -157,44 +157,57 @@ class Rounds:
         return wall
 
 
+class Probe:
+    """``status`` asked every 50 ms from another client while the block runs: what uploads cost the other calls."""
+
+    def __init__(self, url: str):
+        self.url, self.lat, self.stop = url, [], threading.Event()
+        self.thread = threading.Thread(target=self._ask, daemon=True)
+
+    def _ask(self) -> None:
+        import httpx
+
+        with httpx.Client(base_url=self.url, timeout=60) as http:
+            while not self.stop.is_set():
+                t0 = time.perf_counter()
+                http.post("/hubgrpo/api/status", json={"data": [None]})
+                self.lat.append(time.perf_counter() - t0)
+                self.stop.wait(0.05)
+
+    def __enter__(self) -> "Probe":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
 def sequential(rounds: Rounds, pid: int, n: int) -> dict:
     walls, cpu = [], 0.0
-    for _ in range(n):
-        body = rounds.body(rounds.lease())
-        c0 = cpu_seconds(pid)
-        walls.append(rounds.upload(body))
-        cpu += cpu_seconds(pid) - c0
+    with Probe(str(rounds.http.base_url)) as probe:
+        for _ in range(n):
+            body = rounds.body(rounds.lease())
+            c0 = cpu_seconds(pid)
+            walls.append(rounds.upload(body))
+            cpu += cpu_seconds(pid) - c0
     total = sum(walls)
     return {"rounds": n, "wall_s": pct(walls), "mb_per_s": round(n * rounds.adapter_mb / total, 1),
             "rounds_per_s": round(n / total, 2), "cpu_s_per_round": round(cpu / n, 3),
-            "cpu_s_per_mb": round(cpu / (n * rounds.adapter_mb), 4), "body_mb": round(len(body) / MB, 1)}
+            "cpu_s_per_mb": round(cpu / (n * rounds.adapter_mb), 4), "body_mb": round(len(body) / MB, 1),
+            "status_while_uploading": pct(probe.lat)}
 
 
 def concurrent(rounds: Rounds, pid: int, conc: int, n: int) -> dict:
     bodies = [rounds.body(rounds.lease()) for _ in range(n)]
-    probe, stop = [], threading.Event()
-
-    def ask() -> None:
-        import httpx
-
-        with httpx.Client(base_url=str(rounds.http.base_url), timeout=60) as http:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                http.post("/hubgrpo/api/status", json={"data": [None]})
-                probe.append(time.perf_counter() - t0)
-                stop.wait(0.05)
-
-    prober = threading.Thread(target=ask, daemon=True)
-    prober.start()
-    c0, t0 = cpu_seconds(pid), time.perf_counter()
-    with ThreadPoolExecutor(conc) as pool:
-        walls = list(pool.map(rounds.upload, bodies))
-    wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - c0
-    stop.set()
-    prober.join(10)
+    with Probe(str(rounds.http.base_url)) as probe:
+        c0, t0 = cpu_seconds(pid), time.perf_counter()
+        with ThreadPoolExecutor(conc) as pool:
+            walls = list(pool.map(rounds.upload, bodies))
+        wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - c0
     return {"rounds": n, "in_flight": conc, "wall_s": pct(walls), "rounds_per_s": round(n / wall, 2),
             "mb_per_s": round(n * rounds.adapter_mb / wall, 1), "cpu_s_per_mb": round(cpu / (n * rounds.adapter_mb), 4),
-            "server_cpu_utilisation": round(cpu / wall, 2), "status_while_uploading": pct(probe)}
+            "server_cpu_utilisation": round(cpu / wall, 2), "status_while_uploading": pct(probe.lat)}
 
 
 def downloads(rounds: Rounds, pid: int, n: int) -> dict:
@@ -289,6 +302,11 @@ def git_commit() -> str:
                                        else "")
 
 
+def _ms(phase: dict) -> str:
+    st = phase["status_while_uploading"]
+    return f"{st['p50_ms']:.0f} / {st['p99_ms']:.0f} / {st['max_ms']:.0f}"
+
+
 def report(res: dict) -> str:
     m = res["meta"]
     lines = ["# Rounds through the coordinator's upload route (`hub.submissions: coordinator`)", "",
@@ -300,16 +318,15 @@ def report(res: dict) -> str:
              "every admission check (rewards recomputed). No merge during the measurement. Adapter: fp32 LoRA "
              "factors, r = 16 on all linear layers; MB = 10⁶ bytes.", "",
              "| adapter | LoRA params (PEFT, meta device) | adapter MB | body MB | one at a time: s per round "
-             "(p50) | MB/s | 4 in flight: rounds/s | MB/s | coordinator CPU s per MB | of it: JSON parse + base64 "
-             "(s/MB) | `status` during uploads p50 / p99 / max ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(p50) | MB/s | `status` meanwhile p50 / p99 / max ms | 4 in flight: rounds/s | MB/s | `status` "
+             "meanwhile p50 / p99 / max ms | coordinator CPU s per MB | of it: JSON parse + base64 (s/MB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in res["models"].items():
         s, c, w = r["sequential"], r["concurrent"], r["wire"]
-        st = c["status_while_uploading"]
         lines.append(f"| {name} | {r['lora_params']:,} ({r['peft_lora_params']:,}) | {r['adapter_mb']} | {s['body_mb']} "
-                     f"| {s['wall_s']['p50_ms'] / 1e3:.2f} | {s['mb_per_s']} | {c['rounds_per_s']} | {c['mb_per_s']} "
-                     f"| {c['cpu_s_per_mb']} | {w['parse_s_per_mb'] + w['b64decode_s_per_mb']:.4f} "
-                     f"| {st['p50_ms']} / {st['p99_ms']} / {st['max_ms']} |")
+                     f"| {s['wall_s']['p50_ms'] / 1e3:.2f} | {s['mb_per_s']} | {_ms(s)} | {c['rounds_per_s']} "
+                     f"| {c['mb_per_s']} | {_ms(c)} | {c['cpu_s_per_mb']} "
+                     f"| {w['parse_s_per_mb'] + w['b64decode_s_per_mb']:.4f} |")
     lines += ["", "Downloads of a version's adapter from the coordinator (`GET /hubgrpo/api/adapter/…`, one at a time):",
               "", "| adapter | MB/s | coordinator CPU s per MB |", "|---|---|---|"]
     for name, r in res["models"].items():
