@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 
 from benchmarks.learning import cached_run, sets  # noqa: E402
+from benchmarks.sim_quota import ROUNDS, parse_quotas, quota_ratios, quota_sentence, ratio_markdown  # noqa: E402
 
 MODES = {
     # config, virtual budget of the single worker (GRPO steps), held-out eval flags, extra overrides
@@ -97,11 +98,11 @@ RULES = {
 }
 
 
-def simulate(out: Path, config: str, workers: int, seed: int, args: list[str]) -> dict:
-    """``hubgrpo simulate`` in a subprocess; its simulation.json (reused from an earlier run of the same command
-    with the same ``--work``)."""
+def simulate(out: Path, config: str, workers: int, seed: int, args: list[str], quota: str = "off") -> dict:
+    """``hubgrpo simulate`` in a subprocess, under the commit quota ``quota`` (``--commit-quota``); its
+    simulation.json (reused from an earlier run of the same command with the same ``--work``)."""
     return cached_run(out, ["simulate", config, "--workers", str(workers), "--seed", str(seed), "--no-progress",
-                            *args], "simulation.json")
+                            "--commit-quota", str(quota), *args], "simulation.json")
 
 
 def eval_at(result: dict, t: float) -> float | None:
@@ -114,7 +115,7 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
     from hubgrpo.config import load_config
     from hubgrpo.sim.fleet import default_step_s
 
-    common = [*mode["eval"], *sets([*mode["set"], *args.set])]
+    common = [*mode["eval"], *sets([*mode["set"], *args.set, *ROUNDS[args.rounds]])]
     step_s = default_step_s(load_config(ROOT / mode["config"], overrides=[*mode["set"], *args.set]).base_model)
     budget_s = mode["budget_steps"] * step_s
     if args.reference_from:
@@ -123,27 +124,28 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
         t1 = single_row["time_to_target_s"]
         rows = [single_row]
     else:
-        single = simulate(work / (f"s{seed}-homog-1" + "".join(f"-{r}" for r in args.single_set)), mode["config"], 1,
-                          seed, [*common, *sets(args.single_set), "--max-virtual-s", str(budget_s)])
+        q1 = args.quotas[0]
+        single = simulate(work / (f"s{seed}-homog-1" + "".join(f"-{r}" for r in args.single_set) + f"-q{q1}"),
+                          mode["config"], 1, seed, [*common, *sets(args.single_set), "--max-virtual-s", str(budget_s)],
+                          quota=q1)
         finals = [v["eval_reward"] for v in single["versions"] if v["eval_reward"] is not None][-3:]
         single_final = statistics.mean(finals)
         target = args.target_fraction * single_final
         hit = next((v for v in single["versions"] if v["eval_reward"] is not None and v["eval_reward"] >= target), None)
         t1 = hit["virtual_time_s"] if hit else budget_s
-        rows = [row("homog", 1, single, target, t1, t1)]
-    for fleet in args.fleets:
-        for n in args.workers:
-            if n == 1 and fleet == "homog":
-                continue
-            rule = RULES[args.rule](n)
-            until = ["--until-reward", str(target), "--max-virtual-s", str(budget_s)]
-            if not args.stop_at_target:
-                until += ["--min-virtual-s", str(t1)]
-            # (kept for the cached runs' commands; --until-reward scores every version regardless)
-            every = ["--eval-every", str(max(1, n // 4))] if args.stop_at_target and n >= 8 else []
-            res = simulate(work / (f"s{seed}-{fleet}-{n}" + "".join(f"-{r}" for r in rule)), mode["config"], n, seed,
-                           [*common, *every, *sets(rule), *FLEETS[fleet], *until])
-            rows.append(row(fleet, n, res, target, t1, res.get("time_to_target_s")))
+        rows = [{**row("homog", 1, single, target, t1, t1), "quota": q1}]
+    for fleet, n, quota in ((f, n, q) for f in args.fleets for n in args.workers for q in args.quotas):
+        if n == 1 and fleet == "homog":
+            continue
+        rule = RULES[args.rule](n)
+        until = ["--until-reward", str(target), "--max-virtual-s", str(budget_s)]
+        if not args.stop_at_target:
+            until += ["--min-virtual-s", str(t1)]
+        # (kept for the cached runs' commands; --until-reward scores every version regardless)
+        every = ["--eval-every", str(max(1, n // 4))] if args.stop_at_target and n >= 8 else []
+        res = simulate(work / (f"s{seed}-{fleet}-{n}" + "".join(f"-{r}" for r in rule) + f"-q{quota}"),
+                       mode["config"], n, seed, [*common, *every, *sets(rule), *FLEETS[fleet], *until], quota=quota)
+        rows.append({**row(fleet, n, res, target, t1, res.get("time_to_target_s")), "quota": quota})
     return {"seed": seed, "target": target, "single_final": single_final, "t1": t1,
             "budget_s": budget_s, "step_s": step_s, "rows": rows}
 
@@ -175,7 +177,8 @@ def row(fleet: str, n: int, res: dict, target: float, t1: float, t_hit: float | 
             "eval_final": evals[-1] if evals else None, "versions": res["versions"][-1]["version"],
             "virtual_wall_s": res["virtual_wall_s"], "staleness_histogram": res["staleness_histogram"],
             "rounds_by_status": res["rounds_by_status"], "refusal_codes": res["refusal_codes"],
-            "real_wall_s": res.get("real_wall_s"), "compute": res["compute"],
+            "real_wall_s": res.get("real_wall_s"), "compute": res["compute"], "commits": res.get("quota"),
+            "rounds_via": res.get("rounds_via"),
             "curve": [(v["virtual_time_s"], v["samples"], v["eval_reward"]) for v in res["versions"]]}
 
 
@@ -201,12 +204,16 @@ def train_reference(mode: dict, args, seed: int, work: Path) -> dict:
 
 
 def summarise(seeds: list[dict]) -> list[dict]:
-    keys = sorted({(r["fleet"], r["workers"]) for s in seeds for r in s["rows"]}, key=lambda k: (k[0] != "homog", k))
+    key = lambda r: (r["fleet"], r["workers"], str(r.get("quota", "off")))  # noqa: E731
+    keys = sorted({key(r) for s in seeds for r in s["rows"]}, key=lambda k: (k[0] != "homog", k))
     out = []
-    for fleet, n in keys:
-        rs = [r for s in seeds for r in s["rows"] if (r["fleet"], r["workers"]) == (fleet, n)]
+    for fleet, n, quota in keys:
+        rs = [r for s in seeds for r in s["rows"] if key(r) == (fleet, n, quota)]
         sp = [r["speedup"] for r in rs if r["speedup"]]
-        out.append({"fleet": fleet, "workers": n, "seeds": len(rs), "reached": len(sp),
+        out.append({"fleet": fleet, "workers": n, "quota": quota, "seeds": len(rs), "reached": len(sp),
+                    "peak_commits_per_hour": max(((r.get("commits") or {}).get("peak_commits_per_hour", 0)
+                                                  for r in rs), default=None),
+                    "refused_429": sum((r.get("commits") or {}).get("refused_429", 0) for r in rs),
                     "speedup_mean": statistics.mean(sp) if sp else None,
                     "speedup_sd": statistics.stdev(sp) if len(sp) > 1 else None,
                     "efficiency_mean": statistics.mean(x / n for x in sp) if sp else None,
@@ -235,14 +242,17 @@ def to_markdown(report: dict) -> str:
              f"virtual seconds from the cost model ({report['seeds'][0]['step_s']} s per GRPO step at speed 1). "
              f"Target: {a['target_fraction']:.0%} of the single worker's final held-out reward "
              f"(per seed: {', '.join(fmt(s['target'], '.3f') for s in report['seeds'])}). Machine: {report['machine']}.",
-             "", "| fleet | N | speed-up (mean ± sd) | efficiency | reached | samples to target | held-out at N=1's "
-             "time to target | max τ | refused |", "|---|---|---|---|---|---|---|---|---|"]
+             quota_sentence(report),
+             "", "| fleet | N | commit quota | speed-up (mean ± sd) | efficiency | reached | samples to target | held-out "
+             "at N=1's time to target | max τ | refused | peak commits / virtual hour | 429s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]:
         sd = f" ± {r['speedup_sd']:.2f}" if r["speedup_sd"] is not None else ""
-        lines.append(f"| {r['fleet']} | {r['workers']} | {fmt(r['speedup_mean'])}×{sd} | "
+        lines.append(f"| {r['fleet']} | {r['workers']} | {r.get('quota', 'off')} | {fmt(r['speedup_mean'])}×{sd} | "
                      f"{fmt(r['efficiency_mean'] and 100 * r['efficiency_mean'], '.0f')} % | {r['reached']}/{r['seeds']} | "
                      f"{fmt(r['samples_to_target'], '.0f')} | {fmt(r['eval_at_t1'], '.3f')} | {r['max_staleness']} | "
-                     f"{r['refused']} |")
+                     f"{r['refused']} | {r.get('peak_commits_per_hour', '–')} | {r.get('refused_429', '–')} |")
+    lines += ratio_markdown(report)
     if report.get("train"):
         t = report["train"]
         lines += ["", "Single-process `hubgrpo train` with the same steps as N = 1 (same held-out eval): "
@@ -251,6 +261,16 @@ def to_markdown(report: dict) -> str:
     lines += ["", "homog: every worker speed 1; hetero: speeds spread 2× (mean 1) and 10 % of rounds abandoned "
               "(the machine rejoins a round later). Plot: `" + report["name"] + ".png`."]
     return "\n".join(lines) + "\n"
+
+
+def git_commit() -> str:
+    """The commit this benchmark measured (with ``+dirty`` when the working tree had changes)."""
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return head.strip() + ("+dirty" if dirty else "")
 
 
 def plot(report: dict, path: Path) -> None:
@@ -302,6 +322,12 @@ def main() -> None:
                     "is mostly the versions after it")
     ap.add_argument("--reference-from", type=Path, default=None,
                     help="take each seed's N = 1 run from this earlier result of the same mode and --set")
+    ap.add_argument("--commit-quota", default="128",
+                    help="the Hub's commits per rolling virtual hour on the run repo (hubgrpo simulate "
+                    "--commit-quota): N, off, or both (each fleet under 128 and off: speed-up ratios)")
+    ap.add_argument("--rounds", choices=sorted(ROUNDS), default="box",
+                    help="box: rounds off the commit path (hub.submissions, as a Hub-only run sends them through "
+                    "the coordinator); repo: one commit per round")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--name", default=None)
     ap.add_argument("--validate", type=Path, nargs="+", default=None,
@@ -312,6 +338,7 @@ def main() -> None:
     args = ap.parse_args()
     args.workers = [int(x) for x in (args.workers or ("1,2,4,8,16" if args.mode == "tiny" else "1,2,4,8")).split(",")]
     args.fleets = args.fleets.split(",")
+    args.quotas = parse_quotas(args.commit_quota)
     mode = MODES[args.mode]
     name = args.name or f"scaleout-{args.mode}"
     work = args.work or Path(tempfile.mkdtemp(prefix="hubgrpo-scaleout-"))
@@ -330,7 +357,8 @@ def main() -> None:
         print(json.dumps({k: v for k, v in seeds[-1].items() if k != "rows"}), flush=True)
     train = [] if args.no_train else [train_reference(mode, args, s["seed"], work) for s in seeds]
     report = {"name": name, "args": {**vars(args), "work": str(work), "reference_from": args.reference_from and str(args.reference_from)}, "config": mode["config"], "seeds": seeds,
-              "summary": summarise(seeds), "train": train,
+              "summary": summarise(seeds), "train": train, "quota_ratios": quota_ratios(seeds),
+              "commit": git_commit(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,11 @@
 
 Real parts: every round is a real GRPO round (``RoundEngine.run_round``: one model in memory, rounds one at a
 time), the coordinator is the real ``Coordinator`` (leases, prompt pool, admission, staleness, merges) with its
-clock injected, the bucket is a real ``LocalStore``, and every version is scored greedily on held-out prompts.
+clock injected, the bucket is a real ``LocalStore`` (``hubgrpo.sim.store``: its commits stamped on the virtual
+clock, held to the Hub's hourly commit quota when one is given), and every version is scored on held-out prompts.
+Rounds train from the versions the coordinator serves (``Coordinator.version_dir``, pinned by
+``hubgrpo.sim.versions``), not from the run repo, and are handed in as a commit of the repo or, with
+``hub.submissions`` set (whatever it names), into a box in the simulation's folder.
 Simulated parts: the clock and the fleet (``hubgrpo.sim.fleet``: speeds, latencies, dropouts).
 
 Events are processed in virtual-time order, so every merge before time t is visible to a lease at t and
@@ -15,8 +19,10 @@ depends on this machine's wall time: a seed gives the same simulation (merges ru
 coordinator does without a server; merge and evaluation take no virtual time — they run on the coordinator's and
 the evaluator's own machines).
 
-Differences from a deployment, on purpose: the commit budget is lifted (virtual hours hold far more commits than
-real ones; ``keep_budget`` keeps it) and lease ids are numbered (deterministic). With ``params.reset_optimizer``
+Differences from a deployment, on purpose: without a quota (``commit_quota`` None) the commit budget is lifted
+(``keep_budget`` keeps the config's); under one, a commit the quota refuses (429) is retried after the Hub's wait
+and the coordinator's budget is the quota's figure unless the config sets one; lease ids are numbered
+(deterministic). With ``params.reset_optimizer``
 off, each simulated machine keeps its own AdamW moments across its rounds, as a real worker does (one engine
 trains for all of them and swaps their optimizers); a machine that rejoins after a dropout starts fresh.
 """
