@@ -351,6 +351,7 @@ def main() -> None:
         validation_plot(v, RESULTS / f"{name}-validate.png")
         print(validation_markdown(v))
         return
+    measured = git_commit()  # the code these simulations run (the tree may move on while they do)
     seeds = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         seeds.append(one_seed(mode, args, seed, work))
@@ -358,7 +359,7 @@ def main() -> None:
     train = [] if args.no_train else [train_reference(mode, args, s["seed"], work) for s in seeds]
     report = {"name": name, "args": {**vars(args), "work": str(work), "reference_from": args.reference_from and str(args.reference_from)}, "config": mode["config"], "seeds": seeds,
               "summary": summarise(seeds), "train": train, "quota_ratios": quota_ratios(seeds),
-              "commit": git_commit(),
+              "commit": measured,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
     RESULTS.mkdir(parents=True, exist_ok=True)
