@@ -61,9 +61,13 @@ def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2
 
 
 def base_adapter_dir(store, lease: Lease, dest: Path) -> Path:
-    """The adapter ``lease`` is based on, read from its checkpoint's tag (every version is a checkpoint on a local
-    folder), checked against the lease's adapter id."""
+    """The adapter ``lease`` is based on: from the coordinator when ``store`` is a ``CoordinatorClient`` (as a
+    worker gets it), else read from its checkpoint's tag (every version is a checkpoint on a local folder) and
+    checked against the lease's adapter id."""
     from hubgrpo import runrepo
+
+    if hasattr(store, "adapter"):
+        return store.adapter(lease.base_version, lease.base_sha, dest, 1 << 30)
 
     sha = store.tags()[layout.version_tag(lease.base_version)]
     folder = runrepo.adapter_at(store, sha, dest)

@@ -49,7 +49,7 @@ class Run:
     def folder(self, lease, *, scale: float = 0.1) -> Path:
         """An honest round's folder (trained from the leased version), to be forged further by the caller."""
         self.seed += 1
-        folder = trained_adapter(self.store, lease, self.tmp / "rounds" / f"{lease.lease_id}", self.seed, scale)
+        folder = trained_adapter(self.client, lease, self.tmp / "rounds" / f"{lease.lease_id}", self.seed, scale)
         (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease).to_json())
         write_rollouts(folder, lease, self.coord.cfg)
         return folder
@@ -80,7 +80,8 @@ class Run:
         the answer."""
         lease = self.client.lease(name)
         folder = self.folder(lease)
-        base = load_file(runrepo.adapter_at(self.store, lease.base_sha, self.tmp / "bases") / layout.ADAPTER_WEIGHTS)
+        base = load_file(self.client.adapter(lease.base_version, lease.base_sha, self.tmp / "bases", 1 << 30)
+                         / layout.ADAPTER_WEIGHTS)
         mutate(folder, base)
         try:
             return self.deliver(lease, folder)

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
 REPO = "alice/chaos"
 CHAOS_CFG = ["params.steps_per_round=2", "params.versions=3", "merge.quorum=2", "params.per_device_train_batch_size=8",
-             "coordinator.lease_timeout_s=8", "coordinator.heartbeat_interval_s=1", "coordinator.round_timeout_s=60"]
+             "coordinator.lease_timeout_s=8", "coordinator.heartbeat_interval_s=1", "coordinator.round_timeout_s=60",
+             "coordinator.checkpoint_every_s=0"]
 FAULT_KINDS = ("429", "409", "500", "timeout", "lost")
 # Forced on top of the random 10 %, so that every kind happens at least once. All of them are queued at version 1:
 # versions 2 and 3 still need >= 6 commits then, while by the time version 2 is seen the run may be one merge from

@@ -19,11 +19,12 @@ def free_ride(run: Run, name: str = "mallory", noise: float = 0.0) -> dict:
     """One free-riding round: the leased adapter back (B + ``noise``), the data set's answers as completions."""
     lease = run.client.lease(name)
     run.seed += 1
-    folder = trained_adapter(run.store, lease, run.tmp / "free" / lease.lease_id, run.seed, b_scale=noise)
+    folder = trained_adapter(run.client, lease, run.tmp / "free" / lease.lease_id, run.seed, b_scale=noise)
     (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease, reward=1.0).to_json())
     write_rollouts(folder, lease, run.coord.cfg, reward=1.0)  # every completion is the row's answer
     if noise == 0.0:
-        base = load_file(run.store.local_path(layout.ADAPTER_WEIGHTS, lease.base_sha))
+        base = load_file(run.client.adapter(lease.base_version, lease.base_sha, run.tmp / "bases", 1 << 30)
+                         / layout.ADAPTER_WEIGHTS)
         assert all((load_file(folder / layout.ADAPTER_WEIGHTS)[k] == v).all() for k, v in base.items())
     return run.deliver(lease, folder)
 

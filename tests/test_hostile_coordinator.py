@@ -163,8 +163,9 @@ def test_a_lease_with_path_shaped_or_over_long_names_stops_the_worker(tmp_path, 
 
 @pytest.mark.timeout(30)
 def test_a_path_shaped_version_sha_in_the_status_is_never_a_rebase_source(tmp_path, run_repo, victim):
-    """Defect 1, the rebase path: `status()["version_sha"]` reached `adapter_at` the same way. The round stays where
-    it is; nothing outside the cache is read or deleted."""
+    """Defect 1, the rebase path: `status()["version_sha"]` reached `adapter_at` the same way (now the status's
+    `version_id` names the adapter to download). The round stays where it is; nothing outside the cache is read or
+    deleted."""
     from hubgrpo.worker.rebase import CoordinatorSource
 
     cache = tmp_path / "cache" / "adapters"
@@ -172,11 +173,11 @@ def test_a_path_shaped_version_sha_in_the_status_is_never_a_rebase_source(tmp_pa
     sha = "../../../victim/some_dir"
     (cache / key / run_repo.head()).mkdir(parents=True)  # the adapter of an earlier round
     assert (cache / key / sha).resolve(strict=True) == victim / "some_dir"
-    with HostileCoordinator(status=answer({"version": 3, "version_sha": sha})) as coord:
+    with HostileCoordinator(status=answer({"version": 3, "version_id": sha})) as coord:
         client = CoordinatorClient(coord.url, token=TOKEN, retries=0, timeout=5)
-        assert CoordinatorSource(client, run_repo, cache, poll_s=0)(1, 0) is None
-        coord.on("status", answer({"version": 10**30, "version_sha": run_repo.head()}))
-        assert CoordinatorSource(client, run_repo, cache, poll_s=0)(1, 0) is None
+        assert CoordinatorSource(client, cache, 1 << 20, poll_s=0)(1, 0) is None
+        coord.on("status", answer({"version": 10**30, "version_id": run_repo.head()}))
+        assert CoordinatorSource(client, cache, 1 << 20, poll_s=0)(1, 0) is None
     assert intact(victim)
     token_stayed_home(coord)
 

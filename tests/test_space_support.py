@@ -47,9 +47,9 @@ def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2
     return folder
 
 
-def push_submission(store, lease, tmp: Path, *, seed: int, reward: float) -> str:
+def push_submission(store, lease, tmp: Path, *, seed: int, reward: float, reader=None) -> str:
     """A worker with write access: one commit with its submission folder. Returns the commit sha."""
-    folder = submission_folder(lease, tmp, seed=seed, reward=reward, reader=store)
+    folder = submission_folder(lease, tmp, seed=seed, reward=reward, reader=reader or store)
     adds = {layout.submission_path(lease.base_version, folder.name, f.name): f for f in folder.iterdir()}
     return store.commit(adds, message=f"hubgrpo: submission {folder.name}")
 
@@ -64,9 +64,10 @@ def start_emulator():
 
 
 def make_run(emu, tmp_path: Path, name: str = "run", **overrides) -> HubStore:
-    """alice/<name> on the emulator: version 0 with a synthetic adapter; alice and the org 'friends' allowed."""
+    """alice/<name> on the emulator: version 0 with a synthetic adapter; alice and the org 'friends' allowed; every
+    version a checkpoint (tagged) unless ``coordinator.checkpoint_every_s`` is given."""
     settings = {"coordinator.allowed_users": "[alice, friends]", "params.versions": 2, "merge.quorum": 2,
-                "coordinator.rate_limit_per_minute": 600, **overrides}
+                "coordinator.rate_limit_per_minute": 600, "coordinator.checkpoint_every_s": 0, **overrides}
     cfg = make_config(**settings)
     store = HubStore(f"alice/{name}", token=ALICE, endpoint=emu.url, cache_dir=tmp_path / "hf-cache",
                      retry_base_s=0.05)
@@ -97,8 +98,8 @@ class SimWorker:
 
     def __init__(self, url: str, name: str, token: str | None, tmp: Path, *, transport: str = "http",
                  store: HubStore | None = None, reader: HubStore | None = None):
-        """``store``: commits there; else uploads, reading the leased version through ``reader`` (a worker
-        without write access still reads the run repo to train)."""
+        """``store``: commits there; else uploads. The leased version comes from the coordinator's adapter route,
+        as a worker's does (``reader``, the repo, is no longer read: callers may still pass it)."""
         self.client = CoordinatorClient(url, token=token, transport=transport, retries=1, backoff=0.05)
         self.name, self.tmp, self.store, self.reader = name, tmp / name, store, reader or store
         self.seed = abs(hash(name)) % 1000
@@ -110,10 +111,10 @@ class SimWorker:
         """Deliver the round's submission for ``lease`` and return the coordinator's answer."""
         self.seed += 1
         if self.store is not None:
-            sha = push_submission(self.store, lease, self.tmp, seed=self.seed, reward=reward)
+            sha = push_submission(self.store, lease, self.tmp, seed=self.seed, reward=reward, reader=self.client)
             return self.client.submit(lease, sha)
         return self.client.upload(lease, submission_folder(lease, self.tmp, seed=self.seed, reward=reward,
-                                                           reader=self.reader))
+                                                           reader=self.client))
 
     def close(self) -> None:
         self.client.close()

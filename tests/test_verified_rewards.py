@@ -57,7 +57,7 @@ def honest_round(run: dict, name: str = "w1") -> tuple:
     client = CoordinatorClient(run["url"], retries=2)
     lease = client.lease(name)
     out = run["tmp"] / "rounds" / lease.lease_id
-    adapter = runrepo.adapter_at(run["store"], lease.base_sha, run["tmp"] / "bases")
+    adapter = client.adapter(lease.base_version, lease.base_sha, run["tmp"] / "bases", 1 << 30)
     sub = run["engine"].run_round(adapter, lease, out)
     keep = shutil.copytree(out, run["tmp"] / "kept" / lease.lease_id)
     sub_id = layout.submission_id(lease.worker, lease.lease_id)

@@ -62,6 +62,18 @@ def print_leaderboard(status: dict) -> None:
     _console().print(t)
 
 
+def print_checkpoint(status: dict, *, live: bool) -> None:
+    """The live version and the last checkpoint (the version the run repo holds; a restart resumes there)."""
+    cp = status.get("checkpoint")
+    if not isinstance(cp, dict):
+        return
+    behind = status["version"] - cp["version"] if isinstance(cp.get("version"), int) else None
+    where = f"live version {status['version']} at the coordinator, " if live else ""
+    _console().print(_safe(f"{where}last checkpoint: version {cp.get('version')} ({cp.get('tag')}, commit "
+                           f"{str(cp.get('sha'))[:10]})" + (f"; {behind} version(s) since, not in the repo yet"
+                                                            if live and behind else "")))
+
+
 def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
     """Status from a live coordinator when given, else from the repo's state.json."""
     from hubgrpo.coordinator.status import state_status
@@ -76,6 +88,8 @@ def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
         hour_ago = time.time() - 3600
         status["commits_last_hour"] = sum(c.created_at > hour_ago for c in store.history(limit=500))
         status["commit_budget_per_hour"] = cfg.coordinator.commit_budget_per_hour
+        status["checkpoint"] = {"version": status["version"], "tag": layout.version_tag(status["version"]),
+                                "sha": store.head(), "at": None}  # state.json is the last checkpoint's
     if as_json:
         print(json.dumps(status, indent=1, default=str))  # control characters escaped as \u001b
         return
@@ -86,6 +100,7 @@ def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
         extra = f", live leases {len(leases)}" if leases is not None else " (no live coordinator asked)"
         _console().print(_safe(f"commits in the last hour: {status['commits_last_hour']} / budget "
                                f"{status['commit_budget_per_hour']}{extra}; finished: {status['finished']}"))
+        print_checkpoint(status, live=bool(coordinator))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:  # not the shape a status has
         from hubgrpo.errors import CoordinatorError, wire_text
 

@@ -180,16 +180,17 @@ def renew(c, lease: Lease) -> Lease:
 
 
 def budget_wait(c, now: float, user: str | None = None) -> float:
-    """Seconds until one more round (a submission commit + a share of a merge) fits in the hourly budget, and
-    in ``user``'s fair share of it when the budget is contended. Rounds submitted to a box (``hub.submissions``)
-    cost no commit: then only merges count."""
+    """Seconds until one more round (its submission commit, when rounds are in the repo) fits in the hourly budget
+    beside the next checkpoint, and in ``user``'s fair share of it when the budget is contended. Merges commit
+    nothing (``checkpoint``); rounds submitted to a box (``hub.submissions``) cost no commit: then only checkpoints
+    count, and they wait for room themselves."""
     budget = c.cfg.coordinator.commit_budget_per_hour
     c.commit_times = [t for t in c.commit_times if t > now - 3600]
     queued = len(c.in_flight())  # delivered, waiting for their check: their commits are not counted yet
-    rounds = len(c.active) + len(c.pending) + queued + 1  # rounds still to be merged, this one included
-    merges = -(-rounds // c.cfg.merge.quorum)  # one merge commit per quorum of them (ceil)
-    round_commits = len(c.active) + queued + 1 if c.inbox.in_repo else 0  # + this round's commit
-    planned = len(c.commit_times) + round_commits + merges
+    if not c.inbox.in_repo:
+        return 0.0
+    round_commits = len(c.active) + queued + 1  # + this round's commit
+    planned = len(c.commit_times) + round_commits + 1  # + the next checkpoint
     if planned > budget:
         excess = planned - budget
         if excess > len(c.commit_times):

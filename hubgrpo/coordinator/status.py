@@ -26,7 +26,8 @@ def versions_table(state: RunState, evals: dict | None = None) -> list[dict]:
     """One row per version: ``reward`` is the merged rounds' recomputed training reward, ``eval_reward`` the
     held-out score (state.json's, or an unsaved one from ``evals``: version → (reward, samples, when))."""
     evals = evals or {}
-    return [{"version": v.version, "tag": v.tag, "created_at": v.created_at, "reward": v.reward_mean,
+    return [{"version": v.version, "tag": v.tag, "adapter_id": v.adapter_id, "created_at": v.created_at,
+             "reward": v.reward_mean,
              "eval_reward": v.eval_reward if v.eval_reward is not None else evals.get(v.version, (None,))[0],
              "eval_samples": v.eval_samples if v.eval_reward is not None else evals.get(v.version, (0, None))[1],
              "start_version": v.start_version,

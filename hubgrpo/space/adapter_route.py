@@ -23,13 +23,13 @@ _ID = re.compile(r"[0-9a-f]{40}")
 CACHE = "private, max-age=31536000, immutable"
 
 
-def make_adapter_route(coord: Any, auth: Any, threads: Any) -> Callable:
-    """The Starlette endpoint serving ``coord.version_dir(version, adapter_id)``'s files."""
+def make_adapter_route(coord: Any, auth: Any, threads: Any, authenticate: Callable) -> Callable:
+    """The Starlette endpoint serving ``coord.version_dir(version, adapter_id)``'s files; ``authenticate`` is the
+    plain routes' check of the ``Authorization`` header (``routes.authenticate``)."""
     import anyio
     from starlette.responses import FileResponse, Response
 
     from hubgrpo.errors import NotFound
-    from hubgrpo.space.routes import authenticate
 
     identify = getattr(auth, "identify", None)
 

@@ -235,6 +235,6 @@ def attach(app: Any, endpoints: dict[str, Callable[..., dict]], limits: dict[str
     if coord is not None and hasattr(coord, "version_dir"):
         from hubgrpo.space.adapter_route import make_adapter_route
 
-        route = make_adapter_route(coord, auth, anyio.CapacityLimiter(THREADS))
+        route = make_adapter_route(coord, auth, anyio.CapacityLimiter(THREADS), authenticate)
         app.router.routes.insert(0, Route(PREFIX + "/adapter/{version}/{aid}/{name}", route, methods=["GET"]))
     app.hubgrpo_routes = True

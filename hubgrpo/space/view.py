@@ -118,10 +118,13 @@ def worker_curves(state):
 
 
 def summary_html(status: dict, store) -> str:
-    """The header cards: version, samples, workers, leases, pending, commits in the last hour."""
+    """The header cards: live version, last checkpoint (what the repo holds), samples, workers, leases, pending,
+    commits in the last hour."""
     target = status.get("target_versions")
     state = "finished" if status.get("finished") else "running"
+    cp = status.get("checkpoint") or {}
     cards = [("version", f"{status['version']}" + (f" / {target}" if target else "")), ("state", state),
+             ("last checkpoint", f"v{cp['version']}" if isinstance(cp.get("version"), int) else "-"),
              ("samples", f"{status.get('samples_total', 0):,}"), ("workers", str(len(status.get("leaderboard", [])))),
              ("live leases", str(len(status.get("leases", [])))), ("pending", str(len(status.get("pending", [])))),
              ("commits / hour", f"{status.get('commits_last_hour', 0)} / {status.get('commit_budget_per_hour', '-')}")]
