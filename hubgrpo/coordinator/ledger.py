@@ -17,7 +17,7 @@ def next_state(c, entries: list[MergedEntry], report: dict) -> RunState:
     samples = sum(e.samples for e in entries if e.weight > 0)  # completions that moved the model
     reward = sum(e.weight * e.reward_mean for e in entries) if samples else None  # the credited rounds' reward
     st.versions.append(VersionRecord(
-        version=st.version, tag=layout.version_tag(st.version), created_at=now, method=c.cfg.merge.method,
+        version=st.version, tag=None, created_at=now, method=c.cfg.merge.method,  # tagged when checkpointed
         algorithm=report.get("algorithm"), residual=_num(report.get("residual")),
         update_norm=_num(report.get("update_norm")), outer_lr=float(report.get("outer_lr") or c.cfg.merge.outer_lr),
         merged=entries, reward_mean=reward, samples=samples))
