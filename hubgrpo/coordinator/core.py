@@ -127,6 +127,7 @@ class Coordinator:
         self.ids = {r.version: r.adapter_id for r in self.state.versions if r.adapter_id and r.version < version}
         self.ids[version] = self.versions.put(version, {n: repo["adapter"] / n for n in (
             layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
+        shutil.rmtree(repo["adapter"], ignore_errors=True)  # the version cache holds its copy
         at = repo.get("head_at")
         self.checkpoint = checkpoint.Checkpoint(version=version, sha=repo["head"],
                                                 at=min(at, now) if at is not None else now)
