@@ -72,10 +72,16 @@ def main() -> None:
     report = {"rows": rows, "versions": args.versions, "commit": measured, "work": str(work),
               "command": "benchmarks/sim_quota_versions.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    print(write(args.name, report))
+
+
+def write(name: str, report: dict) -> str:
+    """benchmarks/results/<name>.json and .md; the markdown."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=1))
-    (RESULTS / f"{args.name}.md").write_text(to_markdown(report))
-    print(to_markdown(report))
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1))
+    md = to_markdown(report)
+    (RESULTS / f"{name}.md").write_text(md)
+    return md
 
 
 if __name__ == "__main__":
