@@ -114,11 +114,12 @@ ALL = ["baseline", *SYNC, *SINGLE, *VARIANTS]
 DEFAULT = [n for n in ALL if not n.startswith(("ffa", "keep", "demo", "sync", "single"))]
 
 
-def hubgrpo(*args: str) -> float:
-    """Run the CLI (as a user would); seconds of wall time."""
+def hubgrpo(*args: str, env: dict | None = None) -> float:
+    """Run the CLI (as a user would), with ``env`` added to this environment; seconds of wall time."""
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "hubgrpo.cli", *args], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL if os.environ.get("QUIET") else None)
+                   stdout=subprocess.DEVNULL if os.environ.get("QUIET") else None,
+                   env={**os.environ, **env} if env else None)
     return time.time() - t0
 
 

@@ -5,7 +5,9 @@ thread each, the two cores), same config, same task; time to a target reward.
         [--versions 16] [--target 0.9] [--eval 16] [--set KEY=VALUE …] [--run-set KEY=VALUE …]
         [--train-from RESULT.json] [--name speedup-real]
 
-Both runs are the real CLI in subprocesses, one after the other (never at the same time). For each seed:
+Both runs are the real CLI in subprocesses, one after the other (never at the same time). ``--hub-quota 128`` puts
+the run's repo on the Hub emulator (its own process) with the Hub's commit quota on, as a run on the Hub has it;
+without it the repo is a local folder, where commits are free (the report names which). For each seed:
 
 - **train**: ``hubgrpo train CONFIG --steps T --set params.num_threads=1``. Its clock is the sum of TRL's
   per-step ``step_time`` from the first step (model load excluded), plus, separately, the process wall time.
@@ -38,6 +40,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -91,15 +94,46 @@ def run_train(args, tmp: Path, seed: int) -> dict:
             "steps": len(curve), "curve": curve}
 
 
-def run_workers(args, tmp: Path, seed: int) -> dict:
+HUB_TOKEN = "hf_test_alice_token"  # the emulator's default user (alice)
+
+
+class HubQuota:
+    """``--hub-quota N``: the run repo on the Hub emulator (``tests/hub_emulator.py``, its own process) with N commits
+    per repo per rolling hour, as the Hub allows; ``hubgrpo run`` talks to it through ``HF_ENDPOINT``."""
+
+    def __init__(self, quota: int):
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.hub_emulator", "--commit-quota", str(quota)],
+                                     cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            raise RuntimeError(f"the Hub emulator did not start: {self.url!r}")
+
+    def env(self) -> dict:
+        return {"HF_ENDPOINT": self.url, "HF_TOKEN": HUB_TOKEN, "HF_HUB_DISABLE_XET": "1"}
+
+    def store(self, repo_id: str):
+        from hubgrpo.store.hub import HubStore
+
+        return HubStore(repo_id, token=HUB_TOKEN, endpoint=self.url)
+
+    def commits(self, store) -> list[float]:
+        return sorted(c.created_at for c in store.history())
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def run_workers(args, tmp: Path, seed: int, hub: HubQuota | None = None) -> dict:
     from hubgrpo import runrepo
     from hubgrpo.store.local import LocalStore
 
-    repo = tmp / f"run-s{seed}"
+    repo = f"alice/speedup-s{seed}-{int(time.time())}" if hub else str(tmp / f"run-s{seed}")
     since = time.time()
-    wall = hubgrpo("run", args.config, "--workers", "2", "--repo", str(repo), "--no-eval", *sets(
-        [*args.set, *args.run_set, f"params.versions={args.versions}", f"params.seed={seed}", f"project_name=speedup-s{seed}"]))
-    store = LocalStore(repo)
+    wall = hubgrpo("run", args.config, "--workers", "2", "--repo", repo, "--no-eval", *sets(
+        [*args.set, *args.run_set, f"params.versions={args.versions}", f"params.seed={seed}",
+         f"project_name=speedup-s{seed}"]), env=hub.env() if hub else None)
+    store = hub.store(repo) if hub else LocalStore(repo)
     state = runrepo.read_state(store)
     rounds = [r for f in sorted((runrepo.cache_root() / "worker").glob("*/rounds.jsonl"))
               for r in map(json.loads, f.read_text().splitlines()) if r["at"] >= since]
@@ -107,8 +141,13 @@ def run_workers(args, tmp: Path, seed: int) -> dict:
     curve = [{"version": v.version, "t": v.created_at - first_lease, "t_process": v.created_at - since,
               "reward": v.reward_mean, "samples": v.samples, "staleness": [m.staleness for m in v.merged]}
              for v in state.versions[1:]]
-    return {"seed": seed, "repo": str(repo), "wall_s": wall, "startup_s": first_lease - since, "curve": curve,
-            "rounds": rounds, "shas": runrepo.version_shas(store)}
+    out = {"seed": seed, "repo": str(repo), "wall_s": wall, "startup_s": first_lease - since, "curve": curve,
+           "rounds": rounds, "shas": runrepo.version_shas(store), "store": store}
+    if hub:
+        times = hub.commits(store)
+        out["hub_commits"] = len(times)
+        out["hub_peak_commits_per_hour"] = max(sum(1 for u in times if t <= u < t + 3600) for t in times)
+    return out
 
 
 def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
@@ -134,7 +173,7 @@ def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
         checkpoints = {int(d.name.split("-")[1]): d for d in Path(train["adapter"]).glob("checkpoints/step-*")}
         train["eval_curve"] = [{"step": step, "t": times.get(step), "eval": score(d)}
                                for step, d in sorted(checkpoints.items())]
-    store = LocalStore(run["repo"])
+    store = run.get("store") or LocalStore(run["repo"])
     run["eval"] = {}
     for version, sha in sorted(run["shas"].items()):
         run["eval"][version] = score(runrepo.adapter_at(store, sha, tmp / "eval-adapters"))
@@ -177,13 +216,22 @@ def fmt(x, spec=".1f"):
     return "–" if x is None else format(x, spec)
 
 
+def quota_words(args, rows: list[dict]) -> str:
+    if not args.hub_quota:
+        return "a local folder (commits free)"
+    peaks = [r.get("hub_peak_commits_per_hour") for r in rows]
+    return (f"the Hub emulator with the commit quota on ({args.hub_quota} per rolling hour); commits in the busiest "
+            f"hour per seed: {peaks}")
+
+
 def to_markdown(args, rows: list[dict], meta: dict) -> str:
     lines = [f"# Real speed-up on this machine: train (1 core) vs run --workers 2 ({meta['date']})", "",
              f"Config `{args.config}`{' with ' + ', '.join(args.set) if args.set else ''}"
              f"{'; the run with ' + ', '.join(args.run_set) if args.run_set else ''}"
              f"{'; train taken from ' + str(args.train_from) if args.train_from else ''}; train {args.train_steps} "
              f"steps; run {args.versions} versions; target training reward {args.target} (train: mean of 5 steps; "
-             f"run: the versions' merged rounds over as many samples); held-out: greedy on {args.eval} prompts. Machine: {meta['machine']}.",
+             f"run: the versions' merged rounds over as many samples); held-out: greedy on {args.eval} prompts. Machine: {meta['machine']}. "
+             f"Run repo: {quota_words(args, rows)}; commit measured: {meta.get('commit', '?')}.",
              "", "| seed | train s to target (step) | run s to target (version) | speed-up | held-out target (train final) "
              "| run s to it (version) | train s to it (first checkpoint at it, else its end) | speed-up held-out | run final held-out | τ histogram |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -215,19 +263,29 @@ def main() -> None:
     ap.add_argument("--run-set", action="append", default=[], help="KEY=VALUE for the run only")
     ap.add_argument("--train-from", type=Path, default=None, help="an earlier result JSON: reuse its train runs")
     ap.add_argument("--name", default="speedup-real")
+    ap.add_argument("--hub-quota", type=int, default=None,
+                    help="the run repo on the Hub emulator with this many commits per rolling hour (the Hub: 128); "
+                         "default: a local folder, where commits are free")
     args = ap.parse_args()
     earlier = {r["train"]["seed"]: r["train"] for r in json.loads(args.train_from.read_text())["raw"]} \
         if args.train_from else {}
     rows, raw = [], []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()  # what is measured: the code at the start
+    hub = HubQuota(args.hub_quota) if args.hub_quota else None
     with tempfile.TemporaryDirectory(prefix="hubgrpo-speedup-") as tmp:
-        for seed in [int(s) for s in args.seeds.split(",")]:
-            train = earlier[seed] if seed in earlier else run_train(args, Path(tmp), seed)
-            run = run_workers(args, Path(tmp), seed)
-            evaluate_all(args, train, run, Path(tmp))
-            rows.append(summarise(args, train, run))
-            raw.append({"train": train, "run": {k: v for k, v in run.items() if k != "shas"}})
-            print(json.dumps(rows[-1]), flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        try:
+            for seed in [int(s) for s in args.seeds.split(",")]:
+                train = earlier[seed] if seed in earlier else run_train(args, Path(tmp), seed)
+                run = run_workers(args, Path(tmp), seed, hub)
+                evaluate_all(args, train, run, Path(tmp))
+                rows.append({**summarise(args, train, run), **{k: run[k] for k in run if k.startswith("hub_")}})
+                raw.append({"train": train, "run": {k: v for k, v in run.items() if k not in ("shas", "store")}})
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            if hub is not None:
+                hub.close()
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
             "machine": f"{platform.machine()}, Python {platform.python_version()}"}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"args": vars(args), "meta": meta, "rows": rows, "raw": raw},
