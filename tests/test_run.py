@@ -130,8 +130,11 @@ def test_cli_run_on_hub_emulator_then_status_and_push(tmp_path, hub_emulator, mo
     store = HubStore("alice/tinyrun", token=TEST_TOKEN, endpoint=hub_emulator.url)
     state = runrepo.read_state(store)
     assert state.version == 3 and len(set(state.merged_ids)) == len(state.merged_ids)
-    assert sorted(runrepo.version_shas(store)) == [0, 1, 2, 3]
-    assert runrepo.read_config(store).coordinator.commit_budget_per_hour == 60  # the Hub's quota is kept
+    assert sorted(runrepo.version_shas(store)) == [0, 3]  # 1 and 2 lived at the coordinator; the final is checkpointed
+    stored = runrepo.read_config(store)  # fitted to the Hub's quota as `hubgrpo init` would
+    assert stored.coordinator.commit_budget_per_hour == 60 and stored.coordinator.checkpoint_every_s == 120
+    assert stored.hub.submissions == "coordinator"
+    assert not [h.message for h in store.history() if h.message.startswith("hubgrpo: submission")]  # none per round
     _loads_with_peft(str(runrepo.adapter_at(store, store.tags()["v000003"], tmp_path / "c")))
     capsys.readouterr()
     assert main(["status", "--repo", "alice/tinyrun"]) == 0

@@ -39,6 +39,19 @@ def ensure_repo(store: Store, cfg: Config, *, force: bool = False) -> None:
         init_repo(store, cfg, adapter, force=force)
 
 
+def fit_new_repo(cfg: Config, store: Store, *, force: bool = False) -> Config:
+    """A run about to be created on the Hub gets the config ``hubgrpo init`` would store there (fitted to the
+    commit quota: ``cli.init_quota``; what changed is logged); an existing run, a local folder or S3 keep theirs."""
+    from hubgrpo.cli.init_quota import fit_to_store, holds_run
+
+    if holds_run(store) and not force:
+        return cfg
+    fitted, lines = fit_to_store(cfg, store)
+    for line in lines:
+        log.warning("%s (the Hub allows about %s commits an hour per repo)", line, store.hourly_commit_quota)
+    return fitted
+
+
 LOCAL_COMMIT_BUDGET = 1_000_000  # commits per hour of a run in a local directory, unless its config sets one
 
 
@@ -139,6 +152,7 @@ def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int
     import torch
 
     lift_local_budget(cfg, store)
+    cfg = fit_new_repo(cfg, store, force=force)
     ensure_repo(store, cfg, force=force)
 
     threads = torch.get_num_threads()
