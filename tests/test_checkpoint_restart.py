@@ -57,23 +57,24 @@ def _status(url: str) -> dict:
         return c.status()
 
 
-@pytest.mark.timeout(300)
-def test_a_killed_coordinator_loses_at_most_the_versions_since_its_checkpoint(tmp_path):
+def kill_loop(store, emu_url: str, tmp_path: Path, kills: int, seed: int = 36) -> tuple[list, list]:
+    """Serve the run, keep four workers busy, SIGKILL and restart the coordinator ``kills`` times at random
+    moments (each once versions beyond the last checkpoint exist). Returns (restarts, the workers' answers); a
+    restart is (live version before the kill, its last checkpoint then, the repo's state at the kill, the version
+    the restarted one reported first)."""
     from hubgrpo.space.api import free_port
 
-    emu, store = _setup(tmp_path)
-    env, port, rng = chaos_env(emu.url, ALICE), free_port(), random.Random(36)
+    env, port, rng = chaos_env(emu_url, ALICE), free_port(), random.Random(seed)
     url, log = f"http://127.0.0.1:{port}", tmp_path / "coordinator.log"
     proc = start_coordinator(REPO, port, env, tmp_path / "work", log)
-    stop, answers, restarts = threading.Event(), [], []
-    threads = []
+    stop, answers, restarts, threads = threading.Event(), [], [], []
     try:
         wait_for(lambda: _status(url), 120, "the coordinator to serve")
         threads = [threading.Thread(target=_work, args=(url, f"w{i}", tmp_path, stop, answers), daemon=True)
                    for i in range(4)]
         for t in threads:
             t.start()
-        for k in range(KILLS):
+        for k in range(kills):
             wait_for(lambda: _status(url)["version"] >= _status(url)["checkpoint"]["version"] + 2, 120,
                      "versions beyond the last checkpoint")
             time.sleep(rng.uniform(0.0, 3.0))  # any moment: mid-merge, mid-checkpoint, mid-upload
@@ -91,7 +92,14 @@ def test_a_killed_coordinator_loses_at_most_the_versions_since_its_checkpoint(tm
         for t in threads:
             t.join(30)
         kill(proc)
+    return restarts, answers
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_coordinator_loses_at_most_the_versions_since_its_checkpoint(tmp_path):
+    emu, store = _setup(tmp_path)
     try:
+        restarts, answers = kill_loop(store, emu.url, tmp_path, KILLS)
         final = _check_history(store, tmp_path)
     finally:
         emu.stop()
@@ -103,10 +111,9 @@ def test_a_killed_coordinator_loses_at_most_the_versions_since_its_checkpoint(tm
 
 def _check_history(store, tmp_path) -> None:
     """No round merged twice, versions 0..V each once, every tag the adapter its version record names, loadable
-    with PEFT on the tiny base model."""
+    with PEFT on a tiny model of the synthetic adapters' shapes."""
     from peft import PeftModel
-
-    from hubgrpo.worker.models import load_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     final = runrepo.read_state(store)
     twice = [s for s, n in Counter(final.merged_ids).items() if n > 1]
@@ -114,7 +121,8 @@ def _check_history(store, tmp_path) -> None:
     assert [v.version for v in final.versions] == list(range(final.version + 1))
     tags = {layout.parse_tag(t): sha for t, sha in store.tags().items() if layout.parse_tag(t) is not None}
     assert final.version in tags and len(tags) >= 2
-    model, _ = load_model("builtin:tiny", device="cpu")
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2))  # the synthetic adapters' shapes
     for v, sha in sorted(tags.items()):
         folder = runrepo.adapter_at(store, sha, tmp_path / "tags")
         aid = layout.adapter_id((folder / layout.ADAPTER_WEIGHTS).read_bytes(),
