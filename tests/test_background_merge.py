@@ -16,7 +16,7 @@ from hubgrpo.coordinator.merging import MergePlan
 from hubgrpo.space.api import LEASE_HOLD_S, LEASE_RETRY_S, serve
 from hubgrpo.store.local import LocalStore
 from tests.coord_helpers import make_config, push_submission, write_adapter
-from tests.test_space_support import wait_for, wait_for_version
+from tests.test_space_support import wait_for, wait_for_checkpoint, wait_for_version
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,7 +65,7 @@ def test_submit_answers_before_the_merge_and_the_api_stays_responsive(slow_run, 
     assert started.wait(10)  # the tick thread is computing the merge, and will until the gate opens
     assert client.heartbeat(l3).lease_id == l3.lease_id  # not blocked behind the merge
     l4 = client.lease("w4")  # lease_waits_for_merge_s 0: no waiting for the running merge
-    assert l4.base_version == 0  # the newest committed version: the merge is still computing
+    assert l4.base_version == 0  # the newest live version: the merge is still computing
     status = client.status()
     assert status["merging"] == 1 and status["version"] == 0 and len(status["pending"]) == 2
     assert time.time() - t0 < 8
@@ -75,49 +75,72 @@ def test_submit_answers_before_the_merge_and_the_api_stays_responsive(slow_run, 
     gate.set()
     status = wait_for_version(client, 1)
     assert status["merging"] is None and status["pending"] == [third["submission_id"]]  # kept for the next merge
+    wait_for_checkpoint(client, 1)  # a local folder: a checkpoint after every version, made by the tick thread
     state = runrepo.read_state(store)
     assert sorted(m.worker for m in state.versions[1].merged) == ["w1", "w2"]
     assert state.workers["w4"].last_seen is not None  # a lease taken during the compute survives the adoption
     l4 = client.heartbeat(l4)
     client.submit(l4, push_submission(store, l4, tmp_path, seed=4))  # stale by one version: admitted, merged
-    status = wait_for_version(client, 2)
+    status = wait_for_checkpoint(client, 2)
     merged = runrepo.read_state(store).versions[2].merged
     assert {m.worker: m.staleness for m in merged} == {"w3": 1, "w4": 1}
 
 
-def test_the_merge_commit_renders_its_files_with_the_api_lock_released(tmp_path, monkeypatch):
-    """The new adapter's files, state.json and the model card are written after the API lock is released (the card
-    alone took 180 ms at 10 versions × 256 rounds, and every call waited behind it): while the card renders, a
-    heartbeat and a lease answer at once, and the adopted state keeps the lease taken meanwhile."""
-    from hubgrpo.coordinator import merging
+def test_the_merge_and_its_checkpoint_render_their_files_with_the_api_lock_released(tmp_path, monkeypatch):
+    """The new adapter's files (rendered into the version cache by the merge) and the checkpoint's state.json and
+    model card (rendered by the checkpoint commit) are written with the API lock released (the card alone took
+    180 ms at 10 versions × 256 rounds, and every call waited behind it): while either renders, a heartbeat and a
+    lease answer at once, and the state adopted after each keeps the lease taken meanwhile."""
+    from hubgrpo.coordinator import checkpoint, merging
 
-    gate, rendering, card = threading.Event(), threading.Event(), merging.run_card
+    render, card = merging._render, checkpoint.run_card
+    gates = {"adapter": threading.Event(), "card": threading.Event()}
+    busy = {"adapter": threading.Event(), "card": threading.Event()}
+
+    def slow_render(c, staged):
+        busy["adapter"].set()
+        assert gates["adapter"].wait(30), "the test never released the adapter"
+        return render(c, staged)
 
     def slow_card(cfg, state):
-        rendering.set()
-        assert gate.wait(30), "the test never released the card"
+        busy["card"].set()
+        assert gates["card"].wait(30), "the test never released the card"
         return card(cfg, state)
 
-    monkeypatch.setattr(merging, "run_card", slow_card)
+    monkeypatch.setattr(merging, "_render", slow_render)
+    monkeypatch.setattr(checkpoint, "run_card", slow_card)
     apps: list = []
     try:
         store, coord, client = served(tmp_path, apps, **{"coordinator.lease_waits_for_merge_s": 0})
         l1, l2, l3 = client.lease("w1"), client.lease("w2"), client.lease("w3")
         client.submit(l1, push_submission(store, l1, tmp_path, seed=1))
         client.submit(l2, push_submission(store, l2, tmp_path, seed=2))  # quorum 2: the merge is due
-        assert rendering.wait(10)  # the tick thread is rendering the merge commit's model card
+        assert busy["adapter"].wait(10)  # the tick thread is rendering version 1's adapter into the version cache
         t0 = time.monotonic()
         assert client.heartbeat(l3).lease_id == l3.lease_id
         l4 = client.lease("w4")
-        assert time.monotonic() - t0 < 5 and l4.base_version == 0
-        gate.set()
-        wait_for_version(client, 1)
-        assert sorted(m.worker for m in runrepo.read_state(store).versions[1].merged) == ["w1", "w2"]
-        live = coord.state.workers  # the adopted state: the merged rows, and w4's row from the lease meanwhile
-        assert live["w1"].accepted == 1 and live["w2"].accepted == 1 and live["w4"].last_seen
+        assert time.monotonic() - t0 < 5 and l4.base_version == 0  # version 1 is not live yet
+        assert not busy["card"].is_set()  # no checkpoint while a merge runs
+        gates["adapter"].set()
+        assert busy["card"].wait(10)  # version 1 is live; the tick thread is rendering its checkpoint's card
+        t0 = time.monotonic()
         assert client.heartbeat(l4).lease_id == l4.lease_id
+        l5 = client.lease("w5")
+        assert time.monotonic() - t0 < 5 and l5.base_version == 1  # leased from the live version
+        status = client.status()
+        assert status["version"] == 1 and status["checkpoint"]["version"] == 0 and status["version_sha"] is None
+        live = coord.state.workers  # the adopted merge: the merged rows, and w4's row from the lease meanwhile
+        assert live["w1"].accepted == 1 and live["w2"].accepted == 1 and live["w4"].last_seen
+        assert "v000001" not in store.tags()  # not committed yet: the card is still rendering
+        gates["card"].set()
+        wait_for_checkpoint(client, 1)
+        assert sorted(m.worker for m in runrepo.read_state(store).versions[1].merged) == ["w1", "w2"]
+        assert store.tags()["v000001"] == coord.shas[1]
+        assert coord.state.workers["w5"].last_seen  # the adopted checkpoint keeps the lease taken meanwhile
+        assert client.heartbeat(l5).lease_id == l5.lease_id
     finally:
-        gate.set()
+        for gate in gates.values():
+            gate.set()
         for app in apps:
             app.close(verbose=False)
 

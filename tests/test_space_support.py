@@ -140,3 +140,13 @@ def wait_for_version(client, version: int, timeout: float = 30.0) -> dict:
         return status if status["version"] >= version else None
 
     return wait_for(reached, timeout, f"version {version}", poll=0.05)
+
+
+def wait_for_checkpoint(client, version: int, timeout: float = 30.0) -> dict:
+    """Poll ``status`` until the run repo holds a checkpoint of ``version`` or later (a served coordinator commits
+    it from its tick thread after the merge, so the live version comes first)."""
+    def reached():
+        status = client.status()
+        return status if status["checkpoint"]["version"] >= version else None
+
+    return wait_for(reached, timeout, f"the checkpoint of version {version}", poll=0.05)
