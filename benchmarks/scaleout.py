@@ -211,9 +211,9 @@ def summarise(seeds: list[dict]) -> list[dict]:
         rs = [r for s in seeds for r in s["rows"] if key(r) == (fleet, n, quota)]
         sp = [r["speedup"] for r in rs if r["speedup"]]
         out.append({"fleet": fleet, "workers": n, "quota": quota, "seeds": len(rs), "reached": len(sp),
-                    "peak_commits_per_hour": max(((r.get("commits") or {}).get("peak_commits_per_hour", 0)
-                                                  for r in rs), default=None),
-                    "refused_429": sum((r.get("commits") or {}).get("refused_429", 0) for r in rs),
+                    "peak_commits_per_hour": max((r["commits"]["peak_commits_per_hour"] for r in rs if r.get("commits")),
+                                                 default=None),
+                    "refused_429": sum(r["commits"]["refused_429"] for r in rs if r.get("commits")),
                     "speedup_mean": statistics.mean(sp) if sp else None,
                     "speedup_sd": statistics.stdev(sp) if len(sp) > 1 else None,
                     "efficiency_mean": statistics.mean(x / n for x in sp) if sp else None,
@@ -251,7 +251,8 @@ def to_markdown(report: dict) -> str:
         lines.append(f"| {r['fleet']} | {r['workers']} | {r.get('quota', 'off')} | {fmt(r['speedup_mean'])}×{sd} | "
                      f"{fmt(r['efficiency_mean'] and 100 * r['efficiency_mean'], '.0f')} % | {r['reached']}/{r['seeds']} | "
                      f"{fmt(r['samples_to_target'], '.0f')} | {fmt(r['eval_at_t1'], '.3f')} | {r['max_staleness']} | "
-                     f"{r['refused']} | {r.get('peak_commits_per_hour', '–')} | {r.get('refused_429', '–')} |")
+                     f"{r['refused']} | {fmt(r.get('peak_commits_per_hour'), 'd')} | "
+                     f"{fmt(r.get('refused_429') if r.get('peak_commits_per_hour') is not None else None, 'd')} |")
     lines += ratio_markdown(report)
     if report.get("train"):
         t = report["train"]

@@ -55,7 +55,9 @@ def quota_sentence(report: dict) -> str:
                         "virtual hour on the run repo (the coordinator's budget the same)" for q in quotas)
     rounds = report["args"].get("rounds", "repo")
     return (f"Commits: {said}; rounds {'off the commit path (hub.submissions)' if rounds == 'box' else 'one commit each'}"
-            f". Measured at commit {report.get('commit', '?')}; N = 1 ran with quota {quotas[0]}.")
+            f". Measured at commit {report.get('commit', '?')}; "
+            + (f"N = 1 from {report['args']['reference_from']} (recorded earlier, free commits)."
+               if report["args"].get("reference_from") else f"N = 1 ran with quota {quotas[0]}."))
 
 
 def ratio_markdown(report: dict) -> list[str]:
@@ -70,3 +72,43 @@ def ratio_markdown(report: dict) -> list[str]:
         mean = "–" if r["ratio_mean"] is None else f"{r['ratio_mean']:.2f}×"
         lines.append(f"| {r['fleet']} | {r['workers']} | {r['quota']} | {seeds} | {mean} | {'yes' if r['met'] else 'no'} |")
     return lines
+
+
+def combine(paths: list, name: str) -> str:
+    """One report over several ``scaleout.py`` results (e.g. one per seed and N): their rows, the summary and the
+    ratios over all seeds; benchmarks/results/<name>.{md,json}; the markdown."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.scaleout import RESULTS, summarise, to_markdown
+
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    seeds = {}
+    for run in runs:  # rows of the same seed from several runs (N = 4, N = 8) go together; N = 1 once
+        for s in run["seeds"]:
+            mine = seeds.setdefault(s["seed"], {**s, "rows": []})
+            have = {(r["fleet"], r["workers"], r.get("quota", "off")) for r in mine["rows"]}
+            mine["rows"] += [r for r in s["rows"] if (r["fleet"], r["workers"], r.get("quota", "off")) not in have]
+    first = runs[0]
+    report = {**first, "name": name, "seeds": [seeds[k] for k in sorted(seeds)], "combined_from": [str(p) for p in paths],
+              "commit": ", ".join(sorted({r.get("commit", "?") for r in runs}))}
+    report["args"] = {**first["args"], "seeds": ",".join(str(k) for k in sorted(seeds)), "reference_from": ", ".join(
+        sorted({str(r["args"]["reference_from"]) for r in runs if r["args"].get("reference_from")})) or None}
+    report["summary"], report["quota_ratios"] = summarise(report["seeds"]), quota_ratios(report["seeds"])
+    md = to_markdown(report)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+    (RESULTS / f"{name}.md").write_text(md)
+    return md
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    ap = argparse.ArgumentParser(description="one report over several scaleout.py --commit-quota results")
+    ap.add_argument("--runs", nargs="+", required=True)
+    ap.add_argument("--name", required=True)
+    a = ap.parse_args()
+    print(combine(a.runs, a.name))
