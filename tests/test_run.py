@@ -139,7 +139,7 @@ def test_cli_run_on_hub_emulator_then_status_and_push(tmp_path, hub_emulator, mo
     capsys.readouterr()
     assert main(["status", "--repo", "alice/tinyrun"]) == 0
     out = capsys.readouterr().out
-    assert "leaderboard" in out and "worker0" in out
+    assert "leaderboard" in out and "worker0" in out and "last checkpoint: version 3 (v000003" in out
     assert main(["push", "--repo", "alice/tinyrun", "--to", "alice/tiny-adapter"]) == 0
     pushed = HubStore("alice/tiny-adapter", token=TEST_TOKEN, endpoint=hub_emulator.url)
     card = pushed.read("README.md").decode()
