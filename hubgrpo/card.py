@@ -151,8 +151,9 @@ only by the run's evaluators) measures the model itself."""
 
 def run_card(cfg: Config, state: RunState) -> str:
     """The run repo's model card: a PEFT adapter card with the reward per version (training reward recomputed by
-    the coordinator from the rounds' rollouts; held-out reward recorded by ``hubgrpo evaluate``)."""
-    rows = [{"version": v.version, "reward": v.reward_mean, "held-out reward": v.eval_reward,
+    the coordinator from the rounds' rollouts; held-out reward recorded by ``hubgrpo evaluate``) and the tag of
+    each checkpointed version (``revision=`` loads those)."""
+    rows = [{"version": v.version, "checkpoint": v.tag or "-", "reward": v.reward_mean, "held-out reward": v.eval_reward,
              "submissions": len(v.merged), "samples": v.samples, "residual": v.residual} for v in state.versions]
     body = (f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
             f"{state.samples_total} completions, merge method `{cfg.merge.method}`.\n\n" + VERIFIED)
