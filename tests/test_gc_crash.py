@@ -24,7 +24,7 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import HubGrpoError
 from hubgrpo.store.hub import HubStore
 from tests.conftest import TEST_TOKEN
-from tests.coord_helpers import FakeClock, make_config, push_submission, write_adapter
+from tests.coord_helpers import FakeClock, base_adapter_dir, make_config, push_submission, write_adapter
 from tests.hub_emulator_storage import usage
 from tests.test_storage import run_versions
 
@@ -93,12 +93,16 @@ def source(tmp_path, hub_emulator):
 
 
 def check_restart(emu, name: str, tmp: Path, kept: list[str], before: dict) -> HubStore:
-    """A coordinator starts on the repo and leases an existing commit; every kept version loads by its tag."""
+    """A coordinator starts on the repo and leases a version whose checkpoint exists (its tag's adapter is the
+    leased one); every kept version loads by its tag."""
     store = hub_store(emu, name, tmp / "hf-after")
     c = Coordinator(store, SECRET, clock=FakeClock(2_000_000.0), workdir=tmp / "coord")
     assert c.state.version == VERSIONS
     lease = c.lease("w-restart")
-    assert layout.ADAPTER_WEIGHTS in store.list_files("", lease.base_sha)
+    sha = c.shas[lease.base_version]
+    assert store.tags()[layout.version_tag(lease.base_version)] == sha
+    assert layout.ADAPTER_WEIGHTS in store.list_files("", sha)
+    base_adapter_dir(store, lease, tmp / "leased")  # the tag's adapter has the lease's adapter id
     assert kept_adapters(store, kept) == before
     return store
 
@@ -197,16 +201,18 @@ def test_gc_deletes_no_lfs_file_an_older_commit_of_another_branch_still_needs(tm
 
 @pytest.mark.timeout(240)
 def test_gc_refuses_beside_a_live_coordinator_and_a_forced_gc_does_not_stall_it(tmp_path, hub_emulator):
-    """A served coordinator merges three versions; `hubgrpo gc` refuses (its last commit is seconds old); with
-    --force it rewrites the history under the coordinator, which notices at its next scan and leases commits that
-    exist again, and the next round merges."""
+    """A served coordinator merges and checkpoints three versions; `hubgrpo gc` refuses (its last commit is seconds
+    old); with --force it rewrites the history under the coordinator, which notices at its next scan and holds
+    commits that exist again (its versions' shas, the parent of its next checkpoint), and the next round merges
+    and is checkpointed on the rewritten history."""
     from hubgrpo.space.api import serve
     from hubgrpo.worker.client import CoordinatorClient
-    from tests.test_space_support import wait_for_version
+    from tests.test_space_support import wait_for_checkpoint
 
     emu = hub_emulator
     store = hub_store(emu, "alice/live", tmp_path / "hf")
-    init_repo(store, make_config(**{"merge.quorum": 1, "params.versions": 100, "coordinator.scan_interval_s": 0.5}),
+    init_repo(store, make_config(**{"merge.quorum": 1, "params.versions": 100, "coordinator.scan_interval_s": 0.5,
+                                    "coordinator.checkpoint_every_s": 0}),  # a tag per version: gc has some to drop
               write_adapter(tmp_path / "v0", seed=0))
     app, url = serve(Coordinator(store, SECRET, workdir=tmp_path / "coord"), tick_interval=0.2)
     try:
@@ -214,7 +220,7 @@ def test_gc_refuses_beside_a_live_coordinator_and_a_forced_gc_does_not_stall_it(
         for i in range(3):
             lease = client.lease(f"w{i}")
             client.submit(lease, push_submission(store, lease, tmp_path / "rounds", seed=i + 1))
-            wait_for_version(client, i + 1)
+            wait_for_checkpoint(client, i + 1)  # the next round's base is read from its tag
         env = dict(os.environ, HF_ENDPOINT=emu.url, HF_TOKEN=TEST_TOKEN)
         argv = [EXE, "gc", "--repo", "alice/live", "--keep", "2", "--yes"]
         commits = len(store.history())
@@ -225,16 +231,18 @@ def test_gc_refuses_beside_a_live_coordinator_and_a_forced_gc_does_not_stall_it(
         r = subprocess.run(argv + ["--force"], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
         assert len(store.history()) == 1 and sorted(store.tags()) == ["v000002", "v000003"]
-        deadline = time.time() + 30
-        while True:  # the coordinator reloads at its next scan; until then a lease may name a deleted commit
-            lease = client.lease("late")
-            if lease.base_sha == store.tags().get(layout.version_tag(lease.base_version)):
+        tags, deadline = store.tags(), time.time() + 30
+        while True:  # the coordinator reloads at its next scan; until then it holds commits gc deleted
+            status = client.status()
+            if status["version_sha"] == tags["v000003"] and status["checkpoint"]["sha"] == store.head():
                 break
-            client.release(lease)
-            assert time.time() < deadline, f"the coordinator still leases {lease.base_sha}, which gc deleted"
+            assert time.time() < deadline, f"the coordinator still holds {status['version_sha']}, which gc deleted"
             time.sleep(0.3)
+        lease = client.lease("late")
+        assert lease.base_version == 3
         client.submit(lease, push_submission(store, lease, tmp_path / "rounds", seed=9))
-        assert wait_for_version(client, 4)["version"] == 4
+        assert wait_for_checkpoint(client, 4)["version"] == 4
         assert runrepo.read_state(store, store.tags()["v000004"]).version == 4
+        assert tags["v000003"] in {c.sha for c in store.history()}  # checkpointed on the rewritten history
     finally:
         app.close(verbose=False)

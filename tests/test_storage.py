@@ -26,9 +26,11 @@ EXE = Path(sys.executable).with_name("hubgrpo")
 
 
 def run_versions(store, tmp: Path, n: int, c: Coordinator | None = None, **settings) -> Coordinator:
-    """A coordinator (quorum 1) that merges ``n`` versions from synthetic rounds."""
+    """A coordinator (quorum 1) that merges ``n`` versions from synthetic rounds, each version a checkpoint (tagged)
+    on any store unless ``coordinator.checkpoint_every_s`` is given."""
     if c is None:
-        init_repo(store, make_config(**{"merge.quorum": 1, "params.versions": 100, **settings}),
+        init_repo(store, make_config(**{"merge.quorum": 1, "params.versions": 100,
+                                        "coordinator.checkpoint_every_s": 0, **settings}),
                   write_adapter(tmp / "v0", seed=0))
         c = Coordinator(store, SECRET, clock=FakeClock(1_000_000.0), workdir=tmp / "coord")
     for i in range(n):
