@@ -146,6 +146,7 @@ def test_the_wheel_a_space_publishes_installs_anywhere_and_runs_a_worker(hub_emu
     from hubgrpo.cli.main import main
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import serve
+    from hubgrpo.worker.client import CoordinatorClient
 
     emu = hub_emulator
     monkeypatch.setenv("HF_TOKEN", TEST_TOKEN)
@@ -176,12 +177,16 @@ def test_the_wheel_a_space_publishes_installs_anywhere_and_runs_a_worker(hub_emu
     assert where.startswith(str(tmp_path / "venv")), where  # imported from the wheel, not from this checkout
     version = subprocess.run([str(bindir / "hubgrpo"), "--version"], **run)
     assert version.returncode == 0 and version.stdout.strip() == f"hubgrpo {__version__}"
-    app, url = serve(Coordinator(store, b"wheel-secret", workdir=tmp_path / "coord"), tick_interval=0.2)
+    coord = Coordinator(store, b"wheel-secret", workdir=tmp_path / "coord")
+    app, url = serve(coord, tick_interval=0.2)
     try:
         w = subprocess.run([str(bindir / "hubgrpo"), "worker", "--repo", "alice/wheelrun", "--coordinator", url,
                             "--name", "fresh", "--max-rounds", "1", "--threads", "1"], timeout=300, **run)
         assert w.returncode == 0, w.stderr[-2000:]
-        wait_for(lambda: runrepo.read_state(store).version >= 1, 60, "the fresh install's round merged")
+        client = CoordinatorClient(url, retries=1)  # on the Hub, the merged version is live before its checkpoint
+        wait_for(lambda: client.status()["version"] >= 1, 60, "the fresh install's round merged")
+        assert client.status()["versions"][1]["contributors"] == ["fresh"]
+        assert coord.flush(app.hubgrpo_ticker.api.lock) and runrepo.read_state(store).version == 1  # the checkpoint
         assert [m.worker for m in runrepo.read_state(store).versions[1].merged] == ["fresh"]
     finally:
         app.close(verbose=False)
