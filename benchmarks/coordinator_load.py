@@ -13,6 +13,11 @@ its rewards and folds it into the merge at the quorum. Modes:
   the lease's presigned URLs; the run repo gets merge commits only.
 - ``repo``: rounds are commits of the run repo (a LocalStore, committed by the fleet in a thread), so leases are
   bound by ``coordinator.commit_budget_per_hour`` (``--budget``, Hub-like).
+- ``hub`` (alone: ``--modes hub``): a Hub-only run under the Hub's commit quota — the run repo on the Hub emulator
+  (its own process, ``--commit-quota`` 128 an hour), ``hub.submissions: coordinator`` (rounds through the
+  ``upload`` route), versions from the adapter route, checkpoints to the repo; see ``load_hub.py``. Writes
+  ``coordinator_load-hub.{md,json}``, with the Hub commits an hour, the load average every minute and where the
+  next limit is (``load_hub_report.py``).
 
 ``--server-cpus`` / ``--load-cpus`` pin the coordinator, and the fleet with moto, to CPU lists (``taskset -c``), so
 the coordinator's share of the machine is one known core. Measured per (mode, workers): p50/p99/max of lease,
@@ -28,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -41,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from load_fleet import CALLS, ENDPOINTS, generate  # noqa: E402
-from load_stats import (busiest, cpu_seconds, cpu_set, gc_pauses, pauses_in, pct, pinned,  # noqa: E402
-                        slow_near_merges)
+from load_stats import (busiest, calibrate, cpu_seconds, cpu_set, gc_pauses, git_commit, machine,  # noqa: E402
+                        pauses_in, pct, pinned, slow_near_merges)
 
 RESULTS = ROOT / "benchmarks" / "results"
 SECRET = b"load-secret"
@@ -95,13 +99,14 @@ def serve_forever(repo: str, port: int, workdir: str) -> None:
     """``--serve``: the coordinator app in this process, until killed."""
     import torch
 
+    from load_fleet import open_store
+
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import serve
-    from hubgrpo.store.local import LocalStore
 
     torch.set_num_threads(1)
     gc_pauses(Path(workdir).parent / "gc_pauses.txt")
-    serve(Coordinator(LocalStore(repo, fsync=False), SECRET, workdir=Path(workdir)), port=port, tick_interval=1.0)
+    serve(Coordinator(open_store(repo), SECRET, workdir=Path(workdir)), port=port, tick_interval=1.0)
     print("up", flush=True)
     time.sleep(24 * 3600)
 
@@ -121,37 +126,6 @@ def wait_up(check, what: str, timeout: float = 120.0) -> None:
             pass
         time.sleep(0.5)
     raise RuntimeError(f"{what} did not start within {timeout:.0f} s")
-
-
-def calibrate(url: str, pid: int, n: int = 200) -> dict:
-    """Server CPU per call in isolation: sequential calls from one client, CPU read from /proc around them, on the
-    plain routes and (for comparison) Gradio's ``/gradio_api/run``."""
-    import httpx
-
-    from hubgrpo.layout import PROTOCOL_VERSION
-
-    out = {}
-    with httpx.Client(base_url=url, timeout=60) as http:
-        def run(route, name, data):
-            if route == "plain":
-                return http.post(f"/hubgrpo/api/{name}", json={"data": data}).json()
-            return http.post(f"/gradio_api/run/{name}", json={"data": data}).json()["data"][0]
-
-        def measure(key: str, calls: int, fn) -> None:
-            c0, t0 = cpu_seconds(pid), time.perf_counter()
-            for i in range(calls):
-                fn(i)
-            out[key] = {"cpu_ms": round((cpu_seconds(pid) - c0) / calls * 1e3, 2),
-                        "wall_ms": round((time.perf_counter() - t0) / calls * 1e3, 2)}
-
-        for route in ("plain", "gradio"):
-            lease = run(route, "lease", [f"calib-{route}", None, None, PROTOCOL_VERSION])["result"]
-            measure(f"status ({route})", n, lambda i: run(route, "status", [None]))
-            measure(f"heartbeat ({route})", n, lambda i: run(route, "heartbeat", [lease, None]))
-            run(route, "release", [lease, None])
-            measure(f"lease+release ({route})", n // 2, lambda i: run(route, "release", [run(
-                route, "lease", [f"calib{route}{i}", None, None, PROTOCOL_VERSION])["result"], None]))
-    return out
 
 
 def start_stack(args, mode: str, workers: int, tmp: Path, procs: list) -> tuple:
@@ -198,18 +172,21 @@ def box_rounds(box: str | None) -> int:
     return sum(1 for page in pages for o in page.get("Contents", []) if o["Key"].endswith("/submission.json"))
 
 
-def drive(args, mode: str, workers: int, tmp: Path, url: str, repo: Path, variant: Path, pids: dict,
-          procs: list) -> tuple[dict, dict]:
-    """Run the generator process to its end, sampling the CPU of ``pids`` every second; (its record, the CPU
-    seconds each pid used inside the measurement window and the window's length)."""
+def drive(args, mode: str, workers: int, tmp: Path, url: str, repo: Path | str, variant: Path, pids: dict,
+          procs: list, probe=None) -> tuple[dict, dict]:
+    """Run the generator process to its end, sampling the CPU of ``pids`` every second (and calling ``probe``, if
+    any, every minute); (its record, the CPU seconds each pid used inside the measurement window and the window's
+    length, the probe's answers)."""
     out = tmp / "generator.json"
     gen_args = json.dumps({**vars(args), "results": str(args.results)})
     procs.append(start([*pinned(args.load_cpus), sys.executable, __file__, "--generate", gen_args, mode, url,
                         str(repo), str(variant), str(workers), str(out)], tmp / "generator.log"))
-    gen, marks, others = procs[-1], [], []
+    gen, marks, others, minutes = procs[-1], [], [], []
     pids = {**pids, "generator": gen.pid}
     while gen.poll() is None:
         marks.append((time.time(), {k: cpu_seconds(p) for k, p in pids.items()}, os.getloadavg()[0]))
+        if probe and (not minutes or marks[-1][0] - minutes[-1]["t"] >= 60):
+            minutes.append(probe())
         if not others and len(marks) > args.round_s + args.measure_s / 2:  # mid-window: what else runs
             others = busiest()
         time.sleep(1.0)
@@ -220,7 +197,8 @@ def drive(args, mode: str, workers: int, tmp: Path, url: str, repo: Path, varian
     span = inside[-1][0] - inside[0][0] if len(inside) > 1 else 0.0
     cpu = {k: inside[-1][1][k] - inside[0][1][k] for k in pids} if span else {}
     load = [m[2] for m in inside] or [os.getloadavg()[0]]
-    return g, {"span_s": span, **cpu, "load": (round(min(load), 1), round(max(load), 1)), "others": others}
+    return g, {"span_s": span, **cpu, "load": (round(min(load), 1), round(max(load), 1)), "others": others,
+               "minutes": minutes}
 
 
 def settle(url: str, repo: Path, wait_s: float) -> tuple[dict, object, list]:
@@ -295,11 +273,6 @@ def audit(g: dict, status: dict, state, history: list) -> dict:
             "slow_calls": slow_near_merges(g, history)}
 
 
-def machine() -> str:
-    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared), Python "
-            f"{platform.python_version()}")
-
-
 def served_within(runs: list[dict], mode: str, limit_ms: float = 100.0) -> int | None:
     """The largest fleet of ``mode`` whose lease, heartbeat and submit p99 were all within ``limit_ms``."""
     ok = [r["workers"] for r in runs if r["mode"] == mode and all(
@@ -353,6 +326,36 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", default="250,500,1000", help="fleet sizes of mode s3 (comma-separated)")
+    ap.add_argument("--repo-workers", default="1000", help="fleet sizes of mode repo")
+    ap.add_argument("--hub-workers", default="64", help="fleet sizes of mode hub")
+    ap.add_argument("--modes", default="s3,repo", help="s3, repo (comma-separated), or hub alone")
+    ap.add_argument("--round-s", type=float, default=60.0)
+    ap.add_argument("--beat-s", type=float, default=30.0)
+    ap.add_argument("--measure-s", type=float, default=60.0)
+    ap.add_argument("--quorum", type=int, default=256, help="merge.quorum (1000 workers / 256 ≈ 4 merges a minute)")
+    ap.add_argument("--budget", type=int, default=300, help="coordinator.commit_budget_per_hour (Hub-like)")
+    ap.add_argument("--hub-quorum", type=int, default=16, help="mode hub: merge.quorum (64 / 16 = 4 merges a minute)")
+    ap.add_argument("--hub-budget", type=int, default=60, help="mode hub: coordinator.commit_budget_per_hour")
+    ap.add_argument("--commit-quota", type=int, default=128, help="mode hub: the emulator's commits per repo per "
+                    "rolling hour (the Hub's)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder for coordinator_load.{md,json}")
+    ap.add_argument("--name", default=None, help="file name of the results (NAME.md, NAME.json; default "
+                    "coordinator_load, with --modes hub coordinator_load-hub)")
+    ap.add_argument("--route", choices=("plain", "gradio"), default="plain",
+                    help="the fleet calls /hubgrpo/api/<name> (plain) or Gradio's /gradio_api/run/<name>")
+    ap.add_argument("--server-cpus", default=None, help="taskset CPU list for the coordinator (e.g. 0)")
+    ap.add_argument("--load-cpus", default=None, help="taskset CPU list for the fleet and moto (e.g. 1)")
+    args = ap.parse_args()
+    args.modes = args.modes.split(",")
+    if "hub" in args.modes and args.modes != ["hub"]:
+        ap.error("--modes hub runs alone (its report is its own): run s3,repo and hub separately")
+    args.name = args.name or ("coordinator_load-hub" if args.modes == ["hub"] else "coordinator_load")
+    return args
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
         return serve_forever(sys.argv[2], int(sys.argv[3]), sys.argv[4])
@@ -360,38 +363,30 @@ def main() -> None:
         args = argparse.Namespace(**json.loads(sys.argv[2]))
         return generate(args, sys.argv[3], sys.argv[4], Path(sys.argv[5]), Path(sys.argv[6]), int(sys.argv[7]),
                         Path(sys.argv[8]))
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", default="250,500,1000", help="fleet sizes of mode s3 (comma-separated)")
-    ap.add_argument("--repo-workers", default="1000", help="fleet sizes of mode repo")
-    ap.add_argument("--modes", default="s3,repo")
-    ap.add_argument("--round-s", type=float, default=60.0)
-    ap.add_argument("--beat-s", type=float, default=30.0)
-    ap.add_argument("--measure-s", type=float, default=60.0)
-    ap.add_argument("--quorum", type=int, default=256, help="merge.quorum (1000 workers / 256 ≈ 4 merges a minute)")
-    ap.add_argument("--budget", type=int, default=300, help="coordinator.commit_budget_per_hour (Hub-like)")
-    ap.add_argument("--results", type=Path, default=RESULTS, help="folder for coordinator_load.{md,json}")
-    ap.add_argument("--name", default="coordinator_load", help="file name of the results (NAME.md, NAME.json)")
-    ap.add_argument("--route", choices=("plain", "gradio"), default="plain",
-                    help="the fleet calls /hubgrpo/api/<name> (plain) or Gradio's /gradio_api/run/<name>")
-    ap.add_argument("--server-cpus", default=None, help="taskset CPU list for the coordinator (e.g. 0)")
-    ap.add_argument("--load-cpus", default=None, help="taskset CPU list for the fleet and moto (e.g. 1)")
-    args = ap.parse_args()
+    args = parse_args()
     if args.load_cpus:  # this driver (its /proc sampling, `ps` mid-window) stays off the coordinator's core too
         os.sched_setaffinity(0, cpu_set(args.load_cpus))
-    args.modes = args.modes.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-load-"))
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+           "command": "benchmarks/coordinator_load.py " + " ".join(sys.argv[1:]), "commit": git_commit(),
+           "tree": str(ROOT),
            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "runs": []}
     args.results.mkdir(parents=True, exist_ok=True)
+    report = to_markdown
     for mode in args.modes:
-        sizes = args.workers if mode == "s3" else args.repo_workers
+        sizes = {"s3": args.workers, "repo": args.repo_workers, "hub": args.hub_workers}[mode]
         for n in (int(x) for x in sizes.split(",")):
             print(f"{mode} × {n} …", flush=True)
-            res["runs"].append(one_run(args, mode, n, tmp / f"{mode}-{n}"))
+            if mode == "hub":
+                from load_hub import hub_run
+                from load_hub_report import to_markdown as report
+                res["runs"].append(hub_run(args, n, tmp / f"{mode}-{n}"))
+            else:
+                res["runs"].append(one_run(args, mode, n, tmp / f"{mode}-{n}"))
             print(json.dumps(res["runs"][-1]["latency"]), flush=True)
             (args.results / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")  # after every run
-            (args.results / f"{args.name}.md").write_text(to_markdown(res))
-    print(to_markdown(res))
+            (args.results / f"{args.name}.md").write_text(report(res))
+    print(report(res))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """Measurements and process placement of ``coordinator_load.py`` that are not the fleet: process CPU from /proc,
-latency percentiles, garbage-collector pauses, where the slow calls fell relative to the merges, CPU pinning."""
+latency percentiles, garbage-collector pauses, where the slow calls fell relative to the merges, CPU pinning, the
+server's CPU per call in isolation (``calibrate``), the machine and the git commit measured."""
 
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -76,3 +80,46 @@ def busiest(n: int = 6) -> list[str]:
     """The processes using the most CPU right now (what else ran), as ps prints them."""
     r = subprocess.run(["ps", "-eo", "pcpu,etime,args", "--sort=-pcpu"], capture_output=True, text=True)
     return [" ".join(line.split()[:2] + [" ".join(line.split()[2:])[:90]]) for line in r.stdout.splitlines()[1:n + 1]]
+
+
+def machine() -> str:
+    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared), Python "
+            f"{platform.python_version()}")
+
+
+def git_commit() -> str:
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "HEAD") + (" (+ uncommitted changes in hubgrpo/)"
+                                       if git("status", "--porcelain", "--", "hubgrpo") else "")
+
+
+def calibrate(url: str, pid: int, n: int = 200) -> dict:
+    """Server CPU per call in isolation: sequential calls from one client, CPU read from /proc around them, on the
+    plain routes and (for comparison) Gradio's ``/gradio_api/run``."""
+    import httpx
+
+    from hubgrpo.layout import PROTOCOL_VERSION
+
+    out = {}
+    with httpx.Client(base_url=url, timeout=60) as http:
+        def run(route, name, data):
+            if route == "plain":
+                return http.post(f"/hubgrpo/api/{name}", json={"data": data}).json()
+            return http.post(f"/gradio_api/run/{name}", json={"data": data}).json()["data"][0]
+
+        def measure(key: str, calls: int, fn) -> None:
+            c0, t0 = cpu_seconds(pid), time.perf_counter()
+            for i in range(calls):
+                fn(i)
+            out[key] = {"cpu_ms": round((cpu_seconds(pid) - c0) / calls * 1e3, 2),
+                        "wall_ms": round((time.perf_counter() - t0) / calls * 1e3, 2)}
+
+        for route in ("plain", "gradio"):
+            lease = run(route, "lease", [f"calib-{route}", None, None, PROTOCOL_VERSION])["result"]
+            measure(f"status ({route})", n, lambda i: run(route, "status", [None]))
+            measure(f"heartbeat ({route})", n, lambda i: run(route, "heartbeat", [lease, None]))
+            run(route, "release", [lease, None])
+            measure(f"lease+release ({route})", n // 2, lambda i: run(route, "release", [run(
+                route, "lease", [f"calib{route}{i}", None, None, PROTOCOL_VERSION])["result"], None]))
+    return out
