@@ -353,9 +353,6 @@ def test_heartbeats_stay_fast_while_the_hub_answers_429_for_a_minute(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason="defect (issue 36): the served coordinator's tick thread commits the "
-                   "checkpoint right after a merge (space/ticker.py Ticker.step → coord.flush) and HubStore waits "
-                   "out a 429 in that thread, so the next due merge waits for the Hub")
 def test_a_due_merge_goes_live_while_a_checkpoint_waits_out_a_429(tmp_path):
     """Versions are off the commit path: while the checkpoint of version 1 waits out the Hub's 429 (20 s), the
     rounds of version 2 (their commits made before the storm) are merged at once and version 2 is live."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -197,7 +198,10 @@ def test_uploads_are_checked_then_committed_in_batches(emu, tmp_path, launch):
     assert answers[0]["commit"] == answers[1]["commit"] and answers[0]["batch"] == 2
     assert sorted(a["merge_due"] for a in answers.values()) == [False, True]
     wait_for_version(workers[0].client, 1)
-    assert emu.stats["commits_applied"] - before == 2  # ONE commit for two submissions, plus the merge
+    deadline = time.time() + 30  # the checkpoint of version 1 comes from its own thread, just after the merge
+    while emu.stats["commits_applied"] - before < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert emu.stats["commits_applied"] - before == 2  # ONE commit for two submissions, plus the checkpoint
     assert sum("via the coordinator" in c.message for c in store.history()) == 1
     bad = submission_folder(leases[2], tmp_path / "bad", seed=9, reward=0.1, mutate=_poison, reader=store)
     with pytest.raises(InvalidSubmission) as ei:

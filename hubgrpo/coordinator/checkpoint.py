@@ -30,7 +30,7 @@ from hubgrpo.config.sections import FREE_COMMITS
 from hubgrpo.coordinator import evals
 from hubgrpo.coordinator.ledger import MAX_REFUSALS_KEPT, fork_state
 from hubgrpo.coordinator.pruning import merge_deletes
-from hubgrpo.errors import CommitConflict
+from hubgrpo.errors import CommitConflict, HubGrpoError
 
 log = logging.getLogger("hubgrpo.coordinator")
 MAX_CAS_RETRIES = 20
@@ -112,6 +112,7 @@ def stage(c) -> Staged:
                f"{sum(len(v.merged) for v in since)} submissions)" if tagged else
                f"hubgrpo: {len(c.new_refusals)} refusal(s), {len(saved)} held-out score(s) at version {st.version}")
     momentum = c.momentum if tagged and c.cfg.merge.outer_momentum > 0 and not callable(c.momentum) else None
+    c.checkpointing = st.version  # its folder stays in the version cache until the commit read it
     return Staged(state=st, tagged=tagged, momentum=momentum, refusals=list(c.new_refusals), evals_saved=saved,
                   workers_then={k: (w.refused, w.accepted) for k, w in c.state.workers.items()}, message=message)
 
@@ -150,7 +151,11 @@ def commit(c, staged: Staged) -> bool:
         except CommitConflict:
             continue
         if staged.tagged:
-            c.store.tag(layout.version_tag(staged.state.version), staged.sha, exist_ok=True)
+            try:  # the commit landed: a tag that failed is re-created from it at the next load (reconcile)
+                c.store.tag(layout.version_tag(staged.state.version), staged.sha, exist_ok=True)
+            except HubGrpoError as e:
+                log.warning("checkpoint v%d committed (%s) but not tagged: %s", staged.state.version,
+                            staged.sha[:10], e.message)
         return True
     raise CommitConflict(f"could not commit the checkpoint of version {staged.state.version} after "
                          f"{MAX_CAS_RETRIES} tries: the head keeps moving", hint="too many concurrent commits")
@@ -192,7 +197,10 @@ def run(c, lock=None, *, force: bool = False) -> bool:
             if not due(c, force=force):
                 return False
             staged = stage(c)
-        ok = commit(c, staged)
+        try:
+            ok = commit(c, staged)
+        finally:
+            c.checkpointing = None
         with lock:
             if ok:
                 adopt(c, staged)

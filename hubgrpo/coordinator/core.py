@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
@@ -68,6 +69,7 @@ class Coordinator:
         self.momentum = None
         self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (balance_rounds)
         self.versions = VersionCache(self.workdir / "versions")  # live and recent versions (the adapter route)
+        self.checkpointing: int | None = None  # the version a checkpoint commit is reading from the cache now
         self.ids: dict[int, str] = {}  # version → adapter id (what leases carry as base_sha), this lineage only
         repo = self.read_repo()
         self.apply_repo(repo)
@@ -105,6 +107,7 @@ class Coordinator:
         """Adopt what ``read_repo`` read: config, state, tags, commit log; outer momentum is re-read at the next
         merge; the prompt pool never goes back below a live lease's prompts."""
         self.head, self.cfg, self.state, self.shas = repo["head"], repo["cfg"], repo["state"], repo["shas"]
+        old_ids = dict(self.ids)
         self._adopt_lineage(repo)
         old = getattr(self, "pool", None)
         self.pool = leases.PromptPool(self.state.next_prompt) if old is None else old
@@ -114,8 +117,11 @@ class Coordinator:
         self.last_merge_at = self.state.versions[-1].created_at if self.state.versions else self.clock()
         now = self.clock()  # a commit stamped after now (the Hub's clock ahead, a virtual clock) counts as now
         self.commit_times = sorted(min(t, now) for t in repo["history"] if t > now - 3600)
-        with self._cache_lock:
-            self._adapters = {v: a for v, a in self._adapters.items() if v <= self.state.version}
+        with self._cache_lock:  # only adapters of this lineage: a number merged again by another is another adapter
+            self._adapters = {v: a for v, a in self._adapters.items()
+                              if v in self.ids and old_ids.get(v) == self.ids[v]}
+        if self.fold is not None and old_ids.get(self.fold.version) != self.ids.get(self.fold.version):
+            self.fold = None
         self.pending = {k: p for k, p in self.pending.items() if k not in set(self.state.merged_ids)}
         self.norm_history = norms.rebuild(self.state.versions, self.cfg.merge.max_norm_factor)
 
@@ -321,18 +327,27 @@ class Coordinator:
             raise InvalidSubmission("stale", f"version {version} is not available any more: it was merged after "
                                     f"the last checkpoint (v{self.checkpoint.version}) by a coordinator that "
                                     "restarted since", hint="lease again and train on the current version")
-        fetched = runrepo.adapter_at(self.store, sha, self.workdir / "checkpoint")
-        try:
+        fetched = runrepo.adapter_at(self.store, sha, self.workdir / "checkpoint" / uuid.uuid4().hex)
+        try:  # a folder of its own per call: two threads reading the same evicted version never share one
             self.versions.put(version, {n: fetched / n for n in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
         finally:
             shutil.rmtree(fetched, ignore_errors=True)
         return self.versions.path(version)
 
+    def loadable(self, version: int) -> bool:
+        """Whether ``version``'s adapter can still be read: in the version cache, or at its checkpoint's tag."""
+        return version in self.ids and (self.versions.path(version) is not None or version in self.shas)
+
+    def serves(self, version: int) -> bool:
+        """Whether the adapter route serves ``version``: one a lease may still be based on, or the last checkpoint
+        (older ones are at their tags; a caller never makes the coordinator fetch and keep them)."""
+        return version == self.checkpoint.version or version >= self.state.version - self.cfg.merge.lease_age_limit() - 2
+
     def version_dir(self, version: int, adapter_id: str) -> Path:
         """The folder (adapter_model.safetensors, adapter_config.json) of ``version`` with id ``adapter_id``: what
         the ``adapter`` route serves (a store read when only its checkpoint has it; call without the lock).
         ``NotFound`` for a version this coordinator does not have under that id."""
-        if not isinstance(version, int) or self.ids.get(version) != adapter_id:
+        if not isinstance(version, int) or self.ids.get(version) != adapter_id or not self.serves(version):
             raise NotFound(f"version {version} with adapter id {str(adapter_id)[:40]!r} is not a version of this "
                            f"run's coordinator (now at v{self.state.version})",
                            hint="lease again: the coordinator restarted, or the version is too old")
@@ -350,7 +365,7 @@ class Coordinator:
     def evict_versions(self) -> None:
         """Versions no lease may be based on any more leave the version cache (the checkpoint stays)."""
         keep = self.cfg.merge.lease_age_limit() + 2
-        self.versions.evict({self.checkpoint.version}, self.state.version - keep)
+        self.versions.evict({self.checkpoint.version, self.checkpointing}, self.state.version - keep)
 
     # -------------------------------------------------------------------------------------------- ticks, merges
 

@@ -93,7 +93,7 @@ def gate_start(c) -> int | None:
         return None
     latest = max(known)
     best = max(known, key=lambda v: (known[v], -v))
-    if known[latest] >= known[best] - margin or best == c.state.version or best not in c.ids:
+    if known[latest] >= known[best] - margin or best == c.state.version or not c.loadable(best):
         return None
     if any(v.start_version is not None for v in c.state.versions if v.version > latest):
         return None  # already reverted after that score

@@ -83,7 +83,7 @@ class Staged:
     render: Callable[[], None]  # saves the adapter into the version cache (no lock)
     message: str
     version: int
-    refusals_saved: int  # how many of ``c.new_refusals`` it holds
+    refusals: list  # the refusals of ``c.new_refusals`` it holds (removed by identity when adopted)
     evals_saved: dict = field(default_factory=dict)  # the held-out scores it holds (version → score)
     workers_then: dict = field(default_factory=dict)  # (refused, accepted) per leaderboard row when staged
     result: object = None
@@ -264,7 +264,7 @@ def stage(c, plan: MergePlan, result) -> Staged | None:
     saved = evals.apply(state, c.new_evals)
     staged = Staged(state=state, render=lambda: _render(c, staged), version=state.version,
                     message=f"hubgrpo: version {state.version} ({len(plan.entries)} submissions)",
-                    refusals_saved=len(c.new_refusals), workers_then=_worker_counts(c), result=result,
+                    refusals=list(c.new_refusals), workers_then=_worker_counts(c), result=result,
                     evals_saved=saved)
     return staged
 
@@ -299,13 +299,20 @@ def adopt(c, staged: Staged) -> bool:
         row.last_seen = max(row.last_seen, ws.last_seen)
     merged = set(state.merged_ids)
     c.pending = {k: p for k, p in c.pending.items() if k not in merged}
+    cp = c.checkpoint.version  # a checkpoint adopted since the merge was staged tagged a record of the old state
+    if cp < len(state.versions) and state.versions[cp].tag is None and cp in c.shas:
+        state.versions[cp] = state.versions[cp].model_copy(update={"tag": layout.version_tag(cp)})
     c.state = state
-    c.new_refusals = c.new_refusals[staged.refusals_saved:]
+    held = {id(r) for r in staged.refusals}
+    c.new_refusals = [r for r in c.new_refusals if id(r) not in held]
     c.new_evals = {v: e for v, e in c.new_evals.items() if v not in staged.evals_saved}
     c.ids[state.version] = state.versions[-1].adapter_id
     result = staged.result
     with c._cache_lock:
         c._adapters[state.version] = result.adapter
+        for old in [v for v in c._adapters if v < state.version - staleness_limit(c) and v != c.checkpoint.version]:
+            del c._adapters[old]  # in memory: what a round may still be based on (a miss reads the version cache)
+            c._loading.pop(old, None)
     c.momentum = result.momentum
     c.last_merge_at = state.versions[-1].created_at
     c.norm_history.add_merged(state.versions[-1].merged, c.cfg.merge.max_norm_factor)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 
 from hubgrpo import layout, runrepo
 from hubgrpo.errors import NotFound
@@ -69,9 +70,17 @@ def reload_if_rewritten(c, lock=None) -> bool:
         return False
     repo = c.read_repo()
     with lock:
+        if c.state.version != version or c.merging is not None or repo["state"].version == c.checkpoint.version:
+            shutil.rmtree(repo["adapter"], ignore_errors=True)  # not adopted: the version cache has its copy
         if c.state.version != version or c.merging is not None:
             return False
         moved = sorted(v for v, sha in held.items() if repo["shas"].get(v) != sha)
+        if repo["state"].version == c.checkpoint.version:  # gc kept the checkpoint: only commits and tags moved
+            log.warning("the run repo's history was rewritten (hubgrpo gc?): versions %s moved or left; the "
+                        "versions since the checkpoint stay live", moved)
+            c.shas, c.head = repo["shas"], repo["head"]
+            c.checkpoint.sha = repo["head"]
+            return True
         log.warning("the run repo's history was rewritten (hubgrpo gc?): versions %s moved or left; reloading "
                     "state, tags and head from the repo", moved)
         c.apply_repo(repo)

@@ -12,6 +12,7 @@ a number, 40 lowercase hex digits, one of the two file names.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Callable
 
@@ -20,22 +21,36 @@ from hubgrpo.space.guard import envelope
 
 FILES = {layout.ADAPTER_WEIGHTS: "application/octet-stream", layout.ADAPTER_CONFIG: "application/json"}
 _ID = re.compile(r"[0-9a-f]{40}")
+_VERSION = re.compile(r"[0-9]{1,10}")  # ASCII digits only ('²'.isdigit() is True)
+CHUNK = 1 << 20
 CACHE = "private, max-age=31536000, immutable"
+
+
+def _chunks(f):
+    """The open file in 1 MiB pieces, closed at the end (Starlette iterates it in a worker thread)."""
+    try:
+        while chunk := f.read(CHUNK):
+            yield chunk
+    finally:
+        f.close()
 
 
 def make_adapter_route(coord: Any, auth: Any, threads: Any, authenticate: Callable) -> Callable:
     """The Starlette endpoint serving ``coord.version_dir(version, adapter_id)``'s files; ``authenticate`` is the
     plain routes' check of the ``Authorization`` header (``routes.authenticate``)."""
     import anyio
-    from starlette.responses import FileResponse, Response
+    from starlette.responses import Response, StreamingResponse
 
     from hubgrpo.errors import NotFound
 
-    identify = getattr(auth, "identify", None)
+    identify = None if auth is None else getattr(auth, "identify", None) or auth  # never open when auth is on
+
+    def open_file(version: int, aid: str, name: str):
+        return open(coord.version_dir(version, aid) / name, "rb")  # open: readable even if evicted meanwhile
 
     async def route(request: Any) -> Any:
         version, aid, name = (request.path_params.get(k, "") for k in ("version", "aid", "name"))
-        if not (version.isdigit() and len(version) <= 10 and _ID.fullmatch(aid) and name in FILES):
+        if not (_VERSION.fullmatch(version) and _ID.fullmatch(aid) and name in FILES):
             return envelope(404, "no such adapter file: the path is /hubgrpo/api/adapter/<version>/<adapter id>/"
                                  f"<{' | '.join(FILES)}>", "lease a round: the lease names the version and its id")
         if identify is not None:
@@ -46,9 +61,13 @@ def make_adapter_route(coord: Any, auth: Any, threads: Any, authenticate: Callab
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers={"ETag": etag, "Cache-Control": CACHE})
         try:
-            folder = await anyio.to_thread.run_sync(coord.version_dir, int(version), aid, limiter=threads)
+            f = await anyio.to_thread.run_sync(open_file, int(version), aid, name, limiter=threads)
         except NotFound as e:
             return envelope(404, e.message, e.hint or "lease again")
-        return FileResponse(folder / name, media_type=FILES[name], headers={"ETag": etag, "Cache-Control": CACHE})
+        except FileNotFoundError:  # evicted between the lookup and the open
+            return envelope(404, f"version {version} left the coordinator's cache", "lease again")
+        size = os.fstat(f.fileno()).st_size
+        return StreamingResponse(_chunks(f), media_type=FILES[name], headers={
+            "ETag": etag, "Cache-Control": CACHE, "Content-Length": str(size)})
 
     return route

@@ -41,6 +41,7 @@ class Ticker:
         self._guard = threading.Lock()
         self._thread: threading.Thread | None = None
         self._scanner: threading.Thread | None = None
+        self._checkpointer: threading.Thread | None = None
 
     def start(self) -> None:
         """Start the daemon threads unless they are alive (idempotent): ticks and merges in one, the repo scan in
@@ -52,6 +53,9 @@ class Ticker:
             self._thread.start()
             self._scanner = threading.Thread(target=self._scan_loop, name="hubgrpo-scan", daemon=True)
             self._scanner.start()
+            self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="hubgrpo-checkpoint",
+                                                  daemon=True)
+            self._checkpointer.start()
 
     def _scan_loop(self) -> None:
         force = True  # the first pass at once: rounds committed while the coordinator was starting (after the scan
@@ -62,6 +66,17 @@ class Ticker:
                 force = False
             except Exception:  # deliberate: the scan must survive one bad pass (the next one retries)
                 log.exception("coordinator repo scan failed")
+            time.sleep(self.interval)  # no lock held
+
+    def _checkpoint_loop(self) -> None:
+        """Checkpoints (``coord.flush``: a commit when one is due), in their own thread: a Hub commit that takes
+        seconds, or waits out a 429 for minutes, never holds up a merge."""
+        flush = getattr(self.api.coord, "flush", None)
+        while flush is not None and self.blocks.is_running:
+            try:
+                flush(self.api.lock, force=False)
+            except Exception:  # deliberate: the next pass retries (what is unsaved stays unsaved until then)
+                log.exception("coordinator checkpoint failed")
             time.sleep(self.interval)  # no lock held
 
     def _run(self) -> None:
@@ -82,8 +97,8 @@ class Ticker:
                 freeze_heap()
 
     def step(self) -> bool:
-        """One tick, then the due merge if any (compute and commit outside the lock), then the refusal flush (store
-        I/O outside the lock; the repo scan has its own thread). True when a version was merged."""
+        """One tick, then the due merge if any (computed outside the lock); the repo scan and the checkpoints have
+        their own threads. True when a version was merged."""
         api, coord = self.api, self.api.coord
         with api.lock:
             coord.tick()
@@ -104,11 +119,10 @@ class Ticker:
                 merged = coord.finish_merge(plan, result, lock=api.lock)
             finally:
                 api.set_merge_busy(False)
-        coord.flush(api.lock, force=False)
         return merged
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the threads to end (they end within one interval, or one scan pass, of the app closing)."""
-        for thread in (self._thread, self._scanner):
+        for thread in (self._thread, self._scanner, self._checkpointer):
             if thread is not None:
                 thread.join(timeout)
