@@ -103,9 +103,20 @@ class Run:
         assert outcomes == {name: code for name, (_, code) in attacks.items()}
         assert set(outcomes.values()) <= {r["code"] for r in self.client.status()["refusals"]}
 
+    def saved_state(self) -> RunState:
+        """state.json once the checkpoint of the coordinator's current version is in the repo (checkpoints come
+        from their own thread, just after the merge)."""
+        deadline = time.time() + 30
+        while True:
+            state = RunState.from_json(self.store.read(layout.STATE_FILE))
+            if state.version >= self.coord.state.version:
+                return state
+            assert time.time() < deadline, "no checkpoint of the current version"
+            time.sleep(0.05)
+
     def check_state_and_restart(self) -> None:
         """Every state.json written loads again, and a coordinator restarted on the repo starts."""
-        state = RunState.from_json(self.store.read(layout.STATE_FILE))
+        state = self.saved_state()
         assert RunState.from_json(state.to_json()) == state
         again = Coordinator(self.store, SECRET, workdir=self.tmp / f"restart-{time.monotonic_ns()}")
         assert again.state.version == state.version
@@ -208,7 +219,7 @@ def test_self_reported_numbers_decide_nothing(tmp_path):
         assert answer["status"] in ("admitted", "merged")
         run.wait_merged(answer["submission_id"])
         run.honest_version()
-        state = RunState.from_json(run.store.read(layout.STATE_FILE))
+        state = run.saved_state()
         forged, honest = (next(m for v in state.versions for m in v.merged if m.worker == w)
                           for w in ("mallory", "honest"))
         probe = run.client.lease("probe")

@@ -114,7 +114,7 @@ def test_a_forged_reward_mean_changes_nothing_visible(tmp_path):
         assert row["mean_reward"] == 0.5 and status["versions"][version]["reward"] == 0.5
         snap = view.snapshot(run.coord)
         assert snap["reward"]["reward"].max() == 0.5 and snap["workers"]["reward"].max() == 0.5
-        state = json.loads(run.store.read(layout.STATE_FILE))
+        state = json.loads(run.saved_state().to_json())
         assert max(rewards_in(status)) == max(rewards_in(state)) == 0.5
         cells = [c.strip() for line in run.store.read(layout.MODEL_CARD).decode().splitlines()
                  if line.startswith("|") for c in line.split("|")]

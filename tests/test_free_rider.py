@@ -44,7 +44,7 @@ def test_a_free_rider_gets_no_merge_weight_no_credit_and_no_rank(tmp_path):
             assert ride["status"] in ("admitted", "merged"), ride
             run.wait_merged(ride["submission_id"])
             run.wait_merged(answer["submission_id"])
-        state = RunState.from_json(run.store.read(layout.STATE_FILE))
+        state = run.saved_state()
         ridden, honest_rounds = entries_of(state, "mallory"), entries_of(state, "honest")
         assert len(ridden) == 4 and len(honest_rounds) == 4
         assert all(m.reward_mean == 1.0 for m in ridden)  # what it submitted does score 1.0 ...
@@ -71,7 +71,7 @@ def test_a_version_of_free_riders_alone_leaves_the_adapter_as_it_was(tmp_path):
         before = run.store.read(layout.ADAPTER_WEIGHTS)
         ride = free_ride(run)
         version = run.wait_merged(ride["submission_id"])
-        state = RunState.from_json(run.store.read(layout.STATE_FILE))
+        state = run.saved_state()
         assert state.versions[version].merged[0].weight == 0.0 and state.versions[version].reward_mean is None
         assert load_file_bytes(run.store.read(layout.ADAPTER_WEIGHTS)) == load_file_bytes(before)
         assert run.honest_version() == version + 1  # the run goes on
