@@ -126,8 +126,8 @@ def test_a_restarted_coordinator_finds_the_rounds_uploaded_to_it(tmp_path):
         answer = client.upload(second, _round(store, second, tmp_path, seed=2))
         assert answer["status"] in ("admitted", "merged"), answer
         deadline = time.monotonic() + 60
-        while client.status()["version"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.3)
+        while client.status()["checkpoint"]["version"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.3)  # version 1 is live, then checkpointed (its own thread): the kill comes after
     finally:
         _stop(proc)
     state = runrepo.read_state(store)
@@ -192,3 +192,39 @@ def test_workers_without_write_access_run_a_hub_run_under_the_commit_quota(tmp_p
     assert run_commits <= versions + 2 < len(merged) + 1, (run_commits, len(merged), messages)
     assert stats["quota_429"] == 0, stats
     assert {r.worker for v in state.versions for r in v.merged} == {"w0", "w1"}
+
+
+@pytest.mark.timeout(240)
+def test_a_coordinator_stopped_with_ctrl_c_checkpoints_its_live_versions_first(tmp_path):
+    """Checkpoints an hour apart: version 1 lives at the coordinator only; Ctrl-C (SIGINT) to `hubgrpo coordinator`
+    commits it before the process ends, so a stop (unlike a crash) loses no version."""
+    import signal
+    import socket
+
+    from hubgrpo.store.local import LocalStore
+    from hubgrpo.worker.client import CoordinatorClient
+
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, make_config(**{"hub.submissions": "coordinator", "merge.quorum": 1,
+                                    "coordinator.checkpoint_every_s": 3600}), write_adapter(tmp_path / "v0", seed=0))
+    env = dict(os.environ, HUBGRPO_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _serve(str(tmp_path / "repo"), tmp_path, env, port, tmp_path / "coordinator.log")
+    try:
+        client = CoordinatorClient(f"http://127.0.0.1:{port}", retries=2)
+        lease = client.lease("w0")
+        assert client.upload(lease, _round(store, lease, tmp_path, seed=1))["status"] in ("admitted", "merged")
+        deadline = time.monotonic() + 60
+        while client.status()["version"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        status = client.status()
+        assert status["version"] == 1 and status["checkpoint"]["version"] == 0  # live only
+        assert runrepo.read_state(store).version == 0
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        _stop(proc)
+    state = runrepo.read_state(store)
+    assert state.version == 1 and state.versions[1].tag == "v000001" and "v000001" in store.tags()

@@ -80,6 +80,7 @@ def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
             time.sleep(3600)
     except KeyboardInterrupt:
         app.hubgrpo_uploads.close()  # uploads queued for a batch commit are committed first
+        coord.flush(app.hubgrpo_ticker.api.lock)  # a last checkpoint: a stop loses no live version
         app.close()
 
 

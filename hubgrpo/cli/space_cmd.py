@@ -67,6 +67,7 @@ def space(ctx: typer.Context,
             time.sleep(3600)
     except KeyboardInterrupt:
         app.hubgrpo_uploads.close()
+        coord.flush(app.hubgrpo_ticker.api.lock)  # a last checkpoint: a stop loses no live version
         app.close()
 
 
