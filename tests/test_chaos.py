@@ -142,7 +142,10 @@ def _check_run(store, stats: dict, counts: dict, logs: Path) -> None:
     assert set(stats["faults"]) == set(FAULT_KINDS), stats  # every kind of fault really happened
     assert counts["kills"] == 3 and counts["restarts"] == 3
     assert len(a["merged_ids"]) == len(set(a["merged_ids"])) >= 4  # merged exactly once, quorum 2 x >=2 versions
-    assert a["ver_commits"] == {1: 1, 2: 1, 3: 1}, a["ver_commits"]  # one merge commit per version
+    # at most one checkpoint commit per version, the final one among them (checkpoint_every_s 0 is "after every
+    # merge", from the checkpoint thread: a version merged while the previous checkpoint commits is skipped)
+    assert a["ver_commits"].get(3) == 1 and set(a["ver_commits"]) <= {1, 2, 3}, a["ver_commits"]
+    assert set(a["ver_commits"].values()) == {1}, a["ver_commits"]
     assert a["sub_commits"] and set(a["sub_commits"].values()) == {1}, a["sub_commits"]  # no commit duplicated
     assert a["in_repo"] == len(a["sub_commits"])
     # "lost" (brief): in the repo, neither merged nor refused, older than the last merge. A round pushed while the

@@ -120,9 +120,6 @@ def test_simulate_refuses_a_quota_that_is_not_a_count_naming_it(tmp_path, value)
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(strict=True, reason="the coordinator counts one submission commit fewer per checkpoint than the "
-                   "repo made (its commit_times), so it checkpoints into the Hub's 429, and then tries again at "
-                   "every tick: coordinator accounting, reported to the lead (issue 36)")
 def test_a_coordinator_whose_budget_is_the_quota_never_meets_the_429(tmp_path):
     """Rounds in the run repo (a commit each), the demo's recipe, budget = quota = 128: the coordinator's own
     pacing keeps every commit inside the quota, so the simulated Hub refuses none."""

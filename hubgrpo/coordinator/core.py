@@ -236,14 +236,16 @@ class Coordinator:
         """Keep a prepared submission pending, or record its refusal and raise it (under the lock)."""
         return admit.accept(self, prepared, count_commit=count_commit)
 
-    def accept_quietly(self, prepared: admit.Prepared) -> None:
+    def accept_quietly(self, prepared: admit.Prepared, *, count_commit: bool = False) -> None:
         """``accept_submission`` for submissions nobody waits for (scans): refusals are recorded, not raised, and
-        a due merge is left to the next tick."""
+        a due merge is left to the next tick. ``count_commit``: a round a running coordinator's scan finds in the
+        repo was committed since it started, and its submit (if one comes) is a duplicate: its commit counts here
+        (at startup the history already holds it)."""
         if prepared.lease is None:
             log.warning("ignored %s: %s", prepared.sub_id, prepared.error and prepared.error.message)
             return
         try:
-            admit.accept(self, prepared, count_commit=False, merge=False)
+            admit.accept(self, prepared, count_commit=count_commit, merge=False)
         except (InvalidSubmission, LeaseError) as e:
             log.info("scanned submission %s refused: %s", prepared.sub_id, e.message)
 
@@ -396,7 +398,7 @@ class Coordinator:
         prepared = self.scan()
         with lock or contextlib.nullcontext():
             for p in prepared:
-                self.accept_quietly(p)
+                self.accept_quietly(p, count_commit=True)
         return len(prepared)
 
     def flush(self, lock=None, *, force: bool = True) -> bool:
