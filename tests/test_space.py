@@ -25,7 +25,8 @@ from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.loop import Worker
 from tests.coord_helpers import FakeClock, make_config, submission_record, write_rollouts
 from tests.test_space_support import (ALICE, BOB, MALLORY, SimWorker, make_run, new_coordinator, run_versions,
-                                      start_emulator, submission_folder, wait_for_version, write_adapter)
+                                      start_emulator, submission_folder, wait_for_checkpoint, wait_for_version,
+                                      write_adapter)
 
 PUBLIC_API = {"lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval", "upload"}
 
@@ -92,6 +93,7 @@ def test_two_workers_two_versions_through_the_space(emu, tmp_path, launch):
         bob.results = []
         answers += bob.run()
         wait_for_version(bob_client, v + 1)  # the merge runs in the server's tick thread, off the submit path
+    wait_for_checkpoint(bob_client, 2)  # ... and its checkpoint in another, just after
     assert [a["status"] for a in answers] == ["admitted"] * 4
     assert [a["merge_due"] for a in answers] == [False, True] * 2
     assert all(a["batch"] == 1 and len(a["commit"]) == 40 for a in answers[1::2])
@@ -237,6 +239,7 @@ def test_restarted_space_resumes_the_run(emu, tmp_path, launch):
     alice = SimWorker(url, "alice-box", ALICE, tmp_path, store=own)
     bob = SimWorker(url, "bob-box", BOB, tmp_path, reader=own)
     run_versions([alice, bob], 1)
+    wait_for_checkpoint(alice.client, 1)  # (a crash before it would resume from version 0: test_checkpoints.py)
     lease = alice.lease()
     assert alice.finish(lease, 0.6)["status"] == "admitted"  # pending when the Space goes down
     app.hubgrpo_uploads.close()
@@ -248,7 +251,7 @@ def test_restarted_space_resumes_the_run(emu, tmp_path, launch):
     assert alice2.client.heartbeat(lease).lease_id == lease.lease_id  # leases survive (signed)
     bob2 = SimWorker(url2, "bob-box", BOB, tmp_path, transport="gradio", reader=own)
     assert bob2.finish(bob2.lease(), 0.7)["merge_due"]
-    wait_for_version(bob2.client, 2)
+    wait_for_checkpoint(bob2.client, 2)
     state = runrepo.read_state(store)
     assert state.version == 2 and state.finished and len(state.merged_ids) == len(set(state.merged_ids)) == 4
     with pytest.raises(Refused, match="finished"):

@@ -364,6 +364,12 @@ class Coordinator:
             raise NotFound(f"version {version}'s adapter changed since it was leased", hint="lease again")
         return folder
 
+    def checkpoints_inline(self) -> bool:
+        """Whether every version is checkpointed right after its merge, in the merge's thread: commits are free
+        (no hourly quota) and the interval is 0. Elsewhere the checkpoint thread takes the newest version when due
+        (a 429 never holds a merge; versions merged meanwhile are not committed on their own)."""
+        return checkpoint.interval_s(self) == 0 and not checkpoint.quota_bound(self.store)
+
     def evict_versions(self) -> None:
         """Versions no lease may be based on any more leave the version cache (the checkpoint stays)."""
         keep = self.cfg.merge.lease_age_limit() + 2

@@ -98,7 +98,9 @@ class Ticker:
 
     def step(self) -> bool:
         """One tick, then the due merge if any (computed outside the lock); the repo scan and the checkpoints have
-        their own threads. True when a version was merged."""
+        their own threads — except where commits are free and every version is a checkpoint (a local folder, S3):
+        then the merge's checkpoint follows it here, so that no version is skipped. True when a version was
+        merged."""
         api, coord = self.api, self.api.coord
         with api.lock:
             coord.tick()
@@ -119,6 +121,8 @@ class Ticker:
                 merged = coord.finish_merge(plan, result, lock=api.lock)
             finally:
                 api.set_merge_busy(False)
+            if merged and getattr(coord, "checkpoints_inline", lambda: False)():
+                coord.flush(api.lock, force=False)  # free commits, one per version: before the next merge
         return merged
 
     def join(self, timeout: float | None = None) -> None:
