@@ -15,7 +15,10 @@ most once per interval. A restarted coordinator resumes from the last checkpoint
 merged since (their rounds' records too); rounds based on them are refused as stale (``admit`` checks the id of
 a round's base version against its own lineage), never merged twice into the history that stays.
 
-Phases as for merges: ``stage`` under the API lock, ``commit`` without it (store writes), ``adopt`` under it.
+Phases as for merges: ``stage`` under the API lock, ``commit`` without it (store writes), ``adopt`` under it. A
+served coordinator commits checkpoints from a thread of their own (``space.ticker``), so a commit waiting out the
+Hub's 429 never holds a merge; where commits are free and the interval is 0 (a local folder, S3) the merge thread
+checkpoints each version right after its merge instead, so that none is skipped (``Coordinator.checkpoints_inline``).
 """
 
 from __future__ import annotations
