@@ -6,6 +6,7 @@ A version's folder (``<root>/<version>-<adapter id>/``) holds ``adapter_model.sa
 ``adapter_config.json`` exactly as rendered once by the merge; its id is ``layout.adapter_id`` of those bytes, so a
 worker checks what it downloaded. Folders appear by an atomic rename (never half-written) and the oldest leave once
 no lease may be based on them any more (``evict``). A checkpointed version that left is read again from its tag.
+``VersionsMixin`` is the coordinator's side: its lineage of ids, the adapters it reads, what the route serves.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import threading
 import uuid
 from pathlib import Path
 
-from hubgrpo import layout
+from hubgrpo import layout, runrepo
+from hubgrpo.coordinator import admit, checkpoint
+from hubgrpo.errors import (CoordinatorError, InvalidSubmission, MergeError, NotFound, RateLimited,
+                            StoreUnavailable)
 
 FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)
 
@@ -87,3 +91,113 @@ class VersionCache:
     def versions(self) -> list[int]:
         with self._lock:
             return sorted(self._dirs)
+
+
+class VersionsMixin:
+    """The coordinator's versions by number and adapter id (``Coordinator`` inherits it): its lineage as loaded
+    from the repo, the adapters it reads (memory, the version cache, a checkpoint's tag), what the ``adapter``
+    route serves, and what leaves the cache."""
+
+    def _adopt_lineage(self, repo: dict) -> None:
+        """The adapter ids of the versions a loaded state.json knows, the checkpoint's adapter in the version cache
+        (its id computed from the committed bytes), and the checkpoint itself; versions newer than it are gone."""
+        version, now = self.state.version, self.clock()
+        self.versions.forget_after(version)
+        self.ids = {r.version: r.adapter_id for r in self.state.versions if r.adapter_id and r.version < version}
+        self.ids[version] = self.versions.put(version, {n: repo["adapter"] / n for n in (
+            layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
+        shutil.rmtree(repo["adapter"], ignore_errors=True)  # the version cache holds its copy
+        at = repo.get("head_at")
+        self.checkpoint = checkpoint.Checkpoint(version=version, sha=repo["head"],
+                                                at=min(at, now) if at is not None else now)
+
+    def _global(self):
+        return self._adapter(self.state.version)
+
+    def _adapter(self, version: int):
+        """The global adapter of ``version`` (cached; read from its tag — a store read on a miss). One read per
+        version at a time: concurrent callers (submits checked in parallel) wait for it instead of downloading
+        into, and deleting, the same folder. A read that fails is ``CoordinatorError("unavailable")``: the
+        coordinator's own problem, which a worker waits out (not a verdict on its round)."""
+        with self._cache_lock:
+            cached = self._adapters.get(version)
+            loading = self._loading.setdefault(version, threading.Lock())
+        if cached is not None:
+            return cached
+        with loading:  # no API lock is held here: only callers that need this very adapter wait
+            with self._cache_lock:
+                cached = self._adapters.get(version)
+            return cached if cached is not None else self._read_adapter(version)
+
+    def _read_adapter(self, version: int):
+        from hubgrpo.merge import load_adapter_dir
+
+        try:
+            adapter = load_adapter_dir(self._version_folder(version))
+        except (MergeError, StoreUnavailable, RateLimited) as e:
+            raise CoordinatorError(f"the coordinator could not read version {version}'s adapter: {e.message}",
+                                   code="unavailable", hint="submit again in a few seconds") from e
+        with self._cache_lock:
+            self._adapters[version] = adapter
+            for old in [v for v in self._adapters if v < self.state.version - admit.staleness_limit(self)]:
+                del self._adapters[old]
+                self._loading.pop(old, None)
+        return adapter
+
+    def _version_folder(self, version: int) -> Path:
+        """The folder of ``version`` in the version cache, read from its checkpoint's tag when it left the cache
+        (a store read); a version that was never checkpointed and is not in the cache was lost with a restart:
+        rounds based on it are stale."""
+        folder = self.versions.path(version)
+        if folder is not None:
+            return folder
+        sha = self.shas.get(version)
+        if sha is None:
+            raise InvalidSubmission("stale", f"version {version} is not available any more: it was merged after "
+                                    f"the last checkpoint (v{self.checkpoint.version}) by a coordinator that "
+                                    "restarted since", hint="lease again and train on the current version")
+        fetched = runrepo.adapter_at(self.store, sha, self.workdir / "checkpoint" / uuid.uuid4().hex)
+        try:  # a folder of its own per call: two threads reading the same evicted version never share one
+            self.versions.put(version, {n: fetched / n for n in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
+        finally:
+            shutil.rmtree(fetched, ignore_errors=True)
+        return self.versions.path(version)
+
+    def loadable(self, version: int) -> bool:
+        """Whether ``version``'s adapter can still be read: in the version cache, or at its checkpoint's tag."""
+        return version in self.ids and (self.versions.path(version) is not None or version in self.shas)
+
+    def serves(self, version: int) -> bool:
+        """Whether the adapter route serves ``version``: one a lease may still be based on, or the last checkpoint
+        (older ones are at their tags; a caller never makes the coordinator fetch and keep them)."""
+        return version == self.checkpoint.version or version >= self.state.version - self.cfg.merge.lease_age_limit() - 2
+
+    def version_dir(self, version: int, adapter_id: str) -> Path:
+        """The folder (adapter_model.safetensors, adapter_config.json) of ``version`` with id ``adapter_id``: what
+        the ``adapter`` route serves (a store read when only its checkpoint has it; call without the lock).
+        ``NotFound`` for a version this coordinator does not have under that id."""
+        if not isinstance(version, int) or self.ids.get(version) != adapter_id or not self.serves(version):
+            raise NotFound(f"version {version} with adapter id {str(adapter_id)[:40]!r} is not a version of this "
+                           f"run's coordinator (now at v{self.state.version})",
+                           hint="lease again: the coordinator restarted, or the version is too old")
+        folder = self.versions.get(version, adapter_id)
+        if folder is None:
+            try:
+                self._version_folder(version)
+            except InvalidSubmission as e:
+                raise NotFound(e.message, hint=e.hint) from None
+            folder = self.versions.get(version, adapter_id)
+        if folder is None:
+            raise NotFound(f"version {version}'s adapter changed since it was leased", hint="lease again")
+        return folder
+
+    def checkpoints_inline(self) -> bool:
+        """Whether every version is checkpointed right after its merge, in the merge's thread: commits are free
+        (no hourly quota) and the interval is 0. Elsewhere the checkpoint thread takes the newest version when due
+        (a 429 never holds a merge; versions merged meanwhile are not committed on their own)."""
+        return checkpoint.interval_s(self) == 0 and not checkpoint.quota_bound(self.store)
+
+    def evict_versions(self) -> None:
+        """Versions no lease may be based on any more leave the version cache (the checkpoint stays)."""
+        keep = self.cfg.merge.lease_age_limit() + 2
+        self.versions.evict({self.checkpoint.version, self.checkpointing}, self.state.version - keep)
