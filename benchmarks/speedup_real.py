@@ -228,7 +228,7 @@ def to_markdown(args, rows: list[dict], meta: dict) -> str:
     lines = [f"# Real speed-up on this machine: train (1 core) vs run --workers 2 ({meta['date']})", "",
              f"Config `{args.config}`{' with ' + ', '.join(args.set) if args.set else ''}"
              f"{'; the run with ' + ', '.join(args.run_set) if args.run_set else ''}"
-             f"{'; train taken from ' + str(args.train_from) if args.train_from else ''}; train {args.train_steps} "
+             f"{'; train taken from ' + ', '.join(map(str, args.train_from)) if args.train_from else ''}; train {args.train_steps} "
              f"steps; run {args.versions} versions; target training reward {args.target} (train: mean of 5 steps; "
              f"run: the versions' merged rounds over as many samples); held-out: greedy on {args.eval} prompts. Machine: {meta['machine']}. "
              f"Run repo: {quota_words(args, rows)}; commit measured: {meta.get('commit', '?')}.",
@@ -261,14 +261,14 @@ def main() -> None:
     ap.add_argument("--eval-sampled", type=int, default=0, help="0: greedy; k: mean of k sampled passes")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--run-set", action="append", default=[], help="KEY=VALUE for the run only")
-    ap.add_argument("--train-from", type=Path, default=None, help="an earlier result JSON: reuse its train runs")
+    ap.add_argument("--train-from", type=Path, action="append", default=[],
+                    help="an earlier result JSON: reuse its train runs (repeat for several files)")
     ap.add_argument("--name", default="speedup-real")
     ap.add_argument("--hub-quota", type=int, default=None,
                     help="the run repo on the Hub emulator with this many commits per rolling hour (the Hub: 128); "
                          "default: a local folder, where commits are free")
     args = ap.parse_args()
-    earlier = {r["train"]["seed"]: r["train"] for r in json.loads(args.train_from.read_text())["raw"]} \
-        if args.train_from else {}
+    earlier = {r["train"]["seed"]: r["train"] for f in args.train_from for r in json.loads(f.read_text())["raw"]}
     rows, raw = [], []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()  # what is measured: the code at the start
