@@ -9,8 +9,9 @@ two speed-ups, is the ratio of the two runs' times to the training target::
         --train-from benchmarks/results/speedup-real-gcfreeze-s01.json \\
         --train-from benchmarks/results/speedup-real-gcfreeze-s2.json
 
-Writes ``results/<name>-s<seed>-{quota,free}.{json,md}`` (one per arm and seed) and ``results/<name>.md``.
-``--report-only`` rewrites the summary from the per-seed files.
+Writes ``results/<name>-s<seed>-{quota,free}.{json,md}`` (one per arm and seed) and ``results/<name>.md``; an arm
+whose result is there already (same ``--versions``) is kept, so a stopped series resumes. ``--report-only``
+rewrites the summary from the per-seed files.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def run_arm(args, seed: int, arm: str) -> None:
     cmd = [sys.executable, "benchmarks/speedup_real.py", "--seeds", str(seed), "--versions", str(args.versions),
            "--name", f"{args.name}-s{seed}-{arm}"]
     cmd += [a for f in args.train_from for a in ("--train-from", str(f))]
+    cmd += ["--eval", str(args.eval)]
     if arm == "quota":
         cmd += ["--hub-quota", str(args.quota)]
     print("$", " ".join(cmd), flush=True)
@@ -88,12 +90,18 @@ def main() -> None:
     ap.add_argument("--quota", type=int, default=128)
     ap.add_argument("--train-from", type=Path, action="append", default=[])
     ap.add_argument("--name", default="speedup-real-quota")
+    ap.add_argument("--eval", type=int, default=16, help="held-out prompts to score each version on (0: none; "
+                    "the quota's effect is measured on the training target)")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if not args.report_only:
         for seed in seeds:
             for arm in ("quota", "free"):
+                done = row(args.name, seed, arm)
+                if done and done["versions"] == args.versions:
+                    print(f"seed {seed} {arm}: kept from {done['date']} ({done['commit']})", flush=True)
+                    continue
                 run_arm(args, seed, arm)
                 (RESULTS / f"{args.name}.md").write_text(report(args, seeds))
     text = report(args, seeds)

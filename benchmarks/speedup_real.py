@@ -151,7 +151,13 @@ def run_workers(args, tmp: Path, seed: int, hub: HubQuota | None = None) -> dict
 
 
 def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
-    """Greedy held-out reward of train's final adapter and of every version of the run, in this process."""
+    """Greedy held-out reward of train's final adapter and of every version of the run, in this process
+    (``--eval 0``: none of the run's versions; train's scores as they came)."""
+    if not args.eval:
+        run["eval"] = {}
+        for c in run["curve"]:
+            c["eval"] = None
+        return
     from hubgrpo import runrepo
     from hubgrpo.config import load_config
     from hubgrpo.store.local import LocalStore
