@@ -53,8 +53,14 @@ def show(file: Path = typer.Argument(..., help="YAML config file."),
 
 
 @config_app.command("fields")
-def fields() -> None:
+def fields(markdown: bool = typer.Option(False, "--markdown", help="Print docs/config.md (Markdown tables) "
+                                         "instead of one line per key.")) -> None:
     """List every config key with its default and meaning."""
+    if markdown:
+        from hubgrpo.config.reference import markdown as reference
+
+        typer.echo(reference(), nl=False)
+        return
     from hubgrpo.config import field_docs
 
     for key, default, doc in field_docs():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import os
 import re
 from pathlib import Path
@@ -218,6 +220,15 @@ def to_yaml(cfg: Config, *, redact: bool = True, drop_secrets: bool = False) -> 
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
+def _default_text(value) -> str:
+    """A default as a config file would write it: models and lists of them as JSON, the rest as ``repr``."""
+    if isinstance(value, BaseModel) or (isinstance(value, list) and value and isinstance(value[0], BaseModel)):
+        data = value.model_dump(mode="json") if isinstance(value, BaseModel) else [v.model_dump(mode="json")
+                                                                                  for v in value]
+        return json.dumps(data)
+    return repr(value)
+
+
 def field_docs(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
     """(key path, default, description) for every field: the one place fields are documented."""
     rows = []
@@ -227,6 +238,6 @@ def field_docs(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows += field_docs(ann, key + ".")
             continue
-        default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+        default = "required" if f.is_required() else _default_text(f.get_default(call_default_factory=True))
         rows.append((key, default, f.description or ""))
     return rows
