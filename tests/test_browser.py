@@ -110,6 +110,7 @@ def test_space_page_shows_leaderboard_and_reward_plot(tmp_path):
         assert "alice-box" in seen["table"] and "bob-box" in seen["table"] and "rounds accepted" in seen["table"]
         assert seen["plot_marks"] > 0 and "alice-box" in seen["legend"] and "coordtest" in seen["title"]
         assert "held-out (greedy)" in seen["reward_legend"] and "training (recomputed)" in seen["reward_legend"]
+        assert "training (smoothed)" in seen["reward_legend"]
         assert seen["x_labels"][:3] == ["0", "1", "2"], seen["x_labels"]  # versions: whole numbers on the axis
         assert all(label.isdigit() for label in seen["x_labels"]), seen["x_labels"]
         assert (ARTIFACTS / "space.png").stat().st_size > 10_000

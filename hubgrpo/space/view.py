@@ -95,15 +95,31 @@ def refusal_rows(status: dict) -> list[list]:
             for r in reversed(status.get("refusals", []))]
 
 
-TRAINING, HELD_OUT = "training (recomputed)", "held-out (greedy)"
+TRAINING, SMOOTHED, HELD_OUT = "training (recomputed)", "training (smoothed)", "held-out (greedy)"
+SMOOTHING_POINTS = 20  # the smoothed line averages over about len(points) / SMOOTHING_POINTS versions
+
+
+def smoothed(values: list[float]) -> list[float]:
+    """A debiased exponential moving average (TensorBoard's smoothing) whose window grows with the run: about
+    ``len(values) / SMOOTHING_POINTS`` points, at least 1 (short runs are drawn as they are)."""
+    window = max(1.0, len(values) / SMOOTHING_POINTS)
+    keep = 1.0 - 1.0 / window
+    out, level, weight = [], 0.0, 0.0
+    for x in values:
+        level, weight = keep * level + (1 - keep) * x, keep * weight + (1 - keep)
+        out.append(level / weight)
+    return out
 
 
 def reward_curve(status: dict):
     """DataFrame(version, reward, series): per global version the merged rounds' training reward (recomputed by
-    the coordinator from their rollouts) and the held-out reward an evaluator recorded."""
+    the coordinator from their rollouts) — each version's few completions are noisy, so a smoothed line is drawn
+    over them — and the held-out reward an evaluator recorded."""
     import pandas as pd
 
-    rows = [(v["version"], float(v["reward"]), TRAINING) for v in status.get("versions", []) if v["reward"] is not None]
+    training = [(v["version"], float(v["reward"])) for v in status.get("versions", []) if v["reward"] is not None]
+    rows = [(version, reward, TRAINING) for version, reward in training]
+    rows += [(version, reward, SMOOTHED) for (version, _), reward in zip(training, smoothed([r for _, r in training]))]
     rows += [(v["version"], float(v["eval_reward"]), HELD_OUT) for v in status.get("versions", [])
              if v.get("eval_reward") is not None]
     return pd.DataFrame(rows, columns=["version", "reward", "series"])
@@ -126,7 +142,9 @@ def summary_html(status: dict, store) -> str:
     cards = [("version", f"{status['version']}" + (f" / {target}" if target else "")), ("state", state),
              ("last checkpoint", f"v{cp['version']}" if isinstance(cp.get("version"), int) else "-"),
              ("samples", f"{status.get('samples_total', 0):,}"), ("workers", str(len(status.get("leaderboard", [])))),
-             ("live leases", str(len(status.get("leases", [])))), ("pending", str(len(status.get("pending", [])))),
+             # a finished run merges nothing more: what was still leased or pending is not waited for
+             ("live leases", "-" if status.get("finished") else str(len(status.get("leases", [])))),
+             ("pending", "-" if status.get("finished") else str(len(status.get("pending", [])))),
              ("commits / hour", f"{status.get('commits_last_hour', 0)} / {status.get('commit_budget_per_hour', '-')}")]
     body = "".join(f'<div class="hg-card"><div class="hg-k">{html.escape(k)}</div>'
                    f'<div class="hg-v">{html.escape(v)}</div></div>' for k, v in cards)
