@@ -63,11 +63,14 @@ def report(args, seeds: list[int]) -> str:
              "ratio | quota: commits in busiest hour | run wall s (quota / free) | commit (quota / free) |",
              "|---|---|---|---|---|---|---|---|---|"]
     ratios, fmt = [], (lambda x, s=".1f": "–" if x is None else format(x, s))
+    times = {"quota": [], "free": []}
     for seed in seeds:
         q, f = row(args.name, seed, "quota"), row(args.name, seed, "free")
         r = ratio(q, f)
         if r is not None:
             ratios.append(r)
+            times["quota"].append(q["run_s_to_target"])
+            times["free"].append(f["run_s_to_target"])
         q, f = q or {}, f or {}
         lines.append(f"| {seed} | {fmt(q.get('run_s_to_target'))} ({q.get('run_version_at_target')}) | "
                      f"{fmt(q.get('speedup_train_reward'), '.2f')}× | {fmt(f.get('run_s_to_target'))} "
@@ -78,8 +81,10 @@ def report(args, seeds: list[int]) -> str:
     if ratios:
         spread = f", min {min(ratios):.2f}, max {max(ratios):.2f}"
         sd = f", sd {statistics.stdev(ratios):.2f}" if len(ratios) > 1 else ""
+        mean_q, mean_f = statistics.mean(times["quota"]), statistics.mean(times["free"])
         lines += ["", f"Mean ratio over {len(ratios)} seed(s): **{statistics.mean(ratios):.2f}**{sd}{spread}. "
-                  f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."]
+                  f"Ratio of the mean times to target (free {mean_f:.1f} s / quota {mean_q:.1f} s): "
+                  f"**{mean_f / mean_q:.2f}**. Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."]
     return "\n".join(lines) + "\n"
 
 
