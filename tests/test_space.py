@@ -19,7 +19,7 @@ from hubgrpo.cli.main import main
 from hubgrpo.errors import InvalidSubmission, Refused
 from hubgrpo.space.app import serve_space
 from hubgrpo.space.upload import decode_files
-from hubgrpo.space.view import snapshot
+from hubgrpo.space.view import SMOOTHED, TRAINING, snapshot
 from hubgrpo.store.hub import HubStore
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.loop import Worker
@@ -103,7 +103,10 @@ def test_two_workers_two_versions_through_the_space(emu, tmp_path, launch):
     snap = snapshot(coord)
     assert [r[0] for r in snap["leaderboard"]] == ["alice-box", "bob-box"]  # equal credited samples: by name
     assert snap["versions"][0][-1] == f"[{coord.shas[2][:10]}]({emu.url}/alice/e2e/commit/{coord.shas[2]})"
-    assert list(snap["workers"]["worker"]) == ["alice-box", "bob-box"] * 2 and list(snap["reward"]["version"]) == [1, 2]
+    reward = snap["reward"]
+    assert list(snap["workers"]["worker"]) == ["alice-box", "bob-box"] * 2
+    assert list(reward[reward["series"] == TRAINING]["version"]) == [1, 2]
+    assert list(reward[reward["series"] == SMOOTHED]["version"]) == [1, 2]  # a short run: drawn as it is
     assert "secret: null" in snap["config"] and "finished" in snap["summary"]
     gc = bob_client._transport._client()
     assert set(gc.view_api(print_info=False, return_format="dict")["named_endpoints"]) == {f"/{n}" for n in PUBLIC_API}
