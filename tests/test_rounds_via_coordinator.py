@@ -223,7 +223,11 @@ def test_a_coordinator_stopped_with_ctrl_c_checkpoints_its_live_versions_first(t
         assert status["version"] == 1 and status["checkpoint"]["version"] == 0  # live only
         assert runrepo.read_state(store).version == 0
         os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # its stacks are in the log (`space.api.stop` writes them at 30 s)
+            raise AssertionError("the coordinator did not stop within 60 s of Ctrl-C:\n"
+                                 + (tmp_path / "coordinator.log").read_text(errors="replace")[-12000:]) from None
     finally:
         _stop(proc)
     state = runrepo.read_state(store)

@@ -65,7 +65,7 @@ def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
 
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.cli.embedded import coordinator_secret
-    from hubgrpo.space.api import serve
+    from hubgrpo.space.api import serve, stop
     from hubgrpo.space.auth import make_auth
     from hubgrpo.space.guard import is_loopback
 
@@ -79,9 +79,7 @@ def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        app.hubgrpo_uploads.close()  # uploads queued for a batch commit are committed first
-        coord.flush(app.hubgrpo_ticker.api.lock)  # a last checkpoint: a stop loses no live version
-        app.close()
+        stop(app, coord)  # queued uploads, a last checkpoint (a stop loses no live version), then close
 
 
 def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),

@@ -50,6 +50,7 @@ def space(ctx: typer.Context,
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.cli.embedded import coordinator_secret
     from hubgrpo.space.app import serve_space
+    from hubgrpo.space.api import stop
     from hubgrpo.space.guard import check_exposure
     from hubgrpo.store import open_store
 
@@ -66,9 +67,7 @@ def space(ctx: typer.Context,
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        app.hubgrpo_uploads.close()
-        coord.flush(app.hubgrpo_ticker.api.lock)  # a last checkpoint: a stop loses no live version
-        app.close()
+        stop(app, coord)  # queued uploads, a last checkpoint (a stop loses no live version), then close
 
 
 @space_app.command("deploy")

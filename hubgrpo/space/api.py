@@ -371,3 +371,27 @@ def serve(coord: CoordinatorLike, host: str = "127.0.0.1", port: int = 0, *, tic
     attach_routes(app)
     app.hubgrpo_ticker.start()
     return app, app.local_url.rstrip("/")
+
+
+STOP_REPORT_S = 30.0  # a stop still running after this long writes every thread's stack to stderr (once)
+CLOSE_LIMIT_S = 30.0  # after the last checkpoint, closing the server and the process may take this long at most
+
+
+def stop(app: gr.Blocks, coord: CoordinatorLike) -> None:
+    """Ctrl-C to a served coordinator: commit the uploads still queued, then a last checkpoint (a stop loses no live
+    version), then close the server. The checkpoint may wait on the store (a Hub 429) for as long as it must; if it
+    takes over ``STOP_REPORT_S``, the threads' stacks go to stderr once, so a stuck stop shows where. Closing the
+    server and ending the process are bounded: past ``CLOSE_LIMIT_S`` the stacks go to stderr and the process ends
+    (exit code 1) instead of hanging the terminal or the job."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(STOP_REPORT_S)
+    try:
+        uploads = getattr(app, "hubgrpo_uploads", None)
+        if uploads is not None:
+            uploads.close()  # queued for a batch commit: committed first
+        coord.flush(app.hubgrpo_ticker.api.lock)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    faulthandler.dump_traceback_later(CLOSE_LIMIT_S, exit=True)  # stays armed through the interpreter's exit
+    app.close()
