@@ -36,7 +36,12 @@ def store_for(repo: str | Path | Store) -> Store:
 
 
 def _config(config: Config | str | Path) -> Config:
-    return config if isinstance(config, Config) else load_config(config)
+    """The config (a file is loaded), refused when its task would fail on every worker (``task.preflight``)."""
+    from hubgrpo.task.preflight import check_task
+
+    cfg = config if isinstance(config, Config) else load_config(config)
+    check_task(cfg, "the config" if isinstance(config, Config) else str(config))
+    return cfg
 
 
 def init_run(config: Config | str | Path, repo: str | Path | Store, *, force: bool = False,

@@ -18,7 +18,7 @@ MINIMAL = "base_model: builtin:tiny\nproject_name: t\n"
 
 def test_minimal_config_fills_documented_defaults():
     cfg = loads(MINIMAL)
-    assert cfg.task == "llm-grpo" and cfg.merge.method == "svd" and cfg.lora.r == 16
+    assert cfg.task == "llm-grpo" and cfg.merge.method == "ffa" and cfg.merge.rebase and cfg.lora.r == 16
     assert cfg.rewards[0].function == "builtin:exact_answer"
     for name, f in Config.model_fields.items():
         assert f.description, f"field {name} is undocumented"

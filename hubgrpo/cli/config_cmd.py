@@ -11,6 +11,17 @@ config_app = typer.Typer(help="Validate and show config files.", no_args_is_help
 SET_HELP = "Override a field, e.g. --set params.learning_rate=1e-4 (repeatable; value parsed as YAML)."
 
 
+def load_checked(file: Path, overrides: list[str]):
+    """The config in ``file`` with ``overrides``, refused (``ConfigError``) when its task would fail on every
+    worker (``hubgrpo.task.preflight``): what ``validate``, ``init``, ``run``, ``train`` and ``simulate`` load."""
+    from hubgrpo.config import load_config
+    from hubgrpo.task.preflight import check_task
+
+    cfg = load_config(file, overrides=overrides)
+    check_task(cfg, str(file))
+    return cfg
+
+
 @config_app.command("validate")
 def validate(file: Path = typer.Argument(..., help="YAML config file."),
              set_: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -19,9 +30,10 @@ def validate(file: Path = typer.Argument(..., help="YAML config file."),
     """Exit 0 when FILE is a valid config; otherwise print every problem with its key path and line. For a run
     repo on the Hub, a config `hubgrpo init` would refuse there fails too, and what init would change is printed
     as warnings."""
-    from hubgrpo.config import load_config, shown
+    from hubgrpo.config import shown
+    from hubgrpo.config.recipe import describe
 
-    cfg = load_config(file, overrides=set_)
+    cfg = load_checked(file, set_)
     what = {k: shown(cfg, k, v) for k, v in (("project_name", cfg.project_name), ("base_model", cfg.base_model),
                                               ("data.path", cfg.data.path))}
     for line in _hub_fit_lines(cfg, repo or cfg.hub.repo_id):
@@ -29,7 +41,7 @@ def validate(file: Path = typer.Argument(..., help="YAML config file."),
             line = "on the Hub, `hubgrpo init` changes " + line[len("changed "):]
         typer.echo(f"warning: {line}", err=True)
     typer.echo(f"{file}: ok (project {what['project_name']}, base model {what['base_model']}, "
-               f"data {what['data.path']})")
+               f"data {what['data.path']})\n{describe(cfg)}")
 
 
 def _hub_fit_lines(cfg, repo: str | None) -> list[str]:
@@ -46,10 +58,13 @@ def _hub_fit_lines(cfg, repo: str | None) -> list[str]:
 def show(file: Path = typer.Argument(..., help="YAML config file."),
          set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
     """Print the resolved config (defaults filled, overrides applied; secrets redacted, and every value taken from
-    the environment shown as its ${VAR} placeholder)."""
+    the environment shown as its ${VAR} placeholder), after a first line that names its recipe and where it
+    differs from the default one."""
     from hubgrpo.config import load_config, to_yaml
+    from hubgrpo.config.recipe import describe
 
-    typer.echo(to_yaml(load_config(file, overrides=set_)), nl=False)
+    cfg = load_config(file, overrides=set_)
+    typer.echo(f"# {describe(cfg)}\n{to_yaml(cfg)}", nl=False)
 
 
 @config_app.command("fields")

@@ -31,11 +31,11 @@ def init(config: Path = typer.Argument(..., help="YAML config file."),
          force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run.")) -> None:
     """Create the run repo: config, version-0 adapter (equal to the base model), state and model card. On the Hub
     the config is first fitted to the commit quota (printed: what changed and why; refused if it cannot fit)."""
-    from hubgrpo.config import load_config
+    from hubgrpo.cli.config_cmd import load_checked
     from hubgrpo.cli.embedded import ensure_repo
     from hubgrpo.cli.init_quota import fit_to_store, holds_run, hourly_quota
 
-    cfg = load_config(config, overrides=set_)
+    cfg = load_checked(config, set_)
     repo = repo or cfg.hub.repo_id or f"./runs/{cfg.project_name}"
     store = _store(repo)
     cfg, lines = fit_to_store(cfg, store)  # before anything is read or created
@@ -135,11 +135,11 @@ def run(config: Path = typer.Argument(..., help="YAML config file."),
     from hubgrpo.cli.embedded import run as run_all
     from hubgrpo.cli.numbers import require_finite
     from hubgrpo.cli.report import print_run_report
-    from hubgrpo.config import load_config
+    from hubgrpo.cli.config_cmd import load_checked
 
     require_finite({"--max-wall-s": max_wall_s}, positive=("--max-wall-s",))
     _logging(False)
-    cfg = load_config(config, overrides=set_)
+    cfg = load_checked(config, set_)
     if cfg.backend == "hf-jobs":
         from hubgrpo.cli.jobs_run import run_on_jobs
         from hubgrpo.errors import ConfigError

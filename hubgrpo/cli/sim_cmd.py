@@ -52,7 +52,7 @@ def simulate(
     Writes OUTPUT/simulation.json (versions with virtual time, samples, training and held-out reward, staleness;
     the staleness histogram; time to the target) and OUTPUT/simulation.png."""
     from hubgrpo.cli.numbers import require_finite
-    from hubgrpo.config import load_config
+    from hubgrpo.cli.config_cmd import load_checked
     from hubgrpo.errors import ConfigError
     from hubgrpo.sim.fleet import parse_speeds, parse_starts
     from hubgrpo.sim.loop import SimOptions
@@ -67,7 +67,7 @@ def simulate(
     from hubgrpo.sim.store import parse_quota
 
     quota = parse_quota(commit_quota)
-    cfg = load_config(config, overrides=[*set_, f"params.seed={seed}"])
+    cfg = load_checked(config, [*set_, f"params.seed={seed}"])
     out = output or Path("runs") / f"{cfg.project_name}-sim-{workers}w-s{seed}"
     opts = SimOptions(workers=workers, speeds=speeds, starts=starts, dropout=dropout, latency_s=latency_s, seed=seed,
                       step_s=step_s, rejoin_s=rejoin_s, until_version=until_version, until_reward=until_reward,

@@ -25,10 +25,10 @@ def train(
                                         "(0 = only the final one)."),
 ) -> None:
     """Train with plain single-process GRPO + LoRA and write an adapter, model card and metrics.json."""
-    from hubgrpo.config import load_config
+    from hubgrpo.cli.config_cmd import load_checked
     from hubgrpo.worker.train import train as run_train
 
-    cfg = load_config(config, overrides=set_)
+    cfg = load_checked(config, set_)
     outcome = run_train(cfg, steps=steps, output=output, eval_samples=eval_samples, progress=True,
                         log=lambda msg: typer.echo(msg, err=True), save_every=save_every)
     rewards = [m.reward for m in outcome.step_metrics]

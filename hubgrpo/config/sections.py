@@ -72,7 +72,8 @@ class ParamsConfig(_Section):
     scale_rewards: Literal["group", "batch", "none"] = Field("group", description="Advantage normalisation.")
     num_iterations: int = Field(1, gt=0, description="Optimisation passes per generation batch (μ).")
     mask_truncated_completions: bool = Field(False, description="Exclude truncated completions from the loss.")
-    steps_per_round: int = Field(8, gt=0, description="GRPO optimizer steps a worker runs per lease.")
+    steps_per_round: int = Field(1, gt=0, description="GRPO optimizer steps a worker runs per lease (1: a round "
+                                 "per step, so with merge.rebase every step trains on a model seconds old).")
     fleet_batch: Literal["per_worker", "split"] = Field(
         "per_worker", description="per_worker: every worker's step takes per_device_train_batch_size completions "
         "(N machines sample N × the batch of one per round of steps). split: per_device_train_batch_size is the "
@@ -87,7 +88,7 @@ class ParamsConfig(_Section):
                                  "machines started together deliver evenly spread instead of all at once.")
     versions: int = Field(10, gt=0, description="Stop the run after this many merged global versions.")
     run_lr_schedule: Literal["constant", "cosine", "wsd"] = Field(
-        "constant", description="The learning rate over the whole run: cosine falls from learning_rate to "
+        "wsd", description="The learning rate over the whole run: cosine falls from learning_rate to "
         "run_lr_final × learning_rate over the run's versions; wsd (warmup-stable-decay) rises linearly from "
         "run_lr_final × learning_rate over the first run_lr_warmup of them, stays at learning_rate, and falls "
         "(cosine) back over the last run_lr_decay. The coordinator writes the rate of a lease's base version into "
@@ -95,15 +96,27 @@ class ParamsConfig(_Section):
         "constant = learning_rate throughout.")
     run_lr_final: float = Field(0.1, gt=0, le=1, description="run_lr_schedule: the last version's learning rate as "
                                 "a fraction of learning_rate (wsd: also the first).")
-    run_lr_warmup: float = Field(0.1, ge=0, lt=1, description="run_lr_schedule wsd: the fraction of the run's "
+    run_lr_warmup: float = Field(0.0, ge=0, lt=1, description="run_lr_schedule wsd: the fraction of the run's "
                                  "versions (of train's steps) over which the rate rises.")
     run_lr_decay: float = Field(0.3, ge=0, le=1, description="run_lr_schedule wsd: the fraction of the run's "
                                 "versions (of train's steps) over which the rate falls at the end.")
-    reset_optimizer: bool = Field(True, description="Fresh AdamW moments at every round (False keeps them).")
+    reset_optimizer: bool = Field(False, description="Fresh AdamW moments at every round (False: each worker "
+                                  "keeps its moments across rounds).")
     seed: int = Field(0, description="Seed for prompts, shards and sampling.")
     device: str = Field("auto", description="auto (cuda if available), cpu, cuda, cuda:1, mps.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU.")
     num_threads: int | None = Field(None, gt=0, description="torch threads per worker; None = cores // local workers.")
+
+    @model_validator(mode="after")
+    def _batch_holds_groups(self):
+        batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
+        if batch % self.num_generations:
+            raise ValueError(f"per_device_train_batch_size × gradient_accumulation_steps ({batch}) is not a multiple "
+                             f"of num_generations ({self.num_generations}): a step must hold whole groups of "
+                             f"completions of one prompt; make the batch "
+                             f"{batch - batch % self.num_generations or self.num_generations} or "
+                             f"{batch + self.num_generations - batch % self.num_generations}")
+        return self
 
     @model_validator(mode="after")
     def _split_fits(self):
@@ -167,7 +180,7 @@ class MergeSection(_Section):
     """How the coordinator turns submissions into the next global adapter."""
 
     method: Literal["svd", "stack", "ffa", "naive"] = Field(
-        "svd", description="svd: exact mean of the updates, re-factorised to rank r; stack: FLoRA; ffa: FFA-LoRA "
+        "ffa", description="svd: exact mean of the updates, re-factorised to rank r; stack: FLoRA; ffa: FFA-LoRA "
         "(A frozen); naive: factor averaging, a baseline (docs/architecture.md, 'The merge').")
     outer_lr: float = Field(1.0, gt=0, le=OUTER_LR_MAX,
                             description="Outer learning rate applied to the mean update (DiLoCo: 0.7).")
@@ -179,7 +192,7 @@ class MergeSection(_Section):
         "1 = every merge.")
     max_staleness: int = Field(4, ge=0, description="Submissions more than this many versions old are refused.")
     staleness_per_worker: float = Field(
-        0.0, ge=0, le=64, description="Raise max_staleness to this many versions per live worker (distinct workers "
+        2.0, ge=0, le=64, description="Raise max_staleness to this many versions per live worker (distinct workers "
         "that leased or renewed a lease within lease_timeout_s), at most max_lease_age: with N machines a round is "
         "about N − 1 versions old when it arrives, so a fixed limit refuses the rounds of every machine once the "
         "fleet outgrows it. 0 = off.")
@@ -188,7 +201,7 @@ class MergeSection(_Section):
         "relative", description="relative: (1+τ)^(−decay) only weighs the submissions of one merge against each other "
         "(with quorum 1 it does nothing); absolute: it also scales the step (FedAsync: a stale round moves the "
         "global less).")
-    quorum: int = Field(2, gt=0, description="Merge as soon as this many admitted submissions are in.")
+    quorum: int = Field(1, gt=0, description="Merge as soon as this many admitted submissions are in.")
     extra_rounds: Literal["average", "add"] = Field(
         "average", description="A merge takes every admitted submission pending, so n > quorum when some arrived "
         "while the last merge ran. average: the version moves by their weighted mean (one quorum's worth); add: by "
@@ -210,9 +223,9 @@ class MergeSection(_Section):
         "balanced", description="svd: split the re-factorised update evenly between B and A (balanced), or keep A's "
         "row norms at the global's so the next round's B learns at its usual speed (keep_a).")
     rebase: bool = Field(
-        False, description="ffa only: a worker moves its round onto each newer version between steps (B += B_new − "
+        True, description="ffa only: a worker moves its round onto each newer version between steps (B += B_new − "
         "B_base, exact because A is frozen), so its later steps train on the newer model; its update and staleness "
-        "count from the version it moved onto.")
+        "count from the version it moved onto. Unset: on with ffa, off with the other methods.")
     rebase_after_generation: bool = Field(
         False, description="rebase only: also move onto a newer version between a step's generation and its "
         "backward, so the gradient is taken at the newer model (on completions sampled from the older one); a "
@@ -227,6 +240,15 @@ class MergeSection(_Section):
     eval_gate: float | None = Field(
         None, ge=0, description="When the newest held-out score (hubgrpo evaluate) is more than this margin below "
         "the best so far, the next merge starts from the best version instead; None = off.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rebase_follows_method(cls, data: Any) -> Any:
+        """An unset ``rebase`` is on with ffa and off otherwise: ``merge: {method: svd}`` alone is a valid merge."""
+        if not isinstance(data, dict) or data.get("rebase") is not None:
+            return data
+        data = {k: v for k, v in data.items() if k != "rebase"}
+        return data if data.get("method", "ffa") == "ffa" else {**data, "rebase": False}
 
     @field_validator("method")
     @classmethod

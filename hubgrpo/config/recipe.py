@@ -1,0 +1,50 @@
+"""The recipe: the settings that decide how a fleet learns together (the merge, the round schedule, the optimizer
+across rounds, the learning rate over the run). Their defaults are the recipe the benchmarks measured best
+(``benchmarks/README.md``); ``hubgrpo config show`` says whether a config keeps it and, if not, where it differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hubgrpo.config.sections import Config
+
+RECIPE_KEYS = ("merge.method", "merge.rebase", "merge.quorum", "merge.outer_lr", "merge.outer_momentum",
+               "merge.max_staleness", "merge.staleness_per_worker", "params.steps_per_round",
+               "params.reset_optimizer", "params.run_lr_schedule", "params.run_lr_warmup", "params.run_lr_decay")
+
+
+def _get(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def default_recipe() -> dict[str, Any]:
+    """key path → the default value, for every key of the recipe."""
+    cfg = Config(base_model="builtin:tiny", project_name="recipe")
+    return {key: _get(cfg, key) for key in RECIPE_KEYS}
+
+
+def differences(cfg: Config) -> dict[str, tuple[Any, Any]]:
+    """key path → (the config's value, the default) where ``cfg`` leaves the recipe."""
+    defaults = default_recipe()
+    return {key: (_get(cfg, key), defaults[key]) for key in RECIPE_KEYS if _get(cfg, key) != defaults[key]}
+
+
+def describe(cfg: Config) -> str:
+    """One line: the recipe ``cfg`` trains with (ffa + rebase, quorum 1, 1-step rounds, ...), and whether it is
+    the default."""
+    m, p = cfg.merge, cfg.params
+    words = [f"{m.method}{' + rebase' if m.rebase else ''}", f"quorum {m.quorum}",
+             f"{p.steps_per_round}-step rounds",
+             f"staleness {m.max_staleness}" + (f" (or {m.staleness_per_worker:g} per live worker)"
+                                               if m.staleness_per_worker else ""),
+             "AdamW kept across rounds" if not p.reset_optimizer else "fresh AdamW each round",
+             f"{p.run_lr_schedule} learning rate over the run"]
+    if m.outer_lr != 1 or m.outer_momentum:
+        words.append(f"outer lr {m.outer_lr:g}, momentum {m.outer_momentum:g}{' (Nesterov)' if m.nesterov else ''}")
+    diff = differences(cfg)
+    tail = ("the default, measured best" if not diff else
+            "differs from the default in " + ", ".join(f"{k} ({v!r}; default {d!r})" for k, (v, d) in diff.items()))
+    return f"recipe: {', '.join(words)} — {tail}"
