@@ -9,11 +9,8 @@ Shards are deterministic and need no dataset size: ``rows(indices)`` maps ANY no
 ``(seed, e)``. A coordinator hands out a running counter; a lease names its prompts without shipping them, and
 every pass over the data (epoch) sees the rows in a fresh order.
 
-Built-in tasks (``builtin:<task>``, knobs in ``data.options``; ``size`` rows, generated from ``options.seed``):
-
-- ``addition``: "What is 3 + 4?" — knobs ``digits`` (per term), ``terms``; ``answer`` is the integer sum.
-- ``countdown``: "Use 3, 5, 7 to make 22" — knobs ``numbers``, ``max_number``; columns ``numbers``, ``target``;
-  ``answer`` is one valid expression (score with ``builtin:countdown``).
+Built-in tasks (``builtin:<task>``, knobs in ``data.options``; ``size`` rows, generated from ``options.seed``): see
+``hubgrpo.task.procedural``.
 """
 
 from __future__ import annotations
@@ -23,52 +20,18 @@ import json
 import numbers
 import random
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from hubgrpo.config import Config, DataConfig
 from hubgrpo.errors import DataError
+from hubgrpo.task.procedural import BUILTIN_TASKS
 
-ANSWER_INSTRUCTION = "Put only the final answer inside <answer></answer>."
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 _COLUMNS = ("prompt", "answer", "system")
 _DEFAULT_MAPPING = {"prompt": "prompt", "answer": "answer"}
 
 
 # ------------------------------------------------------------------------------------------ built-in tasks
-
-
-def make_addition(size: int, seed: int, digits: int = 1, terms: int = 2) -> list[dict]:
-    """``size`` addition problems with ``terms`` terms of up to ``digits`` digits; answer = the sum."""
-    if digits < 1 or terms < 2:
-        raise DataError(f"builtin:addition needs digits >= 1 and terms >= 2 (got digits={digits}, terms={terms})")
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(size):
-        xs = [rng.randint(0, 10 ** digits - 1) for _ in range(terms)]
-        rows.append({"prompt": f"What is {' + '.join(map(str, xs))}? {ANSWER_INSTRUCTION}", "answer": str(sum(xs))})
-    return rows
-
-
-def make_countdown(size: int, seed: int, numbers: int = 3, max_number: int = 10) -> list[dict]:
-    """``size`` countdown puzzles: reach ``target`` with + - * on ``numbers`` integers (each used at most once)."""
-    if numbers < 2 or max_number < 1:
-        raise DataError(f"builtin:countdown needs numbers >= 2 and max_number >= 1 (got {numbers}, {max_number})")
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(size):
-        xs = [rng.randint(1, max_number) for _ in range(numbers)]
-        expr, target = str(xs[0]), xs[0]
-        for j, x in enumerate(xs[1:], 1):
-            op = rng.choice("+-*")
-            target = target + x if op == "+" else target - x if op == "-" else target * x
-            expr = f"{expr} {op} {x}" if j == 1 else f"({expr}) {op} {x}"
-        prompt = (f"Using the numbers {', '.join(map(str, xs))} (each at most once) and + - *, make {target}. "
-                  "Put only the expression inside <answer></answer>.")
-        rows.append({"prompt": prompt, "answer": expr, "numbers": xs, "target": target})
-    return rows
-
-
-BUILTIN_TASKS: dict[str, Callable[..., list[dict]]] = {"addition": make_addition, "countdown": make_countdown}
 
 
 def _builtin_rows(path: str, options: dict[str, Any], eval_set: bool) -> list[dict]:

@@ -13,7 +13,7 @@ import inspect
 
 from hubgrpo.config import Config
 from hubgrpo.errors import ConfigError, DataError
-from hubgrpo.task.data import BUILTIN_TASKS
+from hubgrpo.task.procedural import BUILTIN_TASKS
 from hubgrpo.task.rewards import BUILTIN_REWARDS
 
 # transformers.SchedulerType's values (tests/test_preflight.py keeps this list equal to the installed enum)
