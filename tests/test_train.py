@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +36,8 @@ def test_train_cli_writes_a_loadable_adapter(tiny_cache, tmp_path, capsys):
     assert [m["step"] for m in metrics["step_metrics"]] == [1, 2, 3, 4]
     assert metrics["samples"] == 4 * 16 and metrics["eval"]["before"] is not None
     assert all(StepMetrics.model_validate(m) for m in metrics["step_metrics"])
+    ended = metrics["step_ended_at"]  # the wall clock at each step's end: the process-start clock of benchmarks
+    assert len(ended) == 4 and ended == sorted(ended) and time.time() - 600 < ended[0] <= time.time()
 
     from hubgrpo.worker.models import load_model
 

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -38,6 +38,7 @@ class TrainOutcome:
     eval_before: float | None
     eval_after: float | None
     timings: dict[str, float]
+    step_ended_at: list[float] = field(default_factory=list)  # wall clock (Unix time) at the end of each step
 
 
 def prompts_per_step(cfg: Config) -> int:
@@ -132,7 +133,10 @@ def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = 
     before = engine.evaluate(n=eval_samples) if eval_samples else None
     rows = engine.prompt_rows(range(steps * prompts_per_step(cfg)))
     with progress_bar(steps, enabled=progress) as show:
+        ended: list[float] = []
+
         def on_step(step: int, metrics: dict) -> None:
+            ended.append(time.time())
             show(step, metrics)
             if save_every and step % save_every == 0:
                 engine.save_adapter(checkpoint_path(out, step))
@@ -142,7 +146,7 @@ def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = 
     after = engine.evaluate(n=eval_samples) if eval_samples else None
     engine.save_adapter(out)
     timings = {"setup": engine.setup_seconds, **result.timings, "total": time.perf_counter() - t0}
-    outcome = TrainOutcome(out, result.step_metrics, before, after, timings)
+    outcome = TrainOutcome(out, result.step_metrics, before, after, timings, ended)
     _write_outputs(cfg, outcome, result.samples, result.tokens, engine.device_name)
     return outcome
 
@@ -152,7 +156,8 @@ def _write_outputs(cfg: Config, o: TrainOutcome, samples: int, tokens: int, devi
                "samples": samples, "tokens": tokens, "device": device,
                "eval": {"samples": None if o.eval_before is None else "greedy, held-out",
                         "before": o.eval_before, "after": o.eval_after},
-               "timings": o.timings, "step_metrics": [m.model_dump() for m in o.step_metrics]}
+               "timings": o.timings, "step_metrics": [m.model_dump() for m in o.step_metrics],
+               "step_ended_at": o.step_ended_at}
     (o.output / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
     (o.output / CONFIG_FILE).write_text(to_yaml(cfg, drop_secrets=True))
     rows = reward_windows(o.step_metrics)
