@@ -235,6 +235,20 @@ def quota_words(args, rows: list[dict]) -> str:
             f"hour per seed: {peaks}")
 
 
+def mean_lines(rows: list[dict]) -> list[str]:
+    """Mean ± sd (min–max) over every run of the report, for each speed-up."""
+    out = []
+    for key, words in (("speedup_train_reward", "to the training target, from the first lease / first step"),
+                       ("speedup_process", "to the training target, from process start"),
+                       ("speedup_eval", "to train's final held-out score")):
+        xs = [r[key] for r in rows if r.get(key)]
+        if xs:
+            sd = f" ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else ""
+            out.append(f"- speed-up {words}: **{statistics.mean(xs):.2f}×**{sd} (min {min(xs):.2f}, max "
+                       f"{max(xs):.2f}; {len(xs)} of {len(rows)} runs reached it)")
+    return ["", *out] if out else []
+
+
 def to_markdown(args, rows: list[dict], meta: dict) -> str:
     lines = [f"# Real speed-up on this machine: train (1 core) vs run --workers 2 ({meta['date']})", "",
              f"Config `{args.config}`{' with ' + ', '.join(args.set) if args.set else ''}"
@@ -248,13 +262,14 @@ def to_markdown(args, rows: list[dict], meta: dict) -> str:
              "| run s to it (version) | train s to it (first checkpoint at it, else its end) | speed-up held-out | run final held-out | τ histogram |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['seed']} | {fmt(r['train_s_to_target'])} ({r['train_step_at_target']}) | "
+        lines.append(f"| {r['seed']}{'.' + str(r['repeat']) if r.get('repeat') else ''} | {fmt(r['train_s_to_target'])} ({r['train_step_at_target']}) | "
                      f"{fmt(r['run_s_to_target'])} ({r['run_version_at_target']}) | {fmt(r['speedup_train_reward'], '.2f')}× | "
                      f"{fmt(r.get('train_process_s_to_target'))} / {fmt(r['run_process_s_to_target'])} / "
                      f"{fmt(r.get('speedup_process'), '.2f')}× | "
                      f"{fmt(r['eval_target'], '.3f')} | {fmt(r['run_s_to_eval_target'])} ({r['run_version_at_eval_target']}) | "
                      f"{fmt(r['train_s_to_eval_target'])} | {fmt(r['speedup_eval'], '.2f')}× | {fmt(r['run_final_eval'], '.3f')} | "
                      f"{r['staleness_histogram']} |")
+    lines += mean_lines(rows)
     lines += ["", "Clocks: train from its first step (model load excluded), run from its first lease (the workers' "
               "model load excluded); and both from the moment the command was started (imports, model loads, the "
               "coordinator's start: what a user waits for). Start-ups and train's setup are in the JSON."]
@@ -270,6 +285,8 @@ def main() -> None:
                     help="score train's adapter every K steps too, so that its time to its final held-out score "
                          "is measured, not taken as its whole run (0: only the final adapter)")
     ap.add_argument("--versions", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per seed (one train per seed): asynchronous runs "
+                    "of one seed differ in the order their rounds arrive")
     ap.add_argument("--target", type=float, default=0.9)
     ap.add_argument("--eval", type=int, default=16)
     ap.add_argument("--eval-sampled", type=int, default=0, help="0: greedy; k: mean of k sampled passes")
@@ -291,11 +308,14 @@ def main() -> None:
         try:
             for seed in [int(s) for s in args.seeds.split(",")]:
                 train = earlier[seed] if seed in earlier else run_train(args, Path(tmp), seed)
-                run = run_workers(args, Path(tmp), seed, hub)
-                evaluate_all(args, train, run, Path(tmp))
-                rows.append({**summarise(args, train, run), **{k: run[k] for k in run if k.startswith("hub_")}})
-                raw.append({"train": train, "run": {k: v for k, v in run.items() if k not in ("shas", "store")}})
-                print(json.dumps(rows[-1]), flush=True)
+                for repeat in range(args.repeats):
+                    (Path(tmp) / f"r{repeat}").mkdir(exist_ok=True)
+                    run = run_workers(args, Path(tmp) / f"r{repeat}", seed, hub)
+                    evaluate_all(args, train, run, Path(tmp))
+                    rows.append({**summarise(args, train, run), "repeat": repeat,
+                                 **{k: run[k] for k in run if k.startswith("hub_")}})
+                    raw.append({"train": train, "run": {k: v for k, v in run.items() if k not in ("shas", "store")}})
+                    print(json.dumps(rows[-1]), flush=True)
         finally:
             if hub is not None:
                 hub.close()
