@@ -86,9 +86,10 @@ def init_run(repo: Path, tmp: Path, args, submissions: str | None) -> None:
     box = f"hub: {{submissions: {submissions}}}\n" if submissions else ""
     cfg = loads("base_model: builtin:tiny\nproject_name: load\n"
                 "params: {steps_per_round: 2, per_device_train_batch_size: 4, num_generations: 2, versions: 100000,"
-                " learning_rate: 0.1}\n"
+                " learning_rate: 0.1, run_lr_schedule: constant, reset_optimizer: true}\n"
                 f"lora: {{r: {RANK}, alpha: {2 * RANK}, target_modules: [q_proj, v_proj]}}\n"
-                f"merge: {{method: ffa, quorum: {args.quorum}, max_staleness: 8, max_norm_factor: null}}\n"
+                f"merge: {{method: ffa, quorum: {args.quorum}, max_staleness: 8, max_norm_factor: null,"
+                " rebase: false, staleness_per_worker: 0}\n"
                 f"coordinator: {{commit_budget_per_hour: {args.budget}, lease_timeout_s: {3 * args.round_s},"
                 f" heartbeat_interval_s: {args.beat_s}, round_timeout_s: {args.round_s},"
                 f" max_leases_per_user: 100000, lease_waits_for_merge_s: 0}}\n" + box)

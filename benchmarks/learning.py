@@ -72,8 +72,8 @@ VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
     "naive-4w": (4, ["merge.method=naive"]),
     "stale0-4w": (4, ["merge.max_staleness=0"]),
     "quorum4-4w": (4, ["merge.quorum=4"]),
-    "ffa-1w": (1, ["merge.method=ffa"]),
-    "ffa-4w": (4, ["merge.method=ffa"]),
+    "ffa-1w": (1, ["merge.method=ffa", "merge.rebase=false"]),
+    "ffa-4w": (4, ["merge.method=ffa", "merge.rebase=false"]),
     "ffa-rebase-4w": (4, ["merge.method=ffa", "merge.rebase=true"]),  # rounds move onto newer versions mid-round
     # the demo's merge with each worker keeping its AdamW moments across rounds, rounds of 4 / 2 / 1 steps
     "keep-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false"]),

@@ -77,7 +77,7 @@ RULES = {
     "stale_2n": lambda n: [f"merge.max_staleness={2 * n}"],  # no round refused as stale at quorum 1
     "dn_balance": lambda n: [f"merge.momentum_every={n}", "params.balance_rounds=true"],
     # FFA-LoRA (A frozen), and FFA with mid-round rebase: a round moves onto each newer version between steps
-    "ffa": lambda n: ["merge.method=ffa"],
+    "ffa": lambda n: ["merge.method=ffa", "merge.rebase=false"],
     "ffa_rebase": lambda n: ["merge.method=ffa", "merge.rebase=true"],
     # ... without the outer momentum (outer lr 1: every round applied as it is), with and without rebase
     "ffa_plain": lambda n: ["merge.method=ffa", "merge.rebase=false", *PLAIN],

@@ -246,6 +246,8 @@ def mean_lines(rows: list[dict]) -> list[str]:
             sd = f" ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else ""
             out.append(f"- speed-up {words}: **{statistics.mean(xs):.2f}×**{sd} (min {min(xs):.2f}, max "
                        f"{max(xs):.2f}; {len(xs)} of {len(rows)} runs reached it)")
+    if out and len({r["seed"] for r in rows}) < len(rows):
+        out.append("- the repeats of one seed share its one `hubgrpo train` run (the runs differ, the reference not)")
     return ["", *out] if out else []
 
 
@@ -262,7 +264,7 @@ def to_markdown(args, rows: list[dict], meta: dict) -> str:
              "| run s to it (version) | train s to it (first checkpoint at it, else its end) | speed-up held-out | run final held-out | τ histogram |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['seed']}{'.' + str(r['repeat']) if r.get('repeat') else ''} | {fmt(r['train_s_to_target'])} ({r['train_step_at_target']}) | "
+        lines.append(f"| {r['seed']}{' r' + str(r['repeat']) if r.get('repeat') else ''} | {fmt(r['train_s_to_target'])} ({r['train_step_at_target']}) | "
                      f"{fmt(r['run_s_to_target'])} ({r['run_version_at_target']}) | {fmt(r['speedup_train_reward'], '.2f')}× | "
                      f"{fmt(r.get('train_process_s_to_target'))} / {fmt(r['run_process_s_to_target'])} / "
                      f"{fmt(r.get('speedup_process'), '.2f')}× | "

@@ -130,7 +130,8 @@ def test_run_lr_schedule_is_transformers_cosine_over_the_versions():
 
     assert all(p.run_lr(v) == pytest.approx(0.2 * hf(v, num_warmup_steps=0, num_training_steps=10, num_cycles=0.5,
                                                      min_lr_rate=0.1)) for v in range(11))
-    assert loads(MINIMAL + "params: {learning_rate: 0.2}").params.run_lr(7) == 0.2  # constant
+    constant = loads(MINIMAL + "params: {learning_rate: 0.2, run_lr_schedule: constant}").params
+    assert [constant.run_lr(v) for v in (0, 7, 10)] == [0.2, 0.2, 0.2]
     with pytest.raises(ConfigError, match="run_lr_final"):
         loads(MINIMAL + "params: {run_lr_schedule: cosine, run_lr_final: 1.5}")
 

@@ -158,7 +158,8 @@ def test_staleness_limit_bounds():
     m = MergeSection(max_staleness=4, staleness_per_worker=2, max_lease_age=32)
     assert [m.staleness_limit(n) for n in (0, 1, 2, 4, 8, 100)] == [4, 4, 4, 8, 16, 32]
     assert m.lease_age_limit() == 32  # what the pruning of never-submitted folders may assume
-    assert MergeSection(max_staleness=4).staleness_limit(100) == 4  # off by default
+    assert MergeSection(max_staleness=4, staleness_per_worker=0).staleness_limit(100) == 4  # 0: off
+    assert MergeSection(max_staleness=4).staleness_limit(100) == 32  # the default follows the fleet, to max_lease_age
     with pytest.raises(ValueError):
         MergeSection(staleness_per_worker=float("nan"))
 

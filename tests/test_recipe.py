@@ -54,6 +54,8 @@ def test_another_method_alone_turns_rebase_off_and_an_explicit_rebase_with_svd_i
 def test_a_batch_without_whole_groups_is_refused_with_the_sizes_that_fit():
     with pytest.raises(ConfigError, match=r"\(7\) is not a multiple of num_generations \(4\).*make the batch 4 or 8"):
         loads(MINIMAL + "params: {per_device_train_batch_size: 7, num_generations: 4}\n")
+    with pytest.raises(ConfigError, match=r"make the batch 4(?! or)"):
+        loads(MINIMAL + "params: {per_device_train_batch_size: 2, num_generations: 4}\n")
     cfg = loads(MINIMAL + "params: {per_device_train_batch_size: 6, num_generations: 4, gradient_accumulation_steps: 2}\n")
     assert cfg.params.per_device_train_batch_size == 6
 
@@ -80,6 +82,9 @@ BAD = {
     "option": ('data: {path: "builtin:addition", options: {digts: 2}}\n', "has no option 'digts'"),
     "value": ('data: {path: "builtin:addition", options: {digits: 0}}\n', "needs digits >= 1"),
     "scheduler": ("params: {lr_scheduler_type: cosin}\n", "'cosin' is not a transformers scheduler"),
+    "size": ('data: {path: "builtin:addition", options: {size: lots}}\n', "size must be whole numbers >= 0"),
+    "warmup": ("params: {lr_scheduler_type: linear, warmup_steps: 3}\n",
+               "params.warmup_steps (3) >= params.steps_per_round (1)"),
 }
 
 

@@ -111,11 +111,11 @@ class ParamsConfig(_Section):
     def _batch_holds_groups(self):
         batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
         if batch % self.num_generations:
+            fits = sorted({batch - batch % self.num_generations or self.num_generations,
+                           batch + self.num_generations - batch % self.num_generations})
             raise ValueError(f"per_device_train_batch_size × gradient_accumulation_steps ({batch}) is not a multiple "
                              f"of num_generations ({self.num_generations}): a step must hold whole groups of "
-                             f"completions of one prompt; make the batch "
-                             f"{batch - batch % self.num_generations or self.num_generations} or "
-                             f"{batch + self.num_generations - batch % self.num_generations}")
+                             f"completions of one prompt; make the batch {' or '.join(map(str, fits))}")
         return self
 
     @model_validator(mode="after")
@@ -190,7 +190,8 @@ class MergeSection(_Section):
         1, ge=1, le=1024, description="Delayed Nesterov (Liu et al. 2024): the outer momentum is updated every k-th "
         "merge, with the mean of the k outer gradients; the merges in between step by their own gradient only. "
         "1 = every merge.")
-    max_staleness: int = Field(4, ge=0, description="Submissions more than this many versions old are refused.")
+    max_staleness: int = Field(4, ge=0, description="Submissions more than this many versions old are refused "
+                               "(raised with the fleet by staleness_per_worker, unless that is 0).")
     staleness_per_worker: float = Field(
         2.0, ge=0, le=64, description="Raise max_staleness to this many versions per live worker (distinct workers "
         "that leased or renewed a lease within lease_timeout_s), at most max_lease_age: with N machines a round is "

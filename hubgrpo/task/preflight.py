@@ -16,7 +16,7 @@ from hubgrpo.errors import ConfigError, DataError
 from hubgrpo.task.procedural import BUILTIN_TASKS
 from hubgrpo.task.rewards import BUILTIN_REWARDS
 
-# transformers.SchedulerType's values (tests/test_preflight.py keeps this list equal to the installed enum)
+# transformers.SchedulerType's values (tests/test_recipe.py keeps this list equal to the installed enum)
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
               "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr",
               "warmup_stable_decay", "greedy")
@@ -45,7 +45,11 @@ def data_problem(path: str, options: dict) -> str | None:
     if task not in BUILTIN_TASKS:
         return f"unknown built-in task {path!r}: use one of {', '.join('builtin:' + t for t in BUILTIN_TASKS)}"
     make = BUILTIN_TASKS[task]
-    opts = {k: v for k, v in options.items() if k not in ("size", "seed", "eval_size")}
+    counts = {k: v for k, v in options.items() if k in ("size", "seed", "eval_size")}
+    bad = [k for k, v in counts.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad:
+        return f"{path}: data.options {', '.join(bad)} must be whole numbers >= 0 (got {counts})"
+    opts = {k: v for k, v in options.items() if k not in counts}
     knobs = [p for p in inspect.signature(make).parameters if p not in ("size", "seed")]
     unknown = sorted(set(opts) - set(knobs))
     if unknown:
@@ -64,9 +68,15 @@ def problems(cfg: Config) -> list[str]:
            if (p := reward_problem(rc.function))]
     if p := data_problem(cfg.data.path, cfg.data.options):
         out.append(f"data: {p}")
-    if cfg.params.lr_scheduler_type not in SCHEDULERS:
-        out.append(f"params.lr_scheduler_type: {cfg.params.lr_scheduler_type!r} is not a transformers scheduler: "
+    p = cfg.params
+    if p.lr_scheduler_type not in SCHEDULERS:
+        out.append(f"params.lr_scheduler_type: {p.lr_scheduler_type!r} is not a transformers scheduler: "
                    f"use one of {', '.join(SCHEDULERS)}")
+    elif p.warmup_steps >= p.steps_per_round and p.lr_scheduler_type != "constant":
+        out.append(f"params.warmup_steps ({p.warmup_steps}) >= params.steps_per_round ({p.steps_per_round}): the "
+                   f"{p.lr_scheduler_type} schedule starts again every round, so its steps would all train at a "
+                   "warm-up rate; for a warm-up over the whole run use params.run_lr_schedule: wsd with "
+                   "params.run_lr_warmup, and warmup_steps: 0")
     return out
 
 

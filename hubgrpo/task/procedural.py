@@ -5,7 +5,7 @@ data download and every machine makes the same rows. Knobs come from ``data.opti
 - ``addition``: "What is 3 + 4?" — ``digits`` (per term), ``terms``.
 - ``arithmetic``: "What is 7 * 3 - 4 + 2?" — mixed ``ops`` (any of ``+-*``) over ``terms`` numbers of up to
   ``digits`` digits, evaluated with the usual precedence (``*`` before ``+ -``).
-- ``word_problems``: "Mia has 12 apples. She buys 3 bags with 4 apples in each. ..." — ``steps`` operations
+- ``word_problems``: "Mia has 12 apples. Then Mia buys 3 bags with 4 apples in each. ..." — ``steps`` operations
   (gain, loss, groups of equal size, sharing equally) on a starting amount of up to ``max_number``; every
   intermediate amount is a whole number ≥ 0.
 - ``countdown``: "Use 3, 5, 7 to make 22" — ``numbers``, ``max_number``; columns ``numbers``, ``target``; ``answer``
@@ -21,8 +21,8 @@ from hubgrpo.errors import DataError
 
 ANSWER_INSTRUCTION = "Put only the final answer inside <answer></answer>."
 NAMES = ("Mia", "Leo", "Ava", "Noah", "Zoe", "Omar", "Lena", "Ravi", "Ines", "Kofi", "Yuki", "Sam")
-ITEMS = (("apple", "bag"), ("marble", "box"), ("sticker", "sheet"), ("cookie", "jar"), ("pencil", "pack"),
-         ("shell", "bucket"), ("card", "deck"), ("egg", "carton"))
+ITEMS = (("apple", "bag"), ("marble", "jar"), ("sticker", "sheet"), ("cookie", "tin"), ("pencil", "pack"),
+         ("shell", "bucket"), ("card", "deck"), ("egg", "carton"))  # plurals: + "s"
 
 
 def make_addition(size: int, seed: int, digits: int = 1, terms: int = 2) -> list[dict]:

@@ -38,7 +38,8 @@ class TrainOutcome:
     eval_before: float | None
     eval_after: float | None
     timings: dict[str, float]
-    step_ended_at: list[float] = field(default_factory=list)  # wall clock (Unix time) at the end of each step
+    # wall clock (Unix time) at the end of each step, less the time spent writing --save-every checkpoints before it
+    step_ended_at: list[float] = field(default_factory=list)
 
 
 def prompts_per_step(cfg: Config) -> int:
@@ -133,13 +134,15 @@ def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = 
     before = engine.evaluate(n=eval_samples) if eval_samples else None
     rows = engine.prompt_rows(range(steps * prompts_per_step(cfg)))
     with progress_bar(steps, enabled=progress) as show:
-        ended: list[float] = []
+        ended, saving = [], [0.0]  # saving: seconds spent writing --save-every checkpoints so far
 
         def on_step(step: int, metrics: dict) -> None:
-            ended.append(time.time())
+            ended.append(time.time() - saving[0])
             show(step, metrics)
             if save_every and step % save_every == 0:
+                t = time.perf_counter()
                 engine.save_adapter(checkpoint_path(out, step))
+                saving[0] += time.perf_counter() - t
 
         result = engine.train_steps(rows, steps, seed=cfg.params.seed, on_step=on_step,
                                     params=run_params(engine, steps))
