@@ -2,14 +2,15 @@
 its held-out reward (sampled, ``--eval`` prompts) every ``--save-every`` steps.
 
     .venv/bin/python benchmarks/task_headroom.py [--candidates arithmetic,word2,addition3,countdown3]
-        [--steps 200] [--save-every 25] [--eval 64] [--threads 2] [--seed 0] [--name task-headroom]
+        [--steps 200] [--save-every 25] [--eval 64] [--threads 2] [--jobs 1] [--seed 0] [--name task-headroom]
 
 Each candidate is ``configs/demo.yaml`` with the data, rewards and completion length named in ``CANDIDATES``,
 trained by the real CLI (``hubgrpo train … --save-every K``); afterwards every checkpoint (and the untrained
 adapter, step 0) is scored in this process on the same held-out prompts, sampled at the config's temperature
 (``RoundEngine.evaluate(greedy=False)``). Headroom (issue: a task that keeps learning): the step-0 score below
 30 % of the maximum reward (the sum of the reward weights), the step-100 score below 80 % of it, and the score at
-the last step above the step-100 one. Writes benchmarks/results/<name>.{md,json} with the commit measured.
+the last step above the step-100 one. ``--jobs N`` trains N candidates at once (each with ``--threads``):
+the curves count steps, so they do not depend on it; the s/step column does. Writes benchmarks/results/<name>.{md,json} with the commit measured.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +100,13 @@ def to_markdown(args, rows: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write(args, rows: dict, meta: dict) -> None:
+    meta["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"args": vars(args), "meta": meta, "rows": rows}, indent=1))
+    (RESULTS / f"{args.name}.md").write_text(to_markdown(args, rows, meta))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/demo.yaml")
@@ -107,26 +116,26 @@ def main() -> None:
     ap.add_argument("--mid", type=int, default=100, help="the step whose score must stay below 80 %%")
     ap.add_argument("--eval", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=1, help="candidates trained at the same time")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="task-headroom")
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     rows = {}
-    meta = {"commit": commit, "machine": f"{platform.machine()}, Python {platform.python_version()}"}
+    meta = {"commit": commit, "machine": f"{platform.machine()}, Python {platform.python_version()}",
+            "jobs": args.jobs}
+    names = args.candidates.split(",")
     with tempfile.TemporaryDirectory(prefix="hubgrpo-headroom-") as tmp:
-        for name in args.candidates.split(","):
-            out = Path(tmp) / name
-            row = train(args, name, out)
-            row["curve"], top = score(args, name, out)
-            row["verdict"] = verdict(row["curve"], top, args.mid)
-            rows[name] = row
-            print(json.dumps({"task": name, "curve": row["curve"], **row["verdict"]}), flush=True)
-            meta["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            (RESULTS / f"{args.name}.json").write_text(json.dumps({"args": vars(args), "meta": meta, "rows": rows},
-                                                                  indent=1))
-            (RESULTS / f"{args.name}.md").write_text(to_markdown(args, rows, meta))
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            trained = {name: pool.submit(train, args, name, Path(tmp) / name) for name in names}
+            for name in names:  # scored in order, each as soon as it is trained
+                row = trained[name].result()
+                row["curve"], top = score(args, name, Path(tmp) / name)
+                row["verdict"] = verdict(row["curve"], top, args.mid)
+                rows[name] = row
+                print(json.dumps({"task": name, "curve": row["curve"], **row["verdict"]}), flush=True)
+                write(args, rows, meta)
     print(to_markdown(args, rows, meta))
 
 
