@@ -16,7 +16,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "hubgrpo"
 CORE = {"hubgrpo", "hubgrpo.config", "hubgrpo.config.sections", "hubgrpo.config.loading", "hubgrpo.config.quota",
         "hubgrpo.config.recipe", "hubgrpo.config.reference",
-        "hubgrpo.errors", "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card", "hubgrpo.tracking"}
+        "hubgrpo.errors", "hubgrpo.error_codes", "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card", "hubgrpo.tracking"}
 BELOW = {"core", "store", "task", "merge"}
 ALLOWED = {
     "core": {"core", "store"},

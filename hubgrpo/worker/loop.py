@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
+from hubgrpo.error_codes import stop_codes
 from hubgrpo.errors import (CoordinatorError, InvalidSubmission, LeaseError, RateLimited, Refused, StoreError,
                             StoreUnavailable, wait_seconds, wire_text)
 from hubgrpo.layout import Lease
@@ -28,7 +29,7 @@ from hubgrpo.worker.lease_bounds import check_lease_bounds
 log = logging.getLogger("hubgrpo.worker")
 # coordinator answers a worker cannot wait out; the last three: an answer it must never act on (a lease naming
 # paths or revisions that are not names and commit ids, a redirect, an oversized answer: hubgrpo.worker.client)
-STOP_CODES = ("auth", "config", "orphaned", "version", "bad_lease", "redirect", "too_large")
+STOP_CODES = stop_codes()  # hubgrpo/error_codes.py: the answers after which a worker stops
 MIN_REFUSAL_WAIT_S = 0.1  # a refusal asking for no wait (or a negative one) does not make the worker spin
 
 
