@@ -76,7 +76,7 @@ def to_markdown(name: str, files: list[str], mode: str, rows: list[dict]) -> str
 
 
 def headline(mode: str, rows: list[dict]) -> str:
-    return f"{mode} mode, pooled: " + ", ".join(
+    return f"{'tiny' if mode == 'quick' else 'SmolLM2'}, pooled: " + ", ".join(
         f"{r['name']} {100 * r['ratio']:.0f} %" + (f" ± {100 * r['ratio_se']:.0f}" if r["ratio_se"] else "")
         + f" ({len(r['seeds'])} seeds)" for r in rows if r["name"] != "baseline" and r["ratio"] is not None) \
         + " of one process's gain at equal samples"

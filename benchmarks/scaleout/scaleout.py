@@ -354,6 +354,9 @@ def headline(report: dict) -> str:
         if rows:
             parts.append(f"{fleet} " + ", ".join(f"N = {r['workers']} " + (
                 f"{r['speedup_mean']:.2f}×" if r["speedup_mean"] else "not reached") for r in rows))
+    if not parts:  # an N = 1 reference alone
+        return f"{report['args']['mode']}, N = 1 reference: " + ", ".join(
+            f"seed {s['seed']} reached its target {s['target']:.3f} at {s['t1']:.0f} virtual s" for s in report["seeds"])
     return (f"{report['args']['mode']}, {len(report['seeds'])} seed(s), speed-up to target: "
             + "; ".join(parts))
 

@@ -283,7 +283,8 @@ def headline(args, rows: list[dict]) -> str:
         return f"N = 2 did not reach a training reward of {args.target} in {args.versions} versions"
     sd = f" ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else ""
     return (f"N = 2 reaches a training reward of {args.target} {statistics.mean(xs):.2f}×{sd} sooner than one "
-            f"process ({len(xs)} of {len(rows)} runs; run repo: {'Hub quota' if args.hub_quota else 'local folder'})")
+            f"process ({len(xs)} of {len(rows)} runs; run repo: "
+            f"{'Hub quota' if getattr(args, 'hub_quota', None) else 'local folder'})")
 
 
 def main() -> None:
