@@ -80,11 +80,12 @@ def simulate(out: Path, config: str, workers: int, seed: int, args: list[str], q
 
 
 def git_commit() -> str:
-    """The commit measured: ``git rev-parse --short HEAD``, with ``+dirty`` when tracked files have changes."""
+    """The commit measured: ``git rev-parse --short HEAD``, with ``+dirty`` when tracked files other than results
+    have changes."""
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no")
-                                                  else "")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/*/results/*")
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
 
 
 def machine() -> dict:
