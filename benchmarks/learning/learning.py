@@ -311,7 +311,8 @@ def to_markdown(r: dict) -> str:
 
 def headline(report: dict) -> str:
     """The fleet's gain as a share of the baseline's, per variant."""
-    rows = [x for x in report["summary"] if x["name"] != "baseline" and x.get("gain_ratio") is not None]
+    rows = [x for x in report["summary"] if not x["name"].startswith(("baseline", "single", "sync"))
+            and x.get("gain_ratio") is not None]
     model = "tiny" if report["mode"] == "quick" else "SmolLM2"
     return (f"{model}, {len(report['seeds'])} seed(s): " + ", ".join(
         f"{x['name']} {100 * x['gain_ratio']:.0f} %" for x in rows) + " of one process's gain at equal samples")

@@ -76,10 +76,11 @@ def to_markdown(name: str, files: list[str], mode: str, rows: list[dict]) -> str
 
 
 def headline(mode: str, rows: list[dict]) -> str:
+    """Each fleet variant's gain as a share of the baseline's (the single-process references left out)."""
+    fleet = [r for r in rows if not r["name"].startswith(("baseline", "single", "sync")) and r["ratio"] is not None]
     return f"{'tiny' if mode == 'quick' else 'SmolLM2'}, pooled: " + ", ".join(
         f"{r['name']} {100 * r['ratio']:.0f} %" + (f" ± {100 * r['ratio_se']:.0f}" if r["ratio_se"] else "")
-        + f" ({len(r['seeds'])} seeds)" for r in rows if r["name"] != "baseline" and r["ratio"] is not None) \
-        + " of one process's gain at equal samples"
+        + f" ({len(r['seeds'])} seeds)" for r in fleet) + " of one process's gain at equal samples"
 
 
 def main() -> None:

@@ -108,11 +108,14 @@ def summary_markdown(table: list[dict]) -> list[str]:
 
 
 def headline(table: list[dict]) -> str:
-    """Mean speed-up per (fleet, N > 1) over seeds."""
-    parts = [f"{t['fleet']} N = {t['workers']} " + (f"{statistics.mean(t['speedup']):.2f}×" if t["speedup"] else "–")
-             for t in table if t["workers"] > 1]
+    """Mean speed-up per N over seeds, one fleet after the other."""
     seeds = max((len(t["seeds"]) for t in table), default=0)
-    return f"speed-up to target over up to {seeds} seed(s): " + ", ".join(parts)
+    parts = []
+    for fleet in sorted({t["fleet"] for t in table if t["workers"] > 1}, key=lambda f: f != "hetero"):
+        parts.append(f"{fleet} " + ", ".join(
+            f"N = {t['workers']} " + (f"{statistics.mean(t['speedup']):.2f}×" if t["speedup"] else "–")
+            for t in table if t["fleet"] == fleet and t["workers"] > 1))
+    return f"speed-up to target, mean of up to {seeds} seed(s): " + "; ".join(parts)
 
 
 def main() -> None:

@@ -357,8 +357,10 @@ def headline(report: dict) -> str:
     if not parts:  # an N = 1 reference alone
         return f"{report['args']['mode']}, N = 1 reference: " + ", ".join(
             f"seed {s['seed']} reached its target {s['target']:.3f} at {s['t1']:.0f} virtual s" for s in report["seeds"])
-    return (f"{report['args']['mode']}, {len(report['seeds'])} seed(s), speed-up to target: "
-            + "; ".join(parts))
+    ratios = [f"{r['ratio_mean']:.2f} at N = {r['workers']}" for r in report.get("quota_ratios") or []
+              if r["ratio_mean"] is not None]
+    return (f"{report['args']['mode']}, {len(report['seeds'])} seed(s), speed-up to target: " + "; ".join(parts)
+            + (f"; under the quota as a fraction of free commits: {', '.join(ratios)}" if ratios else ""))
 
 
 def main() -> None:
