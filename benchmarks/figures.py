@@ -1,0 +1,81 @@
+"""The "Current figures" table at the top of benchmarks/README.md: each question's headline, from its current results.
+
+    python benchmarks/figures.py           # rewrite the table between the README's markers
+    python benchmarks/figures.py --check   # exit 1 when the table is not the one the results give
+
+A question is a folder of ``benchmarks/``; ``QUESTIONS`` names the result(s) that answer it today. The headline,
+date and commit come from each result's JSON (``"headline"`` and ``"meta"``, written by ``common.write``). A new
+result becomes current when its name replaces the old one here (or when it is written under the same name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+README = HERE / "README.md"
+START, END = "<!-- figures:start (python benchmarks/figures.py) -->", "<!-- figures:end -->"
+QUESTIONS = [  # folder, the question, the current result(s) that answer it
+    ("speedup", "How much sooner do 2 real machines reach a training target than one process?",
+     ["speedup-real-quota"]),
+    ("scaleout", "How does the speed-up grow with N machines (simulated)?",
+     ["scaleout-smollm2-shipped", "scaleout-smollm2-quota"]),
+    ("simulator", "Does the simulator reproduce the real 2-machine runs?", ["scaleout-validate-replay6-validate"]),
+    ("learning", "Does a fleet learn as much per sample as one process?",
+     ["learning-full-b4-pooled", "learning-b4-tiny-pooled"]),
+    ("merge", "How long does a merge keep the next version waiting?", ["merge_latency-sweep"]),
+    ("load", "How many workers does one coordinator serve?", ["coordinator_load-hub", "coordinator_load"]),
+    ("round", "What does coordination cost a round?", ["overhead-demo"]),
+    ("soak", "What does a long run leave in the repo and on disks?", ["soak"]),
+    ("restart", "What does a coordinator killed at any moment lose?", ["restart-loss"]),
+    ("gpu", "Do rounds and merges run on a GPU?", ["gpu_smoke"]),
+    ("task", "Which built-in task keeps SmolLM2 learning for hundreds of steps?", []),
+]
+
+
+def rows() -> list[str]:
+    out = ["| question | headline | date | commit | result |", "|---|---|---|---|---|"]
+    for folder, question, names in QUESTIONS:
+        if not names:
+            scripts = ", ".join(f"`{p.name}`" for p in sorted((HERE / folder).glob("*.py")))
+            out.append(f"| [{folder}]({folder}/): {question} | not measured yet ({scripts}) | – | – | – |")
+            continue
+        for name in names:
+            result = json.loads((HERE / folder / "results" / f"{name}.json").read_text())
+            meta = result["meta"]
+            date = (meta.get("date") or "?")[:10]
+            out.append(f"| [{folder}]({folder}/): {question} | {result['headline']} | {date} | "
+                       f"{meta.get('commit') or '?'} | [{name}]({folder}/results/{name}.md) |")
+    return out
+
+
+def render(text: str) -> str:
+    """``text`` with the table between the markers replaced."""
+    if START not in text or END not in text:
+        raise SystemExit(f"{README} has no {START} … {END} block")
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    return head + START + "\n" + "\n".join(rows()) + "\n" + END + tail
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if the README's table is stale")
+    args = ap.parse_args()
+    text = README.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print("benchmarks/README.md: the Current figures table is stale: run python benchmarks/figures.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
