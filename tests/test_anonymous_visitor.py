@@ -14,7 +14,7 @@ What the Space must do, case by case:
 - the plain routes take only ``application/json`` bodies (415 otherwise, so a cookie can never carry a cross-site
   call); ``verdict`` checks the lease's signature;
 - the server's memory stays within 64 MiB of its idle size whatever a visitor sends (a ``hubgrpo space``
-  subprocess; ``benchmarks/anonymous_memory.py`` measures the full-size attacks).
+  subprocess; ``benchmarks/load/anonymous_memory.py`` measures the full-size attacks).
 
 Each case also checks that a real user's upload still goes through.
 """
@@ -270,7 +270,7 @@ def test_verdict_refuses_a_forged_lease(space):
 @pytest.mark.timeout(300)
 def test_the_spaces_memory_stays_within_64_mib_of_idle_whatever_a_visitor_sends(tmp_path):
     """A ``hubgrpo space`` subprocess; a tenth of the issue's body sizes (60 MiB on the upload route, 40 MiB on
-    Gradio's), six at once, and a bogus-token flood. ``benchmarks/anonymous_memory.py`` runs the full sizes."""
+    Gradio's), six at once, and a bogus-token flood. ``benchmarks/load/anonymous_memory.py`` runs the full sizes."""
     import os
     import socket
 

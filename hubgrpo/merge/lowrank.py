@@ -182,7 +182,7 @@ def refactor_randomized(m: LowRankSum, rank: int, gen: torch.Generator, *, overs
 def choose_algorithm(requested: str, total_rank: int, rank: int, oversample: int) -> str:
     """``auto``: exact QR+SVD while R ≤ rank + oversample, where a sketch would span all of range(M) anyway;
     randomized beyond. Householder QR of the (d × R) stacks runs far below GEMM speed on CPUs (2–5 ms for
-    4864 × 32 here), so the randomized passes win from there on (see benchmarks/merge.py)."""
+    4864 × 32 here), so the randomized passes win from there on (see benchmarks/merge/merge.py)."""
     if requested != "auto":
         return requested
     return "exact" if total_rank <= rank + oversample else "randomized"

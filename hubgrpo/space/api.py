@@ -32,7 +32,7 @@ by ``build_app``); ``verdict`` checks the lease's signature, as ``heartbeat`` an
 
 The ``gr.api`` endpoints are registered with ``queue=False``, so that raw HTTP may use ``POST
 /gradio_api/run/<name>`` (one round trip), which Gradio serves even on Spaces (where ``api_open`` is off). See
-``benchmarks/results/api_latency.md``.
+``benchmarks/load/results/api_latency.md``.
 """
 
 from __future__ import annotations

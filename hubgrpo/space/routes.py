@@ -3,7 +3,7 @@
 The same endpoint functions as the ``gr.api`` endpoints (``hubgrpo.space.api.CoordinatorApi``), the same positional
 arguments in a body ``{"data": [args…]}``, the same envelope as the answer (not wrapped in Gradio's
 ``{"data": [...]}``) — without Gradio's routing, pre- and post-processing, which cost most of the server's CPU per
-call (``benchmarks/coordinator_load.py`` measures both). The app, its page and its ``gr.api`` endpoints stay as
+call (``benchmarks/load/coordinator_load.py`` measures both). The app, its page and its ``gr.api`` endpoints stay as
 they are (one Space still; gradio_client users see no change).
 
 One difference from the ``gr.api`` endpoints: ``submit`` answers ``checking`` at once and the check runs in the

@@ -169,7 +169,7 @@ class Worker:
         return min(60.0, 2.0 ** self._failures)
 
     def _record(self, answer: dict) -> None:
-        """Append the round's answer and timings to <workdir>/rounds.jsonl (read by benchmarks/overhead.py)."""
+        """Append the round's answer and timings to <workdir>/rounds.jsonl (read by benchmarks/round/overhead.py)."""
         import json
 
         self.workdir.mkdir(parents=True, exist_ok=True)
