@@ -249,6 +249,8 @@ def main() -> int:
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-0.5b")
     options(ap, __file__)  # --quick: tiny shapes and lengths, checks the script, not the GPU
     args = ap.parse_args()
+    if args.quick:  # and short: two rounds (the second shows whether memory grows) of one step
+        args.steps, args.rounds = min(args.steps, 1), min(args.rounds, 2)
     meta = start(args.quick)
     import torch
 

@@ -394,6 +394,7 @@ def main() -> None:
     mode = dict(MODES[args.mode])
     if args.quick:  # a check of the script: tiny, one homogeneous pair against one worker, 8 steps of budget
         args.mode, args.workers, args.fleets, args.seeds, args.no_train = "tiny", "1,2", "homog", "0", True
+        args.stop_at_target = True
         mode = {**MODES["tiny"], "budget_steps": 8, "eval": ["--eval-samples", "4"]}
     meta = start(args.quick)  # the code these simulations run (the tree may move on while they do)
     args.workers = [int(x) for x in (args.workers or ("1,2,4,8,16" if args.mode == "tiny" else "1,2,4,8")).split(",")]

@@ -1,7 +1,7 @@
 """Why the simulator sees more fresh (τ = 0) rounds than the real 2-worker run: the timing alone.
 
     python benchmarks/simulator/staleness_phase.py [--seeds 8] [--versions 60]
-    python benchmarks/simulator/staleness_phase.py --quick   # the script checked: 2 settings, 2 seeds, 12 versions
+    python benchmarks/simulator/staleness_phase.py --quick   # the script checked: 2 settings, 2 seeds, 8 versions
 
 Two simulated workers with 1-step rounds of 8 virtual seconds (the demo's), the real coordinator and merge, and
 a model-free round engine (the tests' ``FakeEngine``: staleness depends only on when rounds arrive), for equal
@@ -56,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     settings = SETTINGS
     if args.quick:
-        args.seeds, args.versions, settings = 2, 12, SETTINGS[:2]
+        args.seeds, args.versions, settings = 2, 8, SETTINGS[:2]
     meta = start(args.quick)
     rows = []
     for speeds, jitter, starts in settings:
