@@ -300,7 +300,7 @@ def test_run_breakdown_quick(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_soak_quick(tmp_path):
     run("soak/soak.py", tmp_path)
     r = shaped(tmp_path / "soak.json")

@@ -10,7 +10,7 @@ and hubgrpo cache (``HUBGRPO_CACHE``), so each one's disk use is measured apart.
 records the repo's head size, its history size (the emulator's storage model: regular objects any ref reaches +
 LFS objects stored) and commits, the coordinator's, each worker's and the evaluator's disk use, and how many
 versions have a held-out score. At the end it waits for the evaluator to score every version, checks state.json,
-then runs ``hubgrpo gc --keep 5 --yes`` and measures the history again. The evaluator's seconds per version come
+then runs ``hubgrpo gc --keep 5 --yes --force`` and measures the history again. The evaluator's seconds per version come
 from its log.
 
 ``--eval-speed`` times ``Evaluator.score`` (download + greedy generation + rewards) for every version of an
@@ -83,7 +83,7 @@ def start(args, work: Path, emu) -> tuple[dict, dict, str, dict]:
 
     env = dict(os.environ, HF_ENDPOINT=emu.url, HF_TOKEN=TOKEN, HUBGRPO_SECRET="soak-secret")
     overrides = [f"params.versions={args.versions}", "merge.quorum=1", f"params.steps_per_round={args.steps}",
-                 "coordinator.commit_budget_per_hour=100000", "coordinator.refusal_flush_s=5",
+                 "coordinator.commit_budget_per_hour=128", "coordinator.refusal_flush_s=5",
                  "coordinator.heartbeat_interval_s=5", *args.set]
     (work / "config.yaml").write_text(to_yaml(load_config(ROOT / args.config, overrides=overrides), drop_secrets=True))
     homes = {name: work / name for name in ["coordinator", "evaluator"] + [f"worker{i}" for i in range(args.workers)]}
@@ -151,7 +151,9 @@ def soak(args) -> dict:
                state_versions_scored=sum(v.eval_reward is not None for v in state.versions),
                held_out={v.version: v.eval_reward for v in state.versions},
                training={v.version: v.reward_mean for v in state.versions})
-    gc = subprocess.run([sys.executable, "-m", "hubgrpo.cli", "gc", "--repo", "alice/soak", "--keep", "5", "--yes"],
+    # --force: every process of the run was stopped above (gc refuses a repo written to within 2 round timeouts)
+    gc = subprocess.run([sys.executable, "-m", "hubgrpo.cli", "gc", "--repo", "alice/soak", "--keep", "5", "--yes",
+                         "--force"],
                         env=env, capture_output=True, text=True, timeout=600)
     out["gc"] = {"rc": gc.returncode, "output": gc.stdout.strip()[-500:] + gc.stderr.strip()[-500:],
                  "after": snapshot(emu, "alice/soak", {}, status)}
@@ -209,7 +211,7 @@ def report_soak(res: dict, args) -> str:
                      f"({c['repo_lfs_bytes'] / gib:.1f}) | {c['repo_commits']} | {d['coordinator'] / gib:.2f} | "
                      f"{max(workers) / gib:.2f} | {d['evaluator'] / gib:.2f} | {c['versions_scored']} |")
     a = res["gc"]["after"]
-    lines += ["", f"After `hubgrpo gc --keep 5 --yes` (rc {res['gc']['rc']}): history {a['repo_history_bytes'] / gib:.2f} "
+    lines += ["", f"After `hubgrpo gc --keep 5 --yes --force` (rc {res['gc']['rc']}): history {a['repo_history_bytes'] / gib:.2f} "
               f"MiB ({a['repo_lfs_bytes'] / gib:.2f} MiB LFS), {a['repo_commits']} commits, head "
               f"{a['repo_head_bytes'] / gib:.2f} MiB.", "",
               "Disk use excludes the shared built model (`models/`, symlinked). Repo sizes follow the emulator's "
@@ -238,6 +240,7 @@ def main() -> None:
     out = common.results_dir(args, __file__)
     if args.quick:  # a check of the script: a short soak (the evaluator, gc and every measurement included)
         args.versions, args.workers, args.checkpoints, args.samples = 3, 1, [2], 4
+        args.set = [*args.set, "coordinator.checkpoint_every_s=2"]  # the scores reach the repo without waiting
         args.workdir = str(out / "work")
     meta = common.start(args.quick)
     if args.eval_speed:
