@@ -79,6 +79,14 @@ def simulate(out: Path, config: str, workers: int, seed: int, args: list[str], q
                             "--commit-quota", str(quota), *args], "simulation.json")
 
 
+def local_hub() -> None:
+    """For a process that talks to the Hub emulator on 127.0.0.1: no telemetry, no xet, and not offline (offline
+    blocks loopback too). Call it before huggingface_hub is imported."""
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+    os.environ.pop("HF_HUB_OFFLINE", None)
+
+
 def git_commit() -> str:
     """The commit measured: ``git rev-parse --short HEAD``, with ``+dirty`` when tracked files other than results
     have changes."""

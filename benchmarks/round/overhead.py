@@ -25,12 +25,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
-os.environ.pop("HF_HUB_OFFLINE", None)  # it would block 127.0.0.1 too
 
-from benchmarks.common import options, results_dir, start, write  # noqa: E402
+from benchmarks.common import local_hub, options, results_dir, start, write  # noqa: E402
 from benchmarks.round.run_breakdown import breakdown, round_rows  # noqa: E402
+
+local_hub()
 
 TOKEN = "hf_test_alice_token"
 

@@ -25,11 +25,9 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # for tests.hub_emulator
 
-from benchmarks.common import options, results_dir, start, write  # noqa: E402
+from benchmarks.common import local_hub, options, results_dir, start, write  # noqa: E402
 
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
-os.environ.pop("HF_HUB_OFFLINE", None)  # it would block 127.0.0.1 too
+local_hub()
 
 
 def percentile(values: list[float], p: float) -> float:

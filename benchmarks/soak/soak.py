@@ -33,11 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
-os.environ.pop("HF_HUB_OFFLINE", None)  # it would block 127.0.0.1 too
 
 from benchmarks import common  # noqa: E402
+
+common.local_hub()
 
 TOKEN = "hf_test_alice_token"
 _EVAL_LINE = re.compile(r"version (\d+): held-out reward ([-\d.]+) on (\d+) prompts \(([\d.]+) s\)")
