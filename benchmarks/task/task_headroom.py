@@ -33,6 +33,7 @@ from benchmarks.common import hubgrpo, sets  # noqa: E402
 FORMAT = '{function: "builtin:answer_format", weight: 0.5}'
 CANDIDATES = {  # name -> overrides of configs/demo.yaml
     "addition1": [],  # the demo task itself: the reference that saturates
+    "addition2": ["data.options={digits: 2, terms: 2, size: 5000}"],
     "addition3": ["data.options={digits: 2, terms: 3, size: 5000}"],
     "arithmetic": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 1, size: 5000}"],
     "arithmetic2": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 2, size: 5000}",
@@ -107,6 +108,18 @@ def write(args, rows: dict, meta: dict) -> None:
                  f"{len(ok)} of {len(rows)} candidate task(s) keep SmolLM2 learning: {', '.join(ok) or 'none'}")
 
 
+def earlier(args, path: Path) -> dict:
+    """The rows of an earlier result, each marked with the commit and date that measured it."""
+    data = json.loads(path.read_text())
+    then = data["args"]
+    for key in ("steps", "eval", "seed", "save_every"):
+        if then.get(key) != getattr(args, key):
+            raise SystemExit(f"--add-to {path}: it measured {key}={then.get(key)}, this run {getattr(args, key)}")
+    return {name: {**row, "measured": row.get("measured") or {"commit": data["meta"].get("commit"),
+                                                               "date": data["meta"].get("date")}}
+            for name, row in data["rows"].items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/demo.yaml")
@@ -120,10 +133,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="task-headroom")
     ap.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--add-to", type=Path, action="append", default=[], help="an earlier result of this script "
+                    "(same --steps, --eval, --seed; repeatable): its candidates join this one's table, each with the "
+                    "commit it measured; with --candidates '' only the table of the earlier ones is written")
     args = ap.parse_args()
-    rows = {}
+    rows = {name: row for path in args.add_to for name, row in earlier(args, path).items()}
     meta = {**common.start(), "jobs": args.jobs}
-    names = args.candidates.split(",")
+    names = [n for n in args.candidates.split(",") if n]
     with tempfile.TemporaryDirectory(prefix="hubgrpo-headroom-") as tmp:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             trained = {name: pool.submit(train, args, name, Path(tmp) / name) for name in names}
@@ -134,6 +150,8 @@ def main() -> None:
                 rows[name] = row
                 print(json.dumps({"task": name, "curve": row["curve"], **row["verdict"]}), flush=True)
                 write(args, rows, meta)
+    if not names:
+        write(args, rows, meta)
     print(to_markdown(args, rows, meta))
 
 
