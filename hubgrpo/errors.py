@@ -22,10 +22,14 @@ class HubGrpoError(Exception):
     exit_code = 1
     code = "error"
 
-    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None,
+                 wait_s: float | None = None):
+        """``wait_s``: seconds to wait before asking again, when the error says (a refusal with a wait, a 429);
+        None when it does not. Carried over the wire beside ``to_dict`` (``hubgrpo.space.wire.error_dict``)."""
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.wait_s: float | None = None if wait_s is None else float(wait_s)
         if code is not None:
             self.code = code
 
@@ -81,8 +85,7 @@ class RateLimited(StoreError):
     code = "rate_limited"
 
     def __init__(self, message: str, *, wait_s: float = 60.0, hint: str | None = None):
-        super().__init__(message, hint=hint)
-        self.wait_s = float(wait_s)
+        super().__init__(message, hint=hint, wait_s=wait_s)
 
 
 class StoreUnavailable(StoreError):
@@ -108,8 +111,8 @@ class InvalidSubmission(HubGrpoError):
 
     code = "invalid_submission"
 
-    def __init__(self, code: str, message: str, *, hint: str | None = None):
-        super().__init__(message, hint=hint, code=code)
+    def __init__(self, code: str, message: str, *, hint: str | None = None, wait_s: float | None = None):
+        super().__init__(message, hint=hint, code=code, wait_s=wait_s)
 
 
 class ModelError(HubGrpoError):
@@ -143,12 +146,13 @@ class CoordinatorError(HubGrpoError):
 
 
 class Refused(CoordinatorError):
-    """The coordinator refused a request on purpose (auth, rate limit, unknown worker, run finished)."""
+    """The coordinator refused a request on purpose (auth, rate limit, unknown worker, run finished); ``wait_s``:
+    when to ask again (a rate limit, the commit budget, a merge), None for a refusal that waiting does not lift."""
 
     code = "refused"
 
-    def __init__(self, code: str, message: str, *, hint: str | None = None):
-        super().__init__(message, hint=hint, code=code)
+    def __init__(self, code: str, message: str, *, hint: str | None = None, wait_s: float | None = None):
+        super().__init__(message, hint=hint, code=code, wait_s=wait_s)
 
 
 _BY_NAME = {cls.__name__: cls for cls in [
@@ -182,7 +186,8 @@ def wire_text(value: object, limit: int = MAX_ERROR_TEXT) -> str:
 def from_dict(d: object) -> HubGrpoError:
     """Rebuild an error sent over the coordinator API by ``HubGrpoError.to_dict``. The sender is not trusted:
     whatever ``d`` is, this returns an error (unknown classes become ``HubGrpoError``), with its message and hint
-    cut to ``MAX_ERROR_TEXT``, its code to ``MAX_CODE`` and a ``wait_s`` within [0, MAX_WAIT_S]."""
+    cut to ``MAX_ERROR_TEXT``, its code to ``MAX_CODE`` and a ``wait_s`` within [0, MAX_WAIT_S] (one that is not
+    a number: 60 s for a ``RateLimited``, 30 s for any other error)."""
     if not isinstance(d, dict):
         d = {"message": f"a malformed error from the coordinator: {str(d)[:200]}"}
     name = d.get("error")
@@ -190,8 +195,9 @@ def from_dict(d: object) -> HubGrpoError:
     msg = wire_text(d.get("message")) or "unknown error"
     hint = wire_text(d.get("hint")) or None
     code = wire_text(d.get("code"), MAX_CODE) or None
-    if cls in (InvalidSubmission, Refused):
-        return cls(code or "refused", msg, hint=hint)
     if cls is RateLimited:
         return RateLimited(msg, wait_s=wait_seconds(d.get("wait_s"), 60.0), hint=hint)
-    return cls(msg, hint=hint, code=code)
+    wait = wait_seconds(d["wait_s"], 30.0) if "wait_s" in d else None  # never sleep for ever on a server's word
+    if cls in (InvalidSubmission, Refused):
+        return cls(code or "refused", msg, hint=hint, wait_s=wait)
+    return cls(msg, hint=hint, code=code, wait_s=wait)

@@ -86,10 +86,8 @@ class FakeCoordinator:
         if self.finished:
             raise Refused("finished", "the run is finished", hint="start a new run")
         if self.max_leases is not None and len(self.active) >= self.max_leases:
-            err = Refused("budget", f"{len(self.active)} leases are out (budget {self.max_leases})",
-                          hint="wait and lease again")
-            err.wait_s = 2.5
-            raise err
+            raise Refused("budget", f"{len(self.active)} leases are out (budget {self.max_leases})",
+                          hint="wait and lease again", wait_s=2.5)
         n = self.counter  # read-modify-write on purpose: only the server's lock makes this safe
         time.sleep(self.race_window)  # widen the race window so a missing lock shows up as duplicate ids
         now = self.clock()

@@ -262,8 +262,7 @@ def test_the_worker_loop_asks_again_after_a_merging_refusal():
 
     from hubgrpo.worker.loop import Worker
 
-    answers = [Refused("merging", "a new version is being merged", hint="wait_s=0.7"), "the lease"]
-    answers[0].wait_s = 0.7
+    answers = [Refused("merging", "a new version is being merged", hint="wait_s=0.7", wait_s=0.7), "the lease"]
 
     class Client:
         def lease(self, worker, user):

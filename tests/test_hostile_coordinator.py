@@ -358,7 +358,7 @@ def test_a_junk_error_becomes_a_bounded_typed_error(error):
     err = e.value
     assert len(err.message) <= 2000 and len(err.hint or "") <= 2000 and len(err.code) <= 64, err
     assert not any(ord(ch) < 32 and ch != "\n" for ch in str(err)), repr(str(err))
-    wait = getattr(err, "wait_s", 0.0)
+    wait = err.wait_s if err.wait_s is not None else 0.0
     assert math.isfinite(wait) and 0 <= wait <= MAX_WAIT_S
 
 

@@ -85,10 +85,7 @@ class FlakyStore(LocalStore):
 
 
 def refusal(code: str, wait: float | None) -> Refused:
-    err = Refused(code, f"{code} refusal", hint=f"wait_s={wait}" if wait else None)
-    if wait is not None:
-        err.wait_s = wait
-    return err
+    return Refused(code, f"{code} refusal", hint=f"wait_s={wait}" if wait else None, wait_s=wait)
 
 
 @pytest.mark.timeout(60)

@@ -20,10 +20,9 @@ from hubgrpo.layout import Lease
 
 
 def refused(code: str, message: str, wait_s: float | None = None, hint: str | None = None) -> Refused:
-    err = Refused(code, message, hint=hint or (f"wait_s={wait_s:.1f}" if wait_s is not None else None))
-    if wait_s is not None:
-        err.wait_s = float(wait_s)  # carried over the wire by the server
-    return err
+    """A refusal that says when to ask again: ``wait_s`` (carried over the wire by the server), also in the hint."""
+    return Refused(code, message, hint=hint or (f"wait_s={wait_s:.1f}" if wait_s is not None else None),
+                   wait_s=wait_s)
 
 
 def issue(c, worker: str, user: str | None) -> Lease:

@@ -206,7 +206,7 @@ class Simulation:
             lease = self.coord.lease(w.process_name)
         except Refused as e:
             if e.code != "finished":
-                self._push(self.now + max(1.0, float(getattr(e, "wait_s", None) or 30.0)), "ready", ev.worker)
+                self._push(self.now + max(1.0, float(e.wait_s or 30.0)), "ready", ev.worker)
             return
         rec = RoundRecord(worker=w.process_name, lease_id=lease.lease_id, base_version=lease.base_version,
                           t_lease=self.now)

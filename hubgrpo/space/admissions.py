@@ -93,10 +93,8 @@ class Admissions:
             if sub_id not in self._jobs:
                 if len(self._queue) >= self.max_queued:
                     wait = round(min(60.0, 1.0 + len(self._queue) * self.check_s / self.threads), 1)
-                    err = Refused("rate", f"{len(self._queue)} rounds are waiting for their check; submit again "
-                                  f"in {wait} s", hint=f"wait_s={wait}")
-                    err.wait_s = wait
-                    raise err
+                    raise Refused("rate", f"{len(self._queue)} rounds are waiting for their check; submit again "
+                                  f"in {wait} s", hint=f"wait_s={wait}", wait_s=wait)
                 self._verdicts.pop(sub_id, None)
                 self._jobs[sub_id] = Job(lease, commit)
                 self._queue.append(sub_id)

@@ -8,7 +8,7 @@ fraction of Gradio's CPU per call). Every answer is an envelope, never a raw exc
     {"ok": true,  "result": ...}
     {"ok": false, "error": {"error": "LeaseError", "code": "lease", "message": "...", "hint": "..."}}
 
-``error`` is ``HubGrpoError.to_dict()`` (plus ``wait_s`` when the refusal carries a wait, e.g. a rate limit);
+``error`` is ``HubGrpoError.to_dict()`` (plus ``wait_s`` when the error carries a wait, e.g. a rate limit);
 ``hubgrpo.errors.from_dict`` rebuilds it on the worker's side. Anything that is not a ``HubGrpoError`` is logged
 here (with tokens redacted) and answered as ``CoordinatorError`` with code ``internal``.
 
@@ -182,10 +182,8 @@ class CoordinatorApi:
             left = self.coord.merge_wait_s - (now - self.lease_waiters.setdefault(worker, asked))
         if left > 0:
             wait = round(min(LEASE_RETRY_S, left), 2)
-            err = Refused("merging", f"a new version is being merged; ask again in {wait} s",
-                          hint=f"wait_s={wait}")
-            err.wait_s = wait
-            raise err
+            raise Refused("merging", f"a new version is being merged; ask again in {wait} s", hint=f"wait_s={wait}",
+                          wait_s=wait)
 
     def merge_is_due(self) -> None:
         """A submit completed a quorum: leases wait from now on, and the tick thread wakes up to merge."""

@@ -119,10 +119,9 @@ class RateLimiter:
         """Raise ``Refused("rate", ..., wait_s)`` when ``key`` has no call left."""
         wait = self.take(key)
         if wait > 0:
-            err = Refused("rate", f"{key} is over the limit of {self.capacity:g} calls per minute; retry in "
-                          f"{wait:.1f} s", hint=f"wait_s={wait:.1f}; call less often (heartbeat interval, retries)")
-            err.wait_s = wait
-            raise err
+            raise Refused("rate", f"{key} is over the limit of {self.capacity:g} calls per minute; retry in "
+                          f"{wait:.1f} s", hint=f"wait_s={wait:.1f}; call less often (heartbeat interval, retries)",
+                          wait_s=wait)
 
     def _trim(self) -> None:
         """Forget the fullest buckets when too many keys are tracked (a full bucket equals a forgotten one)."""
@@ -232,11 +231,10 @@ class HubAuth:
         for limiter, key, who in ((self.address_lookups, address, f"from {address}"), (self.all_lookups, "*", "")):
             wait = limiter.take(key)
             if wait > 0:
-                err = Refused("rate", f"too many new tokens to check {who} (at most {limiter.capacity:g} a minute "
+                raise Refused("rate", f"too many new tokens to check {who} (at most {limiter.capacity:g} a minute "
                               f"before anyone is known); retry in {wait:.1f} s".replace("  ", " "),
-                              hint=f"wait_s={wait:.1f}; a worker's token is checked once, then remembered")
-                err.wait_s = wait
-                raise err
+                              hint=f"wait_s={wait:.1f}; a worker's token is checked once, then remembered",
+                              wait_s=wait)
 
     def _await(self, key: str, flight: threading.Event) -> _Entry:
         """The answer of another request's lookup of the same token (no lock held while waiting)."""

@@ -33,9 +33,8 @@ def plain(value: Any) -> Any:
 def error_dict(err: HubGrpoError) -> dict:
     """``err.to_dict()``, plus ``wait_s`` when the error says how long to wait before retrying."""
     d = err.to_dict()
-    wait = getattr(err, "wait_s", None)
-    if wait is not None:
-        d["wait_s"] = float(wait)
+    if err.wait_s is not None:
+        d["wait_s"] = float(err.wait_s)
     return d
 
 

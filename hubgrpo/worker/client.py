@@ -187,11 +187,7 @@ def unwrap(answer: Any) -> Any:
                                hint="client and coordinator versions may differ")
     if answer["ok"]:
         return answer.get("result")
-    detail = answer.get("error")
-    err = errors.from_dict(detail)
-    if isinstance(detail, dict) and "wait_s" in detail and not hasattr(err, "wait_s"):
-        err.wait_s = errors.wait_seconds(detail["wait_s"], 30.0)  # never sleep for ever on a coordinator's word
-    raise err
+    raise errors.from_dict(answer.get("error"))  # its wait_s bounded: never sleep for ever on a coordinator's word
 
 
 def _clamped(value: Any, low: float, high: float) -> float:

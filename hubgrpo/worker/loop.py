@@ -20,8 +20,8 @@ from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.error_codes import stop_codes
-from hubgrpo.errors import (CoordinatorError, InvalidSubmission, LeaseError, RateLimited, Refused, StoreError,
-                            StoreUnavailable, wait_seconds, wire_text)
+from hubgrpo.errors import (CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, RateLimited, Refused,
+                            StoreError, StoreUnavailable, wait_seconds, wire_text)
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
 from hubgrpo.worker.lease_bounds import check_lease_bounds
@@ -293,7 +293,7 @@ class Worker:
             try:
                 return send()
             except (Refused, RateLimited) as e:
-                if getattr(e, "wait_s", None) is None or e.code in STOP_CODES:
+                if e.wait_s is None or e.code in STOP_CODES:
                     raise  # a verdict on this round (or on this worker), not a request to wait
                 wait = wait_seconds(e.wait_s, 30.0)
                 log.info("submit: coordinator asks to wait %.1f s (%s)", wait, e.code)
@@ -366,12 +366,12 @@ def _stop_if_orphaned(err: CoordinatorError) -> None:
         raise _orphaned_error() from err
 
 
-def _wait_hint(err: Exception, default: float) -> float:
+def _wait_hint(err: HubGrpoError, default: float) -> float:
     """Seconds to wait, from a RateLimited error or a refusal's ``wait_s`` or 'wait_s=N' hint: always within
     [0, ``errors.MAX_WAIT_S``] (the coordinator's word is not trusted with the worker's time)."""
-    if isinstance(err, RateLimited) or getattr(err, "wait_s", None):
+    if isinstance(err, RateLimited) or err.wait_s:
         return max(MIN_REFUSAL_WAIT_S, wait_seconds(err.wait_s, default))
-    hint = getattr(err, "hint", "") or ""
+    hint = err.hint or ""
     if "wait_s=" in hint:
         return max(MIN_REFUSAL_WAIT_S, wait_seconds((hint.split("wait_s=")[1].split() or [""])[0], default))
     return default
