@@ -137,17 +137,17 @@ def files(c, staged: Staged) -> dict:
     return out
 
 
-def commit(c, staged: Staged) -> bool:
-    """The compare-and-swap commit (+ tag) of ``staged`` (WITHOUT the lock). Retried when only worker commits moved
-    the head; False — and ``c.pending_reload`` holds the repo — when another coordinator checkpointed first."""
+def commit(c, staged: Staged) -> dict | None:
+    """The compare-and-swap commit (+ tag) of ``staged`` (WITHOUT the lock; ``staged.sha`` is its commit). Retried
+    when only worker commits moved the head. None once committed; when another coordinator checkpointed first, what
+    ``c.read_repo`` read (the caller adopts it under the lock)."""
     adds = files(c, staged)
     for _ in range(MAX_CAS_RETRIES):
         head = c.store.head()
         if head != c.head and runrepo.read_state(c.store, head).version != c.checkpoint.version:
             log.warning("another coordinator wrote the run repo (its head is no longer checkpoint v%d); reloading",
                         c.checkpoint.version)
-            c.pending_reload = c.read_repo()
-            return False
+            return c.read_repo()
         try:
             deletes = merge_deletes(c, staged.state, head) if staged.tagged else []
             staged.sha = c.store.commit(adds, deletes, message=staged.message, parent=head)
@@ -159,7 +159,7 @@ def commit(c, staged: Staged) -> bool:
             except HubGrpoError as e:
                 log.warning("checkpoint v%d committed (%s) but not tagged: %s", staged.state.version,
                             staged.sha[:10], e.message)
-        return True
+        return None
     raise CommitConflict(f"could not commit the checkpoint of version {staged.state.version} after "
                          f"{MAX_CAS_RETRIES} tries: the head keeps moving", hint="too many concurrent commits")
 
@@ -201,12 +201,12 @@ def run(c, lock=None, *, force: bool = False) -> bool:
                 return False
             staged = stage(c)
         try:
-            ok = commit(c, staged)
+            lost_to = commit(c, staged)
         finally:
             c.checkpointing = None
         with lock:
-            if ok:
+            if lost_to is None:
                 adopt(c, staged)
             else:
-                c.apply_repo(c.pending_reload)
-        return ok
+                c.apply_repo(lost_to)
+        return lost_to is None
