@@ -3,7 +3,9 @@
 Roles (the folder tree): the light core (``config``, ``errors``, ``layout``, ``runrepo``, ``card``, ``tracking``),
 ``store``, ``task``, ``merge`` below everything; ``worker`` (the training side) and ``coordinator`` beside each
 other and never importing each other; ``space`` (HTTP API + UI) over the coordinator; ``cli`` over everything.
-Every import counts, including the ones inside function bodies.
+Every import counts, including the ones inside function bodies; imports for type checking only (under ``if
+TYPE_CHECKING:``) count for the roles but not for cycles (they never run). Outside ``coordinator/`` nobody takes
+the coordinator untyped or touches its private attributes.
 """
 
 from __future__ import annotations
@@ -55,11 +57,27 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports(path: Path) -> set[str]:
-    """Every hubgrpo module ``path`` imports, anywhere in the file (``from hubgrpo.x import y`` counts
-    ``hubgrpo.x.y`` when that is a module, else ``hubgrpo.x``)."""
+def _type_only(tree: ast.AST) -> set[int]:
+    """The ids of the import nodes under ``if TYPE_CHECKING:`` in ``tree``."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and (getattr(test, "id", None) == "TYPE_CHECKING"
+                                         or getattr(test, "attr", None) == "TYPE_CHECKING"):
+            out |= {id(n) for stmt in node.body for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return out
+
+
+def imports(path: Path, *, type_only: bool = True) -> set[str]:
+    """Every hubgrpo module ``path`` imports, anywhere in the file (``from hubgrpo.x import y`` counts
+    ``hubgrpo.x.y`` when that is a module, else ``hubgrpo.x``); ``type_only=False``: not the imports made for
+    type checking only."""
+    out = set()
+    tree = ast.parse(path.read_text())
+    skip = set() if type_only else _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.split(".")[0] == "hubgrpo"}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "hubgrpo":
@@ -83,7 +101,8 @@ def test_every_import_stays_inside_the_roles_it_may_use():
 
 
 def test_no_import_cycles():
-    graph = {name: {t for t in imports(path) if t in MODULES and t != name} for name, path in MODULES.items()}
+    graph = {name: {t for t in imports(path, type_only=False) if t in MODULES and t != name}
+             for name, path in MODULES.items()}
     # the package re-exports the Python API inside __getattr__ only (checked below): on first use, never at import
     graph["hubgrpo"] = set()
     init = ast.parse((PKG / "__init__.py").read_text())
@@ -124,3 +143,47 @@ def test_light_modules_import_without_torch_or_gradio():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "", f"heavy modules imported: {r.stdout.strip()}"
+
+
+COORDINATOR_NAMES = {"c", "coord", "coordinator"}  # what code outside coordinator/ calls a Coordinator
+
+
+def _names_coordinator(node: ast.AST) -> bool:
+    """Whether an expression reads like a coordinator: ``coord``, ``self.coord``, ``api.coord``, ``c``…"""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return name in COORDINATOR_NAMES
+
+
+def coordinator_seam_breaches(path: Path) -> list[str]:
+    """Private attributes of a coordinator touched in ``path`` (``coord._x``, ``getattr(coord, "_x")``) and
+    parameters named like a coordinator with no type."""
+    out, where = [], path.name if not path.is_relative_to(PKG) else path.relative_to(PKG.parent).as_posix()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and _names_coordinator(node.value):
+            out.append(f"{where}:{node.lineno} touches {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr") \
+                and len(node.args) >= 2 and _names_coordinator(node.args[0]) \
+                and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_"):
+            out.append(f"{where}:{node.lineno} touches {ast.unparse(node)}")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            out += [f"{where}:{node.lineno} {node.name}() takes {a.arg} untyped" for a in args
+                    if a.arg in COORDINATOR_NAMES - {"c"} and a.annotation is None]
+    return out
+
+
+def test_nothing_outside_the_coordinator_reaches_into_it():
+    """The coordinator's seams are its public, typed interface: outside ``hubgrpo/coordinator/`` no module
+    touches a private attribute of a coordinator, and every parameter that takes one says its type."""
+    breaches = [b for name, path in sorted(MODULES.items()) if role(name) != "coordinator"
+                for b in coordinator_seam_breaches(path)]
+    assert not breaches, "the coordinator's private parts used outside it:\n  " + "\n  ".join(breaches)
+
+
+def test_the_seam_checker_catches_a_breach(tmp_path):
+    """The checker itself: a private attribute, a probe by name and an untyped coordinator are each reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(coord):\n    coord._adapters.clear()\n    return getattr(self.coord, '_global', None)\n")
+    found = coordinator_seam_breaches(bad)
+    assert len(found) == 3 and "untyped" in found[0], found

@@ -324,7 +324,7 @@ def test_a_served_coordinator_loads_what_admission_needs_before_the_first_round(
     try:
         _, coord, client = served(tmp_path, apps)
         assert coord.reward_check._loaded is not None
-        assert coord.state.version in coord._adapters
+        assert coord.state.version in coord.adapters
         assert client.status()["version"] == coord.state.version
     finally:
         for app in apps:

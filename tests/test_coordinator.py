@@ -177,7 +177,7 @@ def test_leases_carry_the_run_learning_rate_schedule(tmp_path):
     second = c.lease("w1")
     assert second.base_version == 1 and second.params["learning_rate"] == pytest.approx(c.cfg.params.run_lr(1))
     assert 0.01 < second.params["learning_rate"] < 0.1
-    bound, why = step_bound(c.cfg, second, c._adapter(1))
+    bound, why = step_bound(c.cfg, second, c.adapter(1))
     assert f"learning rate {c.cfg.params.run_lr(1):g}" in why
     forged = second.model_copy(update={"params": {"learning_rate": 1.0}})
     with pytest.raises(LeaseError, match="signature"):
@@ -433,13 +433,13 @@ def test_submits_checked_at_once_read_the_global_adapter_once_and_all_get_it(tmp
     store, _, clock = _setup(tmp_path)
     slow = _SlowStore(tmp_path / "repo")
     c = Coordinator(slow, SECRET, clock=clock, workdir=tmp_path / "work2")
-    c._adapters.clear()
+    c.adapters.clear()
     barrier, results, errors = threading.Barrier(6), [], []
 
     def read():
         barrier.wait()
         try:
-            results.append(c._adapter(0))
+            results.append(c.adapter(0))
         except Exception as e:  # noqa: BLE001 - collected for the assertion
             errors.append(e)
 

@@ -42,5 +42,5 @@ def test_the_in_memory_adapters_stay_bounded_when_every_read_is_a_hit(tmp_path):
     limit = staleness_limit(c)
     for i in range(limit + 6):
         _merge(store, c, tmp_path, clock, seed=10 + i)
-    assert len(c._adapters) <= limit + 2, (f"{len(c._adapters)} adapters in memory after {c.state.version} "
+    assert len(c.adapters) <= limit + 2, (f"{len(c.adapters)} adapters in memory after {c.state.version} "
                                            f"versions (staleness limit {limit}): one more per version, for ever")

@@ -16,6 +16,8 @@ median over participants, rebuilt from state.json after a restart) — from hist
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import hashlib
 import shutil
 from dataclasses import dataclass, field
@@ -25,6 +27,9 @@ from hubgrpo import layout
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
 from hubgrpo.layout import Lease, Submission
 from hubgrpo.coordinator.norms import norm_limit
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 ADAM_RATIO = 5.0  # > the largest |m̂/√v̂| of AdamW with betas (0.9, 0.999): (1 − β1)/√(1 − β2) ≈ 3.16
 
@@ -71,7 +76,7 @@ def step_bound(cfg, lease: Lease, base) -> tuple[float, str]:
     return bound, f"{steps} AdamW steps at learning rate {lr:g} move an entry by at most {bound:.3g}"
 
 
-def prepare(c, lease: Lease, commit: str, *, check_deadline: bool = True) -> Prepared:
+def prepare(c: Coordinator, lease: Lease, commit: str, *, check_deadline: bool = True) -> Prepared:
     """Every check of the submission of ``lease`` at ``commit``; reads the store, changes nothing in ``c``."""
     sub_id = layout.submission_id(lease.worker, lease.lease_id)
     out = Prepared(lease=lease, sub_id=sub_id, commit=commit)
@@ -79,7 +84,7 @@ def prepare(c, lease: Lease, commit: str, *, check_deadline: bool = True) -> Pre
         out.duplicate = True
         return out
     try:
-        c._verify(lease, c.clock(), check_deadline=check_deadline)
+        c.check_lease(lease, c.clock(), check_deadline=check_deadline)
         check_lineage(c, lease.base_version, lease.base_sha, sub_id)  # before anything is read
         if not c.cfg.merge.rebase:  # a rebased round's staleness counts from its record: checked after reading it
             _check_staleness(c, lease, sub_id, lease.base_version)
@@ -89,7 +94,7 @@ def prepare(c, lease: Lease, commit: str, *, check_deadline: bool = True) -> Pre
     return out
 
 
-def staleness_limit(c, lease: Lease | None = None) -> int:
+def staleness_limit(c: Coordinator, lease: Lease | None = None) -> int:
     """Versions old a submission may be now: ``merge.max_staleness``, raised with ``merge.staleness_per_worker``
     by ``live_workers`` (the coordinator's own count, never a worker's word; at most ``merge.max_lease_age``)."""
     m = c.cfg.merge
@@ -98,7 +103,7 @@ def staleness_limit(c, lease: Lease | None = None) -> int:
     return m.staleness_limit(live_workers(c, lease)) if m.staleness_per_worker else m.max_staleness
 
 
-def _check_staleness(c, lease: Lease, sub_id: str, base_version: int) -> None:
+def _check_staleness(c: Coordinator, lease: Lease, sub_id: str, base_version: int) -> None:
     tau, limit = c.state.version - base_version, staleness_limit(c, lease)
     if tau > limit:
         why = (f"max_staleness {c.cfg.merge.max_staleness}" if limit == c.cfg.merge.max_staleness else
@@ -108,7 +113,7 @@ def _check_staleness(c, lease: Lease, sub_id: str, base_version: int) -> None:
                                 hint="lease again and train on the new version")
 
 
-def _check_folder(c, lease: Lease, sub_id: str, commit: str) -> Pending:
+def _check_folder(c: Coordinator, lease: Lease, sub_id: str, commit: str) -> Pending:
     """Fetch the submission from the run's inbox (the repo at ``commit``, or a box): names and sizes are checked
     in the listing first, against ``submission_limit``, so an oversized folder is refused before it is read."""
     tag = hashlib.sha256(commit.encode()).hexdigest()[:12]  # the participant's commit never names the folder
@@ -124,7 +129,7 @@ def _check_folder(c, lease: Lease, sub_id: str, commit: str) -> Pending:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def submission_limit(c, lease: Lease) -> int:
+def submission_limit(c: Coordinator, lease: Lease) -> int:
     """The most bytes a submission of ``lease`` can hold: its adapter at the run's shapes (derived from the global
     adapter, capped by ``merge.max_submission_mb``) plus its rollouts' limit (``task.rollouts.size_limit``)."""
     from hubgrpo.merge.admission import max_submission_bytes
@@ -132,11 +137,11 @@ def submission_limit(c, lease: Lease) -> int:
 
     limit = int(c.cfg.merge.max_submission_mb * 2**20)
     if lease.base_version in c.ids:
-        limit = min(limit, max_submission_bytes(c._global()))
+        limit = min(limit, max_submission_bytes(c.global_adapter()))
     return limit + size_limit(c.cfg, lease)
 
 
-def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
+def check_local(c: Coordinator, lease: Lease, folder: Path, commit: str) -> Pending:
     """Every check of a local submission folder (also the Space's uploads, before they are committed)."""
     from hubgrpo.merge.admission import check_step_bound, check_submission
 
@@ -145,7 +150,7 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
     check_lineage(c, lease.base_version, lease.base_sha, sub_id)
     base_version = check_rebase(c, lease, sub, sub_id)
     _check_staleness(c, lease, sub_id, base_version)
-    global_, base = c._global(), c._adapter(base_version)
+    global_, base = c.global_adapter(), c.adapter(base_version)
     limit = submission_limit(c, lease)
     steps = int(lease.steps)
     adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.ids),
@@ -167,7 +172,7 @@ def check_local(c, lease: Lease, folder: Path, commit: str) -> Pending:
                    update_norm=norm, reward_mean=reward)
 
 
-def check_rebase(c, lease: Lease, sub: Submission, sub_id: str) -> int:
+def check_rebase(c: Coordinator, lease: Lease, sub: Submission, sub_id: str) -> int:
     """The version ``sub`` is an update of: its lease's base, or (merge.rebase) the newer version it moved onto
     mid-round, which must be a version of this run between the two (code ``bad_rebase``)."""
     v = sub.rebased_version
@@ -193,7 +198,7 @@ def check_rebase(c, lease: Lease, sub: Submission, sub_id: str) -> int:
     return v
 
 
-def check_lineage(c, version: int, adapter_id: str, sub_id: str) -> None:
+def check_lineage(c: Coordinator, version: int, adapter_id: str, sub_id: str) -> None:
     """The version a round was trained on must be one of this coordinator's lineage under that adapter id: a
     version merged after the last checkpoint by a coordinator that restarted since is gone (``stale``), and the
     same number merged again is another adapter."""
@@ -238,7 +243,7 @@ def read_record(folder: Path, lease: Lease, sub_id: str) -> Submission:
     return sub.model_copy(update={"lease": lease, "user": lease.user})
 
 
-def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = True) -> dict:
+def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True, merge: bool = True) -> dict:
     """Keep a prepared submission pending (or record its refusal and raise it). Call under the API lock. Without
     a server (``background_merges`` off) a due merge runs here, unless ``merge`` is False."""
     lease, sub_id, now = prepared.lease, prepared.sub_id, c.clock()
@@ -255,7 +260,7 @@ def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = Tr
             err = e
     if err is not None:
         if not any(r.submission_id == sub_id for r in (*c.new_refusals, *c.state.refused)):
-            c._refuse(sub_id, lease.worker, err, now, user=lease.user)  # once: a scan may race a submit
+            c.refuse(sub_id, lease.worker, err, now, user=lease.user)  # once: a scan may race a submit
         raise err
     prepared.pending.staleness_limit = staleness_limit(c, lease)
     c.pending[sub_id] = prepared.pending
@@ -268,7 +273,7 @@ def accept(c, prepared: Prepared, *, count_commit: bool = True, merge: bool = Tr
             "merge_due": not merged and c.merge_due()}
 
 
-def unseen_submissions(c, revision: str | None = None) -> list[tuple[int, str]]:
+def unseen_submissions(c: Coordinator, revision: str | None = None) -> list[tuple[int, str]]:
     """(base version, submission id) of rounds in the inbox that are neither merged, refused nor pending (in a
     box: only those on base versions still young enough to be merged)."""
     done = set(c.state.merged_ids) | {r.submission_id for r in c.state.refused} | set(c.pending) \
@@ -277,7 +282,7 @@ def unseen_submissions(c, revision: str | None = None) -> list[tuple[int, str]]:
     return c.inbox.unseen(done, revision, bases)
 
 
-def scan(c, *, check_deadline: bool = True) -> list[Prepared]:
+def scan(c: Coordinator, *, check_deadline: bool = True) -> list[Prepared]:
     """Prepare every submitted round the coordinator has not seen (a worker that crashed after its commit or
     upload, a lost submit answer, a restart). Reads the store; call without the lock, then ``accept`` each under it.
     A record refused or ignored here is remembered by the inbox and not read again while it is unchanged."""
@@ -303,7 +308,7 @@ def scan(c, *, check_deadline: bool = True) -> list[Prepared]:
     return out
 
 
-def _prune_box(c) -> None:
+def _prune_box(c: Coordinator) -> None:
     """A box's finished rounds go as a merge commit's deletes take the repo's (``inbox.BoxInbox.prune``)."""
     try:
         c.inbox.prune(c.state, c.cfg.coordinator.keep_submissions, c.cfg.merge.lease_age_limit())
@@ -313,7 +318,7 @@ def _prune_box(c) -> None:
         logging.getLogger("hubgrpo.coordinator").warning("could not delete finished rounds: %s", e.message)
 
 
-def warm_up(c) -> None:
+def warm_up(c: Coordinator) -> None:
     """Load now what the first admission loads lazily: torch and safetensors (the adapter checks), the merge code,
     the run's reward functions and prompt data, the current global adapter. A served coordinator calls it once,
     before its app launches (so that the tick thread's first ``gc.freeze`` covers these modules too), rather than
@@ -330,6 +335,6 @@ def warm_up(c) -> None:
 
     try:
         c.reward_check.loaded()
-        c._global()
+        c.global_adapter()
     except HubGrpoError as e:
         logging.getLogger("hubgrpo.coordinator").warning("warm-up: %s (the first admission retries)", e.message)

@@ -23,6 +23,8 @@ checkpoints each version right after its merge instead, so that none is skipped 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import logging
 from dataclasses import dataclass
@@ -34,6 +36,9 @@ from hubgrpo.coordinator import evals
 from hubgrpo.coordinator.ledger import MAX_REFUSALS_KEPT, fork_state
 from hubgrpo.coordinator.pruning import merge_deletes
 from hubgrpo.errors import CommitConflict, HubGrpoError
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 log = logging.getLogger("hubgrpo.coordinator")
 MAX_CAS_RETRIES = 20
@@ -53,7 +58,7 @@ def quota_bound(store) -> bool:
     return bool(getattr(store, "hourly_commit_quota", None))
 
 
-def interval_s(c) -> float:
+def interval_s(c: Coordinator) -> float:
     """Seconds between checkpoints (0: every version): ``checkpoint_every_s``, else from the budget on a store
     with a commit quota, else 0."""
     co = c.cfg.coordinator
@@ -64,7 +69,7 @@ def interval_s(c) -> float:
     return co.checkpoint_interval_s
 
 
-def due(c, *, force: bool = False) -> bool:
+def due(c: Coordinator, *, force: bool = False) -> bool:
     """Whether a checkpoint should be committed now (under the lock; ``force``: whatever is unsaved, now)."""
     if c.merging is not None and not force:
         return False
@@ -99,7 +104,7 @@ class Staged:
     sha: str | None = None
 
 
-def stage(c) -> Staged:
+def stage(c: Coordinator) -> Staged:
     """The next checkpoint's state (under the lock): the current state with the unsaved refusals and scores."""
     st = fork_state(c.state)
     st.refused = (st.refused + c.new_refusals)[-MAX_REFUSALS_KEPT:]
@@ -120,7 +125,7 @@ def stage(c) -> Staged:
                   workers_then={k: (w.refused, w.accepted) for k, w in c.state.workers.items()}, message=message)
 
 
-def files(c, staged: Staged) -> dict:
+def files(c: Coordinator, staged: Staged) -> dict:
     """The checkpoint's files (no lock: the adapter comes from the version cache, the rest is rendered here)."""
     st = staged.state
     out = {layout.STATE_FILE: st.to_json(), layout.MODEL_CARD: run_card(c.cfg, st).encode()}
@@ -137,7 +142,7 @@ def files(c, staged: Staged) -> dict:
     return out
 
 
-def commit(c, staged: Staged) -> dict | None:
+def commit(c: Coordinator, staged: Staged) -> dict | None:
     """The compare-and-swap commit (+ tag) of ``staged`` (WITHOUT the lock; ``staged.sha`` is its commit). Retried
     when only worker commits moved the head. None once committed; when another coordinator checkpointed first, what
     ``c.read_repo`` read (the caller adopts it under the lock)."""
@@ -149,7 +154,7 @@ def commit(c, staged: Staged) -> dict | None:
                         c.checkpoint.version)
             return c.read_repo()
         try:
-            deletes = merge_deletes(c, staged.state, head) if staged.tagged else []
+            deletes = merge_deletes(c.store, c.cfg, staged.state, head) if staged.tagged else []
             staged.sha = c.store.commit(adds, deletes, message=staged.message, parent=head)
         except CommitConflict:
             continue
@@ -164,7 +169,7 @@ def commit(c, staged: Staged) -> dict | None:
                          f"{MAX_CAS_RETRIES} tries: the head keeps moving", hint="too many concurrent commits")
 
 
-def adopt(c, staged: Staged) -> None:
+def adopt(c: Coordinator, staged: Staged) -> None:
     """Adopt a committed checkpoint (under the lock), keeping what happened meanwhile."""
     st, now = staged.state, c.clock()
     c.head = staged.sha
@@ -191,22 +196,21 @@ def adopt(c, staged: Staged) -> None:
     log.info("checkpoint: version %d committed (%s)", st.version, staged.sha[:10])
 
 
-def run(c, lock=None, *, force: bool = False) -> bool:
+def run(c: Coordinator, lock=None, *, force: bool = False) -> bool:
     """Commit a checkpoint when one is due (``force``: now): stage under ``lock``, commit without it, adopt under
     it. True when one was committed; False when none was due or another coordinator won (then ``c`` reloaded)."""
     lock = lock or contextlib.nullcontext()
-    with c._flush_lock:  # the server's tick thread and `hubgrpo run` at its end: one checkpoint at a time
-        with lock:
-            if not due(c, force=force):
-                return False
-            staged = stage(c)
-        try:
-            lost_to = commit(c, staged)
-        finally:
-            c.checkpointing = None
-        with lock:
-            if lost_to is None:
-                adopt(c, staged)
-            else:
-                c.apply_repo(lost_to)
-        return lost_to is None
+    with lock:
+        if not due(c, force=force):
+            return False
+        staged = stage(c)
+    try:
+        lost_to = commit(c, staged)
+    finally:
+        c.checkpointing = None
+    with lock:
+        if lost_to is None:
+            adopt(c, staged)
+        else:
+            c.apply_repo(lost_to)
+    return lost_to is None

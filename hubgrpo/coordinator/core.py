@@ -30,7 +30,7 @@ from pathlib import Path
 from hubgrpo import layout, runrepo
 from hubgrpo.config import Config
 from hubgrpo.coordinator import admit, checkpoint, leases, leasing, norms, reconcile
-from hubgrpo.coordinator.versions import VersionCache, VersionsMixin
+from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMixin
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
 from hubgrpo.layout import Lease, Refusal, RunState, WorkerStats
 from hubgrpo.store.base import Store
@@ -54,10 +54,8 @@ class Coordinator(VersionsMixin):
         self.new_refusals: list[Refusal] = []
         self.new_evals: dict[int, tuple] = {}  # version → (held-out reward, samples, when): not in state.json yet
         self.commit_times: list[float] = []
-        self._adapters: dict[int, object] = {}
-        self._cache_lock = threading.Lock()
-        self._loading: dict[int, threading.Lock] = {}  # one adapter read per version at a time (_adapter)
-        self._flush_lock = threading.Lock()
+        self.adapters = AdapterCache()  # the global adapters in memory by version (``adapter``)
+        self._flush_lock = threading.Lock()  # one checkpoint at a time (``flush``)
         self.tracker = None
         self.merging: int | None = None  # the version a merge is computing right now
         self.background_merges = False  # set by the server: submit/tick leave merges to its merge thread
@@ -114,9 +112,8 @@ class Coordinator(VersionsMixin):
         self.last_merge_at = self.state.versions[-1].created_at if self.state.versions else self.clock()
         now = self.clock()  # a commit stamped after now (the Hub's clock ahead, a virtual clock) counts as now
         self.commit_times = sorted(min(t, now) for t in repo["history"] if t > now - 3600)
-        with self._cache_lock:  # only adapters of this lineage: a number merged again by another is another adapter
-            self._adapters = {v: a for v, a in self._adapters.items()
-                              if v in self.ids and old_ids.get(v) == self.ids[v]}
+        # only adapters of this lineage: a number merged again by another is another adapter
+        self.adapters.retain(lambda v: v in self.ids and old_ids.get(v) == self.ids[v])
         if self.fold is not None and old_ids.get(self.fold.version) != self.ids.get(self.fold.version):
             self.fold = None
         self.pending = {k: p for k, p in self.pending.items() if k not in set(self.state.merged_ids)}
@@ -159,10 +156,10 @@ class Coordinator(VersionsMixin):
 
     def release(self, lease: Lease) -> None:
         """A worker gives its lease back (Ctrl-C): its prompts return to the pool."""
-        self._verify(lease, self.clock(), check_deadline=False)
-        self._drop_lease(lease.lease_id)
+        self.check_lease(lease, self.clock(), check_deadline=False)
+        self.drop_lease(lease.lease_id)
 
-    def _verify(self, lease: Lease, now: float, check_deadline: bool = True) -> Lease:
+    def check_lease(self, lease: Lease, now: float, check_deadline: bool = True) -> Lease:
         """Signature and run always; the deadline with a grace of one round: a lease whose heartbeats were lost
         while the coordinator was down is still honoured, one that expired longer ago than ``round_timeout_s``
         is refused."""
@@ -170,7 +167,7 @@ class Coordinator(VersionsMixin):
         return leases.verify(lease, self.secret, run_id=self.state.run_id, now=now - grace,
                              check_deadline=check_deadline)
 
-    def _drop_lease(self, lease_id: str) -> None:
+    def drop_lease(self, lease_id: str) -> None:
         old = self.active.pop(lease_id, None)
         if old is not None:
             self.pool.give_back(old.prompt_indices)
@@ -180,16 +177,13 @@ class Coordinator(VersionsMixin):
         """The leaderboard row of a worker: ``user/worker`` (a name is only unique within a user)."""
         return f"{user}/{worker}" if user else worker
 
-    def _touch(self, worker: str, user: str | None, now: float) -> WorkerStats:
+    def touch_worker(self, worker: str, user: str | None, now: float) -> WorkerStats:
         key = self.worker_key(worker, user)
         ws = self.state.workers.get(key)
         if ws is None:
             ws = self.state.workers[key] = WorkerStats(worker=worker, user=user, first_seen=now)
         ws.last_seen = now
         return ws
-
-    def _budget_wait(self, now: float, user: str | None = None) -> float:
-        return leasing.budget_wait(self, now, user)
 
     # ----------------------------------------------------------------------------------------- submissions
 
@@ -204,7 +198,7 @@ class Coordinator(VersionsMixin):
 
     def precheck(self, lease: Lease) -> None:
         """The cheap part of ``submit`` for the request path: the lease's signature and run (``LeaseError``)."""
-        self._verify(lease, self.clock(), check_deadline=False)
+        self.check_lease(lease, self.clock(), check_deadline=False)
 
     def hand_in(self, lease: Lease) -> None:
         """A round delivered and queued for its check (under the server's lock): its lease stops being live, as
@@ -213,7 +207,7 @@ class Coordinator(VersionsMixin):
 
     def prepare_submission(self, lease: Lease, commit: str) -> admit.Prepared:
         """Read and check a submission (store reads; no state change): call it WITHOUT the server's lock."""
-        self._verify(lease, self.clock(), check_deadline=False)  # forged leases get no further
+        self.check_lease(lease, self.clock(), check_deadline=False)  # forged leases get no further
         return admit.prepare(self, lease, commit)
 
     def accept_submission(self, prepared: admit.Prepared, *, count_commit: bool = True) -> dict:
@@ -243,7 +237,7 @@ class Coordinator(VersionsMixin):
 
     def upload_precheck(self, lease: Lease) -> bool:
         """For uploads through the coordinator: verify the lease; False when this submission is already in."""
-        self._verify(lease, self.clock())
+        self.check_lease(lease, self.clock())
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         return sub_id not in self.state.merged_ids and sub_id not in self.pending
 
@@ -253,13 +247,13 @@ class Coordinator(VersionsMixin):
 
     def record_refusal(self, lease: Lease, err: InvalidSubmission) -> None:
         """Keep a refusal decided outside ``submit`` (an upload refused before commit) for the leaderboard."""
-        self._refuse(layout.submission_id(lease.worker, lease.lease_id), lease.worker, err, self.clock(),
+        self.refuse(layout.submission_id(lease.worker, lease.lease_id), lease.worker, err, self.clock(),
                      user=lease.user)
 
-    def _refuse(self, sub_id: str, worker: str, err: HubGrpoError, now: float, user: str | None = None) -> None:
+    def refuse(self, sub_id: str, worker: str, err: HubGrpoError, now: float, user: str | None = None) -> None:
         self.new_refusals.append(Refusal(submission_id=sub_id, worker=worker, code=str(err.code)[:64],
                                          message=err.message[:layout.MAX_MESSAGE], at=now, version=self.state.version))
-        self._touch(worker, user, now).refused += 1
+        self.touch_worker(worker, user, now).refused += 1
         log.info("refused %s: %s", sub_id, err.message)
 
     # -------------------------------------------------------------------------------------------- adapters
@@ -277,7 +271,7 @@ class Coordinator(VersionsMixin):
         for lid, lease in list(self.active.items()):
             if now > lease.deadline:
                 log.info("lease %s of %s expired", lid, lease.worker)
-                self._drop_lease(lid)
+                self.drop_lease(lid)
         if not self.background_merges:
             self.maybe_merge()
             self.housekeeping()
@@ -302,8 +296,10 @@ class Coordinator(VersionsMixin):
 
     def flush(self, lock=None, *, force: bool = True) -> bool:
         """Commit a checkpoint — now (``force``: whatever is unsaved: versions, refusals, held-out scores), or when
-        one is due (``checkpoint.due``); store I/O outside ``lock``. True when something was written."""
-        return checkpoint.run(self, lock, force=force)
+        one is due (``checkpoint.due``); store I/O outside ``lock``. True when something was written. One checkpoint
+        at a time: the server's checkpoint thread, its merge thread and ``hubgrpo run`` at its end may all call it."""
+        with self._flush_lock:
+            return checkpoint.run(self, lock, force=force)
 
     def record_eval(self, version, reward, samples) -> dict:
         """A held-out score of a version, reported by an evaluator: checked as hostile input, kept until the next

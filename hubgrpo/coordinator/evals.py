@@ -15,11 +15,16 @@ below the best so far, the next merge starts from the best version instead (``ga
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 import numbers
 
 from hubgrpo.errors import InvalidSubmission
 from hubgrpo.layout import RunState
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 MAX_SAMPLES = 100_000
 UNBOUNDED = 1e6  # |reward| bound when a reward function is not built in (its range is unknown)
@@ -52,7 +57,7 @@ def parse(cfg, version, reward, samples) -> tuple[int, float, int]:
     return int(version), float(reward), int(samples)
 
 
-def record(c, version: int, reward: float, samples: int) -> dict:
+def record(c: Coordinator, version: int, reward: float, samples: int) -> dict:
     """Keep a parsed score of ``version`` (under the API lock); the first score of a version wins."""
     known = {v.version for v in c.state.versions}
     if version not in known:
@@ -82,7 +87,7 @@ def apply(state: RunState, pending: dict) -> dict:
     return saved
 
 
-def gate_start(c) -> int | None:
+def gate_start(c: Coordinator) -> int | None:
     """With ``merge.eval_gate``: the best-scored version when the newest score fell more than the margin below it
     (and no merge has started from elsewhere since that score); else None (merge onto the current version)."""
     margin = c.cfg.merge.eval_gate

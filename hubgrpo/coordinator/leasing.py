@@ -13,10 +13,15 @@ Fairness and identity (a user is the authenticated HF user; None for a trusted l
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hubgrpo import layout
 from hubgrpo.coordinator import leases
 from hubgrpo.errors import LeaseError, Refused
 from hubgrpo.layout import Lease
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 
 def refused(code: str, message: str, wait_s: float | None = None, hint: str | None = None) -> Refused:
@@ -25,7 +30,7 @@ def refused(code: str, message: str, wait_s: float | None = None, hint: str | No
                    wait_s=wait_s)
 
 
-def issue(c, worker: str, user: str | None) -> Lease:
+def issue(c: Coordinator, worker: str, user: str | None) -> Lease:
     """A signed lease on the current version for ``worker`` of ``user`` (see the module docstring)."""
     layout.check_name(worker)
     now = c.clock()
@@ -57,11 +62,11 @@ def issue(c, worker: str, user: str | None) -> Lease:
         deadline=now + c.cfg.coordinator.lease_timeout_s)
     lease = leases.sign(lease, c.secret)
     c.active[lease.lease_id] = lease
-    c._touch(worker, user, now)
+    c.touch_worker(worker, user, now)
     return lease
 
 
-def lease_params(c, key: str) -> dict:
+def lease_params(c: Coordinator, key: str) -> dict:
     """The hyper-parameters a lease for worker ``key`` sets for its round: the learning rate of the run's schedule
     (``scheduled_params``) and, with ``params.fleet_batch`` split, the worker's share of the fleet's batch (the
     coordinator's own count of live workers, this one included); nothing the worker's config already says."""
@@ -74,7 +79,7 @@ def lease_params(c, key: str) -> dict:
     return params
 
 
-def live_workers(c, lease: Lease | None = None, key: str | None = None) -> int:
+def live_workers(c: Coordinator, lease: Lease | None = None, key: str | None = None) -> int:
     """Distinct workers (user and name) that leased or renewed a lease within the last ``lease_timeout_s``, and
     the submitter of ``lease`` (or the worker ``key`` asking for one). Their last contact is kept in state.json, so
     a restarted coordinator counts the fleet it had (its live leases come back only with their heartbeats); a
@@ -110,7 +115,7 @@ def stagger_fraction(k: int) -> float:
     return x
 
 
-def round_steps(c, key: str, first_round: bool = False) -> int:
+def round_steps(c: Coordinator, key: str, first_round: bool = False) -> int:
     """``params.steps_per_round``; with ``params.stagger_rounds``, a worker's first round while k other leases
     are live gets ``stagger_fraction(k)`` of it (at least 1 step), so that machines that start together do not
     deliver together (every round after theirs would start from one base and overlap fully); with
@@ -128,7 +133,7 @@ def round_steps(c, key: str, first_round: bool = False) -> int:
     return max(1, min(4 * p.steps_per_round, round(p.steps_per_round * median / mine)))
 
 
-def measure(c, lease: Lease, now: float) -> None:
+def measure(c: Coordinator, lease: Lease, now: float) -> None:
     """Record a delivered round's seconds per step (lease to submit) for ``round_steps`` (moving average)."""
     if lease.steps <= 0 or now <= lease.issued_at:
         return
@@ -137,7 +142,7 @@ def measure(c, lease: Lease, now: float) -> None:
     c.step_seconds[key] = sps if old is None else 0.5 * old + 0.5 * sps
 
 
-def _check_identity(c, worker: str, user: str | None, now: float) -> None:
+def _check_identity(c: Coordinator, worker: str, user: str | None, now: float) -> None:
     co = c.cfg.coordinator
     live_window = 2 * co.heartbeat_interval_s
     for lid, old in list(c.active.items()):
@@ -149,18 +154,18 @@ def _check_identity(c, worker: str, user: str | None, now: float) -> None:
                               wait_s=co.heartbeat_interval_s,
                               hint=f"give each machine its own --name; a restarted worker may lease again in "
                                    f"{live_window:.0f} s; wait_s={co.heartbeat_interval_s:.0f}")
-            c._drop_lease(lid)  # a restarted worker: its old round is abandoned, the prompts go back first
+            c.drop_lease(lid)  # a restarted worker: its old round is abandoned, the prompts go back first
     mine = sum(1 for l in c.active.values() if l.user == user)
     if mine >= co.max_leases_per_user:
         raise refused("lease_cap", f"{user or 'this run'} already holds {mine} live leases "
                       f"(coordinator.max_leases_per_user = {co.max_leases_per_user})", wait_s=co.heartbeat_interval_s)
 
 
-def renew(c, lease: Lease) -> Lease:
+def renew(c: Coordinator, lease: Lease) -> Lease:
     """Extend a live lease (re-signed with a later deadline); revive one issued before a restart or expired
     recently, unless another live lease holds its prompts now."""
     now = c.clock()
-    c._verify(lease, now)
+    c.check_lease(lease, now)
     renewed = leases.sign(lease.model_copy(update={"deadline": now + c.cfg.coordinator.lease_timeout_s}), c.secret)
     sub_id = layout.submission_id(lease.worker, lease.lease_id)
     if sub_id in c.pending or sub_id in c.state.merged_ids or sub_id in c.in_flight():
@@ -174,11 +179,11 @@ def renew(c, lease: Lease) -> Lease:
         c.pool.reclaim(lease.prompt_indices)
         c.pool.next_index = max(c.pool.next_index, max(lease.prompt_indices, default=-1) + 1)
     c.active[lease.lease_id] = renewed
-    c._touch(lease.worker, lease.user, now)
+    c.touch_worker(lease.worker, lease.user, now)
     return renewed
 
 
-def budget_wait(c, now: float, user: str | None = None) -> float:
+def budget_wait(c: Coordinator, now: float, user: str | None = None) -> float:
     """Seconds until one more round (its submission commit, when rounds are in the repo) fits in the hourly budget
     beside the next checkpoint, and in ``user``'s fair share of it when the budget is contended. Merges commit
     nothing (``checkpoint``); rounds submitted to a box (``hub.submissions``) cost no commit: then only checkpoints

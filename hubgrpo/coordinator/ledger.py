@@ -4,13 +4,18 @@ commit times) and the cheap copy it is staged in (``fork_state``). No I/O; calle
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hubgrpo import layout
 from hubgrpo.layout import MergedEntry, RunState, VersionRecord
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 MAX_REFUSALS_KEPT = 500  # refusals state.json keeps (the newest)
 
 
-def next_state(c, entries: list[MergedEntry], report: dict) -> RunState:
+def next_state(c: Coordinator, entries: list[MergedEntry], report: dict) -> RunState:
     now = c.clock()
     st = fork_state(c.state)
     st.version += 1

@@ -22,6 +22,8 @@ version whose rounds all are below it repeats the previous adapter.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import logging
 from collections.abc import Callable
@@ -34,6 +36,9 @@ from hubgrpo.coordinator.ledger import next_state
 from hubgrpo.coordinator.norms import credited
 from hubgrpo.errors import InvalidSubmission
 from hubgrpo.layout import MergedEntry, RunState
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 log = logging.getLogger("hubgrpo.coordinator")
 
@@ -89,7 +94,7 @@ class Staged:
     result: object = None
 
 
-def merge_version(c) -> bool:
+def merge_version(c: Coordinator) -> bool:
     """Merge ``c.pending`` into version ``c.state.version + 1`` in this thread. False if nothing was merged."""
     plan = plan_merge(c)
     if plan is None:
@@ -101,13 +106,11 @@ def merge_version(c) -> bool:
         raise
     merged = finish(c, plan, result, contextlib.nullcontext())
     if merged:
-        from hubgrpo.coordinator import checkpoint
-
-        checkpoint.run(c)  # inline (no server): the checkpoint too, when one is due
+        c.flush(force=False)  # inline (no server): the checkpoint too, when one is due
     return merged
 
 
-def finish(c, plan: MergePlan, result, lock) -> bool:
+def finish(c: Coordinator, plan: MergePlan, result, lock) -> bool:
     """``stage`` under ``lock``, render the adapter into the version cache without it, ``adopt`` under it: the new
     version is live (served to workers); the run repo gets it with the next checkpoint (``checkpoint.run``)."""
     with lock:
@@ -129,7 +132,7 @@ def finish(c, plan: MergePlan, result, lock) -> bool:
     return adopted
 
 
-def plan_merge(c) -> MergePlan | None:
+def plan_merge(c: Coordinator) -> MergePlan | None:
     """Snapshot the pending submissions for a merge and mark the coordinator as merging; None if none is left."""
     from hubgrpo.merge import MergeOptions
 
@@ -148,19 +151,19 @@ def plan_merge(c) -> MergePlan | None:
     c.merging = c.state.version + 1
     fold = c.fold if foldable(c) and c.fold is not None and c.fold.version == c.state.version else None
     start = evals.gate_start(c)  # merge.eval_gate: start from the best-scored version after a bad score
-    global_ = c._global() if start is None else (lambda: c._adapter(start))
+    global_ = c.global_adapter() if start is None else (lambda: c.adapter(start))
     return MergePlan(version=c.state.version + 1, global_=global_, items=items, entries=entries, options=opts,
                      momentum=_momentum(c), fold=fold if start is None else None, raw_weights=raw,
                      start_version=start, ids=list(raw))
 
 
-def foldable(c) -> bool:
+def foldable(c: Coordinator) -> bool:
     """FFA without clipping or trimming: the merge is linear in each submission, so it can be folded in early."""
     m = c.cfg.merge
     return m.method == "ffa" and m.clip_factor is None and m.trim_fraction == 0
 
 
-def prefold(c, lock) -> int:
+def prefold(c: Coordinator, lock) -> int:
     """Fold the pending submissions not folded yet into ``c.fold`` (FFA), so that the merge left when the quorum
     completes is one division per module. The store read of an adapter and the tensor work run outside ``lock``;
     only the merge thread calls this. Returns how many were folded."""
@@ -180,22 +183,22 @@ def prefold(c, lock) -> int:
         return 0
     from hubgrpo.merge.fold import FfaFold  # torch: only once there is something to fold (never at startup)
 
-    fold = fold or FfaFold(c._adapter(version), version)
+    fold = fold or FfaFold(c.adapter(version), version)
     for sub_id, adapter, base_version, w in todo:
-        fold.add(sub_id, adapter, c._adapter(base_version), w)
+        fold.add(sub_id, adapter, c.adapter(base_version), w)
     with lock:
         if c.state.version == version:
             c.fold = fold
     return len(todo)
 
 
-def _raw_weight(c, p) -> float | None:
+def _raw_weight(c: Coordinator, p) -> float | None:
     """A pending submission's merge weight before normalisation (None when it has grown too stale or earns no
     weight: ``credited``)."""
     from hubgrpo.merge import staleness_weight
 
     m = c.cfg.merge
-    if not credited(c, p):
+    if not credited(c.cfg, c.norm_history, p):
         return None
     try:
         return staleness_weight(p.samples, c.state.version - p.sub.trained_base, m.staleness_decay,
@@ -204,7 +207,7 @@ def _raw_weight(c, p) -> float | None:
         return None
 
 
-def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
+def _weighted_items(c: Coordinator) -> tuple[list, list[MergedEntry], float, dict]:
     """(submission adapter, its base adapter, normalised weight) for each credited pending submission still fresh,
     every entry merged (the uncredited ones with weight 0: ``credited``), the samples-weighted mean staleness
     discount (1+τ)^(−decay) of the credited ones and their raw weights by id; the ones grown too stale are refused
@@ -219,11 +222,11 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
             w = staleness_weight(p.samples, tau, m.staleness_decay, max(limit, p.staleness_limit))
         except InvalidSubmission as e:
             c.pending.pop(sub_id, None)
-            c._refuse(sub_id, p.sub.worker, e, now, user=p.sub.lease.user)
+            c.refuse(sub_id, p.sub.worker, e, now, user=p.sub.lease.user)
             continue
-        w = w if credited(c, p) else 0.0
+        w = w if credited(c.cfg, c.norm_history, p) else 0.0
         if w > 0:
-            raw.append((p.adapter, c._adapter(p.sub.trained_base), w))
+            raw.append((p.adapter, c.adapter(p.sub.trained_base), w))
         entries.append(MergedEntry(submission_id=sub_id, worker=p.sub.worker, user=p.sub.lease.user,
                                    base_version=p.sub.trained_base, staleness=tau, weight=w, samples=p.samples,
                                    reward_mean=p.reward_mean, update_norm=p.update_norm, steps=p.steps))
@@ -236,7 +239,7 @@ def _weighted_items(c) -> tuple[list, list[MergedEntry], float, dict]:
     return items, entries, total / samples, raw_weights
 
 
-def _momentum(c):
+def _momentum(c: Coordinator):
     """The outer-optimizer state (only with outer momentum), kept at optimizer/outer_momentum.safetensors: the
     tensors held since the last merge, or — after a reload (another coordinator may have merged) — a reader of
     the file at the head, which the compute calls without the lock (a store read)."""
@@ -254,7 +257,7 @@ def _momentum(c):
     return read
 
 
-def stage(c, plan: MergePlan, result) -> Staged | None:
+def stage(c: Coordinator, plan: MergePlan, result) -> Staged | None:
     """The merge commit's files and state (under the lock); None if the run moved on during the compute."""
     if c.state.version + 1 != plan.version or c.state.finished:
         log.warning("dropping the merge for version %d: the run is at version %d", plan.version, c.state.version)
@@ -269,11 +272,11 @@ def stage(c, plan: MergePlan, result) -> Staged | None:
     return staged
 
 
-def _worker_counts(c) -> dict:
+def _worker_counts(c: Coordinator) -> dict:
     return {k: (w.refused, w.accepted) for k, w in c.state.workers.items()}
 
 
-def _render(c, staged: Staged) -> None:
+def _render(c: Coordinator, staged: Staged) -> None:
     """Save the merged adapter into the coordinator's version cache (no lock); its id goes into the version's
     record (a new record, not shared with the live state yet)."""
     from hubgrpo.merge.adapter import adapter_bytes
@@ -283,7 +286,7 @@ def _render(c, staged: Staged) -> None:
     staged.state.versions[-1].adapter_id = aid
 
 
-def adopt(c, staged: Staged) -> bool:
+def adopt(c: Coordinator, staged: Staged) -> bool:
     """Adopt a merged ``staged`` state (under the lock), keeping what changed since it was staged: refusals,
     worker rows, last-seen times. The version is live from now on."""
     state = staged.state
@@ -308,11 +311,9 @@ def adopt(c, staged: Staged) -> bool:
     c.new_evals = {v: e for v, e in c.new_evals.items() if v not in staged.evals_saved}
     c.ids[state.version] = state.versions[-1].adapter_id
     result = staged.result
-    with c._cache_lock:
-        c._adapters[state.version] = result.adapter
-        for old in [v for v in c._adapters if v < state.version - staleness_limit(c) and v != c.checkpoint.version]:
-            del c._adapters[old]  # in memory: what a round may still be based on (a miss reads the version cache)
-            c._loading.pop(old, None)
+    # in memory: what a round may still be based on (a miss reads the version cache)
+    c.adapters.put(state.version, result.adapter, drop_below=state.version - staleness_limit(c),
+                   keep=c.checkpoint.version)
     c.momentum = result.momentum
     c.last_merge_at = state.versions[-1].created_at
     c.norm_history.add_merged(state.versions[-1].merged, c.cfg.merge.max_norm_factor)
@@ -322,7 +323,7 @@ def adopt(c, staged: Staged) -> bool:
     return True
 
 
-def _track(c, state: RunState) -> None:
+def _track(c: Coordinator, state: RunState) -> None:
     v = state.versions[-1]
     if c.tracker is not None:
         c.tracker.log({"version/reward": v.reward_mean, "version/residual": v.residual, "version/samples": v.samples,

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import collections
 import statistics
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from hubgrpo.config import Config
+    from hubgrpo.coordinator.admit import Pending
 
 NORM_HISTORY = 64  # credited update norms (per step) kept
 MIN_NORM_HISTORY = 3  # below this many, no bound but the step bound applies (and only a zero update is a free-rider)
@@ -84,13 +88,13 @@ def rebuild(versions, factor: float | None) -> NormHistory:
     return history
 
 
-def credited(c, p) -> bool:
-    """Whether pending submission ``p`` of coordinator ``c`` moved the adapter enough to earn merge weight and
-    credit: at or above the free-rider floor (``merge.admission.norm_floor`` from typical, scaled by its lease's
-    learning rate ÷ the run's)."""
+def credited(cfg: Config, history: NormHistory, p: Pending) -> bool:
+    """Whether pending submission ``p`` of the run of ``cfg`` moved the adapter enough to earn merge weight and
+    credit: at or above the free-rider floor (``merge.admission.norm_floor`` from the typical norm of ``history``,
+    scaled by its lease's learning rate ÷ the run's)."""
     from hubgrpo.merge.admission import below_floor, norm_floor
     from hubgrpo.task.rollouts import lease_params
 
-    ratio = float(lease_params(c.cfg, p.sub.lease)["learning_rate"]) / c.cfg.params.learning_rate
-    floor = norm_floor(c.norm_history.typical(), c.cfg.merge.min_norm_factor, ratio)
+    ratio = float(lease_params(cfg, p.sub.lease)["learning_rate"]) / cfg.params.learning_rate
+    floor = norm_floor(history.typical(), cfg.merge.min_norm_factor, ratio)
     return not below_floor(p.update_norm, p.steps, floor)

@@ -15,13 +15,19 @@ The history keeps every deleted folder until it is reclaimed (``hubgrpo gc``). `
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hubgrpo import layout
 from hubgrpo.layout import RunState
 
+if TYPE_CHECKING:
+    from hubgrpo.config import Config
+    from hubgrpo.store.base import Store
 
-def merge_deletes(c, state: RunState, head: str) -> list[str]:
-    """The folder deletes of the merge commit writing ``state`` (``coordinator.keep_submissions``)."""
-    return deletes(c.store, head, state, c.cfg.coordinator.keep_submissions, c.cfg.merge.lease_age_limit())
+
+def merge_deletes(store: Store, cfg: Config, state: RunState, head: str) -> list[str]:
+    """The folder deletes of the commit writing ``state`` on top of ``head`` (``coordinator.keep_submissions``)."""
+    return deletes(store, head, state, cfg.coordinator.keep_submissions, cfg.merge.lease_age_limit())
 
 
 def deletes(store, head: str, state: RunState, keep: int | None, max_age: int) -> list[str]:

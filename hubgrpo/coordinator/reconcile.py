@@ -14,12 +14,17 @@ worker whose lease names a deleted commit gives it back and leases again.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import logging
 import shutil
 
 from hubgrpo import layout, runrepo
 from hubgrpo.errors import NotFound
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 log = logging.getLogger("hubgrpo.coordinator")
 MERGE_MESSAGE = "hubgrpo: version {version} "
@@ -60,7 +65,7 @@ def rewritten(held: dict[int, str], store) -> bool:
     return any(now.get(v) != sha for v, sha in held.items())
 
 
-def reload_if_rewritten(c, lock=None) -> bool:
+def reload_if_rewritten(c: Coordinator, lock=None) -> bool:
     """Reload ``c`` from the repo when its tags were rewritten (store reads without ``lock``, the reload under it).
     A merge adopted meanwhile wins: the next scan looks again. True when it reloaded."""
     lock = lock or contextlib.nullcontext()

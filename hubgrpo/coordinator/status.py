@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hubgrpo import layout
 from hubgrpo.layout import RunState
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 
 def leaderboard(state: RunState) -> list[dict]:
@@ -48,7 +53,7 @@ def state_status(state: RunState, target_versions: int | None = None) -> dict:
             "refusals": [r.model_dump() for r in state.refused[-50:]]}
 
 
-def run_status(c) -> dict:
+def run_status(c: Coordinator) -> dict:
     """Live status of a Coordinator: state plus leases, pending submissions and the commit budget."""
     now = c.clock()
     out = state_status(c.state, c.cfg.params.versions)

@@ -14,12 +14,20 @@ from __future__ import annotations
 import shutil
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hubgrpo import layout, runrepo
 from hubgrpo.coordinator import admit, checkpoint
 from hubgrpo.errors import (CoordinatorError, InvalidSubmission, MergeError, NotFound, RateLimited,
                             StoreUnavailable)
+
+if TYPE_CHECKING:
+    from hubgrpo.config import Config
+    from hubgrpo.coordinator.checkpoint import Checkpoint
+    from hubgrpo.layout import RunState
+    from hubgrpo.store.base import Store
 
 FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)
 
@@ -93,10 +101,68 @@ class VersionCache:
             return sorted(self._dirs)
 
 
+class AdapterCache:
+    """The global adapters in memory, by version (thread-safe): what admission and merges read most. One read per
+    version at a time (``get``): concurrent callers (submits checked in parallel) wait for it instead of
+    downloading into, and deleting, the same folder."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._adapters: dict[int, object] = {}
+        self._loading: dict[int, threading.Lock] = {}  # one read per version at a time
+
+    def get(self, version: int, read: Callable[[int], object]):
+        """The adapter of ``version``, from memory or ``read(version)`` (which ``put``s it; no lock held)."""
+        with self._lock:
+            cached = self._adapters.get(version)
+            loading = self._loading.setdefault(version, threading.Lock())
+        if cached is not None:
+            return cached
+        with loading:  # no API lock is held here: only callers that need this very adapter wait
+            with self._lock:
+                cached = self._adapters.get(version)
+            return cached if cached is not None else read(version)
+
+    def put(self, version: int, adapter, *, drop_below: int, keep: int | None = None) -> None:
+        """Keep ``adapter`` as ``version``; the versions older than ``drop_below`` leave memory (but ``keep``)."""
+        with self._lock:
+            self._adapters[version] = adapter
+            for old in [v for v in self._adapters if v < drop_below and v != keep]:
+                del self._adapters[old]
+                self._loading.pop(old, None)
+
+    def retain(self, keep: Callable[[int], bool]) -> None:
+        """Forget every version for which ``keep(version)`` is False."""
+        with self._lock:
+            self._adapters = {v: a for v, a in self._adapters.items() if keep(v)}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._adapters.clear()
+
+    def __contains__(self, version: object) -> bool:
+        return version in self._adapters
+
+    def __len__(self) -> int:
+        return len(self._adapters)
+
+
 class VersionsMixin:
     """The coordinator's versions by number and adapter id (``Coordinator`` inherits it): its lineage as loaded
     from the repo, the adapters it reads (memory, the version cache, a checkpoint's tag), what the ``adapter``
     route serves, and what leaves the cache."""
+
+    state: RunState
+    cfg: Config
+    store: Store
+    workdir: Path
+    clock: Callable[[], float]
+    versions: VersionCache
+    adapters: AdapterCache
+    ids: dict[int, str]
+    shas: dict[int, str]
+    checkpoint: Checkpoint
+    checkpointing: int | None
 
     def _adopt_lineage(self, repo: dict) -> None:
         """The adapter ids of the versions a loaded state.json knows, the checkpoint's adapter in the version cache
@@ -111,23 +177,15 @@ class VersionsMixin:
         self.checkpoint = checkpoint.Checkpoint(version=version, sha=repo["head"],
                                                 at=min(at, now) if at is not None else now)
 
-    def _global(self):
-        return self._adapter(self.state.version)
+    def global_adapter(self):
+        """The adapter of the current version (``adapter``)."""
+        return self.adapter(self.state.version)
 
-    def _adapter(self, version: int):
-        """The global adapter of ``version`` (cached; read from its tag — a store read on a miss). One read per
-        version at a time: concurrent callers (submits checked in parallel) wait for it instead of downloading
-        into, and deleting, the same folder. A read that fails is ``CoordinatorError("unavailable")``: the
+    def adapter(self, version: int):
+        """The global adapter of ``version`` (in memory, ``adapters``; a miss reads the version cache or its tag —
+        a store read: call without the lock). A read that fails is ``CoordinatorError("unavailable")``: the
         coordinator's own problem, which a worker waits out (not a verdict on its round)."""
-        with self._cache_lock:
-            cached = self._adapters.get(version)
-            loading = self._loading.setdefault(version, threading.Lock())
-        if cached is not None:
-            return cached
-        with loading:  # no API lock is held here: only callers that need this very adapter wait
-            with self._cache_lock:
-                cached = self._adapters.get(version)
-            return cached if cached is not None else self._read_adapter(version)
+        return self.adapters.get(version, self._read_adapter)
 
     def _read_adapter(self, version: int):
         from hubgrpo.merge import load_adapter_dir
@@ -137,11 +195,7 @@ class VersionsMixin:
         except (MergeError, StoreUnavailable, RateLimited) as e:
             raise CoordinatorError(f"the coordinator could not read version {version}'s adapter: {e.message}",
                                    code="unavailable", hint="submit again in a few seconds") from e
-        with self._cache_lock:
-            self._adapters[version] = adapter
-            for old in [v for v in self._adapters if v < self.state.version - admit.staleness_limit(self)]:
-                del self._adapters[old]
-                self._loading.pop(old, None)
+        self.adapters.put(version, adapter, drop_below=self.state.version - admit.staleness_limit(self))
         return adapter
 
     def _version_folder(self, version: int) -> Path:

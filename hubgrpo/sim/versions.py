@@ -10,11 +10,16 @@ base and than the current version).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import os
 import shutil
 from pathlib import Path
 
 from hubgrpo import layout
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)
 
@@ -22,7 +27,7 @@ FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)
 class PinnedVersions:
     """version → a folder of its adapter that stays until ``release`` lets it go."""
 
-    def __init__(self, coord, root: Path):
+    def __init__(self, coord: Coordinator, root: Path):
         self.coord, self.root = coord, Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.dirs: dict[int, Path] = {}

@@ -22,7 +22,7 @@ Gradio 6 takes the theme and CSS at ``launch()``: pass ``**launch_kwargs()``.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is imported: no phoning home
 
@@ -32,6 +32,9 @@ from hubgrpo.space import view  # noqa: E402
 from hubgrpo.space.api import AuthHook, attach_routes, build_app, free_port  # noqa: E402
 from hubgrpo.space.upload import UPLOAD_FILES  # noqa: E402
 from hubgrpo.space.upload_route import add_upload  # noqa: E402
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 CSS = """
 .hg-head h1 {margin: 0 0 2px 0; font-size: 1.6rem;}
@@ -55,7 +58,7 @@ def _table(headers: list[str], label: str, elem_id: str, markdown_last: bool = F
                         max_height=420, show_label=True, elem_id=elem_id)
 
 
-def _layout(coord) -> dict[str, Any]:
+def _layout(coord: Coordinator) -> dict[str, Any]:
     """Create the UI components (inside an open ``gr.Blocks``); returns them by name."""
     c: dict[str, Any] = {"summary": gr.HTML(elem_id="hg-summary")}
     with gr.Row(equal_height=True):
@@ -82,7 +85,7 @@ def _layout(coord) -> dict[str, Any]:
 MIN_VERSION_AXIS = 10  # versions 0..10 at least: a narrower axis would put ticks at 0.5, 1.5, …
 
 
-def _refresher(coord, comps: dict[str, Any]):
+def _refresher(coord: Coordinator, comps: dict[str, Any]):
     """The refresh function for the timer and page load, and its output components (same order)."""
     names = ["summary", "reward", "workers", "leaderboard", "versions", "leases", "refusals", "config"]
 
@@ -96,7 +99,7 @@ def _refresher(coord, comps: dict[str, Any]):
     return refresh, [comps[n] for n in names]
 
 
-def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, tick_interval: float = 1.0,
+def build_space(coord: Coordinator, *, auth: AuthHook | None = None, refresh_s: float = 5.0, tick_interval: float = 1.0,
                 batch_size: int = 8, batch_wait_s: float = 5.0) -> gr.Blocks:
     """The coordinator app with its UI: API endpoints (``server.build_app``) + ``upload`` + the page.
 
@@ -116,7 +119,7 @@ def build_space(coord, *, auth: AuthHook | None = None, refresh_s: float = 5.0, 
     return blocks
 
 
-def serve_space(coord, host: str = "127.0.0.1", port: int = 0, *, auth: AuthHook | None = None,
+def serve_space(coord: Coordinator, host: str = "127.0.0.1", port: int = 0, *, auth: AuthHook | None = None,
                 refresh_s: float = 5.0, tick_interval: float = 1.0, batch_size: int = 8, batch_wait_s: float = 5.0,
                 **launch_kw: Any) -> tuple[gr.Blocks, str]:
     """Build and launch the Space app without blocking; returns ``(app, url)``. ``port=0`` picks a free port.

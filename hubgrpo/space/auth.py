@@ -38,9 +38,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hubgrpo.errors import CoordinatorError, Refused
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 log = logging.getLogger("hubgrpo.space.auth")
 
@@ -288,27 +291,27 @@ def request_token(request: Any) -> str | None:
     return info.get("access_token") if isinstance(info, dict) else None
 
 
-def repo_owner(coord) -> str | None:
+def repo_owner(coord: Coordinator) -> str | None:
     """The namespace of the run repo's Hub id (its owner); None for a repo with no Hub owner (a local path, S3)."""
     repo_id = getattr(coord.store, "repo_id", None)
     return repo_id.split("/")[0] if isinstance(repo_id, str) and "/" in repo_id else None
 
 
-def allowed_for(coord) -> list[str]:
+def allowed_for(coord: Coordinator) -> list[str]:
     """``coordinator.allowed_users``, or the run repo's Hub owner when the list is empty; an empty list for a repo
     with no Hub owner and no list (auth off)."""
     owner = repo_owner(coord)
     return list(coord.cfg.coordinator.allowed_users) or ([owner] if owner else [])
 
 
-def evaluators_for(coord) -> list[str]:
+def evaluators_for(coord: Coordinator) -> list[str]:
     """``coordinator.evaluators``, or the run repo's Hub owner when the list is empty; nobody for a repo with no
     Hub owner (``allowed_users`` never makes a worker an evaluator)."""
     owner = repo_owner(coord)
     return list(coord.cfg.coordinator.evaluators) or ([owner] if owner else [])
 
 
-def make_auth(coord, *, whoami: WhoAmI | None = None, endpoint: str | None = None,
+def make_auth(coord: Coordinator, *, whoami: WhoAmI | None = None, endpoint: str | None = None,
               clock: Callable[[], float] = time.monotonic) -> HubAuth | None:
     """The auth hook for a Coordinator (None = auth off: a repo with no Hub owner and no ``allowed_users``, which
     may be served on a loopback address only).

@@ -34,9 +34,12 @@ import inspect
 import json
 import math
 import typing
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hubgrpo.space.guard import PRE_AUTH_BODY, envelope, refusal
+
+if TYPE_CHECKING:
+    from hubgrpo.space.api import CoordinatorLike
 
 PREFIX = "/hubgrpo/api"
 MAX_BODY = 1 << 20  # a lease, a commit id, a token: far below this
@@ -223,7 +226,7 @@ async def authenticate(identify: Callable, request: Any, threads: Any) -> Any:
 
 
 def attach(app: Any, endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None,
-           auth: Any = None, coord: Any = None) -> None:
+           auth: Any = None, coord: CoordinatorLike | None = None) -> None:
     """Add ``POST {PREFIX}/{name}`` to the Starlette/FastAPI ``app`` (once; later calls add nothing), and with
     ``coord`` the ``GET`` adapter route (``hubgrpo.space.adapter_route``)."""
     import anyio

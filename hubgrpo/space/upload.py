@@ -28,6 +28,8 @@ deleted from the box at once; the worker gets the verdict (``commit`` is the rou
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import base64
 import binascii
 import logging
@@ -41,6 +43,9 @@ from pathlib import Path
 from hubgrpo import layout
 from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError
 from hubgrpo.layout import Lease
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 log = logging.getLogger("hubgrpo.space.app")
 
@@ -62,7 +67,7 @@ class QueuedSubmission:
 class SubmissionBatcher:
     """Commits queued submissions in batches (one commit each), then submits every one to the coordinator."""
 
-    def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
+    def __init__(self, coord: Coordinator, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
                  on_merge_due=None):
         """``on_merge_due()`` is called when a submit makes a merge due (the server's tick thread then merges)."""
         if batch_size < 1 or batch_wait_s < 0:
@@ -198,7 +203,7 @@ def decode_files(files, limit_bytes: int, dest: Path) -> Path:
     return dest
 
 
-def round_bytes(coord) -> int:
+def round_bytes(coord: Coordinator) -> int:
     """The most a round of this run can weigh: a submission of the global adapter's size (at most
     ``merge.max_submission_mb``) plus the largest rollouts file a lease can ask for (``params.balance_rounds``
     leases up to 4 × ``steps_per_round`` steps), with 1 % for gzip's overhead on what does not compress."""
@@ -208,15 +213,12 @@ def round_bytes(coord) -> int:
     from hubgrpo.task.rollouts import size_limit
 
     cfg = coord.cfg
-    files = int(cfg.merge.max_submission_mb * 2**20)
-    global_ = getattr(coord, "_global", None)
-    if global_ is not None:
-        files = min(files, max_submission_bytes(global_()))
+    files = min(int(cfg.merge.max_submission_mb * 2**20), max_submission_bytes(coord.global_adapter()))
     longest = SimpleNamespace(steps=4 * cfg.params.steps_per_round, params={})
     return files + size_limit(cfg, longest) * 101 // 100
 
 
-def upload_body_limit(coord) -> int:
+def upload_body_limit(coord: Coordinator) -> int:
     """The largest ``upload`` request body: a round (``round_bytes``) in base64, and 1 MiB for the lease and JSON."""
     return -(-round_bytes(coord) // 3) * 4 + (1 << 20)
 
@@ -225,7 +227,7 @@ class Uploads:
     """The ``upload`` endpoint's logic: check before committing, then hand over to the batcher and wait; or, with
     rounds in a box, put the round there and submit it (``_into_box``)."""
 
-    def __init__(self, coord, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
+    def __init__(self, coord: Coordinator, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
                  workdir: Path | None = None, wait_timeout_s: float = 300.0,
                  on_merge_due=None):
         self.coord, self.lock, self.on_merge_due = coord, lock, on_merge_due
@@ -243,8 +245,8 @@ class Uploads:
                 return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
         limit = round_bytes(c)
         folder = self.workdir / f"{sub_id}-{time.monotonic_ns()}"
-        inbox = getattr(c, "inbox", None)
-        boxed = inbox is not None and not inbox.in_repo
+        inbox = c.inbox
+        boxed = not inbox.in_repo
         try:
             decode_files(files, limit, folder)
             if not boxed:

@@ -9,15 +9,19 @@ guard's, on Gradio's routes alike) is what one round of the run can weigh in bas
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
 from hubgrpo.space.upload import Uploads, upload_body_limit
 from hubgrpo.space.wire import caller_token
 
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.space.api import CoordinatorLike
 
-def add_upload(blocks: gr.Blocks, coord, *, batch_size: int = 8, batch_wait_s: float = 5.0) -> Uploads:
+
+def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, batch_wait_s: float = 5.0) -> Uploads:
     """Register ``upload`` on ``blocks`` (built by ``build_app``, not launched yet); ``blocks.hubgrpo_uploads`` is
     the returned ``Uploads`` (close it to flush the queued uploads of a run whose rounds are commits)."""
     api = blocks.hubgrpo_ticker.api  # the server's endpoint object: its lock and its auth hook
@@ -43,7 +47,7 @@ def add_upload(blocks: gr.Blocks, coord, *, batch_size: int = 8, batch_wait_s: f
     return uploads
 
 
-def rounds_via_coordinator(coord) -> bool:
+def rounds_via_coordinator(coord: CoordinatorLike) -> bool:
     """Whether the run's rounds come only through the upload route (``hub.submissions: coordinator``)."""
     from hubgrpo.store.boxes import COORDINATOR
 

@@ -7,9 +7,14 @@ whole by a merge, never mutated in place while being read here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import html
 import time
 from datetime import datetime, timezone
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 LEADERBOARD_COLUMNS = ["worker", "user", "rounds accepted", "rounds refused", "samples", "mean reward",
                        "reward gain", "last seen"]
@@ -156,7 +161,7 @@ def summary_html(status: dict, store) -> str:
             f"</code> · bucket {where}</div></div><div class=\"hg-cards\">{body}</div>")
 
 
-def snapshot(coord, now: float | None = None) -> dict:
+def snapshot(coord: Coordinator, now: float | None = None) -> dict:
     """Everything the UI shows, computed once per refresh from ``coord.status()`` (no lock taken)."""
     from hubgrpo.config import to_yaml
 
