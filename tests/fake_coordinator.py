@@ -3,18 +3,20 @@
 Real behaviour where the API layer can observe it: leases are HMAC-signed and checked, heartbeats re-sign with
 a later deadline, expired leases are dropped by ``tick()`` (fake clock), submissions are counted and merged at a
 quorum, stale / duplicate / malformed submissions are refused with their codes, a lease budget refuses with a
-wait. Deliberately NOT thread-safe (a plain counter read-modify-write), so the server's lock is what keeps it
-right. ``fail_with`` makes the next call raise an arbitrary exception (an internal bug).
+wait. Like the real one it holds its own ``lock`` and takes it in each call; under it, deliberately unsafe (a plain
+counter read-modify-write), so a missing lock shows up. ``fail_with`` makes the next call raise an arbitrary
+exception (an internal bug).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import re
+import threading
 import time
 
+from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
 from hubgrpo.layout import Lease, check_name
 
@@ -53,6 +55,9 @@ class FakeCoordinator:
         self.finished = False
         self.fail_with: BaseException | None = None
         self.merge_wait_s = 0.0  # merges happen inside submit: nothing for a lease to wait for
+        self.lock = threading.Lock()
+        self.in_flight = InFlight()
+        self.background_merges = False
 
     # -------------------------------------------------------------------------------------------- helpers
 
@@ -81,6 +86,10 @@ class FakeCoordinator:
 
     def lease(self, worker: str, user: str | None = None) -> Lease:
         """Issue a signed lease over 4 fresh prompt indices."""
+        with self.lock:
+            return self._lease(worker, user)
+
+    def _lease(self, worker: str, user: str | None) -> Lease:
         self._enter("lease")
         check_name(worker)
         if self.finished:
@@ -102,6 +111,10 @@ class FakeCoordinator:
 
     def heartbeat(self, lease: Lease) -> Lease:
         """Re-sign ``lease`` with a deadline ``ttl`` from now."""
+        with self.lock:
+            return self._heartbeat(lease)
+
+    def _heartbeat(self, lease: Lease) -> Lease:
         self._enter("heartbeat")
         self._verify(lease)
         new = lease.model_copy(update={"deadline": self.clock() + self.ttl, "signature": ""})
@@ -111,9 +124,10 @@ class FakeCoordinator:
 
     def release(self, lease: Lease) -> None:
         """Forget ``lease``."""
-        self._enter("release")
-        self._verify(lease)
-        del self.active[lease.lease_id]
+        with self.lock:
+            self._enter("release")
+            self._verify(lease)
+            del self.active[lease.lease_id]
 
     def precheck(self, lease: Lease) -> None:
         """The server's cheap check before it queues a round: the lease's signature (as the real one, not whether
@@ -121,9 +135,15 @@ class FakeCoordinator:
         if not hmac.compare_digest(self.sign(lease), lease.signature):
             raise LeaseError(f"lease {lease.lease_id} has a bad signature", hint="do not edit leases")
 
-    def submit(self, lease: Lease, commit: str, *, lock=None) -> dict:
+    def hand_in(self, lease: Lease) -> None:
+        """A round queued for its check: nothing to do here (its lease stays for ``submit``)."""
+
+    def with_uploads(self, lease: Lease) -> Lease:
+        return lease
+
+    def submit(self, lease: Lease, commit: str) -> dict:
         """Admit a submission; merge a new version at ``quorum`` pending ones (all under ``lock``: no I/O here)."""
-        with lock or contextlib.nullcontext():
+        with self.lock:
             return self._submit(lease, commit)
 
     def _submit(self, lease: Lease, commit: str) -> dict:
@@ -156,27 +176,40 @@ class FakeCoordinator:
 
     def tick(self) -> None:
         """Drop leases past their deadline."""
-        self.ticks += 1
-        now = self.clock()
-        for lease_id in [k for k, v in self.active.items() if now > v.deadline]:
-            del self.active[lease_id]
-            self.expired += 1
+        with self.lock:
+            self.ticks += 1
+            now = self.clock()
+            for lease_id in [k for k, v in self.active.items() if now > v.deadline]:
+                del self.active[lease_id]
+                self.expired += 1
 
-    def plan_merge(self):
+    def use_merge_thread(self) -> None:
+        self.background_merges = True
+
+    def plan_merge(self, on_planned=None):
         """This fake merges inside ``submit``; nothing is ever left for the tick thread."""
+        with self.lock:
+            if on_planned is not None:
+                on_planned(False)
         return None
 
-    def finish_merge(self, plan, result, *, lock=None) -> bool:
+    def finish_merge(self, plan, result) -> bool:
         return False
 
-    def scan_pass(self, lock=None, *, force: bool = False) -> int:
+    def scan_pass(self, *, force: bool = False) -> int:
         return 0
 
     def warm_up(self) -> None:
         pass
 
-    def flush(self, lock=None, *, force: bool = True) -> bool:
+    def flush(self, *, force: bool = True) -> bool:
         return False
 
     def abort_merge(self, plan) -> None:
         pass
+
+    def prefold(self) -> int:
+        return 0
+
+    def checkpoints_inline(self) -> bool:
+        return False

@@ -343,7 +343,7 @@ def test_an_idle_coordinator_tick_imports_no_torch(tmp_path, method):
     code = ("import sys, pathlib; from hubgrpo.coordinator.core import Coordinator; "
             "from hubgrpo.store.local import LocalStore; "
             f"c = Coordinator(LocalStore({str(tmp_path / 'repo')!r}), b's', workdir=pathlib.Path({str(tmp_path)!r})); "
-            "c.background_merges = True; c.tick(); c.prefold(); c.plan_merge(); print('torch' in sys.modules)")
+            "c.use_merge_thread(); c.tick(); c.prefold(); c.plan_merge(); print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "False"
@@ -360,7 +360,7 @@ def test_rounds_beyond_the_quorum_are_averaged_or_each_add_their_step(tmp_path, 
 
     store, c, _ = local_coordinator(tmp_path, **{"merge.method": "ffa", "merge.quorum": 1,
                                                  "merge.extra_rounds": extra})
-    c.background_merges = True  # submit only admits: the three wait for one merge
+    c.use_merge_thread()  # submit only admits: the three wait for one merge
     leases = [c.lease(f"w{i}") for i in range(3)]
     for i, lease in enumerate(leases):
         assert c.submit(lease, push_submission(store, lease, tmp_path, seed=i + 1))["status"] == "admitted"
@@ -386,7 +386,7 @@ def test_added_rounds_count_at_most_one_per_worker(tmp_path):
 
     store, c, _ = local_coordinator(tmp_path, **{"merge.method": "ffa", "merge.quorum": 1,
                                                  "merge.extra_rounds": "add"})
-    c.background_merges = True
+    c.use_merge_thread()
     leases = []
     for i in range(3):  # one round after another, each admitted while no merge runs
         leases.append(c.lease("w0"))

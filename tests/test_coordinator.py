@@ -314,7 +314,7 @@ def test_every_unsaved_refusal_stays_visible_in_the_status(tmp_path):
     after it: its refusal is saved only with a later merge, and must not drop out of the status behind newer
     refusals (the load benchmark once counted two such rounds as lost)."""
     store, c, clock = _setup(tmp_path, **{"merge.max_staleness": 0, "coordinator.commit_budget_per_hour": 1000})
-    c.background_merges = True  # as under the server: submits only admit; merges go plan → compute → finish
+    c.use_merge_thread()  # as under the server: submits only admit; merges go plan → compute → finish
     l1, l2, late = c.lease("w1"), c.lease("w2"), c.lease("late")
     for lease, seed in ((l1, 1), (l2, 2)):
         c.submit(lease, push_submission(store, lease, tmp_path, seed=seed))

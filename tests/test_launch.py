@@ -186,7 +186,7 @@ def test_the_wheel_a_space_publishes_installs_anywhere_and_runs_a_worker(hub_emu
         client = CoordinatorClient(url, retries=1)  # on the Hub, the merged version is live before its checkpoint
         wait_for(lambda: client.status()["version"] >= 1, 60, "the fresh install's round merged")
         assert client.status()["versions"][1]["contributors"] == ["fresh"]
-        assert coord.flush(app.hubgrpo_ticker.api.lock) and runrepo.read_state(store).version == 1  # the checkpoint
+        assert coord.flush() and runrepo.read_state(store).version == 1  # the checkpoint
         assert [m.worker for m in runrepo.read_state(store).versions[1].merged] == ["fresh"]
     finally:
         app.close(verbose=False)

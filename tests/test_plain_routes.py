@@ -37,10 +37,10 @@ class SlowChecks(FakeCoordinator):
         self.check_s, self.release_checks = check_s, threading.Event()
         self.release_checks.set()
 
-    def submit(self, lease, commit, *, lock=None):
+    def submit(self, lease, commit):
         self.release_checks.wait(30)
         time.sleep(self.check_s)
-        return super().submit(lease, commit, lock=lock)
+        return super().submit(lease, commit)
 
 
 @pytest.fixture
@@ -264,9 +264,9 @@ class HeldChecks(Coordinator):
 
     gate: threading.Event
 
-    def submit(self, lease, commit, *, count_commit=True, lock=None):
+    def submit(self, lease, commit, *, count_commit=True):
         assert self.gate.wait(30), "the test never let the check run"
-        return super().submit(lease, commit, count_commit=count_commit, lock=lock)
+        return super().submit(lease, commit, count_commit=count_commit)
 
 
 def held_run(tmp_path, **overrides):

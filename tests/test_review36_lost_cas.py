@@ -33,7 +33,7 @@ def test_after_a_lost_checkpoint_cas_the_next_merge_starts_from_the_winners_adap
     assert not a.flush()  # A loses the CAS and reloads B's checkpoint
     assert a.state.version == 1 and a.ids[1] == b.ids[1]
     winner = load_adapter_dir(b.version_dir(1, b.ids[1])).weights
-    used = a._global().weights  # what A's next merge starts from (and measures rounds on v1' against)
+    used = a.global_adapter().weights  # what A's next merge starts from (and measures rounds on v1' against)
     differ = [k for k in winner if not torch.equal(winner[k], used[k])]
     assert not differ, (f"A merges on top of its own lost v1, not the checkpointed v1' it reloaded "
                         f"({len(differ)} tensors differ, e.g. {differ[:2]})")

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from hubgrpo.worker.client import CoordinatorClient, space_url
+from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.errors import CoordinatorError, InvalidSubmission, LeaseError, Refused
 from hubgrpo.layout import Lease
 from hubgrpo.space.api import build_app, free_port, serve
@@ -29,9 +30,11 @@ class Swappable:
     """Forwards the coordinator interface to ``target``, swapped per test, so one app serves the module."""
 
     target: FakeCoordinator | None = None
+    in_flight = InFlight()  # the app's admission queue reports to the proxy, whichever target is behind it
 
     def __getattr__(self, name: str):
-        if self.target is None and name in ("tick", "plan_merge", "scan_pass", "flush", "warm_up"):
+        if self.target is None and name in ("tick", "plan_merge", "scan_pass", "flush", "warm_up", "prefold",
+                                            "checkpoints_inline", "use_merge_thread"):
             return lambda *a, **kw: None
         return getattr(self.target, name)
 

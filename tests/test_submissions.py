@@ -104,14 +104,13 @@ def test_uploads_through_the_space_go_to_the_box(tmp_path):
     """A worker without write access uploads to the coordinator (`--upload-via coordinator`): with a box, the
     checked folder goes into the box, not into a batch commit of the run repo."""
     import base64
-    import threading
 
     from hubgrpo.space.upload import Uploads
     from hubgrpo.store.boxes import open_box
 
     box = str(tmp_path / "box")
     store, c, _ = _setup(tmp_path, box)
-    uploads = Uploads(c, threading.Lock(), batch_size=1, batch_wait_s=0.0, workdir=tmp_path / "uploads")
+    uploads = Uploads(c, batch_size=1, batch_wait_s=0.0, workdir=tmp_path / "uploads")
     try:
         lease = c.lease("bob")
         folder = _round(store, lease, tmp_path, seed=1)

@@ -236,7 +236,7 @@ def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, 
         stop_workers(procs)
         if evaluator is not None and status["finished"]:
             _wait_for(evaluator, EVAL_WAIT_S)  # it scores the last versions, then exits
-        coord.flush(app.hubgrpo_ticker.api.lock)  # held-out scores and refusals not in state.json yet
+        coord.flush()  # held-out scores and refusals not in state.json yet
         status = client.status()
     finally:
         stop_workers(procs + ([evaluator] if evaluator is not None else []))

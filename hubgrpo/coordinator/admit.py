@@ -243,9 +243,9 @@ def read_record(folder: Path, lease: Lease, sub_id: str) -> Submission:
     return sub.model_copy(update={"lease": lease, "user": lease.user})
 
 
-def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True, merge: bool = True) -> dict:
-    """Keep a prepared submission pending (or record its refusal and raise it). Call under the API lock. Without
-    a server (``background_merges`` off) a due merge runs here, unless ``merge`` is False."""
+def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True) -> dict:
+    """Keep a prepared submission pending (or record its refusal and raise it), under ``c.lock``; the answer:
+    ``admitted`` (or ``duplicate``), and whether a merge is due now."""
     lease, sub_id, now = prepared.lease, prepared.sub_id, c.clock()
     if prepared.duplicate or sub_id in c.state.merged_ids or sub_id in c.pending:
         return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
@@ -267,8 +267,13 @@ def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True, mer
     from hubgrpo.coordinator.leasing import measure
 
     measure(c, lease, now)
-    merged = False if c.background_merges or not merge else c.maybe_merge()
-    return {"status": "merged" if merged else "admitted", "submission_id": sub_id, "version": c.state.version,
+    return admitted(c, prepared, merged=False)
+
+
+def admitted(c: Coordinator, prepared: Prepared, *, merged: bool) -> dict:
+    """The answer to an admitted submission (under ``c.lock``): ``merged`` when a merge took it in already."""
+    return {"status": "merged" if merged else "admitted", "submission_id": prepared.sub_id,
+            "version": c.state.version,
             "staleness": None if merged else c.state.version - prepared.pending.sub.trained_base,
             "merge_due": not merged and c.merge_due()}
 

@@ -15,9 +15,9 @@ most once per interval. A restarted coordinator resumes from the last checkpoint
 merged since (their rounds' records too); rounds based on them are refused as stale (``admit`` checks the id of
 a round's base version against its own lineage), never merged twice into the history that stays.
 
-Phases as for merges: ``stage`` under the API lock, ``commit`` without it (store writes), ``adopt`` under it. A
-served coordinator commits checkpoints from a thread of their own (``space.ticker``), so a commit waiting out the
-Hub's 429 never holds a merge; where commits are free and the interval is 0 (a local folder, S3) the merge thread
+Phases as for merges: ``stage`` under the coordinator's lock, ``commit`` without it (store writes), ``adopt`` under
+it. A served coordinator commits checkpoints from a thread of their own (``space.ticker``), so a commit waiting out
+the Hub's 429 never holds a merge; where commits are free and the interval is 0 (a local folder, S3) the merge thread
 checkpoints each version right after its merge instead, so that none is skipped (``Coordinator.checkpoints_inline``).
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -196,11 +195,10 @@ def adopt(c: Coordinator, staged: Staged) -> None:
     log.info("checkpoint: version %d committed (%s)", st.version, staged.sha[:10])
 
 
-def run(c: Coordinator, lock=None, *, force: bool = False) -> bool:
-    """Commit a checkpoint when one is due (``force``: now): stage under ``lock``, commit without it, adopt under
+def run(c: Coordinator, *, force: bool = False) -> bool:
+    """Commit a checkpoint when one is due (``force``: now): stage under ``c.lock``, commit without it, adopt under
     it. True when one was committed; False when none was due or another coordinator won (then ``c`` reloaded)."""
-    lock = lock or contextlib.nullcontext()
-    with lock:
+    with c.lock:
         if not due(c, force=force):
             return False
         staged = stage(c)
@@ -208,7 +206,7 @@ def run(c: Coordinator, lock=None, *, force: bool = False) -> bool:
         lost_to = commit(c, staged)
     finally:
         c.checkpointing = None
-    with lock:
+    with c.lock:
         if lost_to is None:
             adopt(c, staged)
         else:

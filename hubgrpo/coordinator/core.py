@@ -14,22 +14,26 @@ Everything durable lives in the run repo, so the coordinator is a function of re
 Commits per hour are counted (worker submissions when rounds are in the repo, checkpoints); leases are refused
 with a wait while a new round would push the repo over ``coordinator.commit_budget_per_hour``.
 
-Thread safety belongs to the server (``hubgrpo.space.api``): it calls the store-reading phases (``prepare_submission``,
-``scan``, ``read_repo``, the merge commit) without its lock and everything else under it.
+Thread safety: the coordinator holds its own ``lock``, the one every request needs, and takes it itself. Each public
+method that changes state takes it for its bookkeeping only; a method with store I/O or tensor work runs in phases
+(``submit``, ``scan_pass``, ``flush``, ``finish_merge``, ``prefold``, ``maybe_merge``): reads and checks without the
+lock, the change under it; a commit is staged under it, made without it, adopted under it. Call none of them with
+the lock held. ``status`` reads without it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.config import Config
-from hubgrpo.coordinator import admit, checkpoint, leases, leasing, norms, reconcile
+from hubgrpo.coordinator import admit, checkpoint, evals, leases, leasing, merging, norms, reconcile
+from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMixin
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
 from hubgrpo.layout import Lease, Refusal, RunState, WorkerStats
@@ -43,10 +47,12 @@ class Coordinator(VersionsMixin):
     """Leases, admission, staleness, merging and run state for one run repo."""
 
     def __init__(self, store: Store, secret: bytes, *, clock=time.time, workdir: Path | None = None,
-                 allow_code: list[str] | None = None):
+                 allow_code: list[str] | None = None, new_lease_id: Callable[[], str] = leases.new_lease_id):
         """``allow_code``: the non-built-in reward functions of the run's config that this coordinator may run
-        to recompute rewards (``--allow-reward``); any other one is refused here, at startup."""
+        to recompute rewards (``--allow-reward``); any other one is refused here, at startup. ``new_lease_id``:
+        the ids of its leases (the simulator numbers them, for determinism)."""
         self.store, self.secret, self.clock = store, secret, clock
+        self.lock = threading.Lock()  # what every request needs: held for bookkeeping, never across I/O
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-coord-"))
         self.active: dict[str, Lease] = {}
         self.pending: dict[str, Pending] = {}
@@ -58,9 +64,9 @@ class Coordinator(VersionsMixin):
         self._flush_lock = threading.Lock()  # one checkpoint at a time (``flush``)
         self.tracker = None
         self.merging: int | None = None  # the version a merge is computing right now
-        self.background_merges = False  # set by the server: submit/tick leave merges to its merge thread
-        self.in_flight = set  # set by the server: ids of submitted rounds its admission queue holds (scans skip them)
-        self.new_lease_id = leases.new_lease_id  # injectable: the simulator numbers leases for determinism
+        self.background_merges = False  # under a server (``use_merge_thread``): merges are its merge thread's
+        self.in_flight = InFlight()  # rounds queued for their check: the server's admission queue reports them
+        self.new_lease_id = new_lease_id
         self.momentum = None
         self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (balance_rounds)
         self.versions = VersionCache(self.workdir / "versions")  # live and recent versions (the adapter route)
@@ -140,24 +146,28 @@ class Coordinator(VersionsMixin):
 
     def lease(self, worker: str, user: str | None = None) -> Lease:
         """A signed lease on the current version (``leasing.issue``)."""
-        return leasing.issue(self, worker, user)
+        with self.lock:
+            return leasing.issue(self, worker, user)
 
     def with_uploads(self, lease: Lease) -> Lease:
         """``lease`` with presigned upload URLs for its round when submissions go to an S3 box (``inbox``); local
-        signing, but credentials may need refreshing: call it WITHOUT the server's lock. The URLs are not part of
-        the lease's signature."""
+        signing, but credentials may need refreshing: no lock. The URLs are not part of the lease's signature."""
         urls = self.inbox.upload_urls(lease, admit.submission_limit(self, lease))  # each file capped
         return lease.model_copy(update={"uploads": urls}) if urls else lease
 
     def heartbeat(self, lease: Lease) -> Lease:
         """Extend a live lease; revives one issued before a restart if its prompts are free (``leasing.renew``).
         The upload URLs a worker sends back are dropped (``with_uploads`` mints fresh ones)."""
-        return leasing.renew(self, lease.model_copy(update={"uploads": {}}) if lease.uploads else lease)
+        with self.lock:
+            return leasing.renew(self, lease.model_copy(update={"uploads": {}}) if lease.uploads else lease)
 
     def release(self, lease: Lease) -> None:
         """A worker gives its lease back (Ctrl-C): its prompts return to the pool."""
-        self.check_lease(lease, self.clock(), check_deadline=False)
-        self.drop_lease(lease.lease_id)
+        with self.lock:
+            self.check_lease(lease, self.clock(), check_deadline=False)
+            self.drop_lease(lease.lease_id)
+
+    # The helpers below (to ``touch_worker``) and ``refuse`` are for this package's modules, under ``lock``.
 
     def check_lease(self, lease: Lease, now: float, check_deadline: bool = True) -> Lease:
         """Signature and run always; the deadline with a grace of one round: a lease whose heartbeats were lost
@@ -168,6 +178,7 @@ class Coordinator(VersionsMixin):
                              check_deadline=check_deadline)
 
     def drop_lease(self, lease_id: str) -> None:
+        """Forget a live lease; its prompts go back to the pool."""
         old = self.active.pop(lease_id, None)
         if old is not None:
             self.pool.give_back(old.prompt_indices)
@@ -178,6 +189,7 @@ class Coordinator(VersionsMixin):
         return f"{user}/{worker}" if user else worker
 
     def touch_worker(self, worker: str, user: str | None, now: float) -> WorkerStats:
+        """The leaderboard row of a worker, seen ``now`` (created at its first contact)."""
         key = self.worker_key(worker, user)
         ws = self.state.workers.get(key)
         if ws is None:
@@ -187,43 +199,46 @@ class Coordinator(VersionsMixin):
 
     # ----------------------------------------------------------------------------------------- submissions
 
-    def submit(self, lease: Lease, commit: str, *, count_commit: bool = True, lock=None) -> dict:
-        """Admit the submission the worker committed at ``commit``: ``prepare_submission`` (store reads) without
-        ``lock``, ``accept_submission`` under it; merge when the quorum is reached, unless ``background_merges``.
-
-        ``count_commit=False`` for the 2nd..Nth submission of a batch commit made by the coordinator itself."""
+    def submit(self, lease: Lease, commit: str, *, count_commit: bool = True) -> dict:
+        """Admit the submission the worker committed at ``commit``: read and checked without the lock
+        (``prepare_submission``), kept pending (or refused) under it; without a server (``background_merges``
+        off) the merge a quorum makes due runs here, in phases (``maybe_merge``). An id that was queued for its
+        check (``in_flight``) is decided here. ``count_commit=False`` for the 2nd..Nth submission of a batch commit
+        made by the coordinator itself."""
         prepared = self.prepare_submission(lease, commit)
-        with lock or contextlib.nullcontext():
-            return self.accept_submission(prepared, count_commit=count_commit)
+        with self.lock:
+            answer = admit.accept(self, prepared, count_commit=count_commit)
+        if self.background_merges or answer["status"] != "admitted":
+            return answer
+        merged = self.maybe_merge()
+        with self.lock:
+            return admit.admitted(self, prepared, merged=merged)
 
     def precheck(self, lease: Lease) -> None:
         """The cheap part of ``submit`` for the request path: the lease's signature and run (``LeaseError``)."""
         self.check_lease(lease, self.clock(), check_deadline=False)
 
     def hand_in(self, lease: Lease) -> None:
-        """A round delivered and queued for its check (under the server's lock): its lease stops being live, as
-        ``accept_submission`` would make it (the worker's name may lease again; expiry gives no prompts back)."""
-        self.active.pop(lease.lease_id, None)
+        """A round delivered and queued for its check: its lease stops being live, as ``submit`` would make it
+        (the worker's name may lease again; expiry gives no prompts back)."""
+        with self.lock:
+            self.active.pop(lease.lease_id, None)
 
     def prepare_submission(self, lease: Lease, commit: str) -> admit.Prepared:
-        """Read and check a submission (store reads; no state change): call it WITHOUT the server's lock."""
+        """Read and check a submission (store reads; no state change, no lock)."""
         self.check_lease(lease, self.clock(), check_deadline=False)  # forged leases get no further
         return admit.prepare(self, lease, commit)
 
-    def accept_submission(self, prepared: admit.Prepared, *, count_commit: bool = True) -> dict:
-        """Keep a prepared submission pending, or record its refusal and raise it (under the lock)."""
-        return admit.accept(self, prepared, count_commit=count_commit)
-
     def accept_quietly(self, prepared: admit.Prepared, *, count_commit: bool = False) -> None:
-        """``accept_submission`` for submissions nobody waits for (scans): refusals are recorded, not raised, and
-        a due merge is left to the next tick. ``count_commit``: a round a running coordinator's scan finds in the
-        repo was committed since it started, and its submit (if one comes) is a duplicate: its commit counts here
-        (at startup the history already holds it)."""
+        """Keep a prepared submission nobody waits for (scans) pending, under ``lock``: refusals are recorded, not
+        raised, and a due merge is left to the next tick. ``count_commit``: a round a running coordinator's scan
+        finds in the repo was committed since it started, and its submit (if one comes) is a duplicate: its commit
+        counts here (at startup the history already holds it)."""
         if prepared.lease is None:
             log.warning("ignored %s: %s", prepared.sub_id, prepared.error and prepared.error.message)
             return
         try:
-            admit.accept(self, prepared, count_commit=count_commit, merge=False)
+            admit.accept(self, prepared, count_commit=count_commit)
         except (InvalidSubmission, LeaseError) as e:
             log.info("scanned submission %s refused: %s", prepared.sub_id, e.message)
 
@@ -231,15 +246,16 @@ class Coordinator(VersionsMixin):
         return self.clock() - self.last_scan_at >= self.cfg.coordinator.scan_interval_s
 
     def scan(self) -> list[admit.Prepared]:
-        """Committed submissions nobody submitted (store reads; call without the lock, then accept each)."""
+        """Committed submissions nobody submitted (store reads, no lock; ``scan_pass`` then accepts each)."""
         self.last_scan_at = self.clock()
         return admit.scan(self)
 
     def upload_precheck(self, lease: Lease) -> bool:
         """For uploads through the coordinator: verify the lease; False when this submission is already in."""
-        self.check_lease(lease, self.clock())
-        sub_id = layout.submission_id(lease.worker, lease.lease_id)
-        return sub_id not in self.state.merged_ids and sub_id not in self.pending
+        with self.lock:
+            self.check_lease(lease, self.clock())
+            sub_id = layout.submission_id(lease.worker, lease.lease_id)
+            return sub_id not in self.state.merged_ids and sub_id not in self.pending
 
     def check_upload(self, lease: Lease, folder: Path) -> None:
         """Every check of an uploaded folder before it is committed (reads adapters; call without the lock)."""
@@ -247,10 +263,12 @@ class Coordinator(VersionsMixin):
 
     def record_refusal(self, lease: Lease, err: InvalidSubmission) -> None:
         """Keep a refusal decided outside ``submit`` (an upload refused before commit) for the leaderboard."""
-        self.refuse(layout.submission_id(lease.worker, lease.lease_id), lease.worker, err, self.clock(),
-                     user=lease.user)
+        with self.lock:
+            self.refuse(layout.submission_id(lease.worker, lease.lease_id), lease.worker, err, self.clock(),
+                        user=lease.user)
 
     def refuse(self, sub_id: str, worker: str, err: HubGrpoError, now: float, user: str | None = None) -> None:
+        """Record a refusal (the leaderboard, the next checkpoint's state.json; under ``lock``)."""
         self.new_refusals.append(Refusal(submission_id=sub_id, worker=worker, code=str(err.code)[:64],
                                          message=err.message[:layout.MAX_MESSAGE], at=now, version=self.state.version))
         self.touch_worker(worker, user, now).refused += 1
@@ -264,54 +282,55 @@ class Coordinator(VersionsMixin):
 
     # -------------------------------------------------------------------------------------------- ticks, merges
 
+    def use_merge_thread(self) -> None:
+        """Under a server: ``submit`` and ``tick`` leave merges, scans and checkpoints to its threads
+        (``plan_merge``/``finish_merge``, ``scan_pass``, ``flush``)."""
+        self.background_merges = True
+
     def tick(self) -> None:
         """Expire leases (their prompts go back to the pool). Without a server (``background_merges`` off) also
         the merge at the round deadline and ``housekeeping``, in this thread."""
-        now = self.clock()
-        for lid, lease in list(self.active.items()):
-            if now > lease.deadline:
-                log.info("lease %s of %s expired", lid, lease.worker)
-                self.drop_lease(lid)
+        with self.lock:
+            now = self.clock()
+            for lid, lease in list(self.active.items()):
+                if now > lease.deadline:
+                    log.info("lease %s of %s expired", lid, lease.worker)
+                    self.drop_lease(lid)
         if not self.background_merges:
             self.maybe_merge()
             self.housekeeping()
 
-    def housekeeping(self, lock=None) -> None:
-        """The repo scan (when due) and the checkpoint (when due); store I/O runs outside ``lock``."""
-        self.scan_pass(lock)
-        self.flush(lock, force=False)
+    def housekeeping(self) -> None:
+        """The repo scan (when due) and the checkpoint (when due); store I/O runs outside the lock."""
+        self.scan_pass()
+        self.flush(force=False)
 
-    def scan_pass(self, lock=None, *, force: bool = False) -> int:
-        """The repo scan when due (or now, ``force``): store reads without ``lock``, then each round found accepted
+    def scan_pass(self, *, force: bool = False) -> int:
+        """The repo scan when due (or now, ``force``): store reads without the lock, then each round found accepted
         under it. A served coordinator runs this in its own thread (``Ticker``): at 1000 workers one pass listed
         ~9000 box objects for 10–19 s, and merges must not wait for it. Returns how many rounds were found."""
         if not force and not self.scan_due():
             return 0
-        reconcile.reload_if_rewritten(self, lock)  # `hubgrpo gc` moved the tags: never lease deleted commits
+        reconcile.reload_if_rewritten(self)  # `hubgrpo gc` moved the tags: never lease deleted commits
         prepared = self.scan()
-        with lock or contextlib.nullcontext():
+        with self.lock:
             for p in prepared:
                 self.accept_quietly(p, count_commit=True)
         return len(prepared)
 
-    def flush(self, lock=None, *, force: bool = True) -> bool:
+    def flush(self, *, force: bool = True) -> bool:
         """Commit a checkpoint — now (``force``: whatever is unsaved: versions, refusals, held-out scores), or when
-        one is due (``checkpoint.due``); store I/O outside ``lock``. True when something was written. One checkpoint
+        one is due (``checkpoint.due``); store I/O outside the lock. True when something was written. One checkpoint
         at a time: the server's checkpoint thread, its merge thread and ``hubgrpo run`` at its end may all call it."""
         with self._flush_lock:
-            return checkpoint.run(self, lock, force=force)
+            return checkpoint.run(self, force=force)
 
     def record_eval(self, version, reward, samples) -> dict:
         """A held-out score of a version, reported by an evaluator: checked as hostile input, kept until the next
-        state.json commit (``evals``). Call under the server's lock."""
-        from hubgrpo.coordinator import evals
-
-        return evals.record(self, *evals.parse(self.cfg, version, reward, samples))
-
-    def adopt(self, staged) -> bool:
-        from hubgrpo.coordinator.merging import adopt
-
-        return adopt(self, staged)
+        state.json commit (``evals``)."""
+        parsed = evals.parse(self.cfg, version, reward, samples)
+        with self.lock:
+            return evals.record(self, *parsed)
 
     @property
     def merge_wait_s(self) -> float:
@@ -326,38 +345,35 @@ class Coordinator(VersionsMixin):
         return len(self.pending) >= self.cfg.merge.quorum or self.clock() >= deadline
 
     def maybe_merge(self) -> bool:
-        """Merge now (plan, compute, commit) when a merge is due."""
-        if not self.merge_due():
-            return False
-        from hubgrpo.coordinator.merging import merge_version
+        """Merge now when a merge is due, in this thread: planned under the lock, computed without it, finished
+        (``finish_merge``), then the checkpoint when one is due."""
+        plan = self.plan_merge()
+        return plan is not None and merging.run(self, plan)
 
-        return merge_version(self)
+    def plan_merge(self, on_planned: Callable[[bool], None] | None = None) -> merging.MergePlan | None:
+        """A ``merging.MergePlan`` when a merge is due (the coordinator is merging from now on), else None.
+        ``on_planned(planned)`` runs under the lock with it: a server marks leases as waiting for the merge
+        before a submit can make one due."""
+        with self.lock:
+            plan = merging.plan_merge(self) if self.merge_due() else None
+            if on_planned is not None:
+                on_planned(plan is not None)
+        return plan
 
-    def plan_merge(self):
-        """A ``merging.MergePlan`` when a merge is due, else None (under the lock)."""
-        if not self.merge_due():
-            return None
-        from hubgrpo.coordinator.merging import plan_merge
+    def finish_merge(self, plan: merging.MergePlan, result) -> bool:
+        """Stage (under the lock), render (without it) and adopt (under it) a computed merge; False when the run
+        moved on meanwhile."""
+        return merging.finish(self, plan, result)
 
-        return plan_merge(self)
-
-    def finish_merge(self, plan, result, *, lock=None) -> bool:
-        """Stage (under ``lock``), commit (without it: store writes) and adopt (under it) a computed merge; False
-        when the run moved on meanwhile or another coordinator merged first (then the state is reloaded)."""
-        from hubgrpo.coordinator.merging import finish
-
-        return finish(self, plan, result, lock or contextlib.nullcontext())
-
-    def prefold(self, lock=None) -> int:
+    def prefold(self) -> int:
         """Between merges (FFA): fold pending submissions into the running sum, off the request path, so the
         merge left when the quorum completes is small (``merging.prefold``)."""
-        from hubgrpo.coordinator.merging import prefold
+        return merging.prefold(self)
 
-        return prefold(self, lock or contextlib.nullcontext())
-
-    def abort_merge(self, plan) -> None:
+    def abort_merge(self, plan: merging.MergePlan) -> None:
         """Forget a plan whose compute or commit failed; its submissions stay pending."""
-        self.merging = None
+        with self.lock:
+            self.merging = None
 
     # ---------------------------------------------------------------------------------------------- status
 

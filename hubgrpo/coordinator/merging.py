@@ -1,8 +1,8 @@
 """One merge of the coordinator: pending submissions → the next global version, live in the coordinator (its
 memory, its version cache, the ``adapter`` route); the run repo gets it with the next checkpoint (``checkpoint``).
 
-A merge runs in phases so that a server holds its API lock only for bookkeeping, never for tensor work or
-I/O:
+A merge runs in phases so that the coordinator holds its lock (``c.lock``) only for bookkeeping, never for tensor
+work or I/O:
 
 - ``plan_merge(c)`` (lock): pick the pending submissions; those grown too stale are refused and leave the queue
   at once; snapshot the global adapter, their base adapters and the outer momentum;
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -94,25 +93,24 @@ class Staged:
     result: object = None
 
 
-def merge_version(c: Coordinator) -> bool:
-    """Merge ``c.pending`` into version ``c.state.version + 1`` in this thread. False if nothing was merged."""
-    plan = plan_merge(c)
-    if plan is None:
-        return False
+def run(c: Coordinator, plan: MergePlan) -> bool:
+    """Compute ``plan`` (no lock) and finish it in this thread, then the checkpoint when one is due (no server).
+    False if nothing was merged."""
     try:
         result = plan.compute()
     except BaseException:
-        c.merging = None
+        c.abort_merge(plan)
         raise
-    merged = finish(c, plan, result, contextlib.nullcontext())
+    merged = finish(c, plan, result)
     if merged:
         c.flush(force=False)  # inline (no server): the checkpoint too, when one is due
     return merged
 
 
-def finish(c: Coordinator, plan: MergePlan, result, lock) -> bool:
-    """``stage`` under ``lock``, render the adapter into the version cache without it, ``adopt`` under it: the new
-    version is live (served to workers); the run repo gets it with the next checkpoint (``checkpoint.run``)."""
+def finish(c: Coordinator, plan: MergePlan, result) -> bool:
+    """``stage`` under ``c.lock``, render the adapter into the version cache without it, ``adopt`` under it: the
+    new version is live (served to workers); the run repo gets it with the next checkpoint (``checkpoint.run``)."""
+    lock = c.lock
     with lock:
         staged = stage(c, plan, result)
         if staged is None:
@@ -163,13 +161,13 @@ def foldable(c: Coordinator) -> bool:
     return m.method == "ffa" and m.clip_factor is None and m.trim_fraction == 0
 
 
-def prefold(c: Coordinator, lock) -> int:
+def prefold(c: Coordinator) -> int:
     """Fold the pending submissions not folded yet into ``c.fold`` (FFA), so that the merge left when the quorum
-    completes is one division per module. The store read of an adapter and the tensor work run outside ``lock``;
+    completes is one division per module. The store read of an adapter and the tensor work run outside ``c.lock``;
     only the merge thread calls this. Returns how many were folded."""
     if not foldable(c):
         return 0
-    with lock:
+    with c.lock:
         if c.merging is not None or c.state.finished or not c.pending:
             return 0
         version = c.state.version
@@ -186,7 +184,7 @@ def prefold(c: Coordinator, lock) -> int:
     fold = fold or FfaFold(c.adapter(version), version)
     for sub_id, adapter, base_version, w in todo:
         fold.add(sub_id, adapter, c.adapter(base_version), w)
-    with lock:
+    with c.lock:
         if c.state.version == version:
             c.fold = fold
     return len(todo)

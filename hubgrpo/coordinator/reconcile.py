@@ -6,7 +6,7 @@ that a crashed gc left missing beside its temporary stand-in is re-created (``sq
 commit (``hubgrpo: version N (…)``, a coordinator that died between its commit and its tag) or the squashed root
 of a gc (``hubgrpo gc: version N (…)``), checked by reading its ``state.json``.
 
-``reload_if_rewritten(c, lock)``: gc moves or deletes the tags a running coordinator holds, and the commits they
+``reload_if_rewritten(c)``: gc moves or deletes the tags a running coordinator holds, and the commits they
 named are gone. The coordinator compares its tags with the repo's at each scan (one listing of the refs) and, when
 one moved or vanished, reloads state, tags and head from the repo: new leases then name commits that exist, and a
 worker whose lease names a deleted commit gives it back and leases again.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import contextlib
 import logging
 import shutil
 
@@ -65,16 +64,15 @@ def rewritten(held: dict[int, str], store) -> bool:
     return any(now.get(v) != sha for v, sha in held.items())
 
 
-def reload_if_rewritten(c: Coordinator, lock=None) -> bool:
-    """Reload ``c`` from the repo when its tags were rewritten (store reads without ``lock``, the reload under it).
-    A merge adopted meanwhile wins: the next scan looks again. True when it reloaded."""
-    lock = lock or contextlib.nullcontext()
-    with lock:
+def reload_if_rewritten(c: Coordinator) -> bool:
+    """Reload ``c`` from the repo when its tags were rewritten (store reads without ``c.lock``, the reload under
+    it). A merge adopted meanwhile wins: the next scan looks again. True when it reloaded."""
+    with c.lock:
         held, version = dict(c.shas), c.state.version
     if not rewritten(held, c.store):
         return False
     repo = c.read_repo()
-    with lock:
+    with c.lock:
         if c.state.version != version or c.merging is not None or repo["state"].version == c.checkpoint.version:
             shutil.rmtree(repo["adapter"], ignore_errors=True)  # not adopted: the version cache has its copy
         if c.state.version != version or c.merging is not None:

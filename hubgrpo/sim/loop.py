@@ -160,10 +160,10 @@ class Simulation:
         init_repo(self.store, self.cfg, self.engine.init_adapter(self.output / "v0"), clock=lambda: 0.0)
         from hubgrpo.task.rewards import foreign_code
 
-        self.coord = Coordinator(self.store, f"hubgrpo-sim-{self.opts.seed}".encode(), clock=lambda: self.now,
-                                 workdir=self.output / "coordinator", allow_code=foreign_code(self.cfg.rewards))
         ids = itertools.count()
-        self.coord.new_lease_id = lambda: f"l{next(ids):06d}"
+        self.coord = Coordinator(self.store, f"hubgrpo-sim-{self.opts.seed}".encode(), clock=lambda: self.now,
+                                 workdir=self.output / "coordinator", allow_code=foreign_code(self.cfg.rewards),
+                                 new_lease_id=lambda: f"l{next(ids):06d}")
         self.pins = PinnedVersions(self.coord, self.output / "adapters")
         self.compute["setup_s"] = time.perf_counter() - t0
         self._record_version(0)

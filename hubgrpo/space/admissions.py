@@ -6,8 +6,8 @@ takes that off the request path:
 
 - ``enqueue(lease, commit)`` (the request thread) queues the round after the cheap checks the API did (lease
   signature and owner, the commit id's form) and answers ``{"status": "checking", "submission_id", "wait_s"}``;
-- admission threads take rounds in arrival order and run ``coord.submit(lease, commit, lock=...)`` (store reads
-  and every check without the API lock, the state change under it), keep the answer as the round's **verdict**
+- admission threads take rounds in arrival order and run ``coord.submit(lease, commit)`` (store reads and every
+  check without the coordinator's lock, the state change under it), keep the answer as the round's **verdict**
   (the envelope ``submit`` would have answered: admitted / merged / duplicate, or the refusal) and wake the merge
   thread when a quorum is due;
 - ``verdict(sub_id)`` answers that envelope, ``checking`` while the round waits, or ``unknown`` for a round this
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hubgrpo import layout
+from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.errors import Refused
 
 log = logging.getLogger("hubgrpo.space.admissions")
@@ -61,10 +62,14 @@ class Admissions:
     """A FIFO of submitted rounds, admitted by ``threads`` daemon threads (``start``); verdicts kept by id."""
 
     def __init__(self, check: Callable[[Any, str], dict], *, threads: int = 1, max_queued: int = MAX_QUEUED,
-                 keep_verdicts: int = KEEP_VERDICTS, alive: Callable[[], bool] = lambda: True):
+                 keep_verdicts: int = KEEP_VERDICTS, alive: Callable[[], bool] = lambda: True,
+                 in_flight: InFlight | None = None):
         """``check(lease, commit)`` admits one round and returns its wire envelope (never raises). Threads start
-        with the first round queued and end once ``alive()`` is False (the app closed) and nothing is queued."""
+        with the first round queued and end once ``alive()`` is False (the app closed) and nothing is queued.
+        ``in_flight``: the coordinator's record of the rounds queued here (each one from its queueing to its
+        verdict)."""
         self.check, self.threads, self.alive = check, max(1, int(threads)), alive
+        self.in_flight = in_flight if in_flight is not None else InFlight()
         self.max_queued, self.keep_verdicts = int(max_queued), int(keep_verdicts)
         self._cond = threading.Condition()
         self._queue: collections.deque[str] = collections.deque()
@@ -97,6 +102,7 @@ class Admissions:
                                   f"in {wait} s", hint=f"wait_s={wait}", wait_s=wait)
                 self._verdicts.pop(sub_id, None)
                 self._jobs[sub_id] = Job(lease, commit)
+                self.in_flight.add(sub_id)
                 self._queue.append(sub_id)
                 self._cond.notify()
                 self._start_locked()
@@ -124,11 +130,6 @@ class Admissions:
         ahead = self._queue.index(sub_id) if sub_id in self._queue else 0  # under the lock
         wait = round(min(30.0, max(0.05, (ahead + 1) * self.check_s / self.threads)), 2)
         return {"status": "checking", "submission_id": sub_id, "queued": len(self._jobs), "wait_s": wait}
-
-    def ids(self) -> set[str]:
-        """The rounds queued or being checked."""
-        with self._cond:
-            return set(self._jobs)
 
     # -------------------------------------------------------------------------------------------- threads
 
@@ -175,4 +176,5 @@ class Admissions:
                 while len(self._verdicts) > self.keep_verdicts:
                     self._verdicts.popitem(last=False)
                 del self._jobs[sub_id]
+                self.in_flight.discard(sub_id)
             job.done.set()

@@ -17,11 +17,11 @@ Submissions are checked off the request path (``hubgrpo.space.admissions``): ``s
 at once; admission threads read and check the round and keep its verdict, which ``verdict`` answers. The
 ``gr.api`` ``submit`` waits for the verdict and answers it (synchronous, as gradio_client users expect).
 
-Thread safety lives here, not in the coordinator: one lock serialises ``lease``/``heartbeat``/``release``/
-admission/``tick``; ``status`` runs unlocked. No network I/O ever runs under the lock (store reads, merge commits,
-``whoami``, the repo scan and the refusal flush all run outside it): a Hub answering 429 delays a merge commit,
-never a heartbeat. A daemon thread (``hubgrpo.space.ticker``, started by the app's startup event, so
-``blocks.launch()`` on a Space ticks too) calls ``coord.tick()`` every ``tick_interval`` seconds.
+Thread safety is the coordinator's: it holds its own lock and takes it for each call's bookkeeping (``lease``,
+``heartbeat``, ``release``, admission, ``tick``); ``status`` runs unlocked. No network I/O ever runs under that lock
+(store reads, merge commits, ``whoami``, the repo scan and the refusal flush all run outside it): a Hub answering
+429 delays a merge commit, never a heartbeat. A daemon thread (``hubgrpo.space.ticker``, started by the app's
+startup event, so ``blocks.launch()`` on a Space ticks too) calls ``coord.tick()`` every ``tick_interval`` seconds.
 
 Merges run in that same thread, off the request path (``hubgrpo.space.ticker``). A ``lease`` asked while a merge is
 due or running waits for it, up to ``coordinator.lease_waits_for_merge_s`` in all, holding a server thread for at
@@ -49,8 +49,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is i
 
 import gradio as gr  # noqa: E402
 
-from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, Refused  # noqa: E402
 from hubgrpo import layout  # noqa: E402
+from hubgrpo.coordinator.inflight import InFlight  # noqa: E402
+from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, Refused  # noqa: E402
 from hubgrpo.layout import Lease  # noqa: E402
 from hubgrpo.space import guard  # noqa: E402
 from hubgrpo.space.admissions import Admissions  # noqa: E402
@@ -69,40 +70,49 @@ AuthHook = Callable[[Any, Any], str]
 
 
 class CoordinatorLike(Protocol):
-    """What the server needs from ``hubgrpo.coordinator.core.Coordinator`` (not thread-safe by itself)."""
+    """What the server needs from ``hubgrpo.coordinator.core.Coordinator``, which takes its own lock in each call
+    (none of them is called with it held) and runs store I/O outside it."""
 
+    in_flight: InFlight  # the rounds queued for their check: the admission queue reports them here
+    merge_wait_s: float  # how long a lease may wait for a due or running merge
+
+    def use_merge_thread(self) -> None: ...  # merges, scans and checkpoints are the server's threads' from now on
     def lease(self, worker: str, user: str | None = None) -> Lease: ...
+    def with_uploads(self, lease: Lease) -> Lease: ...  # presigned upload URLs (signed without the lock)
     def heartbeat(self, lease: Lease) -> Lease: ...
     def release(self, lease: Lease) -> None: ...
-    def submit(self, lease: Lease, commit: str, *, lock: Any = None) -> dict: ...  # store reads outside lock
+    def precheck(self, lease: Lease) -> None: ...  # the lease's signature: a forged lease is refused at once
+    def hand_in(self, lease: Lease) -> None: ...  # a round queued for its check: its lease is no longer live
+    def submit(self, lease: Lease, commit: str) -> dict: ...  # store reads and checks outside the lock
     def status(self) -> dict: ...
     def record_eval(self, version: Any, reward: Any, samples: Any) -> dict: ...  # checks its hostile input
     def tick(self) -> None: ...
     def warm_up(self) -> None: ...  # load what the first admission would (called before the launch)
-    def scan_pass(self, lock: Any = None, *, force: bool = False) -> int: ...  # the repo scan when due (or now)
-    def flush(self, lock: Any = None, *, force: bool = True) -> bool: ...  # refusals/scores to state.json
-    def plan_merge(self) -> Any: ...  # None when no merge is due; else an object with compute()
-    def finish_merge(self, plan: Any, result: Any, *, lock: Any = None) -> bool: ...  # commit outside lock
+    def scan_pass(self, *, force: bool = False) -> int: ...  # the repo scan when due (or now)
+    def flush(self, *, force: bool = True) -> bool: ...  # a checkpoint: versions, refusals, scores to the repo
+    def plan_merge(self, on_planned: Callable[[bool], None] | None = None) -> Any: ...  # None, or has compute()
+    def finish_merge(self, plan: Any, result: Any) -> bool: ...  # the render and commit outside the lock
     def abort_merge(self, plan: Any) -> None: ...
-    merge_wait_s: float  # how long a lease may wait for a due or running merge
+    def prefold(self) -> int: ...  # FFA: fold pending rounds in before the merge is due
+    def checkpoints_inline(self) -> bool: ...  # every version checkpointed right after its merge
 
 
 # ------------------------------------------------------------------------------------------------ endpoints
 
 
 class CoordinatorApi:
-    """The endpoint functions, bound to one coordinator, one lock, an optional auth hook and the admission queue."""
+    """The endpoint functions, bound to one coordinator, an optional auth hook and the admission queue."""
 
     def __init__(self, coord: CoordinatorLike, auth: AuthHook | None = None, *,
                  alive: Callable[[], bool] = lambda: True, admission_threads: int = 2):
         self.coord = coord
         self.auth = auth
-        self.lock = threading.Lock()
-        self.admissions = Admissions(self._admit, threads=admission_threads, alive=alive)
+        self.admissions = Admissions(self._admit, threads=admission_threads, alive=alive, in_flight=coord.in_flight)
         self.merge_wanted = threading.Event()  # set by submit when a merge is due: wakes the tick thread
         self.merge_busy = False  # a merge is due or running (guarded by merge_done)
         self.merge_done = threading.Condition()
         self.lease_waiters: dict[str, float] = {}  # worker -> when it first asked for a lease during merges
+        self._waiters_lock = threading.Lock()  # guards lease_waiters
 
     def _answer(self, name: str, token: str | None, fn: Callable[[], Any]) -> dict:
         """Run ``fn`` and wrap its result or error in the wire envelope; never raises."""
@@ -154,16 +164,10 @@ class CoordinatorApi:
             asked, key = time.monotonic(), str(worker)[:200]
             if not self.wait_for_merge(min(LEASE_HOLD_S, self.coord.merge_wait_s)):
                 self._refuse_while_merging(key, asked)
-            with self.lock:
+            with self._waiters_lock:
                 self.lease_waiters.pop(key, None)
-                lease = self.coord.lease(worker, who)
-            return self._with_uploads(lease)
+            return self.coord.with_uploads(self.coord.lease(worker, who))  # URLs signed outside the lock
         return self._answer("lease", token, run)
-
-    def _with_uploads(self, lease: Lease) -> Lease:
-        """The lease with presigned upload URLs, when submissions go to an S3 box (signed outside the lock)."""
-        attach = getattr(self.coord, "with_uploads", None)
-        return attach(lease) if attach is not None else lease
 
     def wait_for_merge(self, timeout: float) -> bool:
         """Block (lock released) while a merge is due or running, up to ``timeout`` s; True if none is."""
@@ -175,7 +179,7 @@ class CoordinatorApi:
         merges, ``asked`` for a first one) is under ``merge_wait_s``; return (lease the current version) once
         it is spent."""
         now = time.monotonic()
-        with self.lock:
+        with self._waiters_lock:
             for w, since in list(self.lease_waiters.items()):  # forget workers that stopped asking
                 if now - since > 2 * self.coord.merge_wait_s + 60:
                     del self.lease_waiters[w]
@@ -202,9 +206,7 @@ class CoordinatorApi:
 
         def run():
             parsed = self._owned_lease(lease, token, request)
-            with self.lock:
-                renewed = self.coord.heartbeat(parsed)
-            return self._with_uploads(renewed)  # fresh URLs: they expire, the lease lives on
+            return self.coord.with_uploads(self.coord.heartbeat(parsed))  # fresh URLs: they expire, the lease lives
         return self._answer("heartbeat", token, run)
 
     def release(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
@@ -212,9 +214,7 @@ class CoordinatorApi:
         token = caller_token(token, request)
 
         def run():
-            parsed = self._owned_lease(lease, token, request)
-            with self.lock:
-                self.coord.release(parsed)
+            self.coord.release(self._owned_lease(lease, token, request))
         return self._answer("release", token, run)
 
     def submit(self, lease: dict, commit: str, token: str | None = None, request: gr.Request = None) -> dict:
@@ -244,20 +244,17 @@ class CoordinatorApi:
         if not isinstance(commit, str) or not commit or len(commit) > 200:
             raise InvalidSubmission("bad_commit", f"commit {str(commit)[:80]!r} is not a commit id",
                                     hint="send the commit sha returned by the upload")
-        precheck, hand_in = getattr(self.coord, "precheck", None), getattr(self.coord, "hand_in", None)
-        if precheck is not None:
-            precheck(parsed)  # the lease's signature: a forged lease is refused before it is queued
+        self.coord.precheck(parsed)  # the lease's signature: a forged lease is refused before it is queued
         answer = self.admissions.enqueue(parsed, commit)
         result = answer.get("result") if answer.get("ok") else None
-        if hand_in is not None and isinstance(result, dict) and result.get("status") == "checking":
-            with self.lock:
-                hand_in(parsed)  # delivered: the lease is no longer live (the worker may lease its next round)
+        if isinstance(result, dict) and result.get("status") == "checking":
+            self.coord.hand_in(parsed)  # delivered: the lease is no longer live (the worker may lease its next round)
         return answer
 
     def _admit(self, lease: Lease, commit: str) -> dict:
-        """One queued round's check (an admission thread): ``coord.submit`` reads the store without the lock."""
+        """One queued round's check (an admission thread): ``coord.submit`` reads the store without its lock."""
         def run():
-            answer = self.coord.submit(lease, commit, lock=self.lock)
+            answer = self.coord.submit(lease, commit)
             if isinstance(answer, dict) and answer.get("merge_due"):
                 self.merge_is_due()
             return answer
@@ -270,9 +267,7 @@ class CoordinatorApi:
 
         def run():
             parsed = self._owned_lease(lease, token, request)
-            precheck = getattr(self.coord, "precheck", None)
-            if precheck is not None:
-                precheck(parsed)  # the lease's signature, as for a heartbeat: no verdict for a forged lease
+            self.coord.precheck(parsed)  # the lease's signature, as for a heartbeat: no verdict for a forged lease
             return self.admissions.verdict(layout.submission_id(parsed.worker, parsed.lease_id))
         return self._guarded("verdict", token, run)
 
@@ -292,8 +287,7 @@ class CoordinatorApi:
             if self.auth is not None:
                 evaluator = getattr(self.auth, "evaluator", None)
                 evaluator(token, request) if evaluator is not None else self._user(token, request)
-            with self.lock:
-                return self.coord.record_eval(version, reward, samples)
+            return self.coord.record_eval(version, reward, samples)
         return self._answer("record_eval", token, run)
 
 
@@ -310,11 +304,8 @@ def build_app(coord: CoordinatorLike, *, tick_interval: float = 1.0, blocks: gr.
     """
     blocks = blocks if blocks is not None else gr.Blocks(title="hubgrpo coordinator")
     coord.warm_up()  # before the launch: not in the tick thread while Gradio checks that the app answers
-    api = CoordinatorApi(coord, auth=auth, alive=lambda: blocks.is_running)
-    coord.background_merges = True  # merges run in the tick thread, off the request path
-    in_flight = getattr(coord, "in_flight", None)
-    if in_flight is not None:
-        coord.in_flight = api.admissions.ids  # the repo scan leaves queued rounds to their queue
+    api = CoordinatorApi(coord, auth=auth, alive=lambda: blocks.is_running)  # queued rounds: coord.in_flight
+    coord.use_merge_thread()  # merges run in the tick thread, off the request path
     with blocks:
         for name in ENDPOINTS:
             gr.api(getattr(api, name), api_name=name, queue=queue, concurrency_limit=None,
@@ -388,7 +379,7 @@ def stop(app: gr.Blocks, coord: CoordinatorLike) -> None:
         uploads = getattr(app, "hubgrpo_uploads", None)
         if uploads is not None:
             uploads.close()  # queued for a batch commit: committed first
-        coord.flush(app.hubgrpo_ticker.api.lock)
+        coord.flush()
     finally:
         faulthandler.cancel_dump_traceback_later()
     faulthandler.dump_traceback_later(CLOSE_LIMIT_S, exit=True)  # stays armed through the interpreter's exit

@@ -1,11 +1,12 @@
 """The coordinator's background thread: ticks (lease expiry) and due merges, off the request path.
 
-``Ticker`` calls ``coord.tick()`` under the API lock every ``interval`` seconds while the app runs, and runs a due
-merge as soon as a submit completes a quorum (``CoordinatorApi.merge_wanted`` wakes it): planned under the lock,
-computed WITHOUT it (heartbeats and other submissions go on meanwhile), committed under it again. Then
-the refusal flush; the repo scan runs in a second thread (``coord.scan_pass``), so that a scan of a large box (10–19 s
-at 1000 workers) never delays a merge. Store I/O runs outside the lock. The tick thread also keeps the garbage
-collector's full passes short (``freeze_heap``).
+``Ticker`` calls ``coord.tick()`` every ``interval`` seconds while the app runs, and runs a due merge as soon as a
+submit completes a quorum (``CoordinatorApi.merge_wanted`` wakes it): planned under the coordinator's lock,
+computed WITHOUT it (heartbeats and other submissions go on meanwhile), adopted under it again; the coordinator
+takes its lock itself in each phase. Checkpoints run in a thread of their own (``coord.flush``) and the repo scan
+in a third (``coord.scan_pass``), so that a scan of a large box (10–19 s at 1000 workers) never delays a merge.
+Store I/O runs outside the lock. The tick thread also keeps the garbage collector's full passes short
+(``freeze_heap``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import gc
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hubgrpo.space.api import CoordinatorApi
 
 log = logging.getLogger("hubgrpo.space.api")
 
@@ -33,10 +37,10 @@ def freeze_heap() -> None:
 
 
 class Ticker:
-    """Calls ``coord.tick()`` under the API lock every ``interval`` seconds while ``blocks`` is running, and runs
-    due merges (woken at once by a submit that completes a quorum) with the lock released during the compute."""
+    """Calls ``coord.tick()`` every ``interval`` seconds while ``blocks`` is running, and runs due merges (woken at
+    once by a submit that completes a quorum) with the coordinator's lock released during the compute."""
 
-    def __init__(self, api: Any, blocks: Any, interval: float):
+    def __init__(self, api: CoordinatorApi, blocks: Any, interval: float):
         self.api, self.blocks, self.interval = api, blocks, float(interval)
         self._guard = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -62,7 +66,7 @@ class Ticker:
         # of its constructor), whose workers wait out a backoff before they submit again, or crashed
         while self.blocks.is_running:
             try:
-                self.api.coord.scan_pass(lock=self.api.lock, force=force)
+                self.api.coord.scan_pass(force=force)
                 force = False
             except Exception:  # deliberate: the scan must survive one bad pass (the next one retries)
                 log.exception("coordinator repo scan failed")
@@ -71,10 +75,9 @@ class Ticker:
     def _checkpoint_loop(self) -> None:
         """Checkpoints (``coord.flush``: a commit when one is due), in their own thread: a Hub commit that takes
         seconds, or waits out a 429 for minutes, never holds up a merge."""
-        flush = getattr(self.api.coord, "flush", None)
-        while flush is not None and self.blocks.is_running:
+        while self.blocks.is_running:
             try:
-                flush(self.api.lock, force=False)
+                self.api.coord.flush(force=False)
             except Exception:  # deliberate: the next pass retries (what is unsaved stays unsaved until then)
                 log.exception("coordinator checkpoint failed")
             time.sleep(self.interval)  # no lock held
@@ -102,27 +105,24 @@ class Ticker:
         then the merge's checkpoint follows it here, so that no version is skipped. True when a version was
         merged."""
         api, coord = self.api, self.api.coord
-        with api.lock:
-            coord.tick()
-            plan = coord.plan_merge()
-            api.set_merge_busy(plan is not None)  # under the lock: a submit cannot make one due in between
+        coord.tick()
+        plan = coord.plan_merge(on_planned=api.set_merge_busy)  # under its lock: no submit makes one due between
         merged = False
-        if plan is None and hasattr(coord, "prefold"):
-            coord.prefold(lock=api.lock)  # FFA: fold what is pending now, so the merge at the quorum is short
+        if plan is None:
+            coord.prefold()  # FFA: fold what is pending now, so the merge at the quorum is short
         if plan is not None:
             try:
                 result = plan.compute()
             except BaseException:
-                with api.lock:
-                    coord.abort_merge(plan)
+                coord.abort_merge(plan)
                 api.set_merge_busy(False)
                 raise
             try:
-                merged = coord.finish_merge(plan, result, lock=api.lock)
+                merged = coord.finish_merge(plan, result)
             finally:
                 api.set_merge_busy(False)
-            if merged and getattr(coord, "checkpoints_inline", lambda: False)():
-                coord.flush(api.lock, force=False)  # free commits, one per version: before the next merge
+            if merged and coord.checkpoints_inline():
+                coord.flush(force=False)  # free commits, one per version: before the next merge
         return merged
 
     def join(self, timeout: float | None = None) -> None:

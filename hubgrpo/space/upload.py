@@ -10,7 +10,7 @@ A worker calls the ``upload`` endpoint with its lease and its submission folder 
    committed, so junk never reaches the repo (a refusal is recorded like any other, with its reason);
 2. queues it in a ``SubmissionBatcher``, which commits every queued submission in ONE commit (no parent:
    submission paths are disjoint) when ``batch_size`` are waiting or ``batch_wait_s`` after the first arrived;
-3. calls ``Coordinator.submit(lease, <batch commit>)`` for each, under the API lock, and answers the worker with
+3. calls ``Coordinator.submit(lease, <batch commit>)`` for each (it takes its lock itself) and answers the worker with
    that result (``admitted`` / ``merged`` / ``duplicate``) plus ``commit`` and ``batch`` (submissions in it).
 
 The call blocks until its batch is committed and submitted (≈ ``batch_wait_s`` at most, plus the commit). A retry
@@ -67,12 +67,11 @@ class QueuedSubmission:
 class SubmissionBatcher:
     """Commits queued submissions in batches (one commit each), then submits every one to the coordinator."""
 
-    def __init__(self, coord: Coordinator, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
-                 on_merge_due=None):
+    def __init__(self, coord: Coordinator, *, batch_size: int = 8, batch_wait_s: float = 5.0, on_merge_due=None):
         """``on_merge_due()`` is called when a submit makes a merge due (the server's tick thread then merges)."""
         if batch_size < 1 or batch_wait_s < 0:
             raise ValueError("batch_size must be >= 1 and batch_wait_s >= 0")
-        self.coord, self.lock, self.on_merge_due = coord, lock, on_merge_due
+        self.coord, self.on_merge_due = coord, on_merge_due
         self.batch_size, self.batch_wait_s = int(batch_size), float(batch_wait_s)
         self.commits: list[tuple[str, int]] = []  # (sha, submissions in it), for the status page and tests
         self._queue: list[QueuedSubmission] = []
@@ -131,7 +130,7 @@ class SubmissionBatcher:
         return full or self._closed or time.monotonic() >= (self._first_at or 0.0) + self.batch_wait_s
 
     def flush(self, batch: list[QueuedSubmission]) -> None:
-        """One commit with every submission folder of ``batch``, then ``coord.submit`` for each (under the lock)."""
+        """One commit with every submission folder of ``batch``, then ``coord.submit`` for each."""
         adds = {layout.submission_path(it.lease.base_version, it.sub_id, f.name): f
                 for it in batch for f in sorted(it.folder.iterdir())}
         try:
@@ -146,7 +145,7 @@ class SubmissionBatcher:
                                                               code="internal", hint="retry the upload"))
         for i, it in enumerate(batch):
             try:  # one commit for the whole batch: count it once in the commit budget
-                answer = self.coord.submit(it.lease, sha, count_commit=i == 0, lock=self.lock)
+                answer = self.coord.submit(it.lease, sha, count_commit=i == 0)
                 it.result = {**answer, "commit": sha, "batch": len(batch)}
                 if answer.get("merge_due") and self.on_merge_due is not None:
                     self.on_merge_due()
@@ -227,11 +226,10 @@ class Uploads:
     """The ``upload`` endpoint's logic: check before committing, then hand over to the batcher and wait; or, with
     rounds in a box, put the round there and submit it (``_into_box``)."""
 
-    def __init__(self, coord: Coordinator, lock: threading.Lock, *, batch_size: int = 8, batch_wait_s: float = 5.0,
-                 workdir: Path | None = None, wait_timeout_s: float = 300.0,
-                 on_merge_due=None):
-        self.coord, self.lock, self.on_merge_due = coord, lock, on_merge_due
-        self.batcher = SubmissionBatcher(coord, lock, batch_size=batch_size, batch_wait_s=batch_wait_s,
+    def __init__(self, coord: Coordinator, *, batch_size: int = 8, batch_wait_s: float = 5.0,
+                 workdir: Path | None = None, wait_timeout_s: float = 300.0, on_merge_due=None):
+        self.coord, self.on_merge_due = coord, on_merge_due
+        self.batcher = SubmissionBatcher(coord, batch_size=batch_size, batch_wait_s=batch_wait_s,
                                          on_merge_due=on_merge_due)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-uploads-"))
         self.wait_timeout_s = float(wait_timeout_s)
@@ -240,9 +238,8 @@ class Uploads:
         """Check ``files`` for ``lease`` (already authenticated and parsed), queue, wait for the batch's answer."""
         c = self.coord
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
-        with self.lock:
-            if not c.upload_precheck(lease):
-                return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
+        if not c.upload_precheck(lease):
+            return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
         limit = round_bytes(c)
         folder = self.workdir / f"{sub_id}-{time.monotonic_ns()}"
         inbox = c.inbox
@@ -256,8 +253,7 @@ class Uploads:
                                         hint="upload every file of the round, submission.json included")
         except InvalidSubmission as e:
             shutil.rmtree(folder, ignore_errors=True)
-            with self.lock:
-                c.record_refusal(lease, e)
+            c.record_refusal(lease, e)
             raise
         if boxed:
             return self._into_box(inbox.box, lease, sub_id, folder)
@@ -276,7 +272,7 @@ class Uploads:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         try:
-            answer = self.coord.submit(lease, token, lock=self.lock)
+            answer = self.coord.submit(lease, token)
         except (InvalidSubmission, LeaseError):
             box.delete(paths)  # a verdict on this round: nothing of it stays
             raise

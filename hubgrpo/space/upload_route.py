@@ -24,9 +24,8 @@ if TYPE_CHECKING:
 def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, batch_wait_s: float = 5.0) -> Uploads:
     """Register ``upload`` on ``blocks`` (built by ``build_app``, not launched yet); ``blocks.hubgrpo_uploads`` is
     the returned ``Uploads`` (close it to flush the queued uploads of a run whose rounds are commits)."""
-    api = blocks.hubgrpo_ticker.api  # the server's endpoint object: its lock and its auth hook
-    uploads = Uploads(coord, api.lock, batch_size=batch_size, batch_wait_s=batch_wait_s,
-                      on_merge_due=api.merge_is_due)
+    api = blocks.hubgrpo_ticker.api  # the server's endpoint object: its auth hook, its merge thread's wake-up
+    uploads = Uploads(coord, batch_size=batch_size, batch_wait_s=batch_wait_s, on_merge_due=api.merge_is_due)
 
     def upload(lease: dict, files: dict, token: str | None = None, request: gr.Request = None) -> dict:
         """Upload a round's submission ({file name: base64} of adapter_model.safetensors, adapter_config.json,
