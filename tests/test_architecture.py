@@ -17,8 +17,9 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "hubgrpo"
 CORE = {"hubgrpo", "hubgrpo.config", "hubgrpo.config.sections", "hubgrpo.config.loading", "hubgrpo.config.quota",
-        "hubgrpo.config.recipe", "hubgrpo.config.reference",
-        "hubgrpo.errors", "hubgrpo.error_codes", "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card", "hubgrpo.tracking"}
+        "hubgrpo.config.recipe", "hubgrpo.config.reference", "hubgrpo.config.methods",
+        "hubgrpo.errors", "hubgrpo.error_codes", "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card",
+        "hubgrpo.tracking"}
 BELOW = {"core", "store", "task", "merge"}
 ALLOWED = {
     "core": {"core", "store"},
@@ -157,7 +158,7 @@ def _names_coordinator(node: ast.AST) -> bool:
 def coordinator_seam_breaches(path: Path) -> list[str]:
     """Private attributes of a coordinator touched in ``path`` (``coord._x``, ``getattr(coord, "_x")``) and
     parameters named like a coordinator with no type."""
-    out, where = [], path.name if not path.is_relative_to(PKG) else path.relative_to(PKG.parent).as_posix()
+    out, where = [], _where(path)
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
                 and _names_coordinator(node.value):
@@ -187,3 +188,40 @@ def test_the_seam_checker_catches_a_breach(tmp_path):
     bad.write_text("def f(coord):\n    coord._adapters.clear()\n    return getattr(self.coord, '_global', None)\n")
     found = coordinator_seam_breaches(bad)
     assert len(found) == 3 and "untyped" in found[0], found
+
+
+
+def _where(path: Path) -> str:
+    return path.relative_to(PKG.parent).as_posix() if path.is_relative_to(PKG) else path.name
+
+
+def method_name_branches(path: Path) -> list[str]:
+    """Comparisons of a merge method's name with a method (``method == "ffa"``, ``o.method != "stack"``…)."""
+    from hubgrpo.config.methods import BY_NAME
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            named = any(getattr(s, "id", None) == "method" or getattr(s, "attr", None) == "method" for s in sides)
+            if named and any(isinstance(s, ast.Constant) and s.value in BY_NAME for s in sides):
+                out.append(f"{_where(path)}:{node.lineno} {ast.unparse(node)}")
+    return out
+
+
+def test_merge_methods_are_objects_not_string_branches(tmp_path):
+    """What a merge method means is said once, by its ``MergeMethod`` (``hubgrpo.config.methods``): nobody branches
+    on its name, and the configs name exactly the methods there are."""
+    import typing
+
+    from hubgrpo.config.methods import BY_NAME
+    from hubgrpo.config.sections import MergeSection
+    from hubgrpo.merge.core import MergeOptions
+
+    branches = [b for path in MODULES.values() for b in method_name_branches(path)]
+    assert not branches, "branches on a merge method's name:\n  " + "\n  ".join(branches)
+    for model in (MergeSection, MergeOptions):
+        assert set(typing.get_args(model.model_fields["method"].annotation)) == set(BY_NAME), model
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(cfg, o):\n    return cfg.merge.method == 'ffa' or 'stack' != o.method\n")
+    assert len(method_name_branches(bad)) == 2  # the checker itself: either side, == or !=

@@ -1,6 +1,6 @@
 """``hubgrpo merge`` (merge adapter folders offline) and ``hubgrpo check`` (run the admission checks).
 
-Only typer and the standard library are imported here; torch comes in with the command bodies.
+Only typer, the standard library and the light core are imported here; torch comes in with the command bodies.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import typer
 
-METHODS = ("svd", "stack", "ffa", "naive")
+from hubgrpo.config.methods import BY_NAME
+
+METHODS = tuple(BY_NAME)  # svd, stack, ffa, naive
 
 
 def _parse_weights(text: str | None, n: int) -> list[float]:

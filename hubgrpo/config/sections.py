@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
+from hubgrpo.config.methods import BY_NAME, MergeMethod
+
 FREE_COMMITS = 1_000_000  # a commit budget this high is lifted (a local folder: commits cost nothing)
 OUTER_LR_MAX = 10.0  # a merge's outer learning rate: above this a version only amplifies its rounds' noise
 
@@ -245,20 +247,28 @@ class MergeSection(_Section):
     @model_validator(mode="before")
     @classmethod
     def _rebase_follows_method(cls, data: Any) -> Any:
-        """An unset ``rebase`` is on with ffa and off otherwise: ``merge: {method: svd}`` alone is a valid merge."""
+        """An unset ``rebase`` is on with a frozen lora_A (ffa) and off otherwise: ``merge: {method: svd}`` alone is
+        a valid merge."""
         if not isinstance(data, dict) or data.get("rebase") is not None:
             return data
         data = {k: v for k, v in data.items() if k != "rebase"}
-        return data if data.get("method", "ffa") == "ffa" else {**data, "rebase": False}
+        method = data.get("method", "ffa")
+        frozen_a = isinstance(method, str) and method in BY_NAME and BY_NAME[method].frozen_a
+        return data if frozen_a else {**data, "rebase": False}
 
     @field_validator("method")
     @classmethod
     def _no_stack_in_runs(cls, v: str) -> str:
-        if v == "stack":
+        if not BY_NAME[v].in_runs:
             raise ValueError("'stack' grows the adapter's rank after version 1, so workers could not load the "
                              "global adapter and every submission would be refused; use svd or ffa in a run "
                              "(stack remains available in `hubgrpo merge`)")
         return v
+
+    @property
+    def merge_method(self) -> MergeMethod:
+        """The ``MergeMethod`` that ``method`` names (``hubgrpo.config.methods``)."""
+        return BY_NAME[self.method]
 
     def staleness_limit(self, live_workers: int) -> int:
         """The staleness admitted while ``live_workers`` distinct workers hold leases: max_staleness, raised to
@@ -273,7 +283,7 @@ class MergeSection(_Section):
 
     @model_validator(mode="after")
     def _rebase_needs_ffa(self):
-        if self.rebase and self.method != "ffa":
+        if self.rebase and not self.merge_method.frozen_a:
             raise ValueError(f"merge.rebase moves a round onto a newer version exactly only when lora_A is frozen; "
                              f"set merge.method: ffa, or merge.rebase: false (method is {self.method!r})")
         return self

@@ -156,7 +156,7 @@ def check_local(c: Coordinator, lease: Lease, folder: Path, commit: str) -> Pend
     adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.ids),
                                base_version=base_version)
     reward = c.reward_check.check(lease, folder)  # the rewards recomputed from the rollouts (``verify``)
-    if c.cfg.merge.method == "ffa":
+    if c.cfg.merge.merge_method.frozen_a:
         check_frozen_a(adapter, global_)
     bound, why = step_bound(c.cfg, lease, base)
     check_step_bound(adapter, base, bound, why)  # elementwise first: cheap, and it names the tensor

@@ -158,7 +158,7 @@ def plan_merge(c: Coordinator) -> MergePlan | None:
 def foldable(c: Coordinator) -> bool:
     """FFA without clipping or trimming: the merge is linear in each submission, so it can be folded in early."""
     m = c.cfg.merge
-    return m.method == "ffa" and m.clip_factor is None and m.trim_fraction == 0
+    return m.merge_method.foldable(m.clip_factor, m.trim_fraction)
 
 
 def prefold(c: Coordinator) -> int:

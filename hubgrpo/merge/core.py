@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from hubgrpo.config.methods import BY_NAME, MergeMethod
 from hubgrpo.config.sections import OUTER_LR_MAX
 from hubgrpo.errors import MergeError
 from hubgrpo.merge.adapter import Adapter, ModuleSpec, factors, parse_modules
@@ -45,6 +46,11 @@ class MergeOptions(BaseModel):
     factor_split: Literal["balanced", "keep_a"] = Field(
         "balanced", description="how a re-factorised ΔW is split into B and A: balanced (√ of each singular value "
         "on each side) or keep_a (A rows keep the global A's norm, B carries the magnitude)")
+
+    @property
+    def merge_method(self) -> MergeMethod:
+        """The ``MergeMethod`` that ``method`` names (``hubgrpo.config.methods``)."""
+        return BY_NAME[self.method]
 
 
 @dataclass
@@ -106,11 +112,11 @@ def gradient_coefficients(global_: Adapter, items: list, coefs: list[float]) -> 
     return adapters, g
 
 
-def _momentum_fits(key: str, value: torch.Tensor, spec: ModuleSpec, ffa: bool) -> bool:
-    """ffa keeps m in B space (out × r); svd/stack keep m = B_m·A_m with B_m (out × k), A_m (k × in)."""
+def _momentum_fits(key: str, value: torch.Tensor, spec: ModuleSpec, in_b_space: bool) -> bool:
+    """ffa (A frozen) keeps m in B space (out × r); svd/stack keep m = B_m·A_m with B_m (out × k), A_m (k × in)."""
     if not value.is_floating_point() or not bool(torch.isfinite(value).all()):
         return False
-    if ffa:
+    if in_b_space:
         return tuple(value.shape) == (spec.out_dim, spec.rank)
     if value.dim() != 2:
         return False
@@ -129,7 +135,7 @@ def _count(value: torch.Tensor | None) -> int | None:
     return int(value)
 
 
-def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method: str) -> tuple[dict, int]:
+def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method: MergeMethod) -> tuple[dict, int]:
     """The caller's momentum state as float32 tensors and the count of merges in its delayed-Nesterov buffer,
     after checking it was written for this method and layout: finite float factors; the momentum and the buffer
     each present for every module or for none (B and A of one rank), the buffer exactly when the count is positive."""
@@ -137,17 +143,17 @@ def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method:
         return {}, 0
     state = dict(momentum)
     count = _count(state.pop(BUFFERED_KEY, None))
-    sides = ("_B",) if method == "ffa" else ("_B", "_A")
+    sides, in_b_space = method.momentum_sides(), method.frozen_a
     groups = {name: {f"{p}.{name}{side}": spec for p, spec in specs.items() for side in sides}
               for name in ("momentum", "buffer")}
     present = [g for g in groups.values() if set(g) & set(state)]
     ok = (count is not None and set(state) == {k for g in present for k in g}
           and bool(count) == bool(set(groups["buffer"]) & set(state))
-          and all(_momentum_fits(k, v, g[k], method == "ffa") for g in present for k, v in state.items() if k in g)
-          and (method == "ffa" or all(state[f"{p}.{name}_B"].shape[1] == state[f"{p}.{name}_A"].shape[0]
+          and all(_momentum_fits(k, v, g[k], in_b_space) for g in present for k, v in state.items() if k in g)
+          and (in_b_space or all(state[f"{p}.{name}_B"].shape[1] == state[f"{p}.{name}_A"].shape[0]
                                       for name, g in groups.items() if g in present for p in specs)))
     if not ok:
-        raise MergeError(f"the momentum state does not belong to method {method!r} and this adapter layout",
+        raise MergeError(f"the momentum state does not belong to method {method.name!r} and this adapter layout",
                          hint="pass momentum=None to restart the outer momentum after changing method or layout")
     return {k: v.float() for k, v in state.items()}, count
 
@@ -175,8 +181,8 @@ def merge(global_: Adapter, items: list[tuple[Adapter, Adapter, float]], options
 
     pairs = [(specs_of(s, f"submission {i}"), specs_of(b, f"base of submission {i}")) for i, (s, b, _) in
              enumerate(items)]
-    if o.outer_momentum > 0 and o.method == "naive":
-        raise MergeError("method 'naive' has no outer momentum", hint="use method 'svd' or set outer_momentum=0")
+    if o.outer_momentum > 0 and not o.merge_method.outer_momentum:
+        raise MergeError(f"method {o.method!r} has no outer momentum", hint="use method 'svd' or set outer_momentum=0")
     norms = None
     if o.compute_norms or o.clip_factor is not None or o.trim_fraction > 0:
         norms = [update_norm(s, ss, b, bs) for (s, b, _), (ss, bs) in zip(items, pairs)]
@@ -187,7 +193,7 @@ def merge(global_: Adapter, items: list[tuple[Adapter, Adapter, float]], options
         final[idx] = final.get(idx, 0.0) + o.outer_lr * c
     final = {idx: c for idx, c in final.items() if abs(c) > _ZERO}
     # buffered ≥ k − 1 when k was lowered since: the momentum is updated now
-    state, buffered = _check_momentum(momentum, g[0], o.method) if o.outer_momentum > 0 else ({}, 0)
+    state, buffered = _check_momentum(momentum, g[0], o.merge_method) if o.outer_momentum > 0 else ({}, 0)
     ctx = Context(adapters, [spec_cache[id(a)] for a in adapters], grad, final, o, state, buffered)
     fn = METHODS[o.method]
     results = {prefix: fn(ctx, prefix, i) for i, prefix in enumerate(g[0])}

@@ -17,9 +17,13 @@ import time
 
 import torch
 
+from hubgrpo.config.methods import merge_method
 from hubgrpo.errors import MergeError
 from hubgrpo.merge.adapter import Adapter, factors, parse_modules
 from hubgrpo.merge.methods import ffa_outer_step
+
+
+FFA = merge_method("ffa")  # the method whose merge a fold stands for
 
 
 class FfaFold:
@@ -68,12 +72,12 @@ class FfaFold:
         from hubgrpo.merge.core import MergeResult, _check_momentum, build_report, with_count
 
         o = options
-        if (self.broken or o.method != "ffa" or o.clip_factor is not None or o.trim_fraction > 0
+        if (self.broken or o.merge_method is not FFA or not FFA.foldable(o.clip_factor, o.trim_fraction)
                 or weights != self.weights or not weights):
             return None
         start = time.perf_counter()
         total = sum(weights.values())
-        mom, buffered = _check_momentum(momentum, self.specs, "ffa") if o.outer_momentum > 0 else ({}, 0)
+        mom, buffered = _check_momentum(momentum, self.specs, FFA) if o.outer_momentum > 0 else ({}, 0)
         new, new_momentum = dict(self.global_.weights), {}
         for prefix, spec in self.specs.items():
             b, m = ffa_outer_step(factors(self.global_, spec)[0], self.sums[prefix] / total, mom, prefix, o,

@@ -133,9 +133,10 @@ def lowrank_module(ctx: Context, prefix: str, index: int) -> ModuleResult:
         final = ctx.terms(ctx.final, prefix)  # {G: 1} + lr·g with the fresh bases collapsed into G
     m = LowRankSum.from_terms(final, *dims)  # ΔW′ = B·diag(c)·A, (out × R)·(R × in)
     total_rank = m.shape[2]
-    if o.method == "stack" and 0 < total_rank and (o.max_rank is None or total_rank <= o.max_rank):
+    stacks = o.merge_method.stacks
+    if stacks and 0 < total_rank and (o.max_rank is None or total_rank <= o.max_rank):
         return ModuleResult(m.b_cat() * m.c, m.A, "stack", momentum=momentum, momentum_residual=mom_res)
-    target = o.max_rank if o.method == "stack" and o.max_rank else (o.rank or spec.rank)
+    target = o.max_rank if stacks and o.max_rank else (o.rank or spec.rank)
     f = refactor(m, target, o.svd_algorithm, gen, **_randomized_kw(o))
     return ModuleResult(f.B, f.A, f.algorithm, f.tail_sq, f.total_sq, f.estimated, momentum=momentum,
                         momentum_residual=mom_res)

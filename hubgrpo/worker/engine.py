@@ -177,7 +177,7 @@ class RoundEngine:
                               callbacks=[self._recorder, self._rebaser])
         trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
         trainer.model.peft_config["default"].base_model_name_or_path = adapter_base_name(self.cfg.base_model)
-        if self.cfg.merge.method == "ffa":  # FFA-LoRA: A stays the version-0 draw everywhere, only B trains
+        if self.cfg.merge.merge_method.frozen_a:  # FFA-LoRA: A stays the version-0 draw everywhere, only B trains
             for name, param in trainer.model.named_parameters():
                 if "lora_A" in name:
                     param.requires_grad_(False)
