@@ -1,4 +1,4 @@
-"""Admission of submissions in two phases, so that no network I/O ever runs under the server's API lock.
+"""Admission of submissions in two phases, so that no network I/O ever runs under the coordinator's lock.
 
 - ``prepare(c, lease, commit)`` — without the lock: verify the lease, read the submission folder at ``commit``
   from the store (network), and run every check on it. It changes nothing in the coordinator; its verdict is a

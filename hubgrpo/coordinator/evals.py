@@ -58,7 +58,7 @@ def parse(cfg, version, reward, samples) -> tuple[int, float, int]:
 
 
 def record(c: Coordinator, version: int, reward: float, samples: int) -> dict:
-    """Keep a parsed score of ``version`` (under the API lock); the first score of a version wins."""
+    """Keep a parsed score of ``version`` (under ``c.lock``); the first score of a version wins."""
     known = {v.version for v in c.state.versions}
     if version not in known:
         raise InvalidSubmission("unknown_version", f"version {version} does not exist (the run is at version "

@@ -12,7 +12,7 @@ merged; a new run in the same repo (``init --force``: a new run id) starts with 
 - ``BoxInbox``: a round is four write-once objects in a ``hubgrpo.store.boxes`` box, ``submission.json`` last;
   ``submit`` names ``sha256:<hex>`` of that submission.json. Rounds cost no commit of the run repo: the budget then
   covers merges only. On S3 every lease carries presigned PUT URLs for its four keys (``upload_urls``), so a
-  worker needs no bucket credentials; they are minted outside the API lock (``Coordinator.with_uploads``).
+  worker needs no bucket credentials; they are minted outside the coordinator's lock (``Coordinator.with_uploads``).
 
 Both read a submission as untrusted input: a box folder is listed first, and refused before anything is read when
 it holds other files, or more bytes than a valid submission can have (``max_bytes``); each object must have the
@@ -247,7 +247,7 @@ class BoxInbox(Scanned):
     def prune(self, state, keep: int | None, max_age: int) -> int:
         """Delete the objects of rounds finished as ``coordinator.keep_submissions`` says for folders in the repo
         (``pruning.doomed``: merged or refused more than ``keep`` versions ago, or too old to be admitted), once
-        per version of ``state``; the number of objects deleted. Store I/O: call without the server's lock."""
+        per version of ``state``; the number of objects deleted. Store I/O: call without the coordinator's lock."""
         from hubgrpo.coordinator.pruning import doomed
 
         if keep is None or state.version == self.pruned_at:

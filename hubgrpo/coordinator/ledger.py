@@ -53,7 +53,7 @@ def fork_state(state: RunState) -> RunState:
     """The copy a merge stages the next state in: new containers, records shared with ``state`` (whoever changes
     a record in the copy replaces it with a copy first: ``next_state``, ``evals.apply``). A deep copy of a long
     run's history (every version's merged entries, every worker's row) cost 40 ms at 10 versions × 256 rounds,
-    under the API lock, and grows with the run."""
+    under the coordinator's lock, and grows with the run."""
     st = state.model_copy()
     st.versions, st.merged_ids, st.refused = list(state.versions), list(state.merged_ids), list(state.refused)
     st.workers, st.commit_times = dict(state.workers), list(state.commit_times)

@@ -32,7 +32,7 @@ def merge_deletes(store: Store, cfg: Config, state: RunState, head: str) -> list
 
 def deletes(store, head: str, state: RunState, keep: int | None, max_age: int) -> list[str]:
     """Folder deletes (ending in '/') for the merge commit that writes ``state`` on top of ``head`` (a store
-    read: call without the server's lock)."""
+    read: call without the coordinator's lock)."""
     if keep is None:
         return []
     folders = set()

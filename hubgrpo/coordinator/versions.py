@@ -118,7 +118,7 @@ class AdapterCache:
             loading = self._loading.setdefault(version, threading.Lock())
         if cached is not None:
             return cached
-        with loading:  # no API lock is held here: only callers that need this very adapter wait
+        with loading:  # the coordinator's lock is not held here: only callers that need this very adapter wait
             with self._lock:
                 cached = self._adapters.get(version)
             return cached if cached is not None else read(version)

@@ -46,7 +46,7 @@ MAX_BODY = 1 << 20  # a lease, a commit id, a token: far below this
 MUTATING = frozenset({"lease", "heartbeat", "release", "submit", "verdict", "record_eval", "upload"})
 MAX_DEPTH = 32  # a lease is 3 levels deep
 MAX_NUMBER = 40  # characters of one JSON number
-THREADS = 64  # endpoint calls running at once (each mostly waits: for the API lock, or a lease for a merge)
+THREADS = 64  # endpoint calls running at once (each mostly waits: for the coordinator's lock, or a lease for a merge)
 
 
 class BadRequest(Exception):
