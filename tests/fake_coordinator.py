@@ -17,7 +17,7 @@ import threading
 import time
 
 from hubgrpo.coordinator.inflight import InFlight
-from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
+from hubgrpo.errors import InvalidSubmission, LeaseError, NotFound, Refused
 from hubgrpo.layout import Lease, check_name
 
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -213,3 +213,9 @@ class FakeCoordinator:
 
     def checkpoints_inline(self) -> bool:
         return False
+
+    def rounds_via_upload(self) -> bool:
+        return False
+
+    def version_dir(self, version: int, adapter_id: str):
+        raise NotFound(f"version {version} is not a version of this fake coordinator", hint="lease again")

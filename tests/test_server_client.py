@@ -34,7 +34,7 @@ class Swappable:
 
     def __getattr__(self, name: str):
         if self.target is None and name in ("tick", "plan_merge", "scan_pass", "flush", "warm_up", "prefold",
-                                            "checkpoints_inline", "use_merge_thread"):
+                                            "checkpoints_inline", "use_merge_thread", "rounds_via_upload"):
             return lambda *a, **kw: None
         return getattr(self.target, name)
 

@@ -375,6 +375,12 @@ class Coordinator(VersionsMixin):
         with self.lock:
             self.merging = None
 
+    def rounds_via_upload(self) -> bool:
+        """Whether the run's rounds come only through the server's upload route (``hub.submissions: coordinator``)."""
+        from hubgrpo.store.boxes import COORDINATOR
+
+        return self.cfg.hub.submissions == COORDINATOR
+
     # ---------------------------------------------------------------------------------------------- status
 
     def status(self) -> dict:

@@ -20,7 +20,7 @@ from hubgrpo import layout
 from hubgrpo.space.guard import envelope
 
 if TYPE_CHECKING:
-    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.space.api import CoordinatorLike
 
 FILES = {layout.ADAPTER_WEIGHTS: "application/octet-stream", layout.ADAPTER_CONFIG: "application/json"}
 _ID = re.compile(r"[0-9a-f]{40}")
@@ -38,7 +38,7 @@ def _chunks(f):
         f.close()
 
 
-def make_adapter_route(coord: Coordinator, auth: Any, threads: Any, authenticate: Callable) -> Callable:
+def make_adapter_route(coord: CoordinatorLike, auth: Any, threads: Any, authenticate: Callable) -> Callable:
     """The Starlette endpoint serving ``coord.version_dir(version, adapter_id)``'s files; ``authenticate`` is the
     plain routes' check of the ``Authorization`` header (``routes.authenticate``)."""
     import anyio

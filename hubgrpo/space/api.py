@@ -43,6 +43,7 @@ import socket
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is imported: no phoning home
@@ -95,6 +96,8 @@ class CoordinatorLike(Protocol):
     def abort_merge(self, plan: Any) -> None: ...
     def prefold(self) -> int: ...  # FFA: fold pending rounds in before the merge is due
     def checkpoints_inline(self) -> bool: ...  # every version checkpointed right after its merge
+    def version_dir(self, version: int, adapter_id: str) -> Path: ...  # what the adapter route serves
+    def rounds_via_upload(self) -> bool: ...  # rounds come only through the upload route
 
 
 # ------------------------------------------------------------------------------------------------ endpoints
@@ -351,9 +354,9 @@ def serve(coord: CoordinatorLike, host: str = "127.0.0.1", port: int = 0, *, tic
     Close it with ``app.close()`` (the tick thread then stops). Extra keyword arguments go to ``launch()``.
     """
     app = build_app(coord, tick_interval=tick_interval, blocks=blocks, auth=auth, queue=queue)
-    from hubgrpo.space.upload_route import add_upload, rounds_via_coordinator
+    from hubgrpo.space.upload_route import add_upload
 
-    if uploads or (uploads is None and rounds_via_coordinator(coord)):
+    if uploads or (uploads is None and coord.rounds_via_upload()):
         add_upload(app, coord)
     launch_kw = {"prevent_thread_lock": True, "quiet": True, "ssr_mode": False, **launch_kw}
     app.launch(server_name=host, server_port=port or free_port(host), **launch_kw)

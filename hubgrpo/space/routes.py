@@ -235,7 +235,7 @@ def attach(app: Any, endpoints: dict[str, Callable[..., dict]], limits: dict[str
     if getattr(app, "hubgrpo_routes", False):
         return
     app.router.routes.insert(0, Route(PREFIX + "/{name}", make_route(endpoints, limits, auth), methods=["POST"]))
-    if coord is not None and hasattr(coord, "version_dir"):
+    if coord is not None:
         from hubgrpo.space.adapter_route import make_adapter_route
 
         route = make_adapter_route(coord, auth, anyio.CapacityLimiter(THREADS), authenticate)

@@ -18,7 +18,6 @@ from hubgrpo.space.wire import caller_token
 
 if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
-    from hubgrpo.space.api import CoordinatorLike
 
 
 def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, batch_wait_s: float = 5.0) -> Uploads:
@@ -45,10 +44,3 @@ def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, ba
     blocks.hubgrpo_uploads = uploads
     return uploads
 
-
-def rounds_via_coordinator(coord: CoordinatorLike) -> bool:
-    """Whether the run's rounds come only through the upload route (``hub.submissions: coordinator``)."""
-    from hubgrpo.store.boxes import COORDINATOR
-
-    hub = getattr(getattr(coord, "cfg", None), "hub", None)
-    return getattr(hub, "submissions", None) == COORDINATOR
