@@ -16,12 +16,11 @@ median over participants, rebuilt from state.json after a restart) — from hist
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import hashlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hubgrpo import layout
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound

@@ -23,10 +23,9 @@ checkpoints each version right after its merge instead, so that none is skipped 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hubgrpo import layout, runrepo
 from hubgrpo.card import run_card

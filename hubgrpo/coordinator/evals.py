@@ -15,10 +15,9 @@ below the best so far, the next merge starts from the best version instead (``ga
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
 import numbers
+from typing import TYPE_CHECKING
 
 from hubgrpo.errors import InvalidSubmission
 from hubgrpo.layout import RunState

@@ -22,11 +22,10 @@ version whose rounds all are below it repeats the previous adapter.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hubgrpo import layout
 from hubgrpo.coordinator import evals

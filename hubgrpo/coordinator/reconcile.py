@@ -14,10 +14,9 @@ worker whose lease names a deleted commit gives it back and leases again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import shutil
+from typing import TYPE_CHECKING
 
 from hubgrpo import layout, runrepo
 from hubgrpo.errors import NotFound

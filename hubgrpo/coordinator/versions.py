@@ -118,7 +118,7 @@ class AdapterCache:
             loading = self._loading.setdefault(version, threading.Lock())
         if cached is not None:
             return cached
-        with loading:  # the coordinator's lock is not held here: only callers that need this very adapter wait
+        with loading:  # only callers that need this very adapter wait (a store read on a miss)
             with self._lock:
                 cached = self._adapters.get(version)
             return cached if cached is not None else read(version)

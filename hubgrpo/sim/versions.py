@@ -10,11 +10,10 @@ base and than the current version).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hubgrpo import layout
 

@@ -28,8 +28,6 @@ deleted from the box at once; the worker gets the verdict (``commit`` is the rou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import base64
 import binascii
 import logging
@@ -39,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hubgrpo import layout
 from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError

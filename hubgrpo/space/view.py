@@ -7,11 +7,10 @@ whole by a merge, never mutated in place while being read here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import html
 import time
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
