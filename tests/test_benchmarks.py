@@ -187,6 +187,19 @@ def test_round_overhead_quick(tmp_path):
     assert len(r["rows"]) == 2 and r["objects"] > 0 and all(x["one_round_s"] > 0 for x in r["rows"])
 
 
+@pytest.mark.timeout(120)
+def test_profile_step_quick(tmp_path):
+    """Every phase of a step is timed, the timed phases fit inside the wall clock they are part of (what is left
+    over is not negative: nothing is counted twice), and the FLOP rates are below the peak."""
+    run("round/profile_step.py", tmp_path)
+    r = shaped(tmp_path / "profile-step.json")
+    per = r["per_step_s"]
+    assert all(per[k] > 0 for k in ("prefill", "decode", "forward", "backward", "optimizer", "load", "save"))
+    assert min(per["generate_other"], per["step_other"], per["round_other"]) > -0.005, per
+    assert r["raw"]["counts"]["completion_tokens"] > 0 and r["raw"]["counts"]["steps"] == 2 * 4
+    assert all(0 < r["rates"][k]["of_peak"] < 1.5 for k in ("prefill", "decode", "training"))
+
+
 @pytest.mark.timeout(180)
 def test_gpu_smoke_on_the_cpu(tmp_path):
     run("gpu/gpu_smoke.py", tmp_path, "--device", "cpu", "--models", "smollm2-135m")
