@@ -27,11 +27,7 @@ from hubgrpo.errors import InvalidPath, InvalidSubmission
 SCHEMA_VERSION = 1
 # The wire protocol between workers and coordinators; a lease request carries it and a coordinator refuses any other
 # (code ``version``). Raise it with every change a worker and a coordinator of different releases would disagree on.
-PROTOCOL_VERSION = 4  # 2: leases carry ``uploads`` (presigned URLs for submissions in an S3 box); every
-# submission carries its round's rollouts (ROLLOUTS_FILE) and the coordinator recomputes the rewards.
-# 3: ``uploads`` may be size-capped presigned POST forms (``url#fields``); the token travels in the header only
-# 4: a lease's ``base_sha`` is the version's adapter id (``adapter_id``), served by the coordinator's ``adapter``
-# route; the repo holds checkpoints only; a rebased round names the id of the version it moved onto (``rebased_sha``)
+PROTOCOL_VERSION = 4  # what each version changed: CHANGELOG.md, "Wire protocol versions"
 WHEELS_DIR = "wheels"  # where `hubgrpo space deploy` publishes the hubgrpo wheel in the Space repo
 
 

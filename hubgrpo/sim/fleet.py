@@ -34,21 +34,12 @@ from typing import Callable
 
 from hubgrpo.errors import ConfigError
 
-# seconds per GRPO step of one worker with its shipped config (configs/tiny.yaml, configs/demo.yaml), measured on
-# this project's 2-core x86 VM: tiny 0.45 s (benchmarks/round/results/round.md), SmolLM2 10.5 s on one core (a
-# worker of `hubgrpo run --workers 2`; 504 s for 48 steps of `hubgrpo train --set params.num_threads=1`)
+# The cost model of the built-in models with their shipped configs, one core per worker, from this project's 2-core
+# x86 VM (where each value comes from: benchmarks/LOG.md, "The simulator's cost constants"): seconds per GRPO step,
 STEP_S = {"builtin:tiny": 0.45, "builtin:smollm2-135m-instruct": 10.5}
-# the share of a step spent sampling completions, generate / (generate + train) of a round's timings: tiny 0.6 /
-# 1.7 s (benchmarks/round/results/round.md), SmolLM2 2.66 / 8.03 s (the 1-step rounds of a one-thread worker of
-# `hubgrpo run --workers 2`, benchmarks/speedup/results/speedup-real-gen-s01.md): when, with
-# merge.rebase_after_generation, a round moves
+# the share of a step spent sampling (where merge.rebase_after_generation moves a round),
 GENERATE_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.33}
-# the share of a round's step that does not shrink with its batch (2026-12-03, one core per worker): tiny from
-# `hubgrpo train --set params.num_threads=1`, 0.227 s per step at 16 completions, 0.117 s at 4 (30 steps each);
-# SmolLM2 from the 1-step rounds of `hubgrpo run --workers 2` (benchmarks/speedup/results/speedup-real-split-s*.md
-# against speedup-real-decay-s*.md, median lease-to-submit 5.30 s at 4 completions, 8.08 s at 8, seeds 0-2) — inside
-# `hubgrpo train` the steps shrink more (9.6 s -> 4.9 s): a round's fixed work (adapter load and save, the
-# trainer's set-up per train() call) weighs more there
+# and the share of a step that a smaller batch does not shorten (params.fleet_batch: split).
 FIXED_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.31}
 
 

@@ -29,8 +29,8 @@ FREEZES = 2  # the heap is frozen at start and after the first merges (torch and
 def freeze_heap() -> None:
     """Move everything alive now to the collector's permanent generation (``gc.freeze``): a served coordinator's
     heap (gradio, torch, the run) is large and long-lived, and each full collection walks all of it with the GIL
-    held — measured at 1000 workers, 150–290 ms pauses that stalled every request in flight (the p99 of lease and
-    heartbeat). Afterwards a full collection walks only what was allocated since. Called a bounded number of
+    held: at 1000 workers, pauses of a few hundred milliseconds that stalled every request in flight
+    (``benchmarks/load/results/coordinator_load.md``). Afterwards a full collection walks only what was allocated since. Called a bounded number of
     times: what is frozen is never collected."""
     gc.collect()
     gc.freeze()

@@ -17,7 +17,8 @@ the reward functions), ``train`` (the rest of ``trainer.train()``: log-prob forw
 ``save`` (adapter + submission.json), ``setup`` (trainer (re)build, when it happened this round), ``total``.
 
 Every ``Trainer.train()`` starts with accelerate's ``free_memory()``, a full ``gc.collect()``: with a model and its
-libraries loaded that walks ~0.5 M objects (~0.5 s on one CPU core), once per round, and Python's own full
+libraries loaded that walks ~0.5 M objects (``benchmarks/round/results/round_overhead-smollm2.md``), once per
+round, and Python's own full
 collections walk them again during training. ``train_steps`` therefore freezes the heap around ``train()``
 (``frozen_heap``): what existed before the round is left out of the collections, what the round allocates is
 collected as usual, and the freeze is undone after the round, so nothing that dies later is kept.
@@ -292,7 +293,7 @@ class RoundEngine:
         start = time.perf_counter()
         if steps > 0:
             set_seed(seed)
-            with frozen_heap():  # see the module docstring: ~0.5 s per round otherwise
+            with frozen_heap():  # see the module docstring
                 tr.train()
         wall = time.perf_counter() - start
         reward_s = sum(r.seconds for r in self.rewards) - reward_before
