@@ -34,6 +34,7 @@ FORMAT = '{function: "builtin:answer_format", weight: 0.5}'
 CANDIDATES = {  # name -> overrides of configs/demo.yaml
     "addition1": [],  # the demo task itself: the reference that saturates
     "addition2": ["data.options={digits: 2, terms: 2, size: 5000}"],
+    "addition1x3": ["data.options={digits: 1, terms: 3, size: 5000}"],
     "addition3": ["data.options={digits: 2, terms: 3, size: 5000}"],
     "arithmetic": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 1, size: 5000}"],
     "arithmetic2": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 2, size: 5000}",
