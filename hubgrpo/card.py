@@ -77,10 +77,13 @@ def _v(cfg: Config, path: str, value: Any, spec: str = "") -> str:
 
 def _settings(cfg: Config) -> list[dict]:
     p, lora = cfg.params, cfg.lora
-    rewards = ", ".join(f"`{_v(cfg, f'rewards.{i}.function', r.function)}` × {_v(cfg, f'rewards.{i}.weight', r.weight, 'g')}"
-                        for i, r in enumerate(cfg.rewards))
-    lr_curve = {"constant": "", "cosine": f" (cosine to {p.run_lr(p.versions):g} over the run)",
-                "wsd": _wsd_curve(p)}[p.run_lr_schedule]
+    rewards = ", ".join(
+        f"`{_v(cfg, f'rewards.{i}.function', r.function)}` × {_v(cfg, f'rewards.{i}.weight', r.weight, 'g')}"
+        for i, r in enumerate(cfg.rewards)
+    )
+    lr_curve = {"constant": "", "cosine": f" (cosine to {p.run_lr(p.versions):g} over the run)", "wsd": _wsd_curve(p)}[
+        p.run_lr_schedule
+    ]
     base = f"`{_v(cfg, 'base_model', cfg.base_model)}`"
     base += f" (GGUF `{_v(cfg, 'gguf_file', cfg.gguf_file)}`)" if cfg.gguf_file else ""
     base += f": {BUILTIN_NOTES[cfg.base_model]}" if cfg.base_model in BUILTIN_NOTES else ""
@@ -91,11 +94,14 @@ def _settings(cfg: Config) -> list[dict]:
         {"setting": "data", "value": f"`{_v(cfg, 'data.path', cfg.data.path)}`"},
         {"setting": "rewards", "value": rewards},
         {"setting": "LoRA", "value": f"r={lora.r}, alpha={lora.alpha:g}, dropout={lora.dropout:g}, targets {targets}"},
-        {"setting": "GRPO", "value": f"lr {lr}{lr_curve}, {p.per_device_train_batch_size} "
-                                     f"completions/step{' of the fleet' if p.fleet_batch == 'split' else ''} "
-                                     f"({p.num_generations} per prompt), "
-                                     f"≤{p.max_completion_length} tokens, temperature {p.temperature:g}, "
-                                     f"beta {p.beta:g}, loss {p.loss_type}"},
+        {
+            "setting": "GRPO",
+            "value": f"lr {lr}{lr_curve}, {p.per_device_train_batch_size} "
+            f"completions/step{' of the fleet' if p.fleet_batch == 'split' else ''} "
+            f"({p.num_generations} per prompt), "
+            f"≤{p.max_completion_length} tokens, temperature {p.temperature:g}, "
+            f"beta {p.beta:g}, loss {p.loss_type}",
+        },
     ]
 
 
@@ -105,15 +111,19 @@ def _usage(cfg: Config) -> str:
     hub = underlying_model_name(cfg.base_model)
     auto = ""
     if hub:  # adapter_config.json names the Hub model: AutoPeft loads base + adapter in one line
-        auto = ("```python\nfrom peft import AutoPeftModelForCausalLM\n"
-                'model = AutoPeftModelForCausalLM.from_pretrained("path/or/repo-of-this-adapter")\n```\n\nor, ')
+        auto = (
+            "```python\nfrom peft import AutoPeftModelForCausalLM\n"
+            'model = AutoPeftModelForCausalLM.from_pretrained("path/or/repo-of-this-adapter")\n```\n\nor, '
+        )
     if cfg.base_model in BUILTIN_MODELS:
-        load = (f"from hubgrpo.worker.models import load_model\nbase, tokenizer = load_model({cfg.base_model!r})")
+        load = f"from hubgrpo.worker.models import load_model\nbase, tokenizer = load_model({cfg.base_model!r})"
         what = "on exactly the weights it was trained on"
     else:
-        load = (f"from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-                f"base = AutoModelForCausalLM.from_pretrained({(hub or cfg.base_model)!r})\n"
-                f"tokenizer = AutoTokenizer.from_pretrained({(hub or cfg.base_model)!r})")
+        load = (
+            f"from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            f"base = AutoModelForCausalLM.from_pretrained({(hub or cfg.base_model)!r})\n"
+            f"tokenizer = AutoTokenizer.from_pretrained({(hub or cfg.base_model)!r})"
+        )
         what = "with the base model loaded by you"
     peft = 'model = PeftModel.from_pretrained(base, "path/or/repo-of-this-adapter")'
     what = what if auto else what[0].upper() + what[1:]
@@ -125,12 +135,18 @@ def render_model_card(cfg: Config, *, title: str, reward_rows: list[dict], body:
     from huggingface_hub import ModelCard, ModelCardData
 
     hub = None if shown(cfg, "base_model", None) is not None else underlying_model_name(cfg.base_model)
-    data = ModelCardData(library_name="peft", base_model=hub, tags=list(TAGS),
-                         pipeline_tag="text-generation")
-    parts = [f"# {title}", body.strip(), "## Reward", markdown_table(reward_rows),
-             "## Training", f"GRPO with LoRA (hubgrpo: TRL `GRPOTrainer` + PEFT); project `{_v(cfg, 'project_name', cfg.project_name)}`.",
-             markdown_table(_settings(cfg)),
-             "## Usage", _usage(cfg)]
+    data = ModelCardData(library_name="peft", base_model=hub, tags=list(TAGS), pipeline_tag="text-generation")
+    parts = [
+        f"# {title}",
+        body.strip(),
+        "## Reward",
+        markdown_table(reward_rows),
+        "## Training",
+        f"GRPO with LoRA (hubgrpo: TRL `GRPOTrainer` + PEFT); project `{_v(cfg, 'project_name', cfg.project_name)}`.",
+        markdown_table(_settings(cfg)),
+        "## Usage",
+        _usage(cfg),
+    ]
     content = f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(p for p in parts if p) + "\n"
     return str(ModelCard(content))
 
@@ -153,9 +169,25 @@ def run_card(cfg: Config, state: RunState) -> str:
     """The run repo's model card: a PEFT adapter card with the reward per version (training reward recomputed by
     the coordinator from the rounds' rollouts; held-out reward recorded by ``hubgrpo evaluate``) and the tag of
     each checkpointed version (``revision=`` loads those)."""
-    rows = [{"version": v.version, "checkpoint": v.tag or "-", "reward": v.reward_mean, "held-out reward": v.eval_reward,
-             "submissions": len(v.merged), "samples": v.samples, "residual": v.residual} for v in state.versions]
-    body = (f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
-            f"{state.samples_total} completions, merge method `{cfg.merge.method}`.\n\n" + VERIFIED)
-    return render_model_card(cfg, title=f"{_v(cfg, 'project_name', cfg.project_name)} (hubgrpo run, version {state.version})",
-                             reward_rows=rows, body=body)
+    rows = [
+        {
+            "version": v.version,
+            "checkpoint": v.tag or "-",
+            "reward": v.reward_mean,
+            "held-out reward": v.eval_reward,
+            "submissions": len(v.merged),
+            "samples": v.samples,
+            "residual": v.residual,
+        }
+        for v in state.versions
+    ]
+    body = (
+        f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
+        f"{state.samples_total} completions, merge method `{cfg.merge.method}`.\n\n" + VERIFIED
+    )
+    return render_model_card(
+        cfg,
+        title=f"{_v(cfg, 'project_name', cfg.project_name)} (hubgrpo run, version {state.version})",
+        reward_rows=rows,
+        body=body,
+    )

@@ -22,8 +22,7 @@ class HubGrpoError(Exception):
     exit_code = 1
     code = "error"
 
-    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None,
-                 wait_s: float | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None, wait_s: float | None = None):
         """``wait_s``: seconds to wait before asking again, when the error says (a refusal with a wait, a 429);
         None when it does not. Carried over the wire beside ``to_dict`` (``hubgrpo.space.wire.error_dict``)."""
         super().__init__(message)
@@ -155,11 +154,29 @@ class Refused(CoordinatorError):
         super().__init__(message, hint=hint, code=code, wait_s=wait_s)
 
 
-_BY_NAME = {cls.__name__: cls for cls in [
-    HubGrpoError, ConfigError, StoreError, NotFound, InvalidPath, CommitConflict, RepoBusy, RateLimited,
-    StoreUnavailable, AuthError, LeaseError, InvalidSubmission, ModelError, DataError, RewardError, MergeError,
-    CoordinatorError, Refused,
-]}
+_BY_NAME = {
+    cls.__name__: cls
+    for cls in [
+        HubGrpoError,
+        ConfigError,
+        StoreError,
+        NotFound,
+        InvalidPath,
+        CommitConflict,
+        RepoBusy,
+        RateLimited,
+        StoreUnavailable,
+        AuthError,
+        LeaseError,
+        InvalidSubmission,
+        ModelError,
+        DataError,
+        RewardError,
+        MergeError,
+        CoordinatorError,
+        Refused,
+    ]
+}
 
 
 def wait_seconds(value: object, default: float) -> float:
@@ -179,8 +196,8 @@ def wire_text(value: object, limit: int = MAX_ERROR_TEXT) -> str:
     replaced, at most ``limit`` characters."""
     if not isinstance(value, str):
         return ""
-    text = _CONTROL.sub("?", value[:limit + 1])
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    text = _CONTROL.sub("?", value[: limit + 1])
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def from_dict(d: object) -> HubGrpoError:

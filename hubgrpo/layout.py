@@ -40,6 +40,7 @@ def space_wheel_url(space_id: str, endpoint: str, version: str) -> str:
     """Where a run's Space publishes the wheel of the hubgrpo it coordinates with (one-line worker install)."""
     return f"{endpoint.rstrip('/')}/spaces/{space_id}/resolve/main/{WHEELS_DIR}/{wheel_name(version)}"
 
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CARD = "README.md"
@@ -50,7 +51,11 @@ SUBMISSIONS = "submissions"
 SUBMISSION_FILE = "submission.json"
 ROLLOUTS_FILE = "rollouts.json.gz"  # the round's prompt indices, completions and rewards (gzip-compressed JSON)
 ADAPTER_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG)
-SUBMISSION_FILES = (*ADAPTER_FILES, ROLLOUTS_FILE, SUBMISSION_FILE)  # what a worker delivers, in this order: the record last
+SUBMISSION_FILES = (
+    *ADAPTER_FILES,
+    ROLLOUTS_FILE,
+    SUBMISSION_FILE,
+)  # what a worker delivers, in this order: the record last
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TAG = re.compile(r"v(\d{6,})")
@@ -68,8 +73,9 @@ Text = Annotated[str, Field(max_length=200)]
 LongText = Annotated[str, Field(max_length=2000)]
 Index = Annotated[int, Field(ge=0, le=10**12)]
 Version = Annotated[int, Field(ge=0, le=10**9)]
-ParamValue = (Annotated[float, Field(ge=-1e12, le=1e12)] | Annotated[int, Field(ge=-10**12, le=10**12)] | Text
-              | bool | None)
+ParamValue = (
+    Annotated[float, Field(ge=-1e12, le=1e12)] | Annotated[int, Field(ge=-(10**12), le=10**12)] | Text | bool | None
+)
 MAX_MESSAGE = 500  # characters of a refusal's message kept in state.json
 
 
@@ -308,8 +314,11 @@ def is_name(name: object) -> bool:
 def check_name(name: str, what: str = "worker name") -> str:
     """Worker names and lease ids become path segments: refuse anything but [A-Za-z0-9._-]."""
     if not is_name(name):
-        raise InvalidSubmission("bad_name", f"{what} {str(name)[:80]!r} is not allowed",
-                                hint="use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        raise InvalidSubmission(
+            "bad_name",
+            f"{what} {str(name)[:80]!r} is not allowed",
+            hint="use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
     return name
 
 
@@ -332,9 +341,11 @@ def adapter_id(weights: bytes, config: bytes) -> str:
 def check_commit_id(revision: object, what: str = "revision") -> str:
     """``revision`` if it is a commit id (``is_commit_id``), else ``InvalidPath`` naming it."""
     if not is_commit_id(revision):
-        raise InvalidPath(f"{what} {str(revision)[:80]!r} is not a commit id",
-                          hint="a commit id is a sha of 40 lowercase hex digits or a version tag such as v000003; "
-                               "a coordinator that sends anything else is broken or hostile")
+        raise InvalidPath(
+            f"{what} {str(revision)[:80]!r} is not a commit id",
+            hint="a commit id is a sha of 40 lowercase hex digits or a version tag such as v000003; "
+            "a coordinator that sends anything else is broken or hostile",
+        )
     return revision
 
 

@@ -33,8 +33,10 @@ def read_config(store: Store, revision: str | None = None) -> Config:
     try:
         text = store.read(layout.CONFIG_FILE, revision).decode()
     except NotFound:
-        raise NotFound(f"{store.location} has no {layout.CONFIG_FILE}: it is not a hubgrpo run repo",
-                       hint="create it with `hubgrpo init CONFIG --repo REPO`") from None
+        raise NotFound(
+            f"{store.location} has no {layout.CONFIG_FILE}: it is not a hubgrpo run repo",
+            hint="create it with `hubgrpo init CONFIG --repo REPO`",
+        ) from None
     return loads(text, source=f"{store.location}/{layout.CONFIG_FILE}", expand=False)
 
 
@@ -42,8 +44,10 @@ def read_state(store: Store, revision: str | None = None) -> RunState:
     try:
         data = store.read(layout.STATE_FILE, revision)
     except NotFound:
-        raise NotFound(f"{store.location} has no {layout.STATE_FILE}: it is not a hubgrpo run repo",
-                       hint="create it with `hubgrpo init CONFIG --repo REPO`") from None
+        raise NotFound(
+            f"{store.location} has no {layout.STATE_FILE}: it is not a hubgrpo run repo",
+            hint="create it with `hubgrpo init CONFIG --repo REPO`",
+        ) from None
     if revision is not None:  # one state.json per merge: a long run's cache would grow with every version
         evict(store, [layout.STATE_FILE], revision)
     return RunState.from_json(data)
@@ -105,8 +109,9 @@ def remove_tree(path: Path, root: Path) -> None:
     if path.is_symlink():
         raise InvalidPath(f"refusing to delete {path}: it is a symlink", hint="hubgrpo only deletes what it made")
     if not inside(path, root):
-        raise InvalidPath(f"refusing to delete {path}: it is outside {root}",
-                          hint="hubgrpo only deletes inside its own cache folders")
+        raise InvalidPath(
+            f"refusing to delete {path}: it is outside {root}", hint="hubgrpo only deletes inside its own cache folders"
+        )
     shutil.rmtree(path, ignore_errors=True)  # rmtree never follows the symlinks inside the tree
 
 
@@ -115,12 +120,17 @@ def prune_revisions(parent: Path, keep: int, *, root: Path | None = None) -> Non
     which must lie inside ``root`` (default ``parent`` itself); symlinks are never followed nor deleted."""
     root = parent if root is None else root
     if not inside(parent, root):
-        raise InvalidPath(f"refusing to prune {parent}: it is outside {root}",
-                          hint="hubgrpo only deletes inside its own cache folders")
+        raise InvalidPath(
+            f"refusing to prune {parent}: it is outside {root}",
+            hint="hubgrpo only deletes inside its own cache folders",
+        )
     if not parent.is_dir():
         return
-    folders = sorted((p for p in parent.iterdir() if not p.is_symlink() and p.is_dir() and ".tmp-" not in p.name),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
+    folders = sorted(
+        (p for p in parent.iterdir() if not p.is_symlink() and p.is_dir() and ".tmp-" not in p.name),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
     for old in folders[keep:]:
         remove_tree(old, parent)
 
@@ -134,14 +144,17 @@ def adapter_at(store: Store, revision: str, cache: Path | None = None) -> Path:
     return fetch_dir(store, files, revision, cache / key / revision)
 
 
-def submission_at(store: Store, base_version: int, sub_id: str, revision: str, dest: Path, *,
-                  sizes: dict[str, int] | None = None) -> Path:
+def submission_at(
+    store: Store, base_version: int, sub_id: str, revision: str, dest: Path, *, sizes: dict[str, int] | None = None
+) -> Path:
     """Copy one submission folder at ``revision`` into ``dest`` (every file in it, for admission checks).
     ``sizes``: the folder's listing ({repo path: size}, ``Store.file_sizes``) the caller already checked."""
     prefix = layout.submission_dir(base_version, sub_id)
     names = sorted(sizes) if sizes is not None else store.list_files(prefix, revision)
     if not names:
-        raise NotFound(f"no submission at {prefix} in {store.location} at revision {revision[:12]}",
-                       hint="push the submission commit before calling submit")
-    files = {p: p[len(prefix) + 1:].replace("/", "__") for p in names}
+        raise NotFound(
+            f"no submission at {prefix} in {store.location} at revision {revision[:12]}",
+            hint="push the submission commit before calling submit",
+        )
+    files = {p: p[len(prefix) + 1 :].replace("/", "__") for p in names}
     return fetch_dir(store, files, revision, dest)

@@ -44,8 +44,13 @@ def _config(config: Config | str | Path) -> Config:
     return cfg
 
 
-def init_run(config: Config | str | Path, repo: str | Path | Store, *, force: bool = False,
-             echo=logging.getLogger("hubgrpo.init").warning) -> Store:
+def init_run(
+    config: Config | str | Path,
+    repo: str | Path | Store,
+    *,
+    force: bool = False,
+    echo=logging.getLogger("hubgrpo.init").warning,
+) -> Store:
     """Create the run repo with its version-0 adapter (``hubgrpo init``); an existing run is kept (resumed)
     unless ``force``. On the Hub the config is first fitted to the commit quota (``cli.init_quota.fit_to_store``; ``echo``
     gets each line saying what changed and why). Returns its store."""
@@ -61,16 +66,19 @@ def init_run(config: Config | str | Path, repo: str | Path | Store, *, force: bo
     return store
 
 
-def run_local(config: Config | str | Path, repo: str | Path | Store, *, workers: int = 2,
-              max_wall_s: float | None = None) -> dict:
+def run_local(
+    config: Config | str | Path, repo: str | Path | Store, *, workers: int = 2, max_wall_s: float | None = None
+) -> dict:
     """``hubgrpo run``: a coordinator in this process and ``workers`` worker processes, until
     ``params.versions`` versions exist (or ``max_wall_s``). Returns the final status (versions, leaderboard,
     ``wall_s``). ``repo`` must be a string (a local path or ``user/name``): the workers open it themselves."""
     from hubgrpo.cli.embedded import run
 
     if isinstance(repo, Store):
-        raise TypeError("run_local needs the repo as a string (its worker processes open it): pass the path or "
-                        "user/name you gave init_run")
+        raise TypeError(
+            "run_local needs the repo as a string (its worker processes open it): pass the path or "
+            "user/name you gave init_run"
+        )
     cfg = _config(config)
     return run(cfg, store_for(repo), workers=workers, repo_arg=str(repo), max_wall_s=max_wall_s)
 
@@ -92,8 +100,9 @@ def versions(repo: str | Path | Store) -> list[dict]:
     return versions_table(runrepo.read_state(store_for(repo)))
 
 
-def push_adapter(repo: str | Path | Store, to: str | Path | Store, *, version: int | None = None,
-                 private: bool = False) -> str:
+def push_adapter(
+    repo: str | Path | Store, to: str | Path | Store, *, version: int | None = None, private: bool = False
+) -> str:
     """Publish a version's adapter (default: the latest) as a standalone PEFT repo with a model card; returns the
     commit sha."""
     from hubgrpo.cli.report import push_adapter as push
@@ -114,8 +123,9 @@ def load_adapter(repo: str | Path | Store, *, revision: str | None = None, devic
 
     store = store_for(repo)
     rev = _commit_for(store, revision)
-    folder = runrepo.fetch_dir(store, {f: f for f in layout.ADAPTER_FILES}, rev,
-                               Path(tempfile.mkdtemp(prefix="hubgrpo-adapter-")) / "adapter")
+    folder = runrepo.fetch_dir(
+        store, {f: f for f in layout.ADAPTER_FILES}, rev, Path(tempfile.mkdtemp(prefix="hubgrpo-adapter-")) / "adapter"
+    )
 
     base_name = json.loads((folder / layout.ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
     base, tokenizer = load_model(_builtin_for(base_name), device=device)
@@ -134,8 +144,10 @@ def _commit_for(store: Store, revision: str | None) -> str:
         return revision
     sha = store.tags().get(revision)
     if sha is None:
-        raise NotFound(f"{store.location} has no revision {revision[:80]!r}",
-                       hint="use a version tag such as v000003, a commit sha, or leave revision out for the head")
+        raise NotFound(
+            f"{store.location} has no revision {revision[:80]!r}",
+            hint="use a version tag such as v000003, a commit sha, or leave revision out for the head",
+        )
     return sha
 
 

@@ -20,8 +20,11 @@ class Tracker:
     kind = "none"
 
     def log(self, metrics: dict, step: int | None = None) -> None:
-        clean = {k: float(v) for k, v in metrics.items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        clean = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        }
         if not clean:
             return
         try:
@@ -76,8 +79,9 @@ class TensorBoardTracker(Tracker):
         self.writer.close()
 
 
-def make_tracker(kind: str, *, project: str, name: str, config: dict | None = None,
-                 log_dir: Path | None = None) -> Tracker:
+def make_tracker(
+    kind: str, *, project: str, name: str, config: dict | None = None, log_dir: Path | None = None
+) -> Tracker:
     """The tracker for ``log:``; falls back to a no-op tracker (with a warning) when its package is missing."""
     try:
         if kind == "trackio":
@@ -87,6 +91,10 @@ def make_tracker(kind: str, *, project: str, name: str, config: dict | None = No
 
             return TensorBoardTracker(log_dir or cache_root() / "tensorboard" / project / name)
     except ImportError as e:
-        log.warning("log: %s needs a package that is missing (%s); metrics are not tracked. Install it with "
-                    "`pip install %s`", kind, e.name or e, kind)
+        log.warning(
+            "log: %s needs a package that is missing (%s); metrics are not tracked. Install it with `pip install %s`",
+            kind,
+            e.name or e,
+            kind,
+        )
     return Tracker()

@@ -23,10 +23,16 @@ def load_checked(file: Path, overrides: list[str]):
 
 
 @config_app.command("validate")
-def validate(file: Path = typer.Argument(..., help="YAML config file."),
-             set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-             repo: str = typer.Option(None, "--repo", help="The run repo it is for (default hub.repo_id): on the "
-                                      "Hub, also say what `hubgrpo init` changes to fit its commit quota.")) -> None:
+def validate(
+    file: Path = typer.Argument(..., help="YAML config file."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    repo: str = typer.Option(
+        None,
+        "--repo",
+        help="The run repo it is for (default hub.repo_id): on the "
+        "Hub, also say what `hubgrpo init` changes to fit its commit quota.",
+    ),
+) -> None:
     """Exit 0 when FILE is a valid config; otherwise print every problem with its key path and line. For a run
     repo on the Hub, a config `hubgrpo init` would refuse there fails too, and what init would change is printed
     as warnings."""
@@ -34,14 +40,18 @@ def validate(file: Path = typer.Argument(..., help="YAML config file."),
     from hubgrpo.config.recipe import describe
 
     cfg = load_checked(file, set_)
-    what = {k: shown(cfg, k, v) for k, v in (("project_name", cfg.project_name), ("base_model", cfg.base_model),
-                                              ("data.path", cfg.data.path))}
+    what = {
+        k: shown(cfg, k, v)
+        for k, v in (("project_name", cfg.project_name), ("base_model", cfg.base_model), ("data.path", cfg.data.path))
+    }
     for line in _hub_fit_lines(cfg, repo or cfg.hub.repo_id):
         if line.startswith("changed "):
-            line = "on the Hub, `hubgrpo init` changes " + line[len("changed "):]
+            line = "on the Hub, `hubgrpo init` changes " + line[len("changed ") :]
         typer.echo(f"warning: {line}", err=True)
-    typer.echo(f"{file}: ok (project {what['project_name']}, base model {what['base_model']}, "
-               f"data {what['data.path']})\n{describe(cfg)}")
+    typer.echo(
+        f"{file}: ok (project {what['project_name']}, base model {what['base_model']}, "
+        f"data {what['data.path']})\n{describe(cfg)}"
+    )
 
 
 def _hub_fit_lines(cfg, repo: str | None) -> list[str]:
@@ -55,8 +65,10 @@ def _hub_fit_lines(cfg, repo: str | None) -> list[str]:
 
 
 @config_app.command("show")
-def show(file: Path = typer.Argument(..., help="YAML config file."),
-         set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
+def show(
+    file: Path = typer.Argument(..., help="YAML config file."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
     """Print the resolved config (defaults filled, overrides applied; secrets redacted, and every value taken from
     the environment shown as its ${VAR} placeholder), after a first line that names its recipe and where it
     differs from the default one."""
@@ -68,8 +80,11 @@ def show(file: Path = typer.Argument(..., help="YAML config file."),
 
 
 @config_app.command("fields")
-def fields(markdown: bool = typer.Option(False, "--markdown", help="Print docs/config.md (Markdown tables) "
-                                         "instead of one line per key.")) -> None:
+def fields(
+    markdown: bool = typer.Option(
+        False, "--markdown", help="Print docs/config.md (Markdown tables) instead of one line per key."
+    ),
+) -> None:
     """List every config key with its default and meaning."""
     if markdown:
         from hubgrpo.config.reference import markdown as reference

@@ -97,33 +97,52 @@ def _secret_file(path: Path) -> bytes:
             os.unlink(tmp)
     mode = path.stat().st_mode & 0o777
     if os.name == "posix" and mode & 0o077:
-        raise ConfigError(f"the lease-signing secret {path} has mode {mode:04o}: others on this machine may read "
-                          "it, and whoever read it can sign leases for this run",
-                          hint=f"delete it (a new secret is made; live leases must be taken again) or, if nobody "
-                               f"else could have read it, chmod 600 {path}; or set HUBGRPO_SECRET")
+        raise ConfigError(
+            f"the lease-signing secret {path} has mode {mode:04o}: others on this machine may read "
+            "it, and whoever read it can sign leases for this run",
+            hint=f"delete it (a new secret is made; live leases must be taken again) or, if nobody "
+            f"else could have read it, chmod 600 {path}; or set HUBGRPO_SECRET",
+        )
     return path.read_text().strip().encode()
 
 
-def spawn_workers(repo: str, url: str, n: int, *, log_dir: Path, threads: int | None = None,
-                  allow: list[str] | None = None) -> list:
+def spawn_workers(
+    repo: str, url: str, n: int, *, log_dir: Path, threads: int | None = None, allow: list[str] | None = None
+) -> list:
     """Start N ``hubgrpo worker`` processes with torch threads split between them (cores // N each); ``allow``:
     the config's non-built-in reward functions (the owner runs their own config here)."""
     threads = threads or max(1, (os.cpu_count() or 1) // n)
-    return [_spawn(["worker", "--repo", repo, "--coordinator", url, "--name", f"worker{i}"], threads, allow,
-                   log_dir / f"worker{i}.log") for i in range(n)]
+    return [
+        _spawn(
+            ["worker", "--repo", repo, "--coordinator", url, "--name", f"worker{i}"],
+            threads,
+            allow,
+            log_dir / f"worker{i}.log",
+        )
+        for i in range(n)
+    ]
 
 
 def spawn_evaluator(repo: str, url: str, *, log_dir: Path, samples: int = 16, allow: list[str] | None = None):
     """Start ``hubgrpo evaluate`` (one torch thread): it scores every version and exits once the run is finished
     and every version is scored."""
-    return _spawn(["evaluate", "--repo", repo, "--coordinator", url, "--samples", str(samples)], 1, allow,
-                  log_dir / "evaluator.log")
+    return _spawn(
+        ["evaluate", "--repo", repo, "--coordinator", url, "--samples", str(samples)],
+        1,
+        allow,
+        log_dir / "evaluator.log",
+    )
 
 
 def _spawn(args: list[str], threads: int, allow: list[str] | None, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               HUBGRPO_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               HUBGRPO_PARENT_PID=str(os.getpid()))  # a process whose run is gone stops (worker.orphaned)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        HUBGRPO_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        HUBGRPO_PARENT_PID=str(os.getpid()),
+    )  # a process whose run is gone stops (worker.orphaned)
     cmd = [sys.executable, "-m", "hubgrpo.cli", *args, "--threads", str(threads)]
     cmd += [x for f in allow or [] for x in ("--allow-reward", f)]
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -145,8 +164,19 @@ def stop_workers(procs: list, timeout: float = 20.0) -> None:
             p.wait()
 
 
-def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int = 0, on_status=None,
-        max_wall_s: float | None = None, force: bool = False, evaluate: bool = True, eval_samples: int = 16) -> dict:
+def run(
+    cfg: Config,
+    store: Store,
+    *,
+    workers: int = 2,
+    repo_arg: str,
+    port: int = 0,
+    on_status=None,
+    max_wall_s: float | None = None,
+    force: bool = False,
+    evaluate: bool = True,
+    eval_samples: int = 16,
+) -> dict:
     """Run until ``params.versions`` versions exist (or Ctrl-C / max_wall_s), then let the evaluator score the
     last versions (``evaluate``); return the final status."""
     import torch
@@ -160,8 +190,16 @@ def run(cfg: Config, store: Store, *, workers: int = 2, repo_arg: str, port: int
     previous = _unwind_on_sigterm()
     granted = grant_reward_env(cfg)
     try:
-        return _serve_and_watch(cfg, store, workers=workers, repo_arg=repo_arg, port=port, on_status=on_status,
-                                max_wall_s=max_wall_s, eval_samples=eval_samples if evaluate else 0)
+        return _serve_and_watch(
+            cfg,
+            store,
+            workers=workers,
+            repo_arg=repo_arg,
+            port=port,
+            on_status=on_status,
+            max_wall_s=max_wall_s,
+            eval_samples=eval_samples if evaluate else 0,
+        )
     finally:
         torch.set_num_threads(threads)
         _restore_env(REWARD_ENV, granted)
@@ -202,8 +240,17 @@ def _unwind_on_sigterm():
     return signal.signal(signal.SIGTERM, handler)
 
 
-def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, port: int, on_status,
-                     max_wall_s: float | None, eval_samples: int = 0) -> dict:
+def _serve_and_watch(
+    cfg: Config,
+    store: Store,
+    *,
+    workers: int,
+    repo_arg: str,
+    port: int,
+    on_status,
+    max_wall_s: float | None,
+    eval_samples: int = 0,
+) -> dict:
     """The coordinator API in this process, N worker processes (and an evaluator), and a status loop until the run
     finishes."""
     from hubgrpo.worker.client import CoordinatorClient
@@ -211,14 +258,21 @@ def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, 
     from hubgrpo.space.api import serve
     from hubgrpo.task.rewards import foreign_code
 
-    coord = Coordinator(store, coordinator_secret(store), workdir=runrepo.cache_root() / "coordinator"
-                        / cfg.project_name, allow_code=foreign_code(cfg.rewards))  # the owner runs their own config
+    coord = Coordinator(
+        store,
+        coordinator_secret(store),
+        workdir=runrepo.cache_root() / "coordinator" / cfg.project_name,
+        allow_code=foreign_code(cfg.rewards),
+    )  # the owner runs their own config
     app, url = serve(coord, port=port)
     client = CoordinatorClient(url)
     log_dir = runrepo.cache_root() / "logs" / cfg.project_name
     procs = spawn_workers(repo_arg, url, workers, log_dir=log_dir, allow=foreign_code(cfg.rewards))
-    evaluator = spawn_evaluator(repo_arg, url, log_dir=log_dir, samples=eval_samples,
-                                allow=foreign_code(cfg.rewards)) if eval_samples else None
+    evaluator = (
+        spawn_evaluator(repo_arg, url, log_dir=log_dir, samples=eval_samples, allow=foreign_code(cfg.rewards))
+        if eval_samples
+        else None
+    )
     start = time.time()
     status = client.status()
     try:
@@ -228,8 +282,10 @@ def _serve_and_watch(cfg: Config, store: Store, *, workers: int, repo_arg: str, 
             if on_status:
                 on_status(status, procs)
             if all(p.poll() is not None for p in procs):
-                raise StoreError("every worker process exited before the run finished",
-                                 hint=f"see the logs in {runrepo.cache_root() / 'logs' / cfg.project_name}")
+                raise StoreError(
+                    "every worker process exited before the run finished",
+                    hint=f"see the logs in {runrepo.cache_root() / 'logs' / cfg.project_name}",
+                )
             if max_wall_s and time.time() - start > max_wall_s:
                 log.warning("stopping after max_wall_s=%s", max_wall_s)
                 break

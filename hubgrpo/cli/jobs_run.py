@@ -38,18 +38,34 @@ def run_on_jobs(cfg: Config, repo: str, *, on_status=None, max_wall_s: float | N
     opts = cfg.backend_options
     token, endpoint = os.environ.get("HF_TOKEN") or get_token(), os.environ.get("HF_ENDPOINT")
     if not opts.coordinator:
-        raise ConfigError("backend hf-jobs needs backend_options.coordinator: the Space (user/name) that coordinates",
-                          hint="set backend_options.coordinator: you/run1-coordinator (deployed by hubgrpo run)")
-    specs = jobs.worker_specs(repo, opts.coordinator, workers=opts.workers, flavor=opts.flavor, timeout=opts.timeout,
-                              image=opts.image, install=opts.install, endpoint=endpoint)
+        raise ConfigError(
+            "backend hf-jobs needs backend_options.coordinator: the Space (user/name) that coordinates",
+            hint="set backend_options.coordinator: you/run1-coordinator (deployed by hubgrpo run)",
+        )
+    specs = jobs.worker_specs(
+        repo,
+        opts.coordinator,
+        workers=opts.workers,
+        flavor=opts.flavor,
+        timeout=opts.timeout,
+        image=opts.image,
+        install=opts.install,
+        endpoint=endpoint,
+    )
     api = jobs.hf_api(token, endpoint)
     store = open_store(repo, token=token, endpoint=endpoint)
     ensure_repo(store, cfg)
     if opts.deploy and jobs.is_space_id(opts.coordinator):
         from hubgrpo.space.deploy import deploy
 
-        out = deploy(repo, opts.coordinator, token=token, secret=coordinator_secret(store).decode(),
-                     endpoint=endpoint, private=cfg.hub.private)
+        out = deploy(
+            repo,
+            opts.coordinator,
+            token=token,
+            secret=coordinator_secret(store).decode(),
+            endpoint=endpoint,
+            private=cfg.hub.private,
+        )
         log.warning("coordinator Space %s deployed (commit %s)", out["url"], out["commit"][:12])
     import signal
 
@@ -70,8 +86,7 @@ def run_on_jobs(cfg: Config, repo: str, *, on_status=None, max_wall_s: float | N
     return status
 
 
-def _watch(cfg, coordinator: str, token, api, repo: str, handles: list[JobHandle], on_status,
-           max_wall_s) -> dict:
+def _watch(cfg, coordinator: str, token, api, repo: str, handles: list[JobHandle], on_status, max_wall_s) -> dict:
     from hubgrpo.launch.jobs import run_jobs
     from hubgrpo.worker.client import CoordinatorClient
 
@@ -87,8 +102,10 @@ def _watch(cfg, coordinator: str, token, api, repo: str, handles: list[JobHandle
                 h.stage = stages.get(h.id, h.stage)
             stages_at = time.time()
             if all(h.poll() is not None for h in handles) and not status["finished"]:
-                raise StoreError("every worker job ended before the run finished",
-                                 hint=f"`hubgrpo jobs logs --repo {repo}` shows why")
+                raise StoreError(
+                    "every worker job ended before the run finished",
+                    hint=f"`hubgrpo jobs logs --repo {repo}` shows why",
+                )
         if on_status:
             on_status(status, handles)
         if max_wall_s and time.time() - start > max_wall_s:

@@ -7,8 +7,9 @@ import os
 
 import typer
 
-jobs_app = typer.Typer(help="List, follow and cancel the HF Jobs of a run (the ones `hubgrpo launch` started).",
-                       no_args_is_help=True)
+jobs_app = typer.Typer(
+    help="List, follow and cancel the HF Jobs of a run (the ones `hubgrpo launch` started).", no_args_is_help=True
+)
 REPO_HELP = "Run repo on the Hub (user/name); its jobs carry the label hubgrpo-run=<repo>."
 
 
@@ -24,29 +25,46 @@ def _saved_token() -> str | None:
     return get_token()
 
 
-def launch(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
-           coordinator: str = typer.Option(..., "--coordinator", help="The run's Space (user/name) or an https URL."),
-           workers: int = typer.Option(1, "--workers", "-n", min=1, max=256, help="Jobs to start, one worker each."),
-           flavor: str = typer.Option("t4-small", "--flavor", help="HF Jobs hardware: cpu-basic, t4-small, l4x1, "
-                                      "a10g-small, a100-large, h200, …"),
-           timeout: str = typer.Option("2h", "--timeout", help="Longest a job runs: 90m, 2h, 1d, or seconds."),
-           image: str = typer.Option(None, "--image", help="Docker image (default: a CUDA PyTorch image for GPU "
-                                     "flavors, python:3.12 for cpu-*)."),
-           install: str = typer.Option("space", "--install", help="space: the wheel the run's Space publishes "
-                                       "(`hubgrpo space deploy`); none: the image has hubgrpo; else a pip "
-                                       "requirement or wheel URL."),
-           allow_reward: list[str] = typer.Option([], "--allow-reward", help="Passed to each worker (repeatable)."),
-           prefix: str = typer.Option("job", "--prefix", help="Worker names: PREFIX-<i>-<hex>."),
-           dry_run: bool = typer.Option(False, "--dry-run", help="Print the job specs; start nothing."),
-           as_json: bool = typer.Option(False, "--json", help="With --dry-run: the specs as JSON.")) -> None:
+def launch(
+    repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+    coordinator: str = typer.Option(..., "--coordinator", help="The run's Space (user/name) or an https URL."),
+    workers: int = typer.Option(1, "--workers", "-n", min=1, max=256, help="Jobs to start, one worker each."),
+    flavor: str = typer.Option(
+        "t4-small", "--flavor", help="HF Jobs hardware: cpu-basic, t4-small, l4x1, a10g-small, a100-large, h200, …"
+    ),
+    timeout: str = typer.Option("2h", "--timeout", help="Longest a job runs: 90m, 2h, 1d, or seconds."),
+    image: str = typer.Option(
+        None, "--image", help="Docker image (default: a CUDA PyTorch image for GPU flavors, python:3.12 for cpu-*)."
+    ),
+    install: str = typer.Option(
+        "space",
+        "--install",
+        help="space: the wheel the run's Space publishes "
+        "(`hubgrpo space deploy`); none: the image has hubgrpo; else a pip "
+        "requirement or wheel URL.",
+    ),
+    allow_reward: list[str] = typer.Option([], "--allow-reward", help="Passed to each worker (repeatable)."),
+    prefix: str = typer.Option("job", "--prefix", help="Worker names: PREFIX-<i>-<hex>."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the job specs; start nothing."),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: the specs as JSON."),
+) -> None:
     """Start N workers of a run on Hugging Face Jobs. Your token goes to each job as the secret HF_TOKEN, never
     in its command or environment; the jobs carry the label hubgrpo-run so `hubgrpo jobs` finds them."""
     from hubgrpo.launch import jobs
 
     worker_args = [a for r in allow_reward for a in ("--allow-reward", r)]
-    specs = jobs.worker_specs(repo, coordinator, workers=workers, flavor=flavor, timeout=timeout, image=image,
-                              install=install, endpoint=os.environ.get("HF_ENDPOINT"), worker_args=worker_args,
-                              prefix=prefix)
+    specs = jobs.worker_specs(
+        repo,
+        coordinator,
+        workers=workers,
+        flavor=flavor,
+        timeout=timeout,
+        image=image,
+        install=install,
+        endpoint=os.environ.get("HF_ENDPOINT"),
+        worker_args=worker_args,
+        prefix=prefix,
+    )
     if dry_run:
         shown = [s.shown() for s in specs]
         typer.echo(json.dumps(shown, indent=2) if as_json else "\n\n".join(_describe(s) for s in shown))
@@ -58,14 +76,20 @@ def launch(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     started = jobs.start(specs, token=api.token, api=api)
     for spec, job in zip(specs, started):
         typer.echo(f"{spec.name}: job {job.id} ({job.status.stage}) {job.url}")
-    typer.echo(f"follow: hubgrpo jobs logs --repo {repo} --worker {specs[0].name} --follow\n"
-               f"stop:   hubgrpo jobs stop --repo {repo}")
+    typer.echo(
+        f"follow: hubgrpo jobs logs --repo {repo} --worker {specs[0].name} --follow\n"
+        f"stop:   hubgrpo jobs stop --repo {repo}"
+    )
 
 
 def _describe(spec: dict) -> str:
-    lines = [f"job {spec['name']}: {spec['image']} on {spec['flavor']}, timeout {spec['timeout']}",
-             f"  command: {spec['command'][-1]}", f"  env: {spec['env']}",
-             f"  secrets: {', '.join(spec['secrets'])} (your token)", f"  labels: {spec['labels']}"]
+    lines = [
+        f"job {spec['name']}: {spec['image']} on {spec['flavor']}, timeout {spec['timeout']}",
+        f"  command: {spec['command'][-1]}",
+        f"  env: {spec['env']}",
+        f"  secrets: {', '.join(spec['secrets'])} (your token)",
+        f"  labels: {spec['labels']}",
+    ]
     return "\n".join(lines)
 
 
@@ -77,11 +101,13 @@ def _check_space_owner(api, space_id: str) -> None:
     me = api.whoami()
     mine = {me.get("name")} | {o.get("name") for o in me.get("orgs") or [] if isinstance(o, dict)}
     if space_id.split("/")[0] not in mine:
-        raise ConfigError(f"--install space would run the code that {space_id} publishes in each job, with your "
-                          f"HF_TOKEN; that Space is not in your namespace ({', '.join(sorted(filter(None, mine)))})",
-                          hint="install a hubgrpo you trust: --install 'hubgrpo==VERSION' or a wheel URL (if you "
-                               "trust that Space's owner with your token: --install <its wheel URL>), or --install "
-                               "none with an image that has hubgrpo")
+        raise ConfigError(
+            f"--install space would run the code that {space_id} publishes in each job, with your "
+            f"HF_TOKEN; that Space is not in your namespace ({', '.join(sorted(filter(None, mine)))})",
+            hint="install a hubgrpo you trust: --install 'hubgrpo==VERSION' or a wheel URL (if you "
+            "trust that Space's owner with your token: --install <its wheel URL>), or --install "
+            "none with an image that has hubgrpo",
+        )
 
 
 def _check_wheel(api, space_id: str) -> None:
@@ -91,15 +117,19 @@ def _check_wheel(api, space_id: str) -> None:
 
     path = f"{WHEELS_DIR}/{wheel_name(__version__)}"
     if not api.file_exists(space_id, path, repo_type="space"):
-        raise ConfigError(f"the Space {space_id} does not publish {path} (the hubgrpo you are running)",
-                          hint=f"run `hubgrpo space deploy --repo RUN --space {space_id}` with this hubgrpo, or "
-                               "pass --install with a pip requirement")
+        raise ConfigError(
+            f"the Space {space_id} does not publish {path} (the hubgrpo you are running)",
+            hint=f"run `hubgrpo space deploy --repo RUN --space {space_id}` with this hubgrpo, or "
+            "pass --install with a pip requirement",
+        )
 
 
 @jobs_app.command("ls")
-def jobs_ls(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
-            active: bool = typer.Option(False, "--active", help="Only scheduling or running jobs."),
-            as_json: bool = typer.Option(False, "--json")) -> None:
+def jobs_ls(
+    repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+    active: bool = typer.Option(False, "--active", help="Only scheduling or running jobs."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """List this run's jobs, newest first."""
     from hubgrpo.launch.jobs import job_row, run_jobs
 
@@ -114,9 +144,11 @@ def jobs_ls(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
 
 
 @jobs_app.command("logs")
-def jobs_logs(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
-              worker: str = typer.Option(None, "--worker", help="The worker name (default: the newest job)."),
-              follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends.")) -> None:
+def jobs_logs(
+    repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+    worker: str = typer.Option(None, "--worker", help="The worker name (default: the newest job)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+) -> None:
     """Print the logs of one of this run's jobs."""
     from hubgrpo.errors import ConfigError
     from hubgrpo.launch.jobs import WORKER_LABEL, run_jobs
@@ -124,8 +156,10 @@ def jobs_logs(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     api = _api()
     found = [j for j in run_jobs(api, repo) if worker is None or (j.labels or {}).get(WORKER_LABEL) == worker]
     if not found:
-        raise ConfigError(f"no job of {repo}" + (f" runs worker {worker!r}" if worker else ""),
-                          hint=f"`hubgrpo jobs ls --repo {repo}` lists them")
+        raise ConfigError(
+            f"no job of {repo}" + (f" runs worker {worker!r}" if worker else ""),
+            hint=f"`hubgrpo jobs ls --repo {repo}` lists them",
+        )
     for line in api.fetch_job_logs(job_id=found[0].id, follow=follow):
         typer.echo(line)
 

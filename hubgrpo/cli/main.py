@@ -6,8 +6,7 @@ from __future__ import annotations
 import typer
 
 from hubgrpo import __version__
-from hubgrpo.cli import (config_cmd, eval_cmd, gc_cmd, launch_cmd, merge_cmd, run_cmd, sim_cmd, space_cmd,
-                         train_cmd)
+from hubgrpo.cli import config_cmd, eval_cmd, gc_cmd, launch_cmd, merge_cmd, run_cmd, sim_cmd, space_cmd, train_cmd
 
 app = typer.Typer(
     name="hubgrpo",
@@ -25,8 +24,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """hubgrpo: GRPO + LoRA across machines that share only a Hub repo and a Gradio Space."""
 
 

@@ -34,12 +34,15 @@ def _print_report(report: dict, output: Path) -> None:
     table = Table(title=f"merged {report['merged']} adapter(s) into {output}")
     table.add_column("field")
     table.add_column("value")
-    rows = [("method", report["method"]), ("algorithm", report["algorithm"]),
-            ("residual ‖ΔW−B′A′‖/‖ΔW‖", f"{report['residual']:.3e}" + (" (est.)" if report["residual_estimated"]
-                                                                        else "")),
-            ("update norm", "-" if report["update_norm"] is None else f"{report['update_norm']:.4g}"),
-            ("outer lr", str(report["outer_lr"])), ("clipped / trimmed", f"{report['clipped']} / {report['trimmed']}"),
-            ("seconds", f"{report['seconds']:.2f}")]
+    rows = [
+        ("method", report["method"]),
+        ("algorithm", report["algorithm"]),
+        ("residual ‖ΔW−B′A′‖/‖ΔW‖", f"{report['residual']:.3e}" + (" (est.)" if report["residual_estimated"] else "")),
+        ("update norm", "-" if report["update_norm"] is None else f"{report['update_norm']:.4g}"),
+        ("outer lr", str(report["outer_lr"])),
+        ("clipped / trimmed", f"{report['clipped']} / {report['trimmed']}"),
+        ("seconds", f"{report['seconds']:.2f}"),
+    ]
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
@@ -47,8 +50,9 @@ def _print_report(report: dict, output: Path) -> None:
 
 def merge_command(
     global_dir: Path = typer.Argument(..., metavar="GLOBAL_DIR", help="Folder of the global (base) adapter."),
-    sub_dirs: list[Path] = typer.Argument(..., metavar="SUB_DIR",
-                                          help="Adapter folders to merge (each trained from GLOBAL_DIR)."),
+    sub_dirs: list[Path] = typer.Argument(
+        ..., metavar="SUB_DIR", help="Adapter folders to merge (each trained from GLOBAL_DIR)."
+    ),
     output: Path = typer.Option(..., "--output", "-o", help="Folder to write the merged PEFT adapter to."),
     weights: str | None = typer.Option(None, "--weights", help="Comma-separated weights (default: equal)."),
     method: str = typer.Option("svd", "--method", help=f"One of {', '.join(METHODS)}."),
@@ -80,15 +84,21 @@ def merge_command(
 
 
 def check_command(
-    global_dir: Path = typer.Argument(..., metavar="GLOBAL_DIR",
-                                      help="Folder of the global adapter the submission must match."),
+    global_dir: Path = typer.Argument(
+        ..., metavar="GLOBAL_DIR", help="Folder of the global adapter the submission must match."
+    ),
     sub_dir: Path = typer.Argument(..., metavar="SUB_DIR", help="Submission folder to check."),
     max_mb: float = typer.Option(512.0, "--max-mb", help="Size limit of the submission in MiB."),
-    norm_limit: float | None = typer.Option(None, "--norm-limit",
-                                            help="Refuse updates with a larger ‖ΔW − ΔW_global‖."),
-    max_change: float = typer.Option(1.0, "--max-change", help="Refuse a LoRA factor entry that moved farther "
-                                     "than this from GLOBAL_DIR (a sanity bound; a run's coordinator derives a "
-                                     "tighter one, steps × lr × 5, from each lease — see --lr/--steps)."),
+    norm_limit: float | None = typer.Option(
+        None, "--norm-limit", help="Refuse updates with a larger ‖ΔW − ΔW_global‖."
+    ),
+    max_change: float = typer.Option(
+        1.0,
+        "--max-change",
+        help="Refuse a LoRA factor entry that moved farther "
+        "than this from GLOBAL_DIR (a sanity bound; a run's coordinator derives a "
+        "tighter one, steps × lr × 5, from each lease — see --lr/--steps).",
+    ),
     lr: float | None = typer.Option(None, "--lr", help="With --steps: the bound is steps × lr × 5 (AdamW)."),
     steps: int | None = typer.Option(None, "--steps", min=1, help="Optimizer steps of the round (with --lr)."),
 ) -> None:
@@ -98,8 +108,10 @@ def check_command(
     from hubgrpo.merge import load_adapter_dir
     from hubgrpo.merge.admission import check_step_bound, check_submission, max_submission_bytes
 
-    require_finite({"--max-mb": max_mb, "--norm-limit": norm_limit, "--max-change": max_change, "--lr": lr},
-                   positive=("--max-mb", "--norm-limit", "--max-change", "--lr"))
+    require_finite(
+        {"--max-mb": max_mb, "--norm-limit": norm_limit, "--max-change": max_change, "--lr": lr},
+        positive=("--max-mb", "--norm-limit", "--max-change", "--lr"),
+    )
 
     global_ = load_adapter_dir(global_dir)
     bound = steps * lr * 5.0 if lr is not None and steps is not None else max_change

@@ -42,9 +42,22 @@ def print_versions(status: dict) -> None:
     t.add_column("contributors", overflow="fold", min_width=16)
     for v in status["versions"]:
         start = v.get("start_version")
-        t.add_row(*map(_safe, (v["version"], _fmt(v["reward"]), _fmt(v.get("eval_reward")),
-                               "-" if start is None else f"v{start} (eval gate)", v["submissions"], v["samples"],
-                               v["max_staleness"], _fmt(v["residual"], ".2e"), ", ".join(v["contributors"]))))
+        t.add_row(
+            *map(
+                _safe,
+                (
+                    v["version"],
+                    _fmt(v["reward"]),
+                    _fmt(v.get("eval_reward")),
+                    "-" if start is None else f"v{start} (eval gate)",
+                    v["submissions"],
+                    v["samples"],
+                    v["max_staleness"],
+                    _fmt(v["residual"], ".2e"),
+                    ", ".join(v["contributors"]),
+                ),
+            )
+        )
     _console().print(t)
 
 
@@ -56,9 +69,21 @@ def print_leaderboard(status: dict) -> None:
         t.add_column(col)
     now = time.time()
     for r in status["leaderboard"]:
-        t.add_row(*map(_safe, (r["worker"], r["user"] or "-", r["accepted"], r["refused"], r["samples"],
-                               _fmt(r["mean_reward"]), _fmt(r["reward_gain"], "+.3f"),
-                               f"{now - r['last_seen']:.0f} s ago")))
+        t.add_row(
+            *map(
+                _safe,
+                (
+                    r["worker"],
+                    r["user"] or "-",
+                    r["accepted"],
+                    r["refused"],
+                    r["samples"],
+                    _fmt(r["mean_reward"]),
+                    _fmt(r["reward_gain"], "+.3f"),
+                    f"{now - r['last_seen']:.0f} s ago",
+                ),
+            )
+        )
     _console().print(t)
 
 
@@ -69,9 +94,13 @@ def print_checkpoint(status: dict, *, live: bool) -> None:
         return
     behind = status["version"] - cp["version"] if isinstance(cp.get("version"), int) else None
     where = f"live version {status['version']} at the coordinator, " if live else ""
-    _console().print(_safe(f"{where}last checkpoint: version {cp.get('version')} ({cp.get('tag')}, commit "
-                           f"{str(cp.get('sha'))[:10]})" + (f"; {behind} version(s) since, not in the repo yet"
-                                                            if live and behind else "")))
+    _console().print(
+        _safe(
+            f"{where}last checkpoint: version {cp.get('version')} ({cp.get('tag')}, commit "
+            f"{str(cp.get('sha'))[:10]})"
+            + (f"; {behind} version(s) since, not in the repo yet" if live and behind else "")
+        )
+    )
 
 
 def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
@@ -88,8 +117,12 @@ def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
         hour_ago = time.time() - 3600
         status["commits_last_hour"] = sum(c.created_at > hour_ago for c in store.history(limit=500))
         status["commit_budget_per_hour"] = cfg.coordinator.commit_budget_per_hour
-        status["checkpoint"] = {"version": status["version"], "tag": layout.version_tag(status["version"]),
-                                "sha": store.head(), "at": None}  # state.json is the last checkpoint's
+        status["checkpoint"] = {
+            "version": status["version"],
+            "tag": layout.version_tag(status["version"]),
+            "sha": store.head(),
+            "at": None,
+        }  # state.json is the last checkpoint's
     if as_json:
         print(json.dumps(status, indent=1, default=str))  # control characters escaped as \u001b
         return
@@ -98,15 +131,22 @@ def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
         print_leaderboard(status)
         leases = status.get("leases")
         extra = f", live leases {len(leases)}" if leases is not None else " (no live coordinator asked)"
-        _console().print(_safe(f"commits in the last hour: {status['commits_last_hour']} / budget "
-                               f"{status['commit_budget_per_hour']}{extra}; finished: {status['finished']}"))
+        _console().print(
+            _safe(
+                f"commits in the last hour: {status['commits_last_hour']} / budget "
+                f"{status['commit_budget_per_hour']}{extra}; finished: {status['finished']}"
+            )
+        )
         print_checkpoint(status, live=bool(coordinator))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:  # not the shape a status has
         from hubgrpo.errors import CoordinatorError, wire_text
 
-        raise CoordinatorError(f"the status from {wire_text(coordinator or store.location, 200)} is not a hubgrpo "
-                               f"status ({type(e).__name__}: {wire_text(str(e), 100)})", code="protocol",
-                               hint="check the URL: is it the run's coordinator, of this hubgrpo version?") from None
+        raise CoordinatorError(
+            f"the status from {wire_text(coordinator or store.location, 200)} is not a hubgrpo "
+            f"status ({type(e).__name__}: {wire_text(str(e), 100)})",
+            code="protocol",
+            hint="check the URL: is it the run's coordinator, of this hubgrpo version?",
+        ) from None
 
 
 def print_run_report(status: dict, store: Store, cfg) -> None:
@@ -121,10 +161,12 @@ def print_run_report(status: dict, store: Store, cfg) -> None:
     png = plot(status, (root if root.exists() else Path("runs") / cfg.project_name) / "reward.png")
     first = next((v["reward"] for v in status["versions"] if v["reward"] is not None), None)
     last = status["versions"][-1]["reward"] if status["versions"] else None
-    print(f"final adapter: {store.location} (version {status['version']}, tag "
-          f"{layout.version_tag(status['version'])}; load with PeftModel.from_pretrained)\n"
-          f"reward: first merged round {_fmt(first)} → last {_fmt(last)}; wall {status.get('wall_s', 0):.0f} s\n"
-          f"plot: {png}")
+    print(
+        f"final adapter: {store.location} (version {status['version']}, tag "
+        f"{layout.version_tag(status['version'])}; load with PeftModel.from_pretrained)\n"
+        f"reward: first merged round {_fmt(first)} → last {_fmt(last)}; wall {status.get('wall_s', 0):.0f} s\n"
+        f"plot: {png}"
+    )
 
 
 def push_adapter(src: Store, dst: Store, *, version: int | None = None, private: bool = False) -> str:

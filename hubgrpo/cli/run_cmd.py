@@ -10,8 +10,10 @@ import typer
 
 SET_HELP = "Override a config field, e.g. --set params.versions=5 (repeatable)."
 REPO_HELP = "Run repo: user/name on the Hub (honours HF_ENDPOINT, HF_TOKEN), or a local path / file://path."
-ALLOW_HELP = ("A non-built-in reward function of the run's config (module:function or file.py:function) that this "
-              "process may run (repeatable). Built-ins always run.")
+ALLOW_HELP = (
+    "A non-built-in reward function of the run's config (module:function or file.py:function) that this "
+    "process may run (repeatable). Built-ins always run."
+)
 
 
 def _store(repo: str):
@@ -21,14 +23,17 @@ def _store(repo: str):
 
 
 def _logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
 
 
-def init(config: Path = typer.Argument(..., help="YAML config file."),
-         repo: str = typer.Option(None, "--repo", help=REPO_HELP + " Default: hub.repo_id, else runs/<project>."),
-         set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-         force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run.")) -> None:
+def init(
+    config: Path = typer.Argument(..., help="YAML config file."),
+    repo: str = typer.Option(None, "--repo", help=REPO_HELP + " Default: hub.repo_id, else runs/<project>."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run."),
+) -> None:
     """Create the run repo: config, version-0 adapter (equal to the base model), state and model card. On the Hub
     the config is first fitted to the commit quota (printed: what changed and why; refused if it cannot fit)."""
     from hubgrpo.cli.config_cmd import load_checked
@@ -44,20 +49,27 @@ def init(config: Path = typer.Argument(..., help="YAML config file."),
 
         raise StoreError(f"{repo} already holds a hubgrpo run", hint="pass --force to start over, or use a new repo")
     if lines:
-        typer.echo(f"{repo} is on the Hub (about {hourly_quota(store)} commits an hour per repo); the config is "
-                   "fitted to it:\n  " + "\n  ".join(lines))
+        typer.echo(
+            f"{repo} is on the Hub (about {hourly_quota(store)} commits an hour per repo); the config is "
+            "fitted to it:\n  " + "\n  ".join(lines)
+        )
     ensure_repo(store, cfg, force=force)
-    typer.echo(f"initialised {store.location} (version 0)\nnext:\n"
-               f"  hubgrpo coordinator --repo {repo}\n  hubgrpo worker --repo {repo} --coordinator URL\n"
-               f"  or, all on this machine: hubgrpo run {config} --repo {repo}")
+    typer.echo(
+        f"initialised {store.location} (version 0)\nnext:\n"
+        f"  hubgrpo coordinator --repo {repo}\n  hubgrpo worker --repo {repo} --coordinator URL\n"
+        f"  or, all on this machine: hubgrpo run {config} --repo {repo}"
+    )
 
 
-def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
-                host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-                port: int = typer.Option(7860, help="Port (0 = any free port)."),
-                allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP + " The coordinator "
-                                                       "recomputes every round's rewards with them."),
-                verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
+def coordinator(
+    repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(7860, help="Port (0 = any free port)."),
+    allow_reward: list[str] = typer.Option(
+        [], "--allow-reward", help=ALLOW_HELP + " The coordinator recomputes every round's rewards with them."
+    ),
+    verbose: bool = typer.Option(True, "--verbose/--quiet"),
+) -> None:
     """Serve the coordinator API (lease, heartbeat, release, submit, status, record_eval, upload) for a run repo: open on
     a loopback address (a trusted local run); elsewhere only with auth (coordinator.allowed_users, default the Hub
     repo's owner), like `hubgrpo space`."""
@@ -82,18 +94,25 @@ def coordinator(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
         stop(app, coord)  # queued uploads, a last checkpoint (a stop loses no live version), then close
 
 
-def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
-           coordinator: str = typer.Option(None, "--coordinator", help="Coordinator URL or Space id "
-                                           "(default: coordinator.url of the run's config)."),
-           name: str = typer.Option(None, "--name", help="Worker name (default: host name)."),
-           max_rounds: int = typer.Option(None, "--max-rounds", help="Stop after this many rounds."),
-           threads: int = typer.Option(None, "--threads", help="torch threads (default: all cores)."),
-           upload_via: str = typer.Option(None, "--upload-via", help="store: commit submissions to the run "
-                                          "repo (or put them in its hub.submissions box); coordinator: upload them "
-                                          "to the coordinator (no write access). Default: coordinator when the "
-                                          "run's hub.submissions is `coordinator`, else store."),
-           allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
-           verbose: bool = typer.Option(True, "--verbose/--quiet")) -> None:
+def worker(
+    repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+    coordinator: str = typer.Option(
+        None, "--coordinator", help="Coordinator URL or Space id (default: coordinator.url of the run's config)."
+    ),
+    name: str = typer.Option(None, "--name", help="Worker name (default: host name)."),
+    max_rounds: int = typer.Option(None, "--max-rounds", help="Stop after this many rounds."),
+    threads: int = typer.Option(None, "--threads", help="torch threads (default: all cores)."),
+    upload_via: str = typer.Option(
+        None,
+        "--upload-via",
+        help="store: commit submissions to the run "
+        "repo (or put them in its hub.submissions box); coordinator: upload them "
+        "to the coordinator (no write access). Default: coordinator when the "
+        "run's hub.submissions is `coordinator`, else store.",
+    ),
+    allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
+    verbose: bool = typer.Option(True, "--verbose/--quiet"),
+) -> None:
     """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes.
 
     Runs only built-in reward functions unless --allow-reward names the run's others."""
@@ -116,20 +135,31 @@ def worker(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
         name = f"{host or 'worker'}-{secrets.token_hex(2)}"
     client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
     typer.echo(f"{name}: rewards {', '.join(r.function for r in cfg.rewards)}; coordinator {url}", err=True)
-    results = Worker(store, client, name=name, max_rounds=max_rounds, threads=threads, upload_via=upload_via,
-                     allow_code=allow_reward, sleep=orphan_aware_sleep).run()
+    results = Worker(
+        store,
+        client,
+        name=name,
+        max_rounds=max_rounds,
+        threads=threads,
+        upload_via=upload_via,
+        allow_code=allow_reward,
+        sleep=orphan_aware_sleep,
+    ).run()
     typer.echo(f"{name}: {len(results)} rounds submitted")
 
 
-def run(config: Path = typer.Argument(..., help="YAML config file."),
-        workers: int = typer.Option(2, "--workers", "-n", min=1, help="Worker processes on this machine."),
-        repo: str = typer.Option(None, "--repo", help=REPO_HELP + " Default: ./runs/<project_name>."),
-        set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-        force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run."),
-        max_wall_s: float = typer.Option(None, "--max-wall-s", help="Stop after this many seconds."),
-        evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Run `hubgrpo evaluate` beside the workers: "
-                                      "a held-out score for every version."),
-        eval_samples: int = typer.Option(16, "--eval-samples", min=1, help="Held-out prompts per version.")) -> None:
+def run(
+    config: Path = typer.Argument(..., help="YAML config file."),
+    workers: int = typer.Option(2, "--workers", "-n", min=1, help="Worker processes on this machine."),
+    repo: str = typer.Option(None, "--repo", help=REPO_HELP + " Default: ./runs/<project_name>."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    force: bool = typer.Option(False, "--force", help="Start over in a repo that already holds a run."),
+    max_wall_s: float = typer.Option(None, "--max-wall-s", help="Stop after this many seconds."),
+    evaluate: bool = typer.Option(
+        True, "--eval/--no-eval", help="Run `hubgrpo evaluate` beside the workers: a held-out score for every version."
+    ),
+    eval_samples: int = typer.Option(16, "--eval-samples", min=1, help="Held-out prompts per version."),
+) -> None:
     """A whole run: coordinator on 127.0.0.1 + N local workers (+ an evaluator) until params.versions versions;
     with `backend: hf-jobs` the coordinator on a Space and backend_options.workers HF Jobs instead."""
     from hubgrpo.cli.embedded import run as run_all
@@ -146,20 +176,34 @@ def run(config: Path = typer.Argument(..., help="YAML config file."),
 
         repo = repo or cfg.hub.repo_id
         if not repo:
-            raise ConfigError("backend hf-jobs needs the run repo on the Hub", hint="pass --repo user/name or set "
-                              "hub.repo_id")
+            raise ConfigError(
+                "backend hf-jobs needs the run repo on the Hub", hint="pass --repo user/name or set hub.repo_id"
+            )
         opts = cfg.backend_options
-        typer.echo(f"hubgrpo run {cfg.project_name}: {opts.workers} HF Jobs ({opts.flavor}), bucket {repo}, "
-                   f"coordinator {opts.coordinator}, target {cfg.params.versions} versions")
+        typer.echo(
+            f"hubgrpo run {cfg.project_name}: {opts.workers} HF Jobs ({opts.flavor}), bucket {repo}, "
+            f"coordinator {opts.coordinator}, target {cfg.params.versions} versions"
+        )
         status = run_on_jobs(cfg, repo, on_status=_live_printer(), max_wall_s=max_wall_s)
         print_run_report(status, _store(repo), cfg)
         return
     repo = repo or f"./runs/{cfg.project_name}"
     store = _store(repo)
-    typer.echo(f"hubgrpo run {cfg.project_name}: {workers} workers, bucket {store.location}, "
-               f"target {cfg.params.versions} versions")
-    status = run_all(cfg, store, workers=workers, repo_arg=repo, force=force, max_wall_s=max_wall_s,
-                     on_status=_live_printer(), evaluate=evaluate, eval_samples=eval_samples)
+    typer.echo(
+        f"hubgrpo run {cfg.project_name}: {workers} workers, bucket {store.location}, "
+        f"target {cfg.params.versions} versions"
+    )
+    status = run_all(
+        cfg,
+        store,
+        workers=workers,
+        repo_arg=repo,
+        force=force,
+        max_wall_s=max_wall_s,
+        on_status=_live_printer(),
+        evaluate=evaluate,
+        eval_samples=eval_samples,
+    )
     print_run_report(status, store, cfg)
 
 
@@ -174,9 +218,11 @@ def _live_printer():
         reward = last.get("reward")
         scored = [v for v in status["versions"] if v.get("eval_reward") is not None]
         held = f"  held-out v{scored[-1]['version']} {scored[-1]['eval_reward']:.3f}" if scored else ""
-        text = (f"  version {status['version']}/{status['target_versions']}  reward "
-                f"{'-' if reward is None else f'{reward:.3f}'}{held}  pending {len(status.get('pending', []))}  "
-                f"leases {len(status.get('leases', []))}  workers alive {alive}")
+        text = (
+            f"  version {status['version']}/{status['target_versions']}  reward "
+            f"{'-' if reward is None else f'{reward:.3f}'}{held}  pending {len(status.get('pending', []))}  "
+            f"leases {len(status.get('leases', []))}  workers alive {alive}"
+        )
         if text != shown[0]:
             shown[0] = text
             typer.echo(text, err=True)
@@ -184,19 +230,23 @@ def _live_printer():
     return on_status
 
 
-def status(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
-           coordinator: str = typer.Option(None, "--coordinator", help="Also ask a live coordinator."),
-           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def status(
+    repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+    coordinator: str = typer.Option(None, "--coordinator", help="Also ask a live coordinator."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
     """Versions, leaderboard, live leases and commits per hour of a run."""
     from hubgrpo.cli.report import print_status
 
     print_status(_store(repo), coordinator, as_json)
 
 
-def push(repo: str = typer.Option(..., "--repo", help=REPO_HELP),
-         to: str = typer.Option(..., "--to", help="Destination Hub repo user/name (or a local path)."),
-         version: int = typer.Option(None, "--version", help="Version to push (default: the latest)."),
-         private: bool = typer.Option(False, "--private/--public")) -> None:
+def push(
+    repo: str = typer.Option(..., "--repo", help=REPO_HELP),
+    to: str = typer.Option(..., "--to", help="Destination Hub repo user/name (or a local path)."),
+    version: int = typer.Option(None, "--version", help="Version to push (default: the latest)."),
+    private: bool = typer.Option(False, "--private/--public"),
+) -> None:
     """Publish a version's adapter as a standalone PEFT repo with a model card."""
     from hubgrpo.cli.report import push_adapter
 

@@ -20,11 +20,50 @@ the key path, the bad value, what is allowed and the YAML line.
 
 from __future__ import annotations
 
-from hubgrpo.config.loading import (apply_overrides, check_storable, expand_env, field_docs, from_env, load_config,
-                                    loads, placeholders, shown, to_yaml, validate)
-from hubgrpo.config.sections import (BackendOptions, Config, CoordinatorSection, DataConfig, HubSection,
-                                     LoraSection, MergeSection, ParamsConfig, RewardConfig)
+from hubgrpo.config.loading import (
+    apply_overrides,
+    check_storable,
+    expand_env,
+    field_docs,
+    from_env,
+    load_config,
+    loads,
+    placeholders,
+    shown,
+    to_yaml,
+    validate,
+)
+from hubgrpo.config.sections import (
+    BackendOptions,
+    Config,
+    CoordinatorSection,
+    DataConfig,
+    HubSection,
+    LoraSection,
+    MergeSection,
+    ParamsConfig,
+    RewardConfig,
+)
 
-__all__ = ["BackendOptions", "Config", "CoordinatorSection", "DataConfig", "HubSection", "LoraSection",
-           "MergeSection", "ParamsConfig", "RewardConfig", "apply_overrides", "check_storable", "expand_env",
-           "field_docs", "from_env", "load_config", "loads", "placeholders", "shown", "to_yaml", "validate"]
+__all__ = [
+    "BackendOptions",
+    "Config",
+    "CoordinatorSection",
+    "DataConfig",
+    "HubSection",
+    "LoraSection",
+    "MergeSection",
+    "ParamsConfig",
+    "RewardConfig",
+    "apply_overrides",
+    "check_storable",
+    "expand_env",
+    "field_docs",
+    "from_env",
+    "load_config",
+    "loads",
+    "placeholders",
+    "shown",
+    "to_yaml",
+    "validate",
+]

@@ -17,8 +17,9 @@ from hubgrpo.errors import ConfigError
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
-def expand_env(value: Any, path: str = "", env: dict[str, str] | None = None,
-               found: dict[tuple, str] | None = None) -> Any:
+def expand_env(
+    value: Any, path: str = "", env: dict[str, str] | None = None, found: dict[tuple, str] | None = None
+) -> Any:
     """Expand ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree (the user's own config file
     only: a config read from a run repo is never expanded). ``found`` collects, by key path, the text as written of
     every string that took a value from the environment (not only its written default): those values are shown
@@ -41,8 +42,10 @@ def _expand(value: Any, keys: tuple, path: str, env, found: dict) -> Any:
             return env[name]
         if default is not None:
             return default
-        raise ConfigError(f"{path}: environment variable {name} is not set (value {value!r})",
-                          hint=f"export {name}=... or write ${{{name}:-default}}")
+        raise ConfigError(
+            f"{path}: environment variable {name} is not set (value {value!r})",
+            hint=f"export {name}=... or write ${{{name}:-default}}",
+        )
 
     return _VAR.sub(sub, value)
 
@@ -69,23 +72,35 @@ def shown(cfg: Config, path: str, value: Any) -> Any:
 
 # Where a stored run repo config may hold a placeholder for a value from the user's environment: the readers
 # supply these themselves (a reward's runner from its own environment, a worker its --coordinator and --repo).
-STORABLE_FROM_ENV = (("rewards",), ("coordinator", "url"), ("coordinator", "secret"), ("hub", "repo_id"),
-                     ("hub", "token"))
+STORABLE_FROM_ENV = (
+    ("rewards",),
+    ("coordinator", "url"),
+    ("coordinator", "secret"),
+    ("hub", "repo_id"),
+    ("hub", "token"),
+)
 
 
 def check_storable(cfg: Config) -> None:
     """Refuse (``ConfigError``) a config whose copy in a run repo would need a value from the user's environment:
     the repo stores placeholders, never such values (they may be secrets), and its readers never expand them."""
-    bad = {p: text for p, text in from_env(cfg).items()
-           if not any(p[:len(allowed)] == allowed and (allowed != ("rewards",) or "kwargs" in p[2:3])
-                      for allowed in STORABLE_FROM_ENV)}
+    bad = {
+        p: text
+        for p, text in from_env(cfg).items()
+        if not any(
+            p[: len(allowed)] == allowed and (allowed != ("rewards",) or "kwargs" in p[2:3])
+            for allowed in STORABLE_FROM_ENV
+        )
+    }
     if bad:
         keys = ", ".join(f"{_dotted(p)} ({text!r})" for p, text in bad.items())
         sets = " ".join(f"--set {_dotted(p)}=VALUE" for p in bad)
-        raise ConfigError(f"{keys}: from your environment; a run repo stores no value from anyone's environment "
-                          "(it may be a secret) and its readers never expand a placeholder",
-                          hint=f"write the value into the config, or pass {sets} (placeholders may stay only in "
-                               "a reward's kwargs, coordinator.url, hub.repo_id, hub.token, coordinator.secret)")
+        raise ConfigError(
+            f"{keys}: from your environment; a run repo stores no value from anyone's environment "
+            "(it may be a secret) and its readers never expand a placeholder",
+            hint=f"write the value into the config, or pass {sets} (placeholders may stay only in "
+            "a reward's kwargs, coordinator.url, hub.repo_id, hub.token, coordinator.secret)",
+        )
 
 
 def _dotted(path: tuple) -> str:
@@ -97,8 +112,9 @@ def apply_overrides(raw: dict, overrides: list[str] | None) -> dict:
     for item in overrides or []:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} is not of the form key.path=value",
-                              hint="e.g. --set params.learning_rate=1e-4")
+            raise ConfigError(
+                f"override {item!r} is not of the form key.path=value", hint="e.g. --set params.learning_rate=1e-4"
+            )
         node = raw
         parts = key.strip().split(".")
         for p in parts[:-1]:
@@ -162,8 +178,10 @@ def validate(raw: Any, *, source: str | None = None, text: str | None = None) ->
     except ValidationError as e:
         lines = _line_index(text) if text else {}
         problems = [_describe(err, source, lines) for err in e.errors()]
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems),
-                          hint="fix the keys above; see configs/tiny.yaml for a complete example") from None
+        raise ConfigError(
+            "invalid config:\n  " + "\n  ".join(problems),
+            hint="fix the keys above; see configs/tiny.yaml for a complete example",
+        ) from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None, env: dict[str, str] | None = None) -> Config:
@@ -176,8 +194,14 @@ def load_config(path: str | Path, overrides: list[str] | None = None, env: dict[
     return loads(text, overrides=overrides, env=env, source=str(p))
 
 
-def loads(text: str, *, overrides: list[str] | None = None, env: dict[str, str] | None = None,
-          source: str | None = None, expand: bool = True) -> Config:
+def loads(
+    text: str,
+    *,
+    overrides: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    source: str | None = None,
+    expand: bool = True,
+) -> Config:
     """Parse a YAML config from a string (see ``load_config``). ``expand=False`` for a config read from a run repo:
     a ``${...}`` there stays that text (someone else wrote it; expanding it would read the reader's environment)."""
     try:
@@ -192,7 +216,7 @@ def loads(text: str, *, overrides: list[str] | None = None, env: dict[str, str] 
         raw = apply_overrides(expand_env(raw, env=env, found=found) if expand else raw, overrides)
         for item in overrides or []:  # a value set on the command line is the user's own text
             key = tuple(item.partition("=")[0].strip().split("."))
-            found = {p: t for p, t in found.items() if tuple(map(str, p[:len(key)])) != key}
+            found = {p: t for p, t in found.items() if tuple(map(str, p[: len(key)])) != key}
     cfg = validate(raw, source=source, text=text)
     cfg._from_env = found
     return cfg
@@ -222,8 +246,11 @@ def to_yaml(cfg: Config, *, redact: bool = True, drop_secrets: bool = False) -> 
 def _default_text(value) -> str:
     """A default as a config file would write it: models and lists of them as JSON, the rest as ``repr``."""
     if isinstance(value, BaseModel) or (isinstance(value, list) and value and isinstance(value[0], BaseModel)):
-        data = value.model_dump(mode="json") if isinstance(value, BaseModel) else [v.model_dump(mode="json")
-                                                                                  for v in value]
+        data = (
+            value.model_dump(mode="json")
+            if isinstance(value, BaseModel)
+            else [v.model_dump(mode="json") for v in value]
+        )
         return json.dumps(data)
     return repr(value)
 

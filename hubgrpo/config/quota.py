@@ -59,7 +59,8 @@ def check_budget(cfg: Config, quota: int) -> None:
             f"coordinator.commit_budget_per_hour is {budget}, above the Hub's quota of about {quota} "
             f"commits an hour per repo: past {quota} the Hub answers 429 and commits wait for minutes",
             hint=f"leave it unset (60, the default) or --set coordinator.commit_budget_per_hour=N with N <= "
-                 f"{quota}; a local folder (--repo ./runs/NAME) has no quota")
+            f"{quota}; a local folder (--repo ./runs/NAME) has no quota",
+        )
 
 
 def rounds_in_repo(cfg: Config) -> bool:
@@ -81,7 +82,8 @@ def _route_rounds(fit: QuotaFit, quota: int) -> None:
     fit.changes.append(
         f"hub.submissions: unset -> {VIA_COORDINATOR}: rounds go through the coordinator, no commit per round "
         f"(one commit per round in the run repo would spend the Hub's ~{quota} commits an hour on "
-        "rounds); to keep them in the run repo write hub.submissions: null (--set hub.submissions=null)")
+        "rounds); to keep them in the run repo write hub.submissions: null (--set hub.submissions=null)"
+    )
 
 
 def _checkpoint_interval(fit: QuotaFit, quota: int) -> None:
@@ -90,20 +92,24 @@ def _checkpoint_interval(fit: QuotaFit, quota: int) -> None:
     share = f"{CHECKPOINT_SHARE:.0%} of coordinator.commit_budget_per_hour ({budget})"
     if coord.checkpoint_every_s is None:
         coord.checkpoint_every_s = floor
-        fit.changes.append(f"coordinator.checkpoint_every_s: unset -> {floor:g}: a checkpoint commit at most every "
-                           f"{floor:g} s keeps checkpoints within {share}; written into the run repo's config")
+        fit.changes.append(
+            f"coordinator.checkpoint_every_s: unset -> {floor:g}: a checkpoint commit at most every "
+            f"{floor:g} s keeps checkpoints within {share}; written into the run repo's config"
+        )
     elif coord.checkpoint_every_s < floor:
         was = coord.checkpoint_every_s
         often = "at every version" if was == 0 else f"every {was:g} s (up to {3600 / was:g} commits an hour)"
         coord.checkpoint_every_s = floor
         fit.changes.append(
             f"coordinator.checkpoint_every_s: {was:g} -> {floor:g}: checkpoints {often} would take more than "
-            f"{share}; to checkpoint more often raise the budget (at most {quota})")
+            f"{share}; to checkpoint more often raise the budget (at most {quota})"
+        )
     if coord.checkpoint_every_versions is not None:
         fit.notes.append(
             f"coordinator.checkpoint_every_versions: {coord.checkpoint_every_versions}: checkpoints every "
             f"{coord.checkpoint_every_versions} versions are held to the commit budget ({budget}/hour), not to "
-            f"checkpoint_every_s: fast versions can spend all of it")
+            f"checkpoint_every_s: fast versions can spend all of it"
+        )
 
 
 def round_room(cfg: Config) -> int:
@@ -119,14 +125,18 @@ def rounds_note(cfg: Config, quota: int) -> str:
     fleet (workers × 3600 / round seconds) that fits in the budget; ``ConfigError`` when no round fits."""
     room, budget = round_room(cfg), cfg.coordinator.commit_budget_per_hour
     if room < 1:
-        raise ConfigError(f"hub.submissions: null keeps one commit per round in the run repo, but "
-                          f"coordinator.commit_budget_per_hour ({budget}) leaves no commit an hour for rounds "
-                          f"once checkpoints are paid",
-                          hint=f"raise the budget (at most {quota}), or send rounds through the "
-                               f"coordinator: hub.submissions: {VIA_COORDINATOR}")
+        raise ConfigError(
+            f"hub.submissions: null keeps one commit per round in the run repo, but "
+            f"coordinator.commit_budget_per_hour ({budget}) leaves no commit an hour for rounds "
+            f"once checkpoints are paid",
+            hint=f"raise the budget (at most {quota}), or send rounds through the "
+            f"coordinator: hub.submissions: {VIA_COORDINATOR}",
+        )
     fleets = ", ".join(f"{room * s // 3600} workers with {s // 60}-min rounds" for s in ROUND_SECONDS)
-    return (f"hub.submissions: null: one commit per round in the run repo. Commits an hour = workers x 3600 / "
-            f"round seconds + checkpoints (<= {budget - room}); the budget ({budget}) leaves {room} rounds an "
-            f"hour: one worker needs rounds of at least {math.ceil(3600 / room)} s; at most {fleets}; "
-            f"beyond that leases wait (budget). Rounds through the coordinator (hub.submissions: "
-            f"{VIA_COORDINATOR}) cost no commit")
+    return (
+        f"hub.submissions: null: one commit per round in the run repo. Commits an hour = workers x 3600 / "
+        f"round seconds + checkpoints (<= {budget - room}); the budget ({budget}) leaves {room} rounds an "
+        f"hour: one worker needs rounds of at least {math.ceil(3600 / room)} s; at most {fleets}; "
+        f"beyond that leases wait (budget). Rounds through the coordinator (hub.submissions: "
+        f"{VIA_COORDINATOR}) cost no commit"
+    )

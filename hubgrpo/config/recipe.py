@@ -9,9 +9,20 @@ from typing import Any
 
 from hubgrpo.config.sections import Config
 
-RECIPE_KEYS = ("merge.method", "merge.rebase", "merge.quorum", "merge.outer_lr", "merge.outer_momentum",
-               "merge.max_staleness", "merge.staleness_per_worker", "params.steps_per_round",
-               "params.reset_optimizer", "params.run_lr_schedule", "params.run_lr_warmup", "params.run_lr_decay")
+RECIPE_KEYS = (
+    "merge.method",
+    "merge.rebase",
+    "merge.quorum",
+    "merge.outer_lr",
+    "merge.outer_momentum",
+    "merge.max_staleness",
+    "merge.staleness_per_worker",
+    "params.steps_per_round",
+    "params.reset_optimizer",
+    "params.run_lr_schedule",
+    "params.run_lr_warmup",
+    "params.run_lr_decay",
+)
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -36,15 +47,21 @@ def describe(cfg: Config) -> str:
     """One line: the recipe ``cfg`` trains with (ffa + rebase, quorum 1, 1-step rounds, ...), and whether it is
     the default."""
     m, p = cfg.merge, cfg.params
-    words = [f"{m.method}{' + rebase' if m.rebase else ''}", f"quorum {m.quorum}",
-             f"{p.steps_per_round}-step rounds",
-             f"staleness {m.max_staleness}" + (f" (or {m.staleness_per_worker:g} per live worker)"
-                                               if m.staleness_per_worker else ""),
-             "AdamW kept across rounds" if not p.reset_optimizer else "fresh AdamW each round",
-             f"{p.run_lr_schedule} learning rate over the run"]
+    words = [
+        f"{m.method}{' + rebase' if m.rebase else ''}",
+        f"quorum {m.quorum}",
+        f"{p.steps_per_round}-step rounds",
+        f"staleness {m.max_staleness}"
+        + (f" (or {m.staleness_per_worker:g} per live worker)" if m.staleness_per_worker else ""),
+        "AdamW kept across rounds" if not p.reset_optimizer else "fresh AdamW each round",
+        f"{p.run_lr_schedule} learning rate over the run",
+    ]
     if m.outer_lr != 1 or m.outer_momentum:
         words.append(f"outer lr {m.outer_lr:g}, momentum {m.outer_momentum:g}{' (Nesterov)' if m.nesterov else ''}")
     diff = differences(cfg)
-    tail = ("the default, measured best" if not diff else
-            "differs from the default in " + ", ".join(f"{k} ({v!r}; default {d!r})" for k, (v, d) in diff.items()))
+    tail = (
+        "the default, measured best"
+        if not diff
+        else "differs from the default in " + ", ".join(f"{k} ({v!r}; default {d!r})" for k, (v, d) in diff.items())
+    )
     return f"recipe: {', '.join(words)} — {tail}"

@@ -9,9 +9,11 @@ from pydantic import BaseModel
 from hubgrpo.config.loading import field_docs
 from hubgrpo.config.sections import Config
 
-HEADER = ("# Config reference\n\nEvery key of a hubgrpo config file, its default and what it does. Generated from "
-          "the code by `hubgrpo config fields --markdown > docs/config.md`; do not edit by hand. "
-          "`hubgrpo config show FILE` prints a config with every default filled in.\n")
+HEADER = (
+    "# Config reference\n\nEvery key of a hubgrpo config file, its default and what it does. Generated from "
+    "the code by `hubgrpo config fields --markdown > docs/config.md`; do not edit by hand. "
+    "`hubgrpo config show FILE` prints a config with every default filled in.\n"
+)
 
 
 def _cell(text: str) -> str:
@@ -21,8 +23,11 @@ def _cell(text: str) -> str:
 def markdown() -> str:
     """The reference: one table for the top-level keys, then one per section, in the order of ``Config``."""
     rows = field_docs()
-    sections = {name: f for name, f in Config.model_fields.items()
-                if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
+    sections = {
+        name: f
+        for name, f in Config.model_fields.items()
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
+    }
     out = [HEADER, "## Top level\n", "| key | default | meaning |", "|---|---|---|"]
     out += [f"| `{k}` | `{_cell(d)}` | {_cell(doc)} |" for k, d, doc in rows if "." not in k]
     for name, f in sections.items():

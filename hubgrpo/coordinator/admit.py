@@ -105,11 +105,16 @@ def staleness_limit(c: Coordinator, lease: Lease | None = None) -> int:
 def _check_staleness(c: Coordinator, lease: Lease, sub_id: str, base_version: int) -> None:
     tau, limit = c.state.version - base_version, staleness_limit(c, lease)
     if tau > limit:
-        why = (f"max_staleness {c.cfg.merge.max_staleness}" if limit == c.cfg.merge.max_staleness else
-               f"{limit} with staleness_per_worker {c.cfg.merge.staleness_per_worker:g}")
-        raise InvalidSubmission("stale", f"submission {sub_id} is {tau} versions old (base {base_version}, "
-                                f"current {c.state.version}; limit {why})",
-                                hint="lease again and train on the new version")
+        why = (
+            f"max_staleness {c.cfg.merge.max_staleness}"
+            if limit == c.cfg.merge.max_staleness
+            else f"{limit} with staleness_per_worker {c.cfg.merge.staleness_per_worker:g}"
+        )
+        raise InvalidSubmission(
+            "stale",
+            f"submission {sub_id} is {tau} versions old (base {base_version}, current {c.state.version}; limit {why})",
+            hint="lease again and train on the new version",
+        )
 
 
 def _check_folder(c: Coordinator, lease: Lease, sub_id: str, commit: str) -> Pending:
@@ -152,8 +157,7 @@ def check_local(c: Coordinator, lease: Lease, folder: Path, commit: str) -> Pend
     global_, base = c.global_adapter(), c.adapter(base_version)
     limit = submission_limit(c, lease)
     steps = int(lease.steps)
-    adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.ids),
-                               base_version=base_version)
+    adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.ids), base_version=base_version)
     reward = c.reward_check.check(lease, folder)  # the rewards recomputed from the rollouts (``verify``)
     if c.cfg.merge.merge_method.frozen_a:
         check_frozen_a(adapter, global_)
@@ -164,11 +168,22 @@ def check_local(c: Coordinator, lease: Lease, folder: Path, commit: str) -> Pend
     norm = update_norm(adapter, parse_modules(adapter)[0], base, parse_modules(base)[0])
     limit = norm_limit(c.norm_history, steps, c.cfg.merge.max_norm_factor)
     if limit is not None and not norm <= limit:
-        raise InvalidSubmission("norm_outlier", f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} is more than "
-                                f"{c.cfg.merge.max_norm_factor:g}× the typical update of recent rounds "
-                                f"(limit {limit:.4g} for {steps} steps)", hint="submit what the round's training produced")
-    return Pending(sub=sub, adapter=adapter, commit=commit, samples=lease_samples(c.cfg, lease), steps=steps,
-                   update_norm=norm, reward_mean=reward)
+        raise InvalidSubmission(
+            "norm_outlier",
+            f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} is more than "
+            f"{c.cfg.merge.max_norm_factor:g}× the typical update of recent rounds "
+            f"(limit {limit:.4g} for {steps} steps)",
+            hint="submit what the round's training produced",
+        )
+    return Pending(
+        sub=sub,
+        adapter=adapter,
+        commit=commit,
+        samples=lease_samples(c.cfg, lease),
+        steps=steps,
+        update_norm=norm,
+        reward_mean=reward,
+    )
 
 
 def check_rebase(c: Coordinator, lease: Lease, sub: Submission, sub_id: str) -> int:
@@ -178,21 +193,35 @@ def check_rebase(c: Coordinator, lease: Lease, sub: Submission, sub_id: str) -> 
     if v is None:
         return lease.base_version
     if not c.cfg.merge.rebase:
-        raise InvalidSubmission("bad_rebase", f"submission {sub_id} was moved onto version {v} mid-round, "
-                                "but this run does not rebase (merge.rebase is off)",
-                                hint="train each round on its leased version: upgrade the worker or fix its config")
+        raise InvalidSubmission(
+            "bad_rebase",
+            f"submission {sub_id} was moved onto version {v} mid-round, "
+            "but this run does not rebase (merge.rebase is off)",
+            hint="train each round on its leased version: upgrade the worker or fix its config",
+        )
     age, limit = c.state.version - lease.base_version, c.cfg.merge.lease_age_limit()
     if age > limit:  # the staleness below is the worker's word: its lease's own age is bounded too
-        raise InvalidSubmission("stale", f"submission {sub_id} was leased {age} versions ago (base "
-                                f"{lease.base_version}, current {c.state.version}); a rebased round's lease may be at most "
-                                f"{limit} versions old (merge.max_lease_age)", hint="lease again")
+        raise InvalidSubmission(
+            "stale",
+            f"submission {sub_id} was leased {age} versions ago (base "
+            f"{lease.base_version}, current {c.state.version}); a rebased round's lease may be at most "
+            f"{limit} versions old (merge.max_lease_age)",
+            hint="lease again",
+        )
     if not lease.base_version <= v <= max(c.state.version, c.checkpoint.version):
-        raise InvalidSubmission("bad_rebase", f"submission {sub_id} names version {v} as the one it was "
-                                f"moved onto; it must be a version between its lease's {lease.base_version} and the "
-                                f"current {c.state.version}", hint="submit what the round's training produced")
+        raise InvalidSubmission(
+            "bad_rebase",
+            f"submission {sub_id} names version {v} as the one it was "
+            f"moved onto; it must be a version between its lease's {lease.base_version} and the "
+            f"current {c.state.version}",
+            hint="submit what the round's training produced",
+        )
     if sub.rebased_sha is None and v not in c.shas:
-        raise InvalidSubmission("bad_rebase", f"submission {sub_id} names version {v} as the one it was moved onto "
-                                "without its adapter id (rebased_sha)", hint="upgrade hubgrpo on the worker")
+        raise InvalidSubmission(
+            "bad_rebase",
+            f"submission {sub_id} names version {v} as the one it was moved onto without its adapter id (rebased_sha)",
+            hint="upgrade hubgrpo on the worker",
+        )
     check_lineage(c, v, sub.rebased_sha or c.shas[v], sub_id)
     return v
 
@@ -204,10 +233,13 @@ def check_lineage(c: Coordinator, version: int, adapter_id: str, sub_id: str) ->
     if c.ids.get(version) == adapter_id or (c.shas.get(version) == adapter_id and version in c.ids):
         return
     if version in c.ids or version > c.checkpoint.version:
-        raise InvalidSubmission("stale", f"submission {sub_id} was trained on version {version} "
-                                f"({str(adapter_id)[:10]}), which this coordinator does not have: it was merged after "
-                                f"the last checkpoint (v{c.checkpoint.version}) by a coordinator that restarted since",
-                                hint="lease again and train on the current version")
+        raise InvalidSubmission(
+            "stale",
+            f"submission {sub_id} was trained on version {version} "
+            f"({str(adapter_id)[:10]}), which this coordinator does not have: it was merged after "
+            f"the last checkpoint (v{c.checkpoint.version}) by a coordinator that restarted since",
+            hint="lease again and train on the current version",
+        )
     raise InvalidSubmission("unknown_base", f"base version {version} is not a version of this run")
 
 
@@ -219,8 +251,11 @@ def check_frozen_a(adapter, global_) -> None:
     for key, value in global_.weights.items():
         if ".lora_A" in key or ".lora_embedding_A" in key:
             if not torch.equal(adapter.weights[key], value):
-                raise InvalidSubmission("a_changed", f"{key} differs from the run's frozen lora_A (merge.method ffa)",
-                                        hint="train with lora_A frozen: hubgrpo workers do this for ffa runs")
+                raise InvalidSubmission(
+                    "a_changed",
+                    f"{key} differs from the run's frozen lora_A (merge.method ffa)",
+                    hint="train with lora_A frozen: hubgrpo workers do this for ffa runs",
+                )
 
 
 def read_record(folder: Path, lease: Lease, sub_id: str) -> Submission:
@@ -234,8 +269,11 @@ def read_record(folder: Path, lease: Lease, sub_id: str) -> Submission:
         raise InvalidSubmission("no_record", f"submission {sub_id} has no {layout.SUBMISSION_FILE}") from None
     except (ValueError, RecursionError) as e:
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise InvalidSubmission("bad_record", f"{layout.SUBMISSION_FILE} of {sub_id} is invalid: {first}",
-                                hint="numbers must be finite and in range; upgrade hubgrpo on the worker") from None
+        raise InvalidSubmission(
+            "bad_record",
+            f"{layout.SUBMISSION_FILE} of {sub_id} is invalid: {first}",
+            hint="numbers must be finite and in range; upgrade hubgrpo on the worker",
+        ) from None
     if (sub.lease.lease_id, sub.worker, sub.base_version) != (lease.lease_id, lease.worker, lease.base_version):
         raise InvalidSubmission("lease_mismatch", f"{layout.SUBMISSION_FILE} of {sub_id} does not match its lease")
     # who trained it is the signed lease's word, not the record's (the leaderboard and the fleet count use it)
@@ -271,17 +309,25 @@ def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True) -> 
 
 def admitted(c: Coordinator, prepared: Prepared, *, merged: bool) -> dict:
     """The answer to an admitted submission (under ``c.lock``): ``merged`` when a merge took it in already."""
-    return {"status": "merged" if merged else "admitted", "submission_id": prepared.sub_id,
-            "version": c.state.version,
-            "staleness": None if merged else c.state.version - prepared.pending.sub.trained_base,
-            "merge_due": not merged and c.merge_due()}
+    return {
+        "status": "merged" if merged else "admitted",
+        "submission_id": prepared.sub_id,
+        "version": c.state.version,
+        "staleness": None if merged else c.state.version - prepared.pending.sub.trained_base,
+        "merge_due": not merged and c.merge_due(),
+    }
 
 
 def unseen_submissions(c: Coordinator, revision: str | None = None) -> list[tuple[int, str]]:
     """(base version, submission id) of rounds in the inbox that are neither merged, refused nor pending (in a
     box: only those on base versions still young enough to be merged)."""
-    done = set(c.state.merged_ids) | {r.submission_id for r in c.state.refused} | set(c.pending) \
-        | {r.submission_id for r in c.new_refusals} | set(c.in_flight())
+    done = (
+        set(c.state.merged_ids)
+        | {r.submission_id for r in c.state.refused}
+        | set(c.pending)
+        | {r.submission_id for r in c.new_refusals}
+        | set(c.in_flight())
+    )
     bases = range(max(0, c.state.version - c.cfg.merge.lease_age_limit()), c.state.version + 1)
     return c.inbox.unseen(done, revision, bases)
 
@@ -297,9 +343,14 @@ def scan(c: Coordinator, *, check_deadline: bool = True) -> list[Prepared]:
         try:
             lease = Submission.from_json(c.inbox.read_record(base, sub_id, head)).lease
         except (HubGrpoError, ValueError, RecursionError) as e:  # not even a readable record: skip it, say so
-            out.append(Prepared(lease=None, sub_id=sub_id, commit=head or "",
-                                error=InvalidSubmission("bad_record", f"unreadable submission {sub_id}: "
-                                                        f"{str(e)[:200]}")))
+            out.append(
+                Prepared(
+                    lease=None,
+                    sub_id=sub_id,
+                    commit=head or "",
+                    error=InvalidSubmission("bad_record", f"unreadable submission {sub_id}: {str(e)[:200]}"),
+                )
+            )
             c.inbox.judged(base, sub_id)
             continue
         if layout.submission_id(lease.worker, lease.lease_id) != sub_id:

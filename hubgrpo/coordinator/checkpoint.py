@@ -114,13 +114,23 @@ def stage(c: Coordinator) -> Staged:
     if tagged and st.versions:
         st.versions[-1] = st.versions[-1].model_copy(update={"tag": layout.version_tag(st.version)})
     since = [v for v in st.versions if v.version > c.checkpoint.version]
-    message = (f"hubgrpo: version {st.version} (checkpoint: {len(since)} version(s) since v{c.checkpoint.version}, "
-               f"{sum(len(v.merged) for v in since)} submissions)" if tagged else
-               f"hubgrpo: {len(c.new_refusals)} refusal(s), {len(saved)} held-out score(s) at version {st.version}")
+    message = (
+        f"hubgrpo: version {st.version} (checkpoint: {len(since)} version(s) since v{c.checkpoint.version}, "
+        f"{sum(len(v.merged) for v in since)} submissions)"
+        if tagged
+        else f"hubgrpo: {len(c.new_refusals)} refusal(s), {len(saved)} held-out score(s) at version {st.version}"
+    )
     momentum = c.momentum if tagged and c.cfg.merge.outer_momentum > 0 and not callable(c.momentum) else None
     c.checkpointing = st.version  # its folder stays in the version cache until the commit read it
-    return Staged(state=st, tagged=tagged, momentum=momentum, refusals=list(c.new_refusals), evals_saved=saved,
-                  workers_then={k: (w.refused, w.accepted) for k, w in c.state.workers.items()}, message=message)
+    return Staged(
+        state=st,
+        tagged=tagged,
+        momentum=momentum,
+        refusals=list(c.new_refusals),
+        evals_saved=saved,
+        workers_then={k: (w.refused, w.accepted) for k, w in c.state.workers.items()},
+        message=message,
+    )
 
 
 def files(c: Coordinator, staged: Staged) -> dict:
@@ -148,8 +158,10 @@ def commit(c: Coordinator, staged: Staged) -> dict | None:
     for _ in range(MAX_CAS_RETRIES):
         head = c.store.head()
         if head != c.head and runrepo.read_state(c.store, head).version != c.checkpoint.version:
-            log.warning("another coordinator wrote the run repo (its head is no longer checkpoint v%d); reloading",
-                        c.checkpoint.version)
+            log.warning(
+                "another coordinator wrote the run repo (its head is no longer checkpoint v%d); reloading",
+                c.checkpoint.version,
+            )
             return c.read_repo()
         try:
             deletes = merge_deletes(c.store, c.cfg, staged.state, head) if staged.tagged else []
@@ -160,11 +172,15 @@ def commit(c: Coordinator, staged: Staged) -> dict | None:
             try:  # the commit landed: a tag that failed is re-created from it at the next load (reconcile)
                 c.store.tag(layout.version_tag(staged.state.version), staged.sha, exist_ok=True)
             except HubGrpoError as e:
-                log.warning("checkpoint v%d committed (%s) but not tagged: %s", staged.state.version,
-                            staged.sha[:10], e.message)
+                log.warning(
+                    "checkpoint v%d committed (%s) but not tagged: %s", staged.state.version, staged.sha[:10], e.message
+                )
         return None
-    raise CommitConflict(f"could not commit the checkpoint of version {staged.state.version} after "
-                         f"{MAX_CAS_RETRIES} tries: the head keeps moving", hint="too many concurrent commits")
+    raise CommitConflict(
+        f"could not commit the checkpoint of version {staged.state.version} after "
+        f"{MAX_CAS_RETRIES} tries: the head keeps moving",
+        hint="too many concurrent commits",
+    )
 
 
 def adopt(c: Coordinator, staged: Staged) -> None:
@@ -186,8 +202,12 @@ def adopt(c: Coordinator, staged: Staged) -> None:
             row.last_seen = max(row.last_seen, ws.last_seen)
         c.state = st
     else:  # a merge was adopted meanwhile (its state holds these refusals): tag the record in the live state
-        c.state.versions = [r.model_copy(update={"tag": layout.version_tag(st.version)})
-                            if r.version == st.version and staged.tagged else r for r in c.state.versions]
+        c.state.versions = [
+            r.model_copy(update={"tag": layout.version_tag(st.version)})
+            if r.version == st.version and staged.tagged
+            else r
+            for r in c.state.versions
+        ]
     if staged.tagged:
         c.shas[st.version] = staged.sha
     c.checkpoint = Checkpoint(version=st.version, sha=staged.sha, at=now)

@@ -46,8 +46,16 @@ Pending = admit.Pending
 class Coordinator(VersionsMixin):
     """Leases, admission, staleness, merging and run state for one run repo."""
 
-    def __init__(self, store: Store, secret: bytes, *, clock=time.time, workdir: Path | None = None,
-                 allow_code: list[str] | None = None, new_lease_id: Callable[[], str] = leases.new_lease_id):
+    def __init__(
+        self,
+        store: Store,
+        secret: bytes,
+        *,
+        clock=time.time,
+        workdir: Path | None = None,
+        allow_code: list[str] | None = None,
+        new_lease_id: Callable[[], str] = leases.new_lease_id,
+    ):
         """``allow_code``: the non-built-in reward functions of the run's config that this coordinator may run
         to recompute rewards (``--allow-reward``); any other one is refused here, at startup. ``new_lease_id``:
         the ids of its leases (the simulator numbers them, for determinism)."""
@@ -100,9 +108,15 @@ class Coordinator(VersionsMixin):
         shas = reconcile.version_shas(self.store, state.version)  # tags a crashed gc or merge left missing
         history = self.store.history(limit=200)
         adapter = runrepo.adapter_at(self.store, shas[state.version], self.workdir / "checkpoint")
-        return {"head": head, "cfg": runrepo.read_config(self.store, head), "state": state, "shas": shas,
-                "history": [c.created_at for c in history], "adapter": adapter,
-                "head_at": next((c.created_at for c in history if c.sha == head), None)}
+        return {
+            "head": head,
+            "cfg": runrepo.read_config(self.store, head),
+            "state": state,
+            "shas": shas,
+            "history": [c.created_at for c in history],
+            "adapter": adapter,
+            "head_at": next((c.created_at for c in history if c.sha == head), None),
+        }
 
     def apply_repo(self, repo: dict) -> None:
         """Adopt what ``read_repo`` read: config, state, tags, commit log; outer momentum is re-read at the next
@@ -174,8 +188,9 @@ class Coordinator(VersionsMixin):
         while the coordinator was down is still honoured, one that expired longer ago than ``round_timeout_s``
         is refused."""
         grace = self.cfg.coordinator.round_timeout_s
-        return leases.verify(lease, self.secret, run_id=self.state.run_id, now=now - grace,
-                             check_deadline=check_deadline)
+        return leases.verify(
+            lease, self.secret, run_id=self.state.run_id, now=now - grace, check_deadline=check_deadline
+        )
 
     def drop_lease(self, lease_id: str) -> None:
         """Forget a live lease; its prompts go back to the pool."""
@@ -264,13 +279,22 @@ class Coordinator(VersionsMixin):
     def record_refusal(self, lease: Lease, err: InvalidSubmission) -> None:
         """Keep a refusal decided outside ``submit`` (an upload refused before commit) for the leaderboard."""
         with self.lock:
-            self.refuse(layout.submission_id(lease.worker, lease.lease_id), lease.worker, err, self.clock(),
-                        user=lease.user)
+            self.refuse(
+                layout.submission_id(lease.worker, lease.lease_id), lease.worker, err, self.clock(), user=lease.user
+            )
 
     def refuse(self, sub_id: str, worker: str, err: HubGrpoError, now: float, user: str | None = None) -> None:
         """Record a refusal (the leaderboard, the next checkpoint's state.json; under ``lock``)."""
-        self.new_refusals.append(Refusal(submission_id=sub_id, worker=worker, code=str(err.code)[:64],
-                                         message=err.message[:layout.MAX_MESSAGE], at=now, version=self.state.version))
+        self.new_refusals.append(
+            Refusal(
+                submission_id=sub_id,
+                worker=worker,
+                code=str(err.code)[:64],
+                message=err.message[: layout.MAX_MESSAGE],
+                at=now,
+                version=self.state.version,
+            )
+        )
         self.touch_worker(worker, user, now).refused += 1
         log.info("refused %s: %s", sub_id, err.message)
 

@@ -39,10 +39,14 @@ def reward_bound(cfg) -> float:
 
 def parse(cfg, version, reward, samples) -> tuple[int, float, int]:
     """Check a reported score's types and ranges; ``InvalidSubmission`` (``bad_eval``) naming the problem."""
+
     def bad(why: str):
-        raise InvalidSubmission("bad_eval", f"held-out score refused: {why}",
-                                hint="report what `hubgrpo evaluate` measured: an integer version, a finite reward, "
-                                     "an integer number of samples")
+        raise InvalidSubmission(
+            "bad_eval",
+            f"held-out score refused: {why}",
+            hint="report what `hubgrpo evaluate` measured: an integer version, a finite reward, "
+            "an integer number of samples",
+        )
 
     if not isinstance(version, numbers.Integral) or isinstance(version, bool) or not 0 <= version <= 10**9:
         bad(f"version {str(version)[:40]!r} is not a version number")
@@ -60,8 +64,11 @@ def record(c: Coordinator, version: int, reward: float, samples: int) -> dict:
     """Keep a parsed score of ``version`` (under ``c.lock``); the first score of a version wins."""
     known = {v.version for v in c.state.versions}
     if version not in known:
-        raise InvalidSubmission("unknown_version", f"version {version} does not exist (the run is at version "
-                                f"{c.state.version})", hint="score the versions the status lists")
+        raise InvalidSubmission(
+            "unknown_version",
+            f"version {version} does not exist (the run is at version {c.state.version})",
+            hint="score the versions the status lists",
+        )
     if version in c.new_evals or scores(c.state).get(version) is not None:
         return {"status": "duplicate", "version": version}
     c.new_evals[version] = (reward, samples, c.clock())

@@ -39,21 +39,32 @@ def collect(store, keep: int, *, dry_run: bool = False, force: bool = False, now
     state = runrepo.read_state(store, head)
     live = live_reason(store, state, head, time.time() if now is None else now)
     if live and not force and not dry_run:
-        raise CoordinatorError(f"the run looks live: {live}", code="live",
-                               hint="stop the coordinator and the workers and wait, or pass --force if they are "
-                                    "stopped (a live coordinator reloads after gc, but rounds in flight can be lost)")
+        raise CoordinatorError(
+            f"the run looks live: {live}",
+            code="live",
+            hint="stop the coordinator and the workers and wait, or pass --force if they are "
+            "stopped (a live coordinator reloads after gc, but rounds in flight can be lost)",
+        )
     shas = reconcile.version_shas(store, state.version, write=not dry_run)
     versions = sorted(shas)
     kept = versions[-keep:]
     if state.version not in kept:
-        raise NotFound(f"the newest tag (v{versions[-1]}) is newer than state.json's version {state.version}",
-                       hint="the repo was edited by hand; restore it before reclaiming its history")
+        raise NotFound(
+            f"the newest tag (v{versions[-1]}) is newer than state.json's version {state.version}",
+            hint="the repo was edited by hand; restore it before reclaiming its history",
+        )
     older = [v for v in kept if v != state.version]
-    rebuild = {layout.version_tag(v): [p for p in store.list_files("", shas[v])
-                                       if not p.startswith(layout.SUBMISSIONS + "/")] for v in older}
+    rebuild = {
+        layout.version_tag(v): [p for p in store.list_files("", shas[v]) if not p.startswith(layout.SUBMISSIONS + "/")]
+        for v in older
+    }
     drop = [layout.version_tag(v) for v in versions if v not in kept]
-    report = {"kept": [layout.version_tag(v) for v in kept], "dropped": drop,
-              "commits_before": len(store.history()), "live": live}
+    report = {
+        "kept": [layout.version_tag(v) for v in kept],
+        "dropped": drop,
+        "commits_before": len(store.history()),
+        "live": live,
+    }
     if dry_run:
         return report
     from hubgrpo.store.squash import squash
@@ -68,13 +79,17 @@ def live_reason(store, state, head: str, now: float) -> str | None:
     """Why the run looks live (the newest write is younger than ``LIVE_TIMEOUTS`` round timeouts), or None."""
     window = LIVE_TIMEOUTS * runrepo.read_config(store, head).coordinator.round_timeout_s
     newest = store.history(limit=1)
-    writes = {"a commit": [c.created_at for c in newest if not c.message.startswith(reconcile.GC_PREFIX)],
-              "a merge": [v.created_at for v in state.versions[-1:]],
-              "a worker seen": [w.last_seen or 0.0 for w in state.workers.values()],
-              "the run's start": [state.started_at]}
+    writes = {
+        "a commit": [c.created_at for c in newest if not c.message.startswith(reconcile.GC_PREFIX)],
+        "a merge": [v.created_at for v in state.versions[-1:]],
+        "a worker seen": [w.last_seen or 0.0 for w in state.workers.values()],
+        "the run's start": [state.started_at],
+    }
     what, when = max(((k, max(v)) for k, v in writes.items() if v), key=lambda kv: kv[1])
     age = now - when
     if age >= window:
         return None
-    return (f"its last write ({what}) was {max(0.0, age):.0f} s ago, within {window:.0f} s "
-            f"({LIVE_TIMEOUTS} × coordinator.round_timeout_s)")
+    return (
+        f"its last write ({what}) was {max(0.0, age):.0f} s ago, within {window:.0f} s "
+        f"({LIVE_TIMEOUTS} × coordinator.round_timeout_s)"
+    )

@@ -76,19 +76,31 @@ def check_listing(prefix: str, sizes: dict[str, int], max_bytes: int, allowed=No
     allowed = sorted(ALLOWED_FILES) if allowed is None else allowed
     for name in sorted(sizes):
         if "/" in name:
-            raise InvalidSubmission("nested_dir", f"{prefix} holds the folder {name.split('/')[0][:80]!r}/; a "
-                                    f"submission holds only {', '.join(allowed)}", hint="upload only the files")
+            raise InvalidSubmission(
+                "nested_dir",
+                f"{prefix} holds the folder {name.split('/')[0][:80]!r}/; a submission holds only {', '.join(allowed)}",
+                hint="upload only the files",
+            )
         if Path(name).suffix.lower() in PICKLE_SUFFIXES:
-            raise InvalidSubmission("not_safetensors", f"{prefix}/{name[:80]} is a pickle-based weight file, which "
-                                    "is never loaded", hint="save the adapter as adapter_model.safetensors")
+            raise InvalidSubmission(
+                "not_safetensors",
+                f"{prefix}/{name[:80]} is a pickle-based weight file, which is never loaded",
+                hint="save the adapter as adapter_model.safetensors",
+            )
         if name not in allowed:
-            raise InvalidSubmission("unexpected_file", f"{prefix} holds {name[:80]!r}, which is not allowed "
-                                    f"(allowed: {', '.join(allowed)})", hint="upload only the submission's files")
+            raise InvalidSubmission(
+                "unexpected_file",
+                f"{prefix} holds {name[:80]!r}, which is not allowed (allowed: {', '.join(allowed)})",
+                hint="upload only the submission's files",
+            )
     total = sum(sizes.values())
     if total > max_bytes:
-        raise InvalidSubmission("too_large", f"{prefix} holds {total:,} bytes, more than a submission of this run "
-                                f"can have ({max_bytes:,}); nothing was read",
-                                hint="submit only the LoRA adapter at the run's rank")
+        raise InvalidSubmission(
+            "too_large",
+            f"{prefix} holds {total:,} bytes, more than a submission of this run "
+            f"can have ({max_bytes:,}); nothing was read",
+            hint="submit only the LoRA adapter at the run's rank",
+        )
 
 
 class Judged:
@@ -125,8 +137,12 @@ class Scanned:
         listed = {}
         for entry in entries:
             parsed = layout.parse_submission_path(entry[0])
-            if parsed and parsed[2] == layout.SUBMISSION_FILE and parsed[1] not in done \
-                    and entry not in self.judged_records:
+            if (
+                parsed
+                and parsed[2] == layout.SUBMISSION_FILE
+                and parsed[1] not in done
+                and entry not in self.judged_records
+            ):
                 listed[parsed[:2]] = entry
         self._listed = listed
         return sorted(listed)
@@ -136,8 +152,12 @@ class Scanned:
         rel = layout.submission_path(base, sub_id, layout.SUBMISSION_FILE)
         entry = self._listed.get((base, sub_id))
         if entry is not None and entry[1] > RECORD_MAX:
-            raise StoreError(f"{self.location}/{rel} is {entry[1]:,} bytes, more than the {RECORD_MAX:,} a "
-                             "submission record may have", code="too_large", hint="it is not read")
+            raise StoreError(
+                f"{self.location}/{rel} is {entry[1]:,} bytes, more than the {RECORD_MAX:,} a "
+                "submission record may have",
+                code="too_large",
+                hint="it is not read",
+            )
         return rel
 
     def judged(self, base: int, sub_id: str) -> None:
@@ -165,7 +185,7 @@ class RepoInbox(Scanned):
         prefix = layout.submission_dir(base, sub_id)
         sizes = self.store.file_sizes(prefix, commit)
         if sizes:
-            check_listing(prefix, {p[len(prefix) + 1:]: n for p, n in sizes.items()}, max_bytes)
+            check_listing(prefix, {p[len(prefix) + 1 :]: n for p, n in sizes.items()}, max_bytes)
         return runrepo.submission_at(self.store, base, sub_id, commit, dest, sizes=sizes)
 
     def revision(self) -> str | None:
@@ -205,9 +225,11 @@ class BoxInbox(Scanned):
         prefix = layout.submission_dir(base, sub_id)
         listed = dict(self.box.list(prefix))
         if not listed:
-            raise NotFound(f"no submission at {prefix} in {self.location}",
-                           hint="upload the round's files (submission.json last) before calling submit")
-        names = {p[len(prefix) + 1:]: size for p, size in listed.items()}
+            raise NotFound(
+                f"no submission at {prefix} in {self.location}",
+                hint="upload the round's files (submission.json last) before calling submit",
+            )
+        names = {p[len(prefix) + 1 :]: size for p, size in listed.items()}
         check_listing(prefix, names, max_bytes, FILES)
         tmp = dest.with_name(dest.name + f".tmp-{uuid.uuid4().hex[:8]}")
         tmp.mkdir(parents=True)
@@ -217,8 +239,9 @@ class BoxInbox(Scanned):
             self._check_token(tmp, commit, prefix)
             tmp.rename(dest)
         except StoreError as e:
-            raise InvalidSubmission(e.code if e.code in ("too_large", "symlink", "corrupt") else "not_found",
-                                    e.message, hint=e.hint) from None
+            raise InvalidSubmission(
+                e.code if e.code in ("too_large", "symlink", "corrupt") else "not_found", e.message, hint=e.hint
+            ) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
@@ -228,8 +251,11 @@ class BoxInbox(Scanned):
         if not commit.startswith("sha256:") or not record.is_file():
             return  # a scan (no token), or no record: admission says what is missing
         if layout.box_token(record.read_bytes()) != commit:
-            raise InvalidSubmission("bad_commit", f"{prefix}/{layout.SUBMISSION_FILE} is not the one submitted "
-                                    f"({commit[:20]}…)", hint="submit the digest of the submission.json uploaded")
+            raise InvalidSubmission(
+                "bad_commit",
+                f"{prefix}/{layout.SUBMISSION_FILE} is not the one submitted ({commit[:20]}…)",
+                hint="submit the digest of the submission.json uploaded",
+            )
 
     def revision(self) -> str | None:
         return None
@@ -237,8 +263,11 @@ class BoxInbox(Scanned):
     def unseen(self, done: set[str], revision: str | None, bases=None) -> list[tuple[int, str]]:
         """Rounds whose submission.json is in the box, neither ``done``, already judged as it is now, nor older
         than ``bases`` allows."""
-        entries = [e for base in (bases if bases is not None else ())
-                   for e in self.box.entries(f"{layout.SUBMISSIONS}/{base:06d}")]
+        entries = [
+            e
+            for base in (bases if bases is not None else ())
+            for e in self.box.entries(f"{layout.SUBMISSIONS}/{base:06d}")
+        ]
         return self._unjudged(entries, done)
 
     def read_record(self, base: int, sub_id: str, revision: str | None) -> bytes:
@@ -274,9 +303,14 @@ class BoxInbox(Scanned):
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         cap = int(max_bytes)
         try:
-            return {name: self.box.presign_upload(layout.submission_path(lease.base_version, sub_id, name),
-                                                  min(cap, RECORD_MAX) if name == layout.SUBMISSION_FILE else cap,
-                                                  self.upload_ttl_s) for name in FILES}
+            return {
+                name: self.box.presign_upload(
+                    layout.submission_path(lease.base_version, sub_id, name),
+                    min(cap, RECORD_MAX) if name == layout.SUBMISSION_FILE else cap,
+                    self.upload_ttl_s,
+                )
+                for name in FILES
+            }
         except StoreError as e:
             log.warning("cannot sign upload URLs for %s: %s", sub_id, e.message)
             return {}

@@ -34,15 +34,23 @@ def verify(lease: Lease, secret: bytes, *, run_id: str, now: float, check_deadli
     """Raise LeaseError unless ``lease`` was signed by this coordinator for this run (and has not expired)."""
     expected = hmac.new(secret, _payload(lease), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, lease.signature or ""):
-        raise LeaseError(f"lease {lease.lease_id} has an invalid signature (forged, altered, or from another "
-                         "coordinator secret)", hint="ask for a new lease", code="bad_signature")
+        raise LeaseError(
+            f"lease {lease.lease_id} has an invalid signature (forged, altered, or from another coordinator secret)",
+            hint="ask for a new lease",
+            code="bad_signature",
+        )
     if lease.run_id != run_id:
-        raise LeaseError(f"lease {lease.lease_id} belongs to run {lease.run_id}, not {run_id}",
-                         hint="the run repo was re-initialised; ask for a new lease", code="wrong_run")
+        raise LeaseError(
+            f"lease {lease.lease_id} belongs to run {lease.run_id}, not {run_id}",
+            hint="the run repo was re-initialised; ask for a new lease",
+            code="wrong_run",
+        )
     if check_deadline and now > lease.deadline:
-        raise LeaseError(f"lease {lease.lease_id} expired {now - lease.deadline:.0f} s ago",
-                         hint="heartbeat more often than coordinator.lease_timeout_s; ask for a new lease",
-                         code="expired")
+        raise LeaseError(
+            f"lease {lease.lease_id} expired {now - lease.deadline:.0f} s ago",
+            hint="heartbeat more often than coordinator.lease_timeout_s; ask for a new lease",
+            code="expired",
+        )
     return lease
 
 

@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 
 def refused(code: str, message: str, wait_s: float | None = None, hint: str | None = None) -> Refused:
     """A refusal that says when to ask again: ``wait_s`` (carried over the wire by the server), also in the hint."""
-    return Refused(code, message, hint=hint or (f"wait_s={wait_s:.1f}" if wait_s is not None else None),
-                   wait_s=wait_s)
+    return Refused(code, message, hint=hint or (f"wait_s={wait_s:.1f}" if wait_s is not None else None), wait_s=wait_s)
 
 
 def issue(c: Coordinator, worker: str, user: str | None) -> Lease:
@@ -35,17 +34,28 @@ def issue(c: Coordinator, worker: str, user: str | None) -> Lease:
     layout.check_name(worker)
     now = c.clock()
     if c.state.finished:
-        raise Refused("finished", f"the run finished at version {c.state.version}",
-                      hint="nothing left to do; start a new run to train further")
+        raise Refused(
+            "finished",
+            f"the run finished at version {c.state.version}",
+            hint="nothing left to do; start a new run to train further",
+        )
     _check_identity(c, worker, user, now)
     m = c.cfg.merge
     if c.merging is not None and m.max_staleness == 0 and not m.staleness_per_worker:  # synchronous: wait
-        raise refused("merging", f"version {c.merging} is being merged; with max_staleness 0 a lease on "
-                      f"version {c.state.version} could not be submitted", wait_s=0.5)
+        raise refused(
+            "merging",
+            f"version {c.merging} is being merged; with max_staleness 0 a lease on "
+            f"version {c.state.version} could not be submitted",
+            wait_s=0.5,
+        )
     wait = budget_wait(c, now, user)
     if wait > 0:
-        raise refused("budget", f"commit budget reached ({c.cfg.coordinator.commit_budget_per_hour}/hour, shared "
-                      f"fairly between users); retry in {wait:.0f} s", wait_s=wait)
+        raise refused(
+            "budget",
+            f"commit budget reached ({c.cfg.coordinator.commit_budget_per_hour}/hour, shared "
+            f"fairly between users); retry in {wait:.0f} s",
+            wait_s=wait,
+        )
     key = c.worker_key(worker, user)
     stats = c.state.workers.get(key)
     steps = round_steps(c, key, first_round=stats is None or stats.accepted == 0)
@@ -54,12 +64,20 @@ def issue(c: Coordinator, worker: str, user: str | None) -> Lease:
     batch = params.get("per_device_train_batch_size", p.per_device_train_batch_size)
     per_step = max(1, batch * p.gradient_accumulation_steps // p.num_generations)
     lease = Lease(
-        lease_id=c.new_lease_id(), run_id=c.state.run_id, round_id=len(c.state.merged_ids) + len(c.pending)
-        + len(c.active), worker=worker, user=user, base_version=c.state.version,
-        base_sha=c.ids[c.state.version], prompt_indices=c.pool.take(per_step * steps),
-        steps=steps, seed=c.cfg.params.seed * 1_000_003 + c.pool.next_index,
-        params=params, issued_at=now,
-        deadline=now + c.cfg.coordinator.lease_timeout_s)
+        lease_id=c.new_lease_id(),
+        run_id=c.state.run_id,
+        round_id=len(c.state.merged_ids) + len(c.pending) + len(c.active),
+        worker=worker,
+        user=user,
+        base_version=c.state.version,
+        base_sha=c.ids[c.state.version],
+        prompt_indices=c.pool.take(per_step * steps),
+        steps=steps,
+        seed=c.cfg.params.seed * 1_000_003 + c.pool.next_index,
+        params=params,
+        issued_at=now,
+        deadline=now + c.cfg.coordinator.lease_timeout_s,
+    )
     lease = leases.sign(lease, c.secret)
     c.active[lease.lease_id] = lease
     c.touch_worker(worker, user, now)
@@ -149,16 +167,23 @@ def _check_identity(c: Coordinator, worker: str, user: str | None, now: float) -
         if old.worker == worker and old.user == user:
             renewed_at = old.deadline - co.lease_timeout_s
             if now - renewed_at < live_window:
-                raise refused("duplicate_worker", f"worker name {worker!r} already holds a live lease (renewed "
-                              f"{now - renewed_at:.0f} s ago): two machines cannot share a name",
-                              wait_s=co.heartbeat_interval_s,
-                              hint=f"give each machine its own --name; a restarted worker may lease again in "
-                                   f"{live_window:.0f} s; wait_s={co.heartbeat_interval_s:.0f}")
+                raise refused(
+                    "duplicate_worker",
+                    f"worker name {worker!r} already holds a live lease (renewed "
+                    f"{now - renewed_at:.0f} s ago): two machines cannot share a name",
+                    wait_s=co.heartbeat_interval_s,
+                    hint=f"give each machine its own --name; a restarted worker may lease again in "
+                    f"{live_window:.0f} s; wait_s={co.heartbeat_interval_s:.0f}",
+                )
             c.drop_lease(lid)  # a restarted worker: its old round is abandoned, the prompts go back first
     mine = sum(1 for l in c.active.values() if l.user == user)
     if mine >= co.max_leases_per_user:
-        raise refused("lease_cap", f"{user or 'this run'} already holds {mine} live leases "
-                      f"(coordinator.max_leases_per_user = {co.max_leases_per_user})", wait_s=co.heartbeat_interval_s)
+        raise refused(
+            "lease_cap",
+            f"{user or 'this run'} already holds {mine} live leases "
+            f"(coordinator.max_leases_per_user = {co.max_leases_per_user})",
+            wait_s=co.heartbeat_interval_s,
+        )
 
 
 def renew(c: Coordinator, lease: Lease) -> Lease:
@@ -173,9 +198,11 @@ def renew(c: Coordinator, lease: Lease) -> Lease:
     if lease.lease_id not in c.active:
         held = {i for l in c.active.values() for i in l.prompt_indices}
         if held.intersection(lease.prompt_indices):
-            raise LeaseError(f"lease {lease.lease_id} expired and its prompts were leased again",
-                             hint="finish the round anyway (the submit says whether it counts) or lease again",
-                             code="expired")
+            raise LeaseError(
+                f"lease {lease.lease_id} expired and its prompts were leased again",
+                hint="finish the round anyway (the submit says whether it counts) or lease again",
+                code="expired",
+            )
         c.pool.reclaim(lease.prompt_indices)
         c.pool.next_index = max(c.pool.next_index, max(lease.prompt_indices, default=-1) + 1)
     c.active[lease.lease_id] = renewed

@@ -21,11 +21,21 @@ def next_state(c: Coordinator, entries: list[MergedEntry], report: dict) -> RunS
     st.version += 1
     samples = sum(e.samples for e in entries if e.weight > 0)  # completions that moved the model
     reward = sum(e.weight * e.reward_mean for e in entries) if samples else None  # the credited rounds' reward
-    st.versions.append(VersionRecord(
-        version=st.version, tag=None, created_at=now, method=c.cfg.merge.method,  # tagged when checkpointed
-        algorithm=report.get("algorithm"), residual=_num(report.get("residual")),
-        update_norm=_num(report.get("update_norm")), outer_lr=float(report.get("outer_lr") or c.cfg.merge.outer_lr),
-        merged=entries, reward_mean=reward, samples=samples))
+    st.versions.append(
+        VersionRecord(
+            version=st.version,
+            tag=None,
+            created_at=now,
+            method=c.cfg.merge.method,  # tagged when checkpointed
+            algorithm=report.get("algorithm"),
+            residual=_num(report.get("residual")),
+            update_norm=_num(report.get("update_norm")),
+            outer_lr=float(report.get("outer_lr") or c.cfg.merge.outer_lr),
+            merged=entries,
+            reward_mean=reward,
+            samples=samples,
+        )
+    )
     st.merged_ids += [e.submission_id for e in entries]
     st.refused = (st.refused + c.new_refusals)[-MAX_REFUSALS_KEPT:]
     for e in entries:

@@ -141,17 +141,35 @@ def plan_merge(c: Coordinator) -> MergePlan | None:
     if m.extra_rounds == "add":  # the rounds beyond the quorum each move the version by their share, at most one
         # per distinct worker: rounds piled up behind a stalled merge (one worker's several leases) do not add up
         outer_lr *= max(1.0, len({e.worker for e in entries}) / m.quorum)
-    opts = MergeOptions(method=m.method, outer_lr=outer_lr, outer_momentum=m.outer_momentum, nesterov=m.nesterov,
-                        momentum_every=m.momentum_every,
-                        rank=c.cfg.lora.r, max_rank=m.max_rank, clip_factor=m.clip_factor,
-                        trim_fraction=m.trim_fraction, svd_algorithm=m.svd_algorithm, factor_split=m.factor_split)
+    opts = MergeOptions(
+        method=m.method,
+        outer_lr=outer_lr,
+        outer_momentum=m.outer_momentum,
+        nesterov=m.nesterov,
+        momentum_every=m.momentum_every,
+        rank=c.cfg.lora.r,
+        max_rank=m.max_rank,
+        clip_factor=m.clip_factor,
+        trim_fraction=m.trim_fraction,
+        svd_algorithm=m.svd_algorithm,
+        factor_split=m.factor_split,
+    )
     c.merging = c.state.version + 1
     fold = c.fold if foldable(c) and c.fold is not None and c.fold.version == c.state.version else None
     start = evals.gate_start(c)  # merge.eval_gate: start from the best-scored version after a bad score
     global_ = c.global_adapter() if start is None else (lambda: c.adapter(start))
-    return MergePlan(version=c.state.version + 1, global_=global_, items=items, entries=entries, options=opts,
-                     momentum=_momentum(c), fold=fold if start is None else None, raw_weights=raw,
-                     start_version=start, ids=list(raw))
+    return MergePlan(
+        version=c.state.version + 1,
+        global_=global_,
+        items=items,
+        entries=entries,
+        options=opts,
+        momentum=_momentum(c),
+        fold=fold if start is None else None,
+        raw_weights=raw,
+        start_version=start,
+        ids=list(raw),
+    )
 
 
 def foldable(c: Coordinator) -> bool:
@@ -198,8 +216,12 @@ def _raw_weight(c: Coordinator, p) -> float | None:
     if not credited(c.cfg, c.norm_history, p):
         return None
     try:
-        return staleness_weight(p.samples, c.state.version - p.sub.trained_base, m.staleness_decay,
-                                max(staleness_limit(c), p.staleness_limit))
+        return staleness_weight(
+            p.samples,
+            c.state.version - p.sub.trained_base,
+            m.staleness_decay,
+            max(staleness_limit(c), p.staleness_limit),
+        )
     except InvalidSubmission:
         return None
 
@@ -224,9 +246,20 @@ def _weighted_items(c: Coordinator) -> tuple[list, list[MergedEntry], float, dic
         w = w if credited(c.cfg, c.norm_history, p) else 0.0
         if w > 0:
             raw.append((p.adapter, c.adapter(p.sub.trained_base), w))
-        entries.append(MergedEntry(submission_id=sub_id, worker=p.sub.worker, user=p.sub.lease.user,
-                                   base_version=p.sub.trained_base, staleness=tau, weight=w, samples=p.samples,
-                                   reward_mean=p.reward_mean, update_norm=p.update_norm, steps=p.steps))
+        entries.append(
+            MergedEntry(
+                submission_id=sub_id,
+                worker=p.sub.worker,
+                user=p.sub.lease.user,
+                base_version=p.sub.trained_base,
+                staleness=tau,
+                weight=w,
+                samples=p.samples,
+                reward_mean=p.reward_mean,
+                update_norm=p.update_norm,
+                steps=p.steps,
+            )
+        )
     total = sum(w for _, _, w in raw) or 1.0
     items = [(a, b, w / total) for a, b, w in raw]
     raw_weights = {e.submission_id: e.weight for e in entries if e.weight > 0}
@@ -262,10 +295,16 @@ def stage(c: Coordinator, plan: MergePlan, result) -> Staged | None:
     state = next_state(c, plan.entries, result.report)
     state.versions[-1].start_version = plan.start_version
     saved = evals.apply(state, c.new_evals)
-    staged = Staged(state=state, render=lambda: _render(c, staged), version=state.version,
-                    message=f"hubgrpo: version {state.version} ({len(plan.entries)} submissions)",
-                    refusals=list(c.new_refusals), workers_then=_worker_counts(c), result=result,
-                    evals_saved=saved)
+    staged = Staged(
+        state=state,
+        render=lambda: _render(c, staged),
+        version=state.version,
+        message=f"hubgrpo: version {state.version} ({len(plan.entries)} submissions)",
+        refusals=list(c.new_refusals),
+        workers_then=_worker_counts(c),
+        result=result,
+        evals_saved=saved,
+    )
     return staged
 
 
@@ -309,21 +348,34 @@ def adopt(c: Coordinator, staged: Staged) -> bool:
     c.ids[state.version] = state.versions[-1].adapter_id
     result = staged.result
     # in memory: what a round may still be based on (a miss reads the version cache)
-    c.adapters.put(state.version, result.adapter, drop_below=state.version - staleness_limit(c),
-                   keep=c.checkpoint.version)
+    c.adapters.put(
+        state.version, result.adapter, drop_below=state.version - staleness_limit(c), keep=c.checkpoint.version
+    )
     c.momentum = result.momentum
     c.last_merge_at = state.versions[-1].created_at
     c.norm_history.add_merged(state.versions[-1].merged, c.cfg.merge.max_norm_factor)
     c.evict_versions()
-    log.info("version %d merged from %d submissions (residual %s)", state.version, len(state.versions[-1].merged),
-             result.report.get("residual"))
+    log.info(
+        "version %d merged from %d submissions (residual %s)",
+        state.version,
+        len(state.versions[-1].merged),
+        result.report.get("residual"),
+    )
     return True
 
 
 def _track(c: Coordinator, state: RunState) -> None:
     v = state.versions[-1]
     if c.tracker is not None:
-        c.tracker.log({"version/reward": v.reward_mean, "version/residual": v.residual, "version/samples": v.samples,
-                       "version/submissions": len(v.merged), "version/update_norm": v.update_norm,
-                       "version/max_staleness": max((m.staleness for m in v.merged), default=0),
-                       "run/samples_total": state.samples_total}, step=v.version)
+        c.tracker.log(
+            {
+                "version/reward": v.reward_mean,
+                "version/residual": v.residual,
+                "version/samples": v.samples,
+                "version/submissions": len(v.merged),
+                "version/update_norm": v.update_norm,
+                "version/max_staleness": max((m.staleness for m in v.merged), default=0),
+                "run/samples_total": state.samples_total,
+            },
+            step=v.version,
+        )

@@ -58,7 +58,6 @@ class NormHistory:
         self._items.append((who, float(norm_per_step)))
         return True
 
-
     def add_merged(self, entries, factor: float | None) -> None:
         """Offer the credited entries of one merged version (uncredited rounds never set later bounds)."""
         for e in entries:

@@ -47,14 +47,17 @@ def tag_version(store, version: int, *, write: bool = True) -> str:
     """Find the commit holding ``version`` in the recent history of main and tag it (``write``); its sha."""
     merge, gc = MERGE_MESSAGE.format(version=version), GC_MESSAGE.format(version=version)
     for c in store.history(limit=HISTORY_DEPTH):
-        found = c.message.startswith(merge) or (c.message.startswith(gc)
-                                                and runrepo.read_state(store, c.sha).version == version)
+        found = c.message.startswith(merge) or (
+            c.message.startswith(gc) and runrepo.read_state(store, c.sha).version == version
+        )
         if found:
             if write:
                 store.tag(layout.version_tag(version), c.sha, exist_ok=True)
             return c.sha
-    raise NotFound(f"state.json says version {version} but no commit or tag for it was found",
-                   hint="the run repo was edited by hand; restore state.json from the last tagged version")
+    raise NotFound(
+        f"state.json says version {version} but no commit or tag for it was found",
+        hint="the run repo was edited by hand; restore state.json from the last tagged version",
+    )
 
 
 def rewritten(held: dict[int, str], store) -> bool:
@@ -78,12 +81,18 @@ def reload_if_rewritten(c: Coordinator) -> bool:
             return False
         moved = sorted(v for v, sha in held.items() if repo["shas"].get(v) != sha)
         if repo["state"].version == c.checkpoint.version:  # gc kept the checkpoint: only commits and tags moved
-            log.warning("the run repo's history was rewritten (hubgrpo gc?): versions %s moved or left; the "
-                        "versions since the checkpoint stay live", moved)
+            log.warning(
+                "the run repo's history was rewritten (hubgrpo gc?): versions %s moved or left; the "
+                "versions since the checkpoint stay live",
+                moved,
+            )
             c.shas, c.head = repo["shas"], repo["head"]
             c.checkpoint.sha = repo["head"]
             return True
-        log.warning("the run repo's history was rewritten (hubgrpo gc?): versions %s moved or left; reloading "
-                    "state, tags and head from the repo", moved)
+        log.warning(
+            "the run repo's history was rewritten (hubgrpo gc?): versions %s moved or left; reloading "
+            "state, tags and head from the repo",
+            moved,
+        )
         c.apply_repo(repo)
     return True

@@ -20,8 +20,9 @@ def initial_state(cfg: Config, now: float, adapter_id: str | None = None) -> Run
     return RunState(run_id=uuid.uuid4().hex, project_name=cfg.project_name, versions=[v0], started_at=now)
 
 
-def init_repo(store: Store, cfg: Config, adapter_dir: Path, *, force: bool = False,
-              clock=time.time) -> tuple[str, RunState]:
+def init_repo(
+    store: Store, cfg: Config, adapter_dir: Path, *, force: bool = False, clock=time.time
+) -> tuple[str, RunState]:
     """Create the run repo with the version-0 adapter, config, state and card; tag v000000. The stored config holds
     placeholders where ``cfg`` has values from the user's environment (``check_storable``), and the card is made
     from that stored copy, so neither shows such a value."""
@@ -33,10 +34,13 @@ def init_repo(store: Store, cfg: Config, adapter_dir: Path, *, force: bool = Fal
     if head is not None and store.exists_file(layout.STATE_FILE, head):
         state = read_state(store, head)
         if not force:
-            raise StoreError(f"{store.location} is already a hubgrpo run (version {state.version})",
-                             hint="resume it with `hubgrpo run`/`hubgrpo worker`, or pass --force to start over")
-    aid = layout.adapter_id((adapter_dir / layout.ADAPTER_WEIGHTS).read_bytes(),
-                            (adapter_dir / layout.ADAPTER_CONFIG).read_bytes())
+            raise StoreError(
+                f"{store.location} is already a hubgrpo run (version {state.version})",
+                hint="resume it with `hubgrpo run`/`hubgrpo worker`, or pass --force to start over",
+            )
+    aid = layout.adapter_id(
+        (adapter_dir / layout.ADAPTER_WEIGHTS).read_bytes(), (adapter_dir / layout.ADAPTER_CONFIG).read_bytes()
+    )
     state = initial_state(cfg, clock(), aid)
     adds = {
         layout.ADAPTER_WEIGHTS: adapter_dir / layout.ADAPTER_WEIGHTS,
@@ -50,8 +54,10 @@ def init_repo(store: Store, cfg: Config, adapter_dir: Path, *, force: bool = Fal
         deletes = [p for p in store.list_files("", head) if p not in adds]
         tags = [t for t in store.tags() if layout.parse_tag(t) is not None]
         if tags:
-            raise StoreError(f"{store.location} has version tags ({len(tags)}); a forced re-init cannot remove them",
-                             hint="use a new repo for a new run")
+            raise StoreError(
+                f"{store.location} has version tags ({len(tags)}); a forced re-init cannot remove them",
+                hint="use a new repo for a new run",
+            )
     sha = store.commit(adds, deletes, message=f"hubgrpo: init {cfg.project_name} (version 0)")
     store.tag(layout.version_tag(0), sha, exist_ok=False)
     return sha, state

@@ -20,9 +20,19 @@ def leaderboard(state: RunState) -> list[dict]:
     for w in list(state.workers.values()):  # copies: status runs unlocked
         mean = w.reward_sum / w.accepted if w.accepted else None
         gain = None if w.reward_first is None or w.reward_last is None else w.reward_last - w.reward_first
-        rows.append({"worker": w.worker, "user": w.user, "accepted": w.accepted, "refused": w.refused,
-                     "uncredited": w.uncredited, "samples": w.samples, "mean_reward": mean, "reward_gain": gain,
-                     "last_seen": w.last_seen})
+        rows.append(
+            {
+                "worker": w.worker,
+                "user": w.user,
+                "accepted": w.accepted,
+                "refused": w.refused,
+                "uncredited": w.uncredited,
+                "samples": w.samples,
+                "mean_reward": mean,
+                "reward_gain": gain,
+                "last_seen": w.last_seen,
+            }
+        )
     rows.sort(key=lambda r: (-r["samples"], -r["accepted"], r["refused"], r["worker"], r["user"] or ""))
     return rows
 
@@ -31,15 +41,26 @@ def versions_table(state: RunState, evals: dict | None = None) -> list[dict]:
     """One row per version: ``reward`` is the merged rounds' recomputed training reward, ``eval_reward`` the
     held-out score (state.json's, or an unsaved one from ``evals``: version → (reward, samples, when))."""
     evals = evals or {}
-    return [{"version": v.version, "tag": v.tag, "adapter_id": v.adapter_id, "created_at": v.created_at,
-             "reward": v.reward_mean,
-             "eval_reward": v.eval_reward if v.eval_reward is not None else evals.get(v.version, (None,))[0],
-             "eval_samples": v.eval_samples if v.eval_reward is not None else evals.get(v.version, (0, None))[1],
-             "start_version": v.start_version,
-             "samples": v.samples, "submissions": len(v.merged), "residual": v.residual,
-             "max_staleness": max((m.staleness for m in v.merged), default=0), "method": v.method,
-             "algorithm": v.algorithm, "contributors": sorted({m.worker for m in v.merged})}
-            for v in state.versions]
+    return [
+        {
+            "version": v.version,
+            "tag": v.tag,
+            "adapter_id": v.adapter_id,
+            "created_at": v.created_at,
+            "reward": v.reward_mean,
+            "eval_reward": v.eval_reward if v.eval_reward is not None else evals.get(v.version, (None,))[0],
+            "eval_samples": v.eval_samples if v.eval_reward is not None else evals.get(v.version, (0, None))[1],
+            "start_version": v.start_version,
+            "samples": v.samples,
+            "submissions": len(v.merged),
+            "residual": v.residual,
+            "max_staleness": max((m.staleness for m in v.merged), default=0),
+            "method": v.method,
+            "algorithm": v.algorithm,
+            "contributors": sorted({m.worker for m in v.merged}),
+        }
+        for v in state.versions
+    ]
 
 
 UNSAVED_SHOWN = 5000  # cap on the unsaved refusals a live status lists (all of them in any realistic run)
@@ -47,10 +68,17 @@ UNSAVED_SHOWN = 5000  # cap on the unsaved refusals a live status lists (all of 
 
 def state_status(state: RunState, target_versions: int | None = None) -> dict:
     """Status computed from state.json alone (no live coordinator): for `hubgrpo status` on a repo."""
-    return {"project": state.project_name, "run_id": state.run_id, "version": state.version,
-            "target_versions": target_versions, "finished": state.finished, "samples_total": state.samples_total,
-            "leaderboard": leaderboard(state), "versions": versions_table(state),
-            "refusals": [r.model_dump() for r in state.refused[-50:]]}
+    return {
+        "project": state.project_name,
+        "run_id": state.run_id,
+        "version": state.version,
+        "target_versions": target_versions,
+        "finished": state.finished,
+        "samples_total": state.samples_total,
+        "leaderboard": leaderboard(state),
+        "versions": versions_table(state),
+        "refusals": [r.model_dump() for r in state.refused[-50:]],
+    }
 
 
 def run_status(c: Coordinator) -> dict:
@@ -62,8 +90,16 @@ def run_status(c: Coordinator) -> dict:
     # none is out of sight — e.g. a round refused as stale when a merge was planned, after which no merge came
     out["refusals"] = [r.model_dump() for r in c.state.refused[-50:] + c.new_refusals[-UNSAVED_SHOWN:]]
     out["refusals_unsaved"] = len(c.new_refusals)
-    out["leases"] = [{"lease_id": lid, "worker": l.worker, "user": l.user, "base_version": l.base_version,
-                      "expires_in_s": round(l.deadline - now, 1)} for lid, l in list(c.active.items())]
+    out["leases"] = [
+        {
+            "lease_id": lid,
+            "worker": l.worker,
+            "user": l.user,
+            "base_version": l.base_version,
+            "expires_in_s": round(l.deadline - now, 1),
+        }
+        for lid, l in list(c.active.items())
+    ]
     out["pending"] = sorted(list(c.pending))
     out["merging"] = c.merging
     out["commits_last_hour"] = len([t for t in list(c.commit_times) if t > now - 3600])

@@ -39,10 +39,12 @@ class RewardCheck:
         missing = [f for f in foreign_code(cfg.rewards) if f not in set(allow_code or [])]
         if missing:  # at startup: the coordinator would otherwise import code a run repo's config names
             flags = " ".join(f"--allow-reward {f!r}" for f in missing)
-            raise ConfigError(f"the run's config names reward code that is not built in: {', '.join(missing)}; the "
-                              "coordinator recomputes every round's rewards and runs only code its operator allows",
-                              hint=f"read that code, then start the coordinator with {flags} (on a Space: set the "
-                                   f"variable HUBGRPO_ALLOW_REWARD={','.join(missing)})")
+            raise ConfigError(
+                f"the run's config names reward code that is not built in: {', '.join(missing)}; the "
+                "coordinator recomputes every round's rewards and runs only code its operator allows",
+                hint=f"read that code, then start the coordinator with {flags} (on a Space: set the "
+                f"variable HUBGRPO_ALLOW_REWARD={','.join(missing)})",
+            )
         for rc in cfg.rewards:  # at startup too: a kwarg's placeholder the operator did not allow (fill_kwargs)
             fill_kwargs(rc)
         self.cfg = cfg
@@ -63,9 +65,10 @@ class RewardCheck:
                     if far:
                         score(far, [], self.cfg.coordinator.reward_timeout_s)
                 except TimeoutError as e:
-                    raise RewardError(f"importing the run's reward code: {e}",
-                                      hint="raise coordinator.reward_timeout_s, or import less at module level") \
-                        from None
+                    raise RewardError(
+                        f"importing the run's reward code: {e}",
+                        hint="raise coordinator.reward_timeout_s, or import less at module level",
+                    ) from None
                 self._loaded = (rewards, PromptSource.from_config(self.cfg))
             return self._loaded
 
@@ -81,9 +84,11 @@ class RewardCheck:
                 for i, (x, y) in enumerate(zip(said, real)):
                     if not rl.same_reward(x, y):
                         raise InvalidSubmission(
-                            "reward_mismatch", f"{ROLLOUTS_FILE}: reward {rewards[j].__name__} of completion {i} in "
+                            "reward_mismatch",
+                            f"{ROLLOUTS_FILE}: reward {rewards[j].__name__} of completion {i} in "
                             f"batch {b} is {x}, but its completion scores {y}",
-                            hint="submit the rewards the run's reward functions give your completions")
+                            hint="submit the rewards the run's reward functions give your completions",
+                        )
         return rl.weighted_mean([r.weight for r in rewards], data.batches)
 
     def rescore(self, rewards: list, source, data: Rollouts) -> list[list[list]]:
@@ -103,17 +108,23 @@ class RewardCheck:
                         out[batch][j] = r(prompts, completions, **columns)
             batch = None  # the child names the batch itself
             if far:
-                for b, row in enumerate(score([rewards[j] for j in far], inputs,
-                                              self.cfg.coordinator.reward_timeout_s)):
+                for b, row in enumerate(
+                    score([rewards[j] for j in far], inputs, self.cfg.coordinator.reward_timeout_s)
+                ):
                     for j, v in zip(far, row):
                         out[b][j] = v
         except HubGrpoError as e:  # a reward function failed on these completions
             where = "" if batch is None else f"batch {batch}: "
-            raise InvalidSubmission("reward_mismatch", where + e.message[:300],
-                                    hint="submit the completions your round generated") from None
+            raise InvalidSubmission(
+                "reward_mismatch", where + e.message[:300], hint="submit the completions your round generated"
+            ) from None
         except TimeoutError as e:
-            raise InvalidSubmission("reward_timeout", str(e), hint="submit the completions your round generated; "
-                                    "the coordinator's operator may raise coordinator.reward_timeout_s") from None
+            raise InvalidSubmission(
+                "reward_timeout",
+                str(e),
+                hint="submit the completions your round generated; "
+                "the coordinator's operator may raise coordinator.reward_timeout_s",
+            ) from None
         return out
 
 
@@ -127,8 +138,9 @@ def check_shape(cfg, lease: Lease, data: Rollouts, names: list[str]) -> None:
     n_batches, per_batch, group = rl.expected_shape(cfg, lease)
 
     def bad(why: str):
-        raise InvalidSubmission("bad_rollouts", f"{ROLLOUTS_FILE}: {why}",
-                                hint="submit the rollouts file your round wrote, unchanged")
+        raise InvalidSubmission(
+            "bad_rollouts", f"{ROLLOUTS_FILE}: {why}", hint="submit the rollouts file your round wrote, unchanged"
+        )
 
     if data.reward_names != names:
         bad(f"reward functions {data.reward_names[:8]} are not the run's {names}")
@@ -143,8 +155,10 @@ def check_shape(cfg, lease: Lease, data: Rollouts, names: list[str]) -> None:
             foreign = sorted(set(batch.prompt_indices) - allowed)[:5]
             bad(f"batch {b} answers prompts the lease did not give (indices {foreign})")
         idx = batch.prompt_indices
-        if any(len(set(idx[k:k + group])) != 1 for k in range(0, per_batch, group)):
+        if any(len(set(idx[k : k + group])) != 1 for k in range(0, per_batch, group)):
             bad(f"batch {b} is not in groups of {group} completions per prompt")
         if any(len(completion_text(c)) > longest for c in completions_of(batch)):  # before any reward runs on it
-            bad(f"batch {b} holds a completion longer than {longest:,} characters, more than "
-                f"max_completion_length tokens decode to")
+            bad(
+                f"batch {b} holds a completion longer than {longest:,} characters, more than "
+                f"max_completion_length tokens decode to"
+            )

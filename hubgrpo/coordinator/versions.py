@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING
 
 from hubgrpo import layout, runrepo
 from hubgrpo.coordinator import admit, checkpoint
-from hubgrpo.errors import (CoordinatorError, InvalidSubmission, MergeError, NotFound, RateLimited,
-                            StoreUnavailable)
+from hubgrpo.errors import CoordinatorError, InvalidSubmission, MergeError, NotFound, RateLimited, StoreUnavailable
 
 if TYPE_CHECKING:
     from hubgrpo.config import Config
@@ -43,8 +42,9 @@ class VersionCache:
 
     def put(self, version: int, files: dict[str, bytes | Path]) -> str:
         """Keep ``files`` (the two adapter files: bytes or paths) as ``version``; returns its adapter id."""
-        data = {name: files[name] if isinstance(files[name], bytes) else Path(files[name]).read_bytes()
-                for name in FILES}
+        data = {
+            name: files[name] if isinstance(files[name], bytes) else Path(files[name]).read_bytes() for name in FILES
+        }
         aid = layout.adapter_id(data[layout.ADAPTER_WEIGHTS], data[layout.ADAPTER_CONFIG])
         dest = self.root / f"{int(version)}-{aid}"
         if not dest.is_dir():
@@ -170,12 +170,14 @@ class VersionsMixin:
         version, now = self.state.version, self.clock()
         self.versions.forget_after(version)
         self.ids = {r.version: r.adapter_id for r in self.state.versions if r.adapter_id and r.version < version}
-        self.ids[version] = self.versions.put(version, {n: repo["adapter"] / n for n in (
-            layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
+        self.ids[version] = self.versions.put(
+            version, {n: repo["adapter"] / n for n in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)}
+        )
         shutil.rmtree(repo["adapter"], ignore_errors=True)  # the version cache holds its copy
         at = repo.get("head_at")
-        self.checkpoint = checkpoint.Checkpoint(version=version, sha=repo["head"],
-                                                at=min(at, now) if at is not None else now)
+        self.checkpoint = checkpoint.Checkpoint(
+            version=version, sha=repo["head"], at=min(at, now) if at is not None else now
+        )
 
     def global_adapter(self):
         """The adapter of the current version (``adapter``)."""
@@ -193,8 +195,11 @@ class VersionsMixin:
         try:
             adapter = load_adapter_dir(self._version_folder(version))
         except (MergeError, StoreUnavailable, RateLimited) as e:
-            raise CoordinatorError(f"the coordinator could not read version {version}'s adapter: {e.message}",
-                                   code="unavailable", hint="submit again in a few seconds") from e
+            raise CoordinatorError(
+                f"the coordinator could not read version {version}'s adapter: {e.message}",
+                code="unavailable",
+                hint="submit again in a few seconds",
+            ) from e
         self.adapters.put(version, adapter, drop_below=self.state.version - admit.staleness_limit(self))
         return adapter
 
@@ -207,9 +212,13 @@ class VersionsMixin:
             return folder
         sha = self.shas.get(version)
         if sha is None:
-            raise InvalidSubmission("stale", f"version {version} is not available any more: it was merged after "
-                                    f"the last checkpoint (v{self.checkpoint.version}) by a coordinator that "
-                                    "restarted since", hint="lease again and train on the current version")
+            raise InvalidSubmission(
+                "stale",
+                f"version {version} is not available any more: it was merged after "
+                f"the last checkpoint (v{self.checkpoint.version}) by a coordinator that "
+                "restarted since",
+                hint="lease again and train on the current version",
+            )
         fetched = runrepo.adapter_at(self.store, sha, self.workdir / "checkpoint" / uuid.uuid4().hex)
         try:  # a folder of its own per call: two threads reading the same evicted version never share one
             self.versions.put(version, {n: fetched / n for n in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
@@ -224,16 +233,20 @@ class VersionsMixin:
     def serves(self, version: int) -> bool:
         """Whether the adapter route serves ``version``: one a lease may still be based on, or the last checkpoint
         (older ones are at their tags; a caller never makes the coordinator fetch and keep them)."""
-        return version == self.checkpoint.version or version >= self.state.version - self.cfg.merge.lease_age_limit() - 2
+        return (
+            version == self.checkpoint.version or version >= self.state.version - self.cfg.merge.lease_age_limit() - 2
+        )
 
     def version_dir(self, version: int, adapter_id: str) -> Path:
         """The folder (adapter_model.safetensors, adapter_config.json) of ``version`` with id ``adapter_id``: what
         the ``adapter`` route serves (a store read when only its checkpoint has it; call without the lock).
         ``NotFound`` for a version this coordinator does not have under that id."""
         if not isinstance(version, int) or self.ids.get(version) != adapter_id or not self.serves(version):
-            raise NotFound(f"version {version} with adapter id {str(adapter_id)[:40]!r} is not a version of this "
-                           f"run's coordinator (now at v{self.state.version})",
-                           hint="lease again: the coordinator restarted, or the version is too old")
+            raise NotFound(
+                f"version {version} with adapter id {str(adapter_id)[:40]!r} is not a version of this "
+                f"run's coordinator (now at v{self.state.version})",
+                hint="lease again: the coordinator restarted, or the version is too old",
+            )
         folder = self.versions.get(version, adapter_id)
         if folder is None:
             try:

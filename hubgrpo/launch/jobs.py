@@ -94,8 +94,10 @@ def install_command(install: str, *, coordinator: str, endpoint: str) -> str:
         return ""
     if install == "space":
         if not is_space_id(coordinator):
-            raise ConfigError(f"--install space needs the coordinator as a Space id (user/name), not {coordinator!r}",
-                              hint="pass --install 'PIP SPEC OR WHEEL URL' (or none when the image has hubgrpo)")
+            raise ConfigError(
+                f"--install space needs the coordinator as a Space id (user/name), not {coordinator!r}",
+                hint="pass --install 'PIP SPEC OR WHEEL URL' (or none when the image has hubgrpo)",
+            )
         url = layout.space_wheel_url(coordinator, endpoint, __version__)
         target = f"/tmp/{layout.wheel_name(__version__)}"
         fetch = _FETCH.replace("@URL@", repr(url)).replace("@TARGET@", repr(target))
@@ -109,15 +111,27 @@ def worker_names(workers: int, prefix: str = "job") -> list[str]:
     return [f"{prefix}-{i:02d}-{tag}" for i in range(workers)]
 
 
-def worker_specs(repo: str, coordinator: str, *, workers: int, flavor: str, timeout: str | None = "2h",
-                 image: str | None = None, install: str = "space", endpoint: str | None = None,
-                 worker_args: list[str] | None = None, prefix: str = "job") -> list[JobSpec]:
+def worker_specs(
+    repo: str,
+    coordinator: str,
+    *,
+    workers: int,
+    flavor: str,
+    timeout: str | None = "2h",
+    image: str | None = None,
+    install: str = "space",
+    endpoint: str | None = None,
+    worker_args: list[str] | None = None,
+    prefix: str = "job",
+) -> list[JobSpec]:
     """One ``JobSpec`` per worker of run ``repo`` coordinated by ``coordinator`` (a Space id or an https URL)."""
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     if repo.count("/") != 1 or repo.startswith((".", "/", "~")):
-        raise ConfigError(f"the run repo {repo!r} is not a Hub repo id (user/name)",
-                          hint="a job reaches the run through the Hub: create it with `hubgrpo init --repo user/name`")
+        raise ConfigError(
+            f"the run repo {repo!r} is not a Hub repo id (user/name)",
+            hint="a job reaches the run through the Hub: create it with `hubgrpo init --repo user/name`",
+        )
     endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
     setup = install_command(install, coordinator=coordinator, endpoint=endpoint)
     env = {"HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"}
@@ -125,12 +139,20 @@ def worker_specs(repo: str, coordinator: str, *, workers: int, flavor: str, time
         env["HF_ENDPOINT"] = endpoint
     specs = []
     for name in worker_names(workers, prefix):
-        argv = ["hubgrpo", "worker", "--repo", repo, "--coordinator", coordinator, "--name", name,
-                *(worker_args or [])]
+        argv = ["hubgrpo", "worker", "--repo", repo, "--coordinator", coordinator, "--name", name, *(worker_args or [])]
         command = ["bash", "-c", setup + "exec " + shlex.join(argv)]
-        specs.append(JobSpec(name=name, image=image or (CPU_IMAGE if flavor.startswith("cpu") else GPU_IMAGE),
-                             command=command, flavor=flavor, timeout=timeout, env=dict(env), secrets=["HF_TOKEN"],
-                             labels={RUN_LABEL: run_label(repo), WORKER_LABEL: name}))
+        specs.append(
+            JobSpec(
+                name=name,
+                image=image or (CPU_IMAGE if flavor.startswith("cpu") else GPU_IMAGE),
+                command=command,
+                flavor=flavor,
+                timeout=timeout,
+                env=dict(env),
+                secrets=["HF_TOKEN"],
+                labels={RUN_LABEL: run_label(repo), WORKER_LABEL: name},
+            )
+        )
     return specs
 
 
@@ -149,12 +171,22 @@ def start(specs: list[JobSpec], *, token: str, api) -> list:
     jobs = []
     for spec in specs:
         try:
-            jobs.append(api.run_job(image=spec.image, command=spec.command, env=spec.env,
-                                    secrets={"HF_TOKEN": token}, flavor=spec.flavor, timeout=spec.timeout,
-                                    labels=spec.labels, token=token))
+            jobs.append(
+                api.run_job(
+                    image=spec.image,
+                    command=spec.command,
+                    env=spec.env,
+                    secrets={"HF_TOKEN": token},
+                    flavor=spec.flavor,
+                    timeout=spec.timeout,
+                    labels=spec.labels,
+                    token=token,
+                )
+            )
         except HUB_ERRORS as e:
-            raise map_error(e, what=f"start job {spec.name} ({len(jobs)} of {len(specs)} started)",
-                            repo="jobs") from None
+            raise map_error(
+                e, what=f"start job {spec.name} ({len(jobs)} of {len(specs)} started)", repo="jobs"
+            ) from None
     return jobs
 
 
@@ -180,5 +212,11 @@ def stop(api, repo: str) -> list[str]:
 def job_row(job) -> dict:
     """A job as one row of ``hubgrpo jobs ls``."""
     labels = job.labels or {}
-    return {"id": job.id, "worker": labels.get(WORKER_LABEL, "?"), "stage": job.status.stage,
-            "flavor": job.flavor, "created": str(job.created_at or "")[:19], "url": job.url}
+    return {
+        "id": job.id,
+        "worker": labels.get(WORKER_LABEL, "?"),
+        "stage": job.status.stage,
+        "flavor": job.flavor,
+        "created": str(job.created_at or "")[:19],
+        "url": job.url,
+    }

@@ -42,6 +42,16 @@ from hubgrpo.merge.core import MergeOptions, MergeResult, gradient_coefficients,
 from hubgrpo.merge.robust import staleness_weight, update_norm
 
 __all__ = [
-    "Adapter", "ModuleSpec", "MergeOptions", "MergeResult", "dense_delta", "gradient_coefficients",
-    "load_adapter_dir", "merge", "parse_modules", "save_adapter_dir", "staleness_weight", "update_norm",
+    "Adapter",
+    "ModuleSpec",
+    "MergeOptions",
+    "MergeResult",
+    "dense_delta",
+    "gradient_coefficients",
+    "load_adapter_dir",
+    "merge",
+    "parse_modules",
+    "save_adapter_dir",
+    "staleness_weight",
+    "update_norm",
 ]

@@ -106,8 +106,10 @@ def module_scaling(config: dict, path: str, rank: int) -> float:
     r = pattern_value(config.get("rank_pattern"), path, config.get("r", 8))
     alpha = pattern_value(config.get("alpha_pattern"), path, config.get("lora_alpha", 8))
     if int(r) != rank:
-        raise MergeError(f"module {path}: the factors have rank {rank} but adapter_config.json says r={r}",
-                         hint="the config (r / rank_pattern) does not belong to these weights")
+        raise MergeError(
+            f"module {path}: the factors have rank {rank} but adapter_config.json says r={r}",
+            hint="the config (r / rank_pattern) does not belong to these weights",
+        )
     return float(alpha) / (math.sqrt(rank) if config.get("use_rslora") else rank)
 
 
@@ -117,11 +119,15 @@ def check_plain_lora(config: dict) -> None:
         raise MergeError(f"peft_type {config.get('peft_type')!r} is not LORA; only LoRA adapters can be merged")
     for name, why in UNSUPPORTED_FIELDS.items():
         if config.get(name):
-            raise MergeError(f"adapter uses {name}={config[name]!r}: {why}, so it cannot be merged exactly",
-                             hint=f"train plain LoRA adapters (unset {name}) to use hubgrpo merging")
+            raise MergeError(
+                f"adapter uses {name}={config[name]!r}: {why}, so it cannot be merged exactly",
+                hint=f"train plain LoRA adapters (unset {name}) to use hubgrpo merging",
+            )
     if config.get("bias", "none") != "none":
-        raise MergeError(f"adapter trains biases (bias={config['bias']!r}); only LoRA factors can be merged",
-                         hint="set bias='none' in the LoRA config")
+        raise MergeError(
+            f"adapter trains biases (bias={config['bias']!r}); only LoRA factors can be merged",
+            hint="set bias='none' in the LoRA config",
+        )
 
 
 def _split_key(key: str) -> tuple[str, str, str] | None:
@@ -143,19 +149,25 @@ def parse_modules(adapter: Adapter) -> tuple[dict[str, ModuleSpec], list[str]]:
             if key.endswith(PASSTHROUGH_SUFFIX):
                 passthrough.append(key)
                 continue
-            raise MergeError(f"tensor {key!r} is not a LoRA factor (DoRA magnitude, modules_to_save copy, bias?)",
-                             hint="only plain LoRA adapters (lora_A / lora_B / lora_embedding_A/B) can be merged")
+            raise MergeError(
+                f"tensor {key!r} is not a LoRA factor (DoRA magnitude, modules_to_save copy, bias?)",
+                hint="only plain LoRA adapters (lora_A / lora_B / lora_embedding_A/B) can be merged",
+            )
         prefix, role, kind = split
         if tensor.dim() != 2:
-            raise MergeError(f"{key} has {tensor.dim()} dimensions; only 2-D LoRA factors (Linear, Embedding) "
-                             "are supported", hint="convolution LoRA adapters cannot be merged by hubgrpo")
+            raise MergeError(
+                f"{key} has {tensor.dim()} dimensions; only 2-D LoRA factors (Linear, Embedding) are supported",
+                hint="convolution LoRA adapters cannot be merged by hubgrpo",
+            )
         parts.setdefault(prefix, {})[role] = (kind, tensor)
     specs = {prefix: _module_spec(prefix, roles, adapter.config) for prefix, roles in sorted(parts.items())}
     for key in passthrough:
         owner = key[: -len(PASSTHROUGH_SUFFIX)]
         if owner not in specs or specs[owner].kind != "embedding":
-            raise MergeError(f"tensor {key!r} is a full base weight outside an embedding LoRA; it cannot be merged",
-                             hint="only plain LoRA adapters can be merged")
+            raise MergeError(
+                f"tensor {key!r} is a full base weight outside an embedding LoRA; it cannot be merged",
+                hint="only plain LoRA adapters can be merged",
+            )
     return specs, sorted(passthrough)
 
 
@@ -196,8 +208,10 @@ def load_adapter_dir(path: str | os.PathLike) -> Adapter:
         config = json.loads((folder / CONFIG_NAME).read_text())
         weights = load_file(str(folder / WEIGHTS_NAME))
     except FileNotFoundError as exc:
-        raise MergeError(f"{folder} is not a PEFT adapter folder: {exc.filename} is missing",
-                         hint=f"an adapter folder holds {WEIGHTS_NAME} and {CONFIG_NAME}") from exc
+        raise MergeError(
+            f"{folder} is not a PEFT adapter folder: {exc.filename} is missing",
+            hint=f"an adapter folder holds {WEIGHTS_NAME} and {CONFIG_NAME}",
+        ) from exc
     return Adapter(weights=weights, config=config)
 
 
@@ -216,8 +230,10 @@ def save_adapter_dir(adapter: Adapter, path: str | os.PathLike) -> Path:
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in adapter.weights.items()}
-    for name, write in ((WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={"format": "pt"})),
-                        (CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(adapter.config, indent=2) + "\n"))):
+    for name, write in (
+        (WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={"format": "pt"})),
+        (CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(adapter.config, indent=2) + "\n")),
+    ):
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
         os.close(fd)
         try:

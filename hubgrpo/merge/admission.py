@@ -48,22 +48,70 @@ ALLOWED_FILES = {WEIGHTS_NAME, CONFIG_NAME, "submission.json", "rollouts.json.gz
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz", ".h5", ".msgpack"}
 MAX_CONFIG_BYTES = 1 << 20
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
-SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                      "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+SAFETENSORS_DTYPES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 # adapter_config.json fields that change what the weights mean; compared with the global adapter's
 CONFIG_FIELDS = (
-    "peft_type", "r", "lora_alpha", "target_modules", "exclude_modules", "use_rslora", "use_dora", "rank_pattern",
-    "alpha_pattern", "modules_to_save", "base_model_name_or_path", "revision", "task_type", "bias", "lora_bias",
-    "fan_in_fan_out", "layers_to_transform", "layers_pattern", "layer_replication", "target_parameters",
-    "trainable_token_indices", "use_qalora", "qalora_group_size", "use_bdlora", "alora_invocation_tokens",
-    "kasa_config", "velora_config", "monteclora_config", "arrow_config",
+    "peft_type",
+    "r",
+    "lora_alpha",
+    "target_modules",
+    "exclude_modules",
+    "use_rslora",
+    "use_dora",
+    "rank_pattern",
+    "alpha_pattern",
+    "modules_to_save",
+    "base_model_name_or_path",
+    "revision",
+    "task_type",
+    "bias",
+    "lora_bias",
+    "fan_in_fan_out",
+    "layers_to_transform",
+    "layers_pattern",
+    "layer_replication",
+    "target_parameters",
+    "trainable_token_indices",
+    "use_qalora",
+    "qalora_group_size",
+    "use_bdlora",
+    "alora_invocation_tokens",
+    "kasa_config",
+    "velora_config",
+    "monteclora_config",
+    "arrow_config",
 )
 _HINT_RETRAIN = "train from the global adapter (download it at your lease's base version) and submit what PEFT saves"
 
 
-def check_submission(sub_dir: str | os.PathLike, global_, *, max_bytes: int, known_versions=None,
-                     base_version=None, norm_limit: float | None = None, base=None, current_version: int | None = None,
-                     max_staleness: int | None = None):
+def check_submission(
+    sub_dir: str | os.PathLike,
+    global_,
+    *,
+    max_bytes: int,
+    known_versions=None,
+    base_version=None,
+    norm_limit: float | None = None,
+    base=None,
+    current_version: int | None = None,
+    max_staleness: int | None = None,
+):
     """Run every admission check on the local folder ``sub_dir`` against the global ``Adapter``; return the
     submission as an ``Adapter``. ``base`` (default ``global_``) is the adapter the submission was trained from,
     used by the norm check; ``known_versions`` / ``base_version`` / ``current_version`` / ``max_staleness`` are
@@ -101,24 +149,39 @@ def _check_folder(folder: Path, max_bytes: int) -> dict[str, int]:
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         est = entry.stat(follow_symlinks=False)
         if stat.S_ISLNK(est.st_mode):
-            _refuse("symlink", f"{entry.name} is a symbolic link; submissions must hold plain files",
-                    hint="upload the files themselves, not links")
+            _refuse(
+                "symlink",
+                f"{entry.name} is a symbolic link; submissions must hold plain files",
+                hint="upload the files themselves, not links",
+            )
         if stat.S_ISDIR(est.st_mode):
-            _refuse("nested_dir", f"{entry.name}/ is a folder; a submission holds only {sorted(ALLOWED_FILES)}",
-                    hint="save with save_pretrained(dir, selected_adapters=['default']) and upload only its files")
+            _refuse(
+                "nested_dir",
+                f"{entry.name}/ is a folder; a submission holds only {sorted(ALLOWED_FILES)}",
+                hint="save with save_pretrained(dir, selected_adapters=['default']) and upload only its files",
+            )
         if Path(entry.name).suffix.lower() in PICKLE_SUFFIXES:
-            _refuse("not_safetensors", f"{entry.name} is a pickle-based weight file, which is never loaded",
-                    hint="save the adapter as adapter_model.safetensors (save_pretrained's default)")
+            _refuse(
+                "not_safetensors",
+                f"{entry.name} is a pickle-based weight file, which is never loaded",
+                hint="save the adapter as adapter_model.safetensors (save_pretrained's default)",
+            )
         if entry.name not in ALLOWED_FILES or not stat.S_ISREG(est.st_mode):
-            _refuse("unexpected_file", f"{entry.name} is not allowed in a submission (allowed: "
-                    f"{', '.join(sorted(ALLOWED_FILES))})", hint="upload only the adapter files and submission.json")
+            _refuse(
+                "unexpected_file",
+                f"{entry.name} is not allowed in a submission (allowed: {', '.join(sorted(ALLOWED_FILES))})",
+                hint="upload only the adapter files and submission.json",
+            )
         if est.st_size == 0:
             _refuse("empty_file", f"{entry.name} is empty (0 bytes)", hint="the upload was probably interrupted")
         sizes[entry.name] = est.st_size
         total += est.st_size
     if total > max_bytes:
-        _refuse("too_large", f"the submission holds {total:,} bytes, more than the limit of {max_bytes:,}",
-                hint="submit only the LoRA adapter at the run's rank")
+        _refuse(
+            "too_large",
+            f"the submission holds {total:,} bytes, more than the limit of {max_bytes:,}",
+            hint="submit only the LoRA adapter at the run's rank",
+        )
     for name in (WEIGHTS_NAME, CONFIG_NAME):
         if name not in sizes:
             _refuse("missing_file", f"the submission has no {name}")
@@ -127,13 +190,20 @@ def _check_folder(folder: Path, max_bytes: int) -> dict[str, int]:
 
 def _check_base(known_versions, base_version, current_version, max_staleness) -> None:
     if known_versions is not None and (base_version is None or base_version not in known_versions):
-        _refuse("unknown_base", f"base version {base_version!r} is not a version of this run",
-                hint="train from a version you leased")
+        _refuse(
+            "unknown_base",
+            f"base version {base_version!r} is not a version of this run",
+            hint="train from a version you leased",
+        )
     if None not in (current_version, max_staleness, base_version):
         tau = int(current_version) - int(base_version)
         if tau > max_staleness:
-            _refuse("stale", f"the submission is {tau} versions behind the current version {current_version}; at "
-                    f"most {max_staleness} are accepted", hint="lease a new round to train from the current version")
+            _refuse(
+                "stale",
+                f"the submission is {tau} versions behind the current version {current_version}; at "
+                f"most {max_staleness} are accepted",
+                hint="lease a new round to train from the current version",
+            )
 
 
 def _read_bytes(path: Path, size: int, limit: int) -> bytes:
@@ -186,8 +256,12 @@ def compare_configs(config: dict, reference: dict) -> None:
     for name in CONFIG_FIELDS:
         got, want = _norm_field(name, config.get(name)), _norm_field(name, reference.get(name))
         if got != want:
-            _refuse("config_mismatch", f"{CONFIG_NAME} has {name}={_short(config.get(name))} but the run's adapter "
-                    f"has {name}={_short(reference.get(name))}", hint="keep the LoRA config of the global adapter unchanged")
+            _refuse(
+                "config_mismatch",
+                f"{CONFIG_NAME} has {name}={_short(config.get(name))} but the run's adapter "
+                f"has {name}={_short(reference.get(name))}",
+                hint="keep the LoRA config of the global adapter unchanged",
+            )
 
 
 def _short(value, limit: int = 80) -> str:
@@ -209,10 +283,13 @@ def _parse_header(data: bytes) -> dict:
         _refuse("corrupt", f"{WEIGHTS_NAME} is {len(data)} bytes, shorter than a safetensors header")
     (n,) = struct.unpack("<Q", data[:8])
     if n > min(len(data) - 8, MAX_HEADER_BYTES):
-        _refuse("corrupt", f"{WEIGHTS_NAME} claims a {n:,}-byte header in a {len(data):,}-byte file (truncated, or "
-                "not a safetensors file)")
+        _refuse(
+            "corrupt",
+            f"{WEIGHTS_NAME} claims a {n:,}-byte header in a {len(data):,}-byte file (truncated, or "
+            "not a safetensors file)",
+        )
     try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
+        header = json.loads(data[8 : 8 + n].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         _refuse("corrupt", f"the header of {WEIGHTS_NAME} is not JSON; the file is not a safetensors file")
     except RecursionError:
@@ -238,8 +315,11 @@ def _parse_header(data: bytes) -> dict:
             _refuse("corrupt", f"the tensors of {WEIGHTS_NAME} overlap or leave gaps")
         pos = end
     if 8 + n + pos != len(data):
-        _refuse("corrupt", f"{WEIGHTS_NAME} holds {len(data) - 8 - n:,} data bytes but its header describes {pos:,} "
-                "(truncated or padded)")
+        _refuse(
+            "corrupt",
+            f"{WEIGHTS_NAME} holds {len(data) - 8 - n:,} data bytes but its header describes {pos:,} "
+            "(truncated or padded)",
+        )
     return header
 
 
@@ -285,8 +365,11 @@ def _check_norm(adapter, base, norm_limit: float) -> None:
     except MergeError as exc:
         _refuse("config_mismatch", f"the adapter cannot be merged: {exc.message}")
     if not norm <= norm_limit:
-        _refuse("norm_outlier", f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} exceeds the limit {norm_limit:.4g}",
-                hint="lower the learning rate or the number of steps per round")
+        _refuse(
+            "norm_outlier",
+            f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} exceeds the limit {norm_limit:.4g}",
+            hint="lower the learning rate or the number of steps per round",
+        )
 
 
 def norm_floor(typical: float | None, factor: float | None, lr_ratio: float = 1.0) -> float:
@@ -318,7 +401,9 @@ def check_step_bound(adapter, base, bound: float, why: str = "") -> float:
             worst, where = diff, key
     if not worst <= bound:
         limit = why or f"at most {bound:.4g} is possible"
-        _refuse("out_of_bounds", f"{where} moved by {worst:.4g} from the version it was trained on; {limit}",
-                hint="submit what the round's training produced")
+        _refuse(
+            "out_of_bounds",
+            f"{where} moved by {worst:.4g} from the version it was trained on; {limit}",
+            hint="submit what the round's training produced",
+        )
     return worst
-

@@ -30,8 +30,13 @@ class MergeOptions(BaseModel):
     outer_lr: float = Field(1.0, gt=0, le=OUTER_LR_MAX, description="outer learning rate (DiLoCo: 0.7)")
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="outer SGD momentum μ (DiLoCo: 0.9)")
     nesterov: bool = Field(False, description="Nesterov momentum: step = g + μ·m′")
-    momentum_every: int = Field(1, ge=1, le=1024, description="delayed Nesterov (Liu et al. 2024): update the "
-                                "momentum every k merges with the mean of their outer gradients; plain steps between")
+    momentum_every: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="delayed Nesterov (Liu et al. 2024): update the "
+        "momentum every k merges with the mean of their outer gradients; plain steps between",
+    )
     rank: int | None = Field(None, ge=1, description="svd: output rank (None = the global's rank per module)")
     max_rank: int | None = Field(None, ge=1, description="stack: rank limit; beyond it, svd to max_rank")
     momentum_rank: int | None = Field(None, ge=1, description="rank of the stored momentum (None = 2·r)")
@@ -44,8 +49,10 @@ class MergeOptions(BaseModel):
     seed: int = Field(0, description="seed of the randomized sketches and of re-initialised dead A rows")
     compute_norms: bool = Field(False, description="report every update's exact norm (always on with clip/trim)")
     factor_split: Literal["balanced", "keep_a"] = Field(
-        "balanced", description="how a re-factorised ΔW is split into B and A: balanced (√ of each singular value "
-        "on each side) or keep_a (A rows keep the global A's norm, B carries the magnitude)")
+        "balanced",
+        description="how a re-factorised ΔW is split into B and A: balanced (√ of each singular value "
+        "on each side) or keep_a (A rows keep the global A's norm, B carries the magnitude)",
+    )
 
     @property
     def merge_method(self) -> MergeMethod:
@@ -64,29 +71,38 @@ class MergeResult:
 
 
 def _same_weights(a: Adapter, b: Adapter) -> bool:
-    return a is b or (a.weights.keys() == b.weights.keys()
-                      and all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights))
+    return a is b or (
+        a.weights.keys() == b.weights.keys() and all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
+    )
 
 
-def _check_compatible(g: tuple[dict[str, ModuleSpec], list[str]], global_: Adapter, other: Adapter,
-                      what: str) -> dict[str, ModuleSpec]:
+def _check_compatible(
+    g: tuple[dict[str, ModuleSpec], list[str]], global_: Adapter, other: Adapter, what: str
+) -> dict[str, ModuleSpec]:
     """Specs of ``other`` after checking it has the global's modules, dims, orientation and frozen tensors."""
     gspecs, gpass = g
     specs, passthrough = parse_modules(other)
     if specs.keys() != gspecs.keys():
         diff = sorted(specs.keys() ^ gspecs.keys())
-        raise MergeError(f"{what} targets other modules than the global adapter (differing: {diff[:3]}…)",
-                         hint="submissions must be trained from the global adapter's LoRA config")
+        raise MergeError(
+            f"{what} targets other modules than the global adapter (differing: {diff[:3]}…)",
+            hint="submissions must be trained from the global adapter's LoRA config",
+        )
     for prefix, spec in specs.items():
         gs = gspecs[prefix]
         if (spec.kind, spec.out_dim, spec.in_dim) != (gs.kind, gs.out_dim, gs.in_dim):
-            raise MergeError(f"{what}: module {spec.path} is {spec.kind} {spec.out_dim}×{spec.in_dim}, the global's "
-                             f"is {gs.kind} {gs.out_dim}×{gs.in_dim}", hint="was it trained on another base model?")
+            raise MergeError(
+                f"{what}: module {spec.path} is {spec.kind} {spec.out_dim}×{spec.in_dim}, the global's "
+                f"is {gs.kind} {gs.out_dim}×{gs.in_dim}",
+                hint="was it trained on another base model?",
+            )
     if bool(other.config.get("fan_in_fan_out")) != bool(global_.config.get("fan_in_fan_out")):
         raise MergeError(f"{what} and the global adapter disagree on fan_in_fan_out")
     if passthrough != gpass or any(not torch.equal(other.weights[k], global_.weights[k]) for k in gpass):
-        raise MergeError(f"{what} changes a frozen base weight saved with the adapter ({gpass or passthrough})",
-                         hint="frozen base weights must equal the global adapter's")
+        raise MergeError(
+            f"{what} changes a frozen base weight saved with the adapter ({gpass or passthrough})",
+            hint="frozen base weights must equal the global adapter's",
+        )
     return specs
 
 
@@ -144,17 +160,31 @@ def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method:
     state = dict(momentum)
     count = _count(state.pop(BUFFERED_KEY, None))
     sides, in_b_space = method.momentum_sides(), method.frozen_a
-    groups = {name: {f"{p}.{name}{side}": spec for p, spec in specs.items() for side in sides}
-              for name in ("momentum", "buffer")}
+    groups = {
+        name: {f"{p}.{name}{side}": spec for p, spec in specs.items() for side in sides}
+        for name in ("momentum", "buffer")
+    }
     present = [g for g in groups.values() if set(g) & set(state)]
-    ok = (count is not None and set(state) == {k for g in present for k in g}
-          and bool(count) == bool(set(groups["buffer"]) & set(state))
-          and all(_momentum_fits(k, v, g[k], in_b_space) for g in present for k, v in state.items() if k in g)
-          and (in_b_space or all(state[f"{p}.{name}_B"].shape[1] == state[f"{p}.{name}_A"].shape[0]
-                                      for name, g in groups.items() if g in present for p in specs)))
+    ok = (
+        count is not None
+        and set(state) == {k for g in present for k in g}
+        and bool(count) == bool(set(groups["buffer"]) & set(state))
+        and all(_momentum_fits(k, v, g[k], in_b_space) for g in present for k, v in state.items() if k in g)
+        and (
+            in_b_space
+            or all(
+                state[f"{p}.{name}_B"].shape[1] == state[f"{p}.{name}_A"].shape[0]
+                for name, g in groups.items()
+                if g in present
+                for p in specs
+            )
+        )
+    )
     if not ok:
-        raise MergeError(f"the momentum state does not belong to method {method.name!r} and this adapter layout",
-                         hint="pass momentum=None to restart the outer momentum after changing method or layout")
+        raise MergeError(
+            f"the momentum state does not belong to method {method.name!r} and this adapter layout",
+            hint="pass momentum=None to restart the outer momentum after changing method or layout",
+        )
     return {k: v.float() for k, v in state.items()}, count
 
 
@@ -166,8 +196,12 @@ def with_count(new_momentum: dict, buffered: int, o: "MergeOptions") -> dict:
     return new_momentum
 
 
-def merge(global_: Adapter, items: list[tuple[Adapter, Adapter, float]], options: MergeOptions | None = None,
-          momentum: dict[str, torch.Tensor] | None = None) -> MergeResult:
+def merge(
+    global_: Adapter,
+    items: list[tuple[Adapter, Adapter, float]],
+    options: MergeOptions | None = None,
+    momentum: dict[str, torch.Tensor] | None = None,
+) -> MergeResult:
     """New global adapter from ``items = [(submission, its base adapter, weight)]``; see the package docstring."""
     o = options or MergeOptions()
     start = time.perf_counter()
@@ -179,8 +213,9 @@ def merge(global_: Adapter, items: list[tuple[Adapter, Adapter, float]], options
             spec_cache[id(adapter)] = _check_compatible(g, global_, adapter, what)
         return spec_cache[id(adapter)]
 
-    pairs = [(specs_of(s, f"submission {i}"), specs_of(b, f"base of submission {i}")) for i, (s, b, _) in
-             enumerate(items)]
+    pairs = [
+        (specs_of(s, f"submission {i}"), specs_of(b, f"base of submission {i}")) for i, (s, b, _) in enumerate(items)
+    ]
     if o.outer_momentum > 0 and not o.merge_method.outer_momentum:
         raise MergeError(f"method {o.method!r} has no outer momentum", hint="use method 'svd' or set outer_momentum=0")
     norms = None
@@ -198,16 +233,18 @@ def merge(global_: Adapter, items: list[tuple[Adapter, Adapter, float]], options
     fn = METHODS[o.method]
     results = {prefix: fn(ctx, prefix, i) for i, prefix in enumerate(g[0])}
     adapter = assemble(global_, g[0], results, ctx)
-    new_momentum = with_count({k: v for r in results.values() for k, v in r.momentum.items()}, buffered, o) \
-        if o.outer_momentum > 0 else None
+    new_momentum = (
+        with_count({k: v for r in results.values() for k, v in r.momentum.items()}, buffered, o)
+        if o.outer_momentum > 0
+        else None
+    )
     report = build_report(o, g[0], results, robust, norms, len(items), time.perf_counter() - start)
     report["update_norm"] = applied_update_norm(global_, g[0], adapter)
     report["seconds"] = round(time.perf_counter() - start, 4)
     return MergeResult(adapter, new_momentum, report)
 
 
-def assemble(global_: Adapter, specs: dict[str, ModuleSpec], results: dict[str, ModuleResult],
-             ctx: Context) -> Adapter:
+def assemble(global_: Adapter, specs: dict[str, ModuleSpec], results: dict[str, ModuleResult], ctx: Context) -> Adapter:
     """Write factors under PEFT's keys. Ranks unchanged: keep the global's config (r, alpha, patterns) and fold
     1/s into the factors (balanced, √s each, for refactored ones). Ranks changed (stack, or ``rank``): pad every
     module to r′ = max rank (zero B columns, fresh A rows) and write ``r = lora_alpha = r′``, no rsLoRA, no
@@ -228,7 +265,7 @@ def assemble(global_: Adapter, specs: dict[str, ModuleSpec], results: dict[str, 
             elif ctx.options.factor_split == "keep_a":
                 b, a = split_keep_a(b, a, factors(global_, spec)[1], spec.scaling)
             else:
-                root = spec.scaling ** 0.5
+                root = spec.scaling**0.5
                 b, a = b / root, a / root
         elif not keep:
             b, a = pad_rank(b, a, r_out, ctx.generator(10_000 + i))
@@ -245,14 +282,15 @@ def split_keep_a(b: torch.Tensor, a: torch.Tensor, a_global: torch.Tensor, scali
     alpha = float(a_global.float().norm(dim=1).median()) if a_global.numel() else 0.0
     norms = a.norm(dim=1)
     if alpha <= 0 or not bool((norms > 0).all()):
-        root = scaling ** 0.5
+        root = scaling**0.5
         return b / root, a / root
     f = alpha / norms  # (k,)
     return b / f[None, :] / scaling, a * f[:, None]
 
 
-def applied_update_norm(global_: Adapter, specs: dict[str, ModuleSpec], new: Adapter,
-                        max_rank: int = 256) -> float | None:
+def applied_update_norm(
+    global_: Adapter, specs: dict[str, ModuleSpec], new: Adapter, max_rank: int = 256
+) -> float | None:
     """Exact ``‖ΔW_new − ΔW_G‖_F`` over all modules (the step actually applied, after truncation), from Gram
     matrices of rank r_new + r_G; None when that rank exceeds ``max_rank`` (large ``stack`` outputs)."""
     new_specs, _ = parse_modules(new)
@@ -265,8 +303,15 @@ def applied_update_norm(global_: Adapter, specs: dict[str, ModuleSpec], new: Ada
     return max(total, 0.0) ** 0.5
 
 
-def build_report(o: MergeOptions, specs: dict[str, ModuleSpec], results: dict[str, ModuleResult], robust: dict,
-                 norms: list[float] | None, n_items: int, seconds: float) -> dict:
+def build_report(
+    o: MergeOptions,
+    specs: dict[str, ModuleSpec],
+    results: dict[str, ModuleResult],
+    robust: dict,
+    norms: list[float] | None,
+    n_items: int,
+    seconds: float,
+) -> dict:
     """JSON report: residual ‖ΔW − B′A′‖/‖ΔW‖ per module (0 where nothing was truncated: stack, ffa; naive's
     factor-averaging error is not measured) and overall over the re-factorised modules."""
     per_module, algorithms = {}, {}
@@ -280,13 +325,23 @@ def build_report(o: MergeOptions, specs: dict[str, ModuleSpec], results: dict[st
         per_module[specs[prefix].path] = res_value
     mom = [r.momentum_residual for r in results.values() if r.momentum_residual is not None]
     return {
-        "method": o.method, "algorithm": "+".join(sorted(algorithms)), "algorithm_counts": algorithms,
+        "method": o.method,
+        "algorithm": "+".join(sorted(algorithms)),
+        "algorithm_counts": algorithms,
         "residual": (tail / total) ** 0.5 if total > 0 else 0.0,
         "residual_estimated": any(r.estimated for r in results.values()),
-        "residual_per_module": per_module, "merged": sum(1 for w in robust["weights"] if w > 0),
-        "submitted": n_items, "clipped": robust["clipped"], "trimmed": robust["trimmed"],
-        "clip_bound": robust["clip_bound"], "weights": robust["weights"], "update_norms": norms,
-        "outer_lr": o.outer_lr, "outer_momentum": o.outer_momentum, "nesterov": o.nesterov,
+        "residual_per_module": per_module,
+        "merged": sum(1 for w in robust["weights"] if w > 0),
+        "submitted": n_items,
+        "clipped": robust["clipped"],
+        "trimmed": robust["trimmed"],
+        "clip_bound": robust["clip_bound"],
+        "weights": robust["weights"],
+        "update_norms": norms,
+        "outer_lr": o.outer_lr,
+        "outer_momentum": o.outer_momentum,
+        "nesterov": o.nesterov,
         "momentum_every": o.momentum_every,
-        "momentum_residual": max(mom) if mom else None, "seconds": round(seconds, 4),
+        "momentum_residual": max(mom) if mom else None,
+        "seconds": round(seconds, 4),
     }

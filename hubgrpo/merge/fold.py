@@ -47,13 +47,19 @@ class FfaFold:
         start = time.perf_counter()
         try:
             sub_specs = _check_compatible(self._g, self.global_, submission, f"submission {sub_id}")
-            base_specs = self.specs if base is self.global_ else _check_compatible(self._g, self.global_, base,
-                                                                                   f"base of {sub_id}")
+            base_specs = (
+                self.specs
+                if base is self.global_
+                else _check_compatible(self._g, self.global_, base, f"base of {sub_id}")
+            )
             for prefix, spec in self.specs.items():
                 ss, bs = sub_specs[prefix], base_specs[prefix]
                 a_g = self.global_.weights[spec.key_a]
-                if ss.rank != spec.rank or not torch.equal(submission.weights[ss.key_a], a_g) or \
-                        not torch.equal(base.weights[bs.key_a], a_g):
+                if (
+                    ss.rank != spec.rank
+                    or not torch.equal(submission.weights[ss.key_a], a_g)
+                    or not torch.equal(base.weights[bs.key_a], a_g)
+                ):
                     raise MergeError(f"method 'ffa' needs A frozen and shared, but {spec.path} differs")
             for prefix, spec in self.specs.items():
                 b_sub, b_base = factors(submission, sub_specs[prefix])[0], factors(base, base_specs[prefix])[0]
@@ -72,16 +78,20 @@ class FfaFold:
         from hubgrpo.merge.core import MergeResult, _check_momentum, build_report, with_count
 
         o = options
-        if (self.broken or o.merge_method is not FFA or not FFA.foldable(o.clip_factor, o.trim_fraction)
-                or weights != self.weights or not weights):
+        if (
+            self.broken
+            or o.merge_method is not FFA
+            or not FFA.foldable(o.clip_factor, o.trim_fraction)
+            or weights != self.weights
+            or not weights
+        ):
             return None
         start = time.perf_counter()
         total = sum(weights.values())
         mom, buffered = _check_momentum(momentum, self.specs, FFA) if o.outer_momentum > 0 else ({}, 0)
         new, new_momentum = dict(self.global_.weights), {}
         for prefix, spec in self.specs.items():
-            b, m = ffa_outer_step(factors(self.global_, spec)[0], self.sums[prefix] / total, mom, prefix, o,
-                                  buffered)
+            b, m = ffa_outer_step(factors(self.global_, spec)[0], self.sums[prefix] / total, mom, prefix, o, buffered)
             new_momentum.update(m)
             new[spec.key_b] = b.to(self.global_.weights[spec.key_b].dtype).contiguous()
         if o.outer_momentum > 0:
@@ -89,8 +99,14 @@ class FfaFold:
         adapter = Adapter(weights=new, config=dict(self.global_.config))
         robust = {"weights": [w / total for w in weights.values()], "clipped": 0, "trimmed": 0, "clip_bound": None}
         report = build_report(o, self.specs, {}, robust, None, len(weights), time.perf_counter() - start)
-        report.update(algorithm="ffa", algorithm_counts={"ffa": len(self.specs)}, merged=len(weights),
-                      folded=True, fold_seconds=round(self.fold_s, 4), update_norm=_b_norm(self, adapter))
+        report.update(
+            algorithm="ffa",
+            algorithm_counts={"ffa": len(self.specs)},
+            merged=len(weights),
+            folded=True,
+            fold_seconds=round(self.fold_s, 4),
+            update_norm=_b_norm(self, adapter),
+        )
         report["seconds"] = round(time.perf_counter() - start, 4)
         return MergeResult(adapter, new_momentum or None, report)
 
@@ -103,4 +119,3 @@ def _b_norm(fold: FfaFold, new: Adapter) -> float:
         d = (b_new - factors(fold.global_, spec)[0]).double() * spec.scaling
         total += float(((d.T @ d) * (a.double() @ a.double().T)).sum())
     return max(total, 0.0) ** 0.5
-

@@ -64,7 +64,7 @@ class LowRankSum:
         y = torch.zeros(self.out_dim, x.shape[1], device=x.device)
         off = 0
         for b in self.Bs:
-            y.addmm_(b, z[off:off + b.shape[1]])
+            y.addmm_(b, z[off : off + b.shape[1]])
             off += b.shape[1]
         return y
 
@@ -117,8 +117,11 @@ def _live_factors(left: torch.Tensor, s: torch.Tensor, right: torch.Tensor, rank
     top = float(s[0]) if s.numel() else 0.0
     live = int((s[:rank] > top * 1e-6).sum()) if top > 0 else 0
     root = s[:live].sqrt()
-    return ((left[:, :live].double() * root).float(), (right[:live].double() / root[:, None]).float(),
-            float((s[live:rank] ** 2).sum()))
+    return (
+        (left[:, :live].double() * root).float(),
+        (right[:live].double() / root[:, None]).float(),
+        float((s[live:rank] ** 2).sum()),
+    )
 
 
 def pad_rank(b: torch.Tensor, a: torch.Tensor, rank: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,11 +143,12 @@ def refactor_exact(m: LowRankSum, rank: int, gen: torch.Generator) -> Factorizat
     right = (s[:, None] * vch).float() @ qa.T  # (t × in), rows s_j·v_jᵀ
     b, a, dead_sq = _live_factors(qb @ uc.float(), s, right, rank)
     b, a = pad_rank(b, a, rank, gen)
-    return Factorization(b, a, float((s[rank:] ** 2).sum()) + dead_sq, float((s ** 2).sum()), "exact")
+    return Factorization(b, a, float((s[rank:] ** 2).sum()) + dead_sq, float((s**2).sum()), "exact")
 
 
-def refactor_randomized(m: LowRankSum, rank: int, gen: torch.Generator, *, oversample: int = 5, passes: int = 3,
-                        probes: int = 4) -> Factorization:
+def refactor_randomized(
+    m: LowRankSum, rank: int, gen: torch.Generator, *, oversample: int = 5, passes: int = 3, probes: int = 4
+) -> Factorization:
     """Randomized SVD of the implicit ``M`` (Halko–Martinsson–Tropp 2011, Alg. 4.4 with re-orthonormalisation).
 
     ``passes`` ≥ 2 products with the stacked factors: ``passes − 1`` sketch passes alternate ``M·`` and ``Mᵀ·``
@@ -174,7 +178,7 @@ def refactor_randomized(m: LowRankSum, rank: int, gen: torch.Generator, *, overs
     b, a = pad_rank(b, a, rank, gen)
     missed = probe_out - basis @ (basis.T @ probe_out)  # E‖(I − PPᵀ)·(M or Mᵀ)·ω‖² = the energy outside P
     missed_sq = float((missed.double() ** 2).sum()) / probes if probes else 0.0
-    total_sq = float((s ** 2).sum()) + missed_sq
+    total_sq = float((s**2).sum()) + missed_sq
     tail_sq = float((s[rank:] ** 2).sum()) + dead_sq + missed_sq
     return Factorization(b, a, tail_sq, total_sq, "randomized", estimated=probes > 0)
 
@@ -211,8 +215,9 @@ def gram_sq_norm(terms: list[Term], dtype: torch.dtype = torch.float32) -> float
     return float(((c[:, None] * (b.T @ b).double() * c[None, :]) * (a @ a.T).double()).sum())
 
 
-def difference_sq_norm(s1: float, b1: torch.Tensor, a1: torch.Tensor, s2: float, b2: torch.Tensor,
-                       a2: torch.Tensor) -> float:
+def difference_sq_norm(
+    s1: float, b1: torch.Tensor, a1: torch.Tensor, s2: float, b2: torch.Tensor, a2: torch.Tensor
+) -> float:
     """``‖s1·B1·A1 − s2·B2·A2‖_F²`` without catastrophic cancellation when the two are close: for equal shapes
     it is ``‖(s1·B1 − s2·B2)·A1 + s2·B2·(A1 − A2)‖²``, whose factors are the small differences themselves."""
     b1, a1, b2, a2 = b1.float(), a1.float(), b2.float(), a2.float()

@@ -138,8 +138,9 @@ def lowrank_module(ctx: Context, prefix: str, index: int) -> ModuleResult:
         return ModuleResult(m.b_cat() * m.c, m.A, "stack", momentum=momentum, momentum_residual=mom_res)
     target = o.max_rank if stacks and o.max_rank else (o.rank or spec.rank)
     f = refactor(m, target, o.svd_algorithm, gen, **_randomized_kw(o))
-    return ModuleResult(f.B, f.A, f.algorithm, f.tail_sq, f.total_sq, f.estimated, momentum=momentum,
-                        momentum_residual=mom_res)
+    return ModuleResult(
+        f.B, f.A, f.algorithm, f.tail_sq, f.total_sq, f.estimated, momentum=momentum, momentum_residual=mom_res
+    )
 
 
 def _b_step(ctx: Context, coefs: dict[int, float], prefix: str) -> torch.Tensor:
@@ -155,8 +156,10 @@ def _b_step(ctx: Context, coefs: dict[int, float], prefix: str) -> torch.Tensor:
 def _require_equal_rank(ctx: Context, prefix: str, method: str) -> None:
     ranks = {ctx.specs[idx][prefix].rank for idx in ctx.g} | {ctx.specs[0][prefix].rank}
     if len(ranks) > 1:
-        raise MergeError(f"method {method!r} needs one rank per module, but {prefix} has ranks {sorted(ranks)}",
-                         hint="use method 'svd' or 'stack' to merge adapters of different ranks")
+        raise MergeError(
+            f"method {method!r} needs one rank per module, but {prefix} has ranks {sorted(ranks)}",
+            hint="use method 'svd' or 'stack' to merge adapters of different ranks",
+        )
 
 
 def ffa_module(ctx: Context, prefix: str, index: int) -> ModuleResult:
@@ -166,16 +169,20 @@ def ffa_module(ctx: Context, prefix: str, index: int) -> ModuleResult:
     a_g = ctx.adapters[0].weights[spec.key_a]
     for idx in ctx.g:
         if not torch.equal(ctx.adapters[idx].weights[ctx.specs[idx][prefix].key_a], a_g):
-            raise MergeError(f"method 'ffa' needs A frozen and shared, but {spec.path} has a different lora_A "
-                             "than the global adapter", hint="freeze lora_A in the workers or use method 'svd'")
+            raise MergeError(
+                f"method 'ffa' needs A frozen and shared, but {spec.path} has a different lora_A "
+                "than the global adapter",
+                hint="freeze lora_A in the workers or use method 'svd'",
+            )
     b_g, a = factors(ctx.adapters[0], spec)
     g_b = _b_step(ctx, ctx.g, prefix)  # (out × r), g = g_b·A in the global's scaling
     b, momentum = ffa_outer_step(b_g, g_b, ctx.momentum, prefix, o, ctx.buffered)
     return ModuleResult(b, a, "ffa", global_units=True, momentum=momentum)
 
 
-def ffa_outer_step(b_g: torch.Tensor, g_b: torch.Tensor, momentum: dict, prefix: str, o,
-                   buffered: int = 0) -> tuple[torch.Tensor, dict]:
+def ffa_outer_step(
+    b_g: torch.Tensor, g_b: torch.Tensor, momentum: dict, prefix: str, o, buffered: int = 0
+) -> tuple[torch.Tensor, dict]:
     """The new B of an FFA module, ``B_G + lr·step``, and its new state entries (empty without momentum): the
     same outer steps as ``_momentum_step`` (``buffered``: merges already in the delayed-Nesterov buffer), kept
     exactly in B space."""
@@ -186,7 +193,9 @@ def ffa_outer_step(b_g: torch.Tensor, g_b: torch.Tensor, momentum: dict, prefix:
     old = mu * prev if prev is not None else 0.0
     if k <= 1 and n == 0:  # every merge
         m_b = g_b + old
-        return b_g + o.outer_lr * (m_b if not o.nesterov else g_b + mu * m_b), {prefix + ".momentum_B": m_b.contiguous()}
+        return b_g + o.outer_lr * (m_b if not o.nesterov else g_b + mu * m_b), {
+            prefix + ".momentum_B": m_b.contiguous()
+        }
     buf_sum = g_b + (buf if buf is not None else 0.0)
     if n + 1 < k:  # in between
         kept = {prefix + ".momentum_B": prev} if prev is not None else {}

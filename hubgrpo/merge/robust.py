@@ -24,14 +24,16 @@ def staleness_weight(samples: float, tau: int, decay: float = 0.5, max_staleness
         raise ValueError(f"samples ({samples}), tau ({tau}) and decay ({decay}) must be ≥ 0")
     if max_staleness is not None and tau > max_staleness:
         raise InvalidSubmission(
-            "stale", f"the submission is {tau} versions behind the current global adapter; at most "
-            f"{max_staleness} are accepted",
-            hint="lease a new round to train from the current version")
+            "stale",
+            f"the submission is {tau} versions behind the current global adapter; at most {max_staleness} are accepted",
+            hint="lease a new round to train from the current version",
+        )
     return float(samples) * (1.0 + tau) ** (-decay)
 
 
-def update_norm(sub: Adapter, sub_specs: dict[str, ModuleSpec], base: Adapter,
-                base_specs: dict[str, ModuleSpec]) -> float:
+def update_norm(
+    sub: Adapter, sub_specs: dict[str, ModuleSpec], base: Adapter, base_specs: dict[str, ModuleSpec]
+) -> float:
     """Exact ``‖ΔW_sub − ΔW_base‖_F`` summed over all modules (each term rank r_sub + r_base)."""
     total = 0.0
     for prefix, spec in sub_specs.items():
@@ -40,8 +42,9 @@ def update_norm(sub: Adapter, sub_specs: dict[str, ModuleSpec], base: Adapter,
     return math.sqrt(max(total, 0.0))
 
 
-def robust_coefficients(weights: list[float], norms: list[float] | None, clip_factor: float | None,
-                        trim_fraction: float) -> tuple[list[float], dict]:
+def robust_coefficients(
+    weights: list[float], norms: list[float] | None, clip_factor: float | None, trim_fraction: float
+) -> tuple[list[float], dict]:
     """Per-update coefficients ``cᵢ`` (Σ over kept = 1 before clipping) and a JSON report of what was done."""
     n = len(weights)
     if n == 0:
@@ -55,7 +58,7 @@ def robust_coefficients(weights: list[float], norms: list[float] | None, clip_fa
         if n - 2 * k < 1:
             k = (n - 1) // 2
         order = sorted(range(n), key=lambda i: norms[i])
-        for i in order[:k] + order[n - k:]:  # k = 0 drops nothing
+        for i in order[:k] + order[n - k :]:  # k = 0 drops nothing
             keep[i] = False
         trimmed = 2 * k
     total = sum(w for w, kept in zip(weights, keep) if kept)
@@ -70,8 +73,12 @@ def robust_coefficients(weights: list[float], norms: list[float] | None, clip_fa
             if coefs[i] and norm > bound:
                 coefs[i] *= bound / norm
                 clipped += 1
-    info = {"clipped": clipped, "trimmed": trimmed, "clip_bound": bound,
-            "weights": [w / total if kept else 0.0 for w, kept in zip(weights, keep)]}
+    info = {
+        "clipped": clipped,
+        "trimmed": trimmed,
+        "clip_bound": bound,
+        "weights": [w / total if kept else 0.0 for w, kept in zip(weights, keep)],
+    }
     return coefs, info
 
 

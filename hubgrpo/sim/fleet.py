@@ -43,8 +43,13 @@ GENERATE_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.33}
 FIXED_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.31}
 
 
-def _per_worker(spec: str, n: int, spread: Callable[[float], list[float] | None], valid: Callable[[float], bool],
-                error: Callable[[str], ConfigError]) -> list[float]:
+def _per_worker(
+    spec: str,
+    n: int,
+    spread: Callable[[float], list[float] | None],
+    valid: Callable[[float], bool],
+    error: Callable[[str], ConfigError],
+) -> list[float]:
     """One value for each of ``n`` workers from ``spread:X`` (``spread(X)``, None when X is out of range) or a
     comma-separated list of ``valid`` numbers, cycled; anything else raises ``error(spec)``."""
     spec = str(spec).strip()
@@ -64,6 +69,7 @@ def _per_worker(spec: str, n: int, spread: Callable[[float], list[float] | None]
 
 def parse_speeds(spec: str, n: int) -> list[float]:
     """Speeds of ``n`` workers from ``1`` | ``spread:K`` | ``a,b,c`` (see the module docstring)."""
+
     def spread(ratio: float) -> list[float] | None:
         if not ratio >= 1:
             return None
@@ -72,22 +78,37 @@ def parse_speeds(spec: str, n: int) -> list[float]:
         lo = 2.0 / (1.0 + ratio)  # mean of an even spread from lo to ratio·lo is 1
         return [lo + (ratio * lo - lo) * i / (n - 1) for i in range(n)]
 
-    return _per_worker(spec, n, spread, lambda v: 0 < v < 1e6, lambda s: ConfigError(
-        f"--speeds {s!r} is not a speed spec",
-        hint="use 1, spread:2 (fastest = 2× slowest, mean 1) or a list such as 1,0.5,2"))
+    return _per_worker(
+        spec,
+        n,
+        spread,
+        lambda v: 0 < v < 1e6,
+        lambda s: ConfigError(
+            f"--speeds {s!r} is not a speed spec",
+            hint="use 1, spread:2 (fastest = 2× slowest, mean 1) or a list such as 1,0.5,2",
+        ),
+    )
 
 
 def parse_starts(spec: str, n: int, seed: int) -> list[float]:
     """Virtual times of ``n`` workers' first leases from ``0`` | ``spread:S`` | ``a,b,c`` (the module docstring)."""
+
     def spread(width: float) -> list[float] | None:
         if not 0 <= width < 1e7:
             return None
         return [width * random.Random(f"start-{seed}-{i}").random() for i in range(n)]
 
-    return _per_worker(spec, n, spread, lambda v: 0 <= v < 1e7, lambda s: ConfigError(
-        f"--starts {s!r} is not a start spec",
-        hint="use 0, spread:10 (each machine starts at a random time in the first 10 s) or a list of seconds "
-        "such as 0,1.5"))
+    return _per_worker(
+        spec,
+        n,
+        spread,
+        lambda v: 0 <= v < 1e7,
+        lambda s: ConfigError(
+            f"--starts {s!r} is not a start spec",
+            hint="use 0, spread:10 (each machine starts at a random time in the first 10 s) or a list of seconds "
+            "such as 0,1.5",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -135,8 +156,10 @@ class SimWorker:
 def make_fleet(n: int, speeds: str, seed: int) -> list[SimWorker]:
     if n < 1:
         raise ConfigError(f"--workers {n}: a simulation needs at least one worker")
-    return [SimWorker(name=f"sim{i:02d}", speed=s, rng=random.Random(seed * 7919 + i))
-            for i, s in enumerate(parse_speeds(speeds, n))]
+    return [
+        SimWorker(name=f"sim{i:02d}", speed=s, rng=random.Random(seed * 7919 + i))
+        for i, s in enumerate(parse_speeds(speeds, n))
+    ]
 
 
 def default_step_s(base_model: str) -> float | None:

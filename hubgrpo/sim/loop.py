@@ -39,8 +39,15 @@ from typing import Any, Callable
 from hubgrpo import layout
 from hubgrpo.config import Config
 from hubgrpo.errors import InvalidSubmission, LeaseError, RateLimited, Refused
-from hubgrpo.sim.fleet import (CostModel, SimWorker, default_fixed_share, default_generate_share, default_step_s,
-                               make_fleet, parse_starts)
+from hubgrpo.sim.fleet import (
+    CostModel,
+    SimWorker,
+    default_fixed_share,
+    default_generate_share,
+    default_step_s,
+    make_fleet,
+    parse_starts,
+)
 
 STALL_ROUNDS = 200  # rounds without a new version after which a simulation gives up (reported as stalled)
 
@@ -116,8 +123,15 @@ def sim_config(cfg: Config, opts: SimOptions, output: Path | None = None) -> Con
 class Simulation:
     """Runs until ``until_version`` / ``until_reward`` / ``max_virtual_s`` / ``max_rounds`` (at least one)."""
 
-    def __init__(self, cfg: Config, opts: SimOptions, output: Path, *, engine=None,
-                 on_version: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        opts: SimOptions,
+        output: Path,
+        *,
+        engine=None,
+        on_version: Callable[[dict], None] | None = None,
+    ):
         if not (opts.until_version or opts.until_reward is not None or opts.max_virtual_s or opts.max_rounds):
             raise ValueError("give a stop condition: until_version, until_reward, max_virtual_s or max_rounds")
         self.opts, self.output, self.on_version = opts, Path(output), on_version
@@ -126,12 +140,14 @@ class Simulation:
         if step_s is None:
             raise ValueError(f"no built-in step cost for {cfg.base_model}: pass step_s (seconds per GRPO step)")
         self.cost = CostModel(step_s=step_s, latency_s=opts.latency_s, fixed_share=default_fixed_share(cfg.base_model))
-        self.generate_share = opts.generate_share if opts.generate_share is not None \
-            else default_generate_share(cfg.base_model)
+        self.generate_share = (
+            opts.generate_share if opts.generate_share is not None else default_generate_share(cfg.base_model)
+        )
         self.fleet: list[SimWorker] = make_fleet(opts.workers, opts.speeds, opts.seed)
         self.starts = parse_starts(opts.starts, opts.workers, opts.seed)
-        self.rejoin_s = opts.rejoin_s if opts.rejoin_s is not None else self.cost.train_s(
-            self.cfg.params.steps_per_round, 1.0)
+        self.rejoin_s = (
+            opts.rejoin_s if opts.rejoin_s is not None else self.cost.train_s(self.cfg.params.steps_per_round, 1.0)
+        )
         self.now, self._seq, self._events = 0.0, itertools.count(), []
         self.rounds: list[RoundRecord] = []
         self._rounds_at_last_version, self.stalled = 0, False
@@ -161,9 +177,14 @@ class Simulation:
         from hubgrpo.task.rewards import foreign_code
 
         ids = itertools.count()
-        self.coord = Coordinator(self.store, f"hubgrpo-sim-{self.opts.seed}".encode(), clock=lambda: self.now,
-                                 workdir=self.output / "coordinator", allow_code=foreign_code(self.cfg.rewards),
-                                 new_lease_id=lambda: f"l{next(ids):06d}")
+        self.coord = Coordinator(
+            self.store,
+            f"hubgrpo-sim-{self.opts.seed}".encode(),
+            clock=lambda: self.now,
+            workdir=self.output / "coordinator",
+            allow_code=foreign_code(self.cfg.rewards),
+            new_lease_id=lambda: f"l{next(ids):06d}",
+        )
         self.pins = PinnedVersions(self.coord, self.output / "adapters")
         self.compute["setup_s"] = time.perf_counter() - t0
         self._record_version(0)
@@ -177,8 +198,13 @@ class Simulation:
         for i, t in enumerate(self.starts):
             self._push(t, "ready", i)
         self._push(self.cfg.coordinator.round_timeout_s + 1e-3, "tick")
-        handlers = {"ready": self._ready, "deliver": self._deliver, "heartbeat": self._heartbeat,
-                    "tick": self._tick, "rejoin": self._ready}
+        handlers = {
+            "ready": self._ready,
+            "deliver": self._deliver,
+            "heartbeat": self._heartbeat,
+            "tick": self._tick,
+            "rejoin": self._ready,
+        }
         while self._events and not self._done():
             ev = heapq.heappop(self._events)
             self.now = max(self.now, ev.t)
@@ -191,12 +217,18 @@ class Simulation:
     def _done(self) -> bool:
         o, v = self.opts, self.coord.state.version
         last_eval = next((r["eval_reward"] for r in reversed(self.versions) if r["eval_reward"] is not None), None)
-        return bool((o.until_version and v >= o.until_version)
-                    or (o.until_reward is not None and last_eval is not None and last_eval >= o.until_reward
-                        and self.now >= o.min_virtual_s)
-                    or (o.max_virtual_s and self.now >= o.max_virtual_s)
-                    or (o.max_rounds and len(self.rounds) >= o.max_rounds)
-                    or self.coord.state.finished)
+        return bool(
+            (o.until_version and v >= o.until_version)
+            or (
+                o.until_reward is not None
+                and last_eval is not None
+                and last_eval >= o.until_reward
+                and self.now >= o.min_virtual_s
+            )
+            or (o.max_virtual_s and self.now >= o.max_virtual_s)
+            or (o.max_rounds and len(self.rounds) >= o.max_rounds)
+            or self.coord.state.finished
+        )
 
     def _ready(self, ev: Event) -> None:
         """A free worker asks for a lease; trains the round (real compute) unless it drops out of it."""
@@ -208,8 +240,9 @@ class Simulation:
             if e.code != "finished":
                 self._push(self.now + max(1.0, float(e.wait_s or 30.0)), "ready", ev.worker)
             return
-        rec = RoundRecord(worker=w.process_name, lease_id=lease.lease_id, base_version=lease.base_version,
-                          t_lease=self.now)
+        rec = RoundRecord(
+            worker=w.process_name, lease_id=lease.lease_id, base_version=lease.base_version, t_lease=self.now
+        )
         self.rounds.append(rec)
         self.prompts[lease.lease_id] = list(lease.prompt_indices)
         lat = self.cost.latency_s
@@ -297,8 +330,11 @@ class Simulation:
             from hubgrpo.worker.delivery import deliver
 
             return deliver(self.cfg.hub.submissions, lease, folder)
-        adds = {layout.submission_path(lease.base_version, layout.submission_id(lease.worker, lease.lease_id), f):
-                folder / f for f in layout.SUBMISSION_FILES}
+        adds = {
+            layout.submission_path(lease.base_version, layout.submission_id(lease.worker, lease.lease_id), f): folder
+            / f
+            for f in layout.SUBMISSION_FILES
+        }
         return self.store.commit(adds, message=f"hubgrpo: submission {lease.worker}-{lease.lease_id}")
 
     def _coordinator(self, call: Callable, *args):
@@ -338,10 +374,17 @@ class Simulation:
             t0 = time.perf_counter()
             ev = self._evaluate(folder)
             self.compute["eval_s"] += time.perf_counter() - t0
-        row = {"version": version, "virtual_time_s": round(self.now, 6), "samples": samples,
-               "train_reward": v.reward_mean, "eval_reward": ev, "merged": len(v.merged),
-               "max_staleness": max((m.staleness for m in v.merged), default=0),
-               "staleness": [m.staleness for m in v.merged], "residual": v.residual}
+        row = {
+            "version": version,
+            "virtual_time_s": round(self.now, 6),
+            "samples": samples,
+            "train_reward": v.reward_mean,
+            "eval_reward": ev,
+            "merged": len(v.merged),
+            "max_staleness": max((m.staleness for m in v.merged), default=0),
+            "staleness": [m.staleness for m in v.merged],
+            "residual": v.residual,
+        }
         self.versions.append(row)
         if self.on_version:
             self.on_version(row)
@@ -361,24 +404,39 @@ class Simulation:
 
         merged = [s for v in self.versions for s in v["staleness"]]
         return {
-            "workers": len(self.fleet), "speeds": [w.speed for w in self.fleet],
-            "starts": self.starts, "seed": self.opts.seed,
-            "dropout": self.opts.dropout, "latency_s": self.opts.latency_s, "step_s": self.cost.step_s,
-            "jitter": self.opts.jitter, "eval": "greedy" if self.opts.eval_sampled <= 0 else
-            f"sampled x{self.opts.eval_sampled}", "eval_samples": self.opts.eval_samples,
-            "rejoin_s": self.rejoin_s, "virtual_wall_s": round(self.now, 6), "versions": self.versions,
+            "workers": len(self.fleet),
+            "speeds": [w.speed for w in self.fleet],
+            "starts": self.starts,
+            "seed": self.opts.seed,
+            "dropout": self.opts.dropout,
+            "latency_s": self.opts.latency_s,
+            "step_s": self.cost.step_s,
+            "jitter": self.opts.jitter,
+            "eval": "greedy" if self.opts.eval_sampled <= 0 else f"sampled x{self.opts.eval_sampled}",
+            "eval_samples": self.opts.eval_samples,
+            "rejoin_s": self.rejoin_s,
+            "virtual_wall_s": round(self.now, 6),
+            "versions": self.versions,
             "staleness_histogram": {str(k): merged.count(k) for k in sorted(set(merged))},
             "rounds": [r.__dict__ for r in self.rounds],
-            "rounds_total": len(self.rounds), "stalled": self.stalled,
-            "rounds_by_status": {s: sum(r.status == s for r in self.rounds)
-                                 for s in sorted({r.status for r in self.rounds})},
+            "rounds_total": len(self.rounds),
+            "stalled": self.stalled,
+            "rounds_by_status": {
+                s: sum(r.status == s for r in self.rounds) for s in sorted({r.status for r in self.rounds})
+            },
             "refusal_codes": sorted({r.code for r in self.rounds if r.code}),
-            "config": {"base_model": self.cfg.base_model, "steps_per_round": self.cfg.params.steps_per_round,
-                       "completions_per_step": self.cfg.params.per_device_train_batch_size,
-                       "fleet_batch": self.cfg.params.fleet_batch,
-                       "merge": self.cfg.merge.model_dump(), "quorum": self.cfg.merge.quorum},
-            "quota": {**quota_report(self.store, self.now, self.cfg.coordinator.commit_budget_per_hour),
-                      "waits": dict(self.quota_waits)},
+            "config": {
+                "base_model": self.cfg.base_model,
+                "steps_per_round": self.cfg.params.steps_per_round,
+                "completions_per_step": self.cfg.params.per_device_train_batch_size,
+                "fleet_batch": self.cfg.params.fleet_batch,
+                "merge": self.cfg.merge.model_dump(),
+                "quorum": self.cfg.merge.quorum,
+            },
+            "quota": {
+                **quota_report(self.store, self.now, self.cfg.coordinator.commit_budget_per_hour),
+                "waits": dict(self.quota_waits),
+            },
             "rounds_via": "box" if self.cfg.hub.submissions else "repo",
             "compute": {k: round(v, 2) for k, v in self.compute.items()},
         }

@@ -10,8 +10,11 @@ from pathlib import Path
 def time_to_target(versions: list[dict], target: float, key: str = "eval_reward") -> dict | None:
     """The first version whose ``key`` reaches ``target``: {version, virtual_time_s, samples}; None if none did."""
     hit = next((v for v in versions if v.get(key) is not None and v[key] >= target), None)
-    return None if hit is None else {"version": hit["version"], "virtual_time_s": hit["virtual_time_s"],
-                                     "samples": hit["samples"]}
+    return (
+        None
+        if hit is None
+        else {"version": hit["version"], "virtual_time_s": hit["virtual_time_s"], "samples": hit["samples"]}
+    )
 
 
 def derived_target(versions: list[dict], fraction: float = 0.9) -> float | None:
@@ -28,9 +31,13 @@ def finish(result: dict, output: Path, target: float | None = None) -> dict:
     given = target is not None
     target = target if given else derived_target(versions)
     hit = time_to_target(versions, target) if target is not None else None
-    result.update(target_reward=target, target_source="given" if given else "90% of the way to the best reached",
-                  time_to_target_s=hit and hit["virtual_time_s"], version_at_target=hit and hit["version"],
-                  samples_to_target=hit and hit["samples"])
+    result.update(
+        target_reward=target,
+        target_source="given" if given else "90% of the way to the best reached",
+        time_to_target_s=hit and hit["virtual_time_s"],
+        version_at_target=hit and hit["version"],
+        samples_to_target=hit and hit["samples"],
+    )
     output.mkdir(parents=True, exist_ok=True)
     (output / "simulation.json").write_text(json.dumps(result, indent=1))
     plot(result, output / "simulation.png")
@@ -53,8 +60,10 @@ def plot(result: dict, path: Path) -> Path:
     for ax in (a, b):
         if result.get("target_reward") is not None:
             ax.axhline(result["target_reward"], color="grey", linestyle="--", linewidth=0.8)
-    fig.suptitle(f"hubgrpo simulate: {result['workers']} workers, speeds "
-                 f"{min(result['speeds']):.2f}–{max(result['speeds']):.2f}, dropout {result['dropout']:g}")
+    fig.suptitle(
+        f"hubgrpo simulate: {result['workers']} workers, speeds "
+        f"{min(result['speeds']):.2f}–{max(result['speeds']):.2f}, dropout {result['dropout']:g}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -65,14 +74,18 @@ def summary_lines(result: dict) -> list[str]:
     last = result["versions"][-1]
     evals = [v["eval_reward"] for v in result["versions"] if v.get("eval_reward") is not None]
     tt = result.get("time_to_target_s")
-    return [f"{result['workers']} workers, {last['version']} versions in {result['virtual_wall_s'] / 60:.1f} "
-            f"virtual minutes ({result['rounds_total']} rounds: {result['rounds_by_status']})",
-            f"held-out reward {evals[0]:.3f} → {evals[-1]:.3f} (best {max(evals):.3f})" if evals else "no evaluation",
-            f"staleness of merged rounds: {result['staleness_histogram']}" + _moved(result),
-            f"target {result['target_reward']:.3f}: " + (f"reached at version {result['version_at_target']}, "
-                                                         f"{tt:.0f} virtual s" if tt is not None else "not reached")
-            if result.get("target_reward") is not None else "no target",
-            quota_line(result), f"real compute: {result['compute']}"]
+    return [
+        f"{result['workers']} workers, {last['version']} versions in {result['virtual_wall_s'] / 60:.1f} "
+        f"virtual minutes ({result['rounds_total']} rounds: {result['rounds_by_status']})",
+        f"held-out reward {evals[0]:.3f} → {evals[-1]:.3f} (best {max(evals):.3f})" if evals else "no evaluation",
+        f"staleness of merged rounds: {result['staleness_histogram']}" + _moved(result),
+        f"target {result['target_reward']:.3f}: "
+        + (f"reached at version {result['version_at_target']}, {tt:.0f} virtual s" if tt is not None else "not reached")
+        if result.get("target_reward") is not None
+        else "no target",
+        quota_line(result),
+        f"real compute: {result['compute']}",
+    ]
 
 
 def quota_line(result: dict) -> str:
@@ -82,15 +95,20 @@ def quota_line(result: dict) -> str:
         return "Hub commit quota: not recorded"
     quota = f"{q['quota_per_hour']} commits per rolling virtual hour" if q["in_force"] else "off (commits free)"
     mean = q.get("commits_per_hour_mean")
-    return (f"Hub commit quota: {quota}; coordinator budget {q['commit_budget_per_hour']}/hour; {q['commits']} "
-            f"commits, peak {q['peak_commits_per_hour']} commits in a rolling virtual hour"
-            + (f" ({mean:g}/hour on average)" if mean is not None else "")
-            + f"; {q['refused_429']} refused by the quota (429); rounds via the {result.get('rounds_via', 'repo')}")
+    return (
+        f"Hub commit quota: {quota}; coordinator budget {q['commit_budget_per_hour']}/hour; {q['commits']} "
+        f"commits, peak {q['peak_commits_per_hour']} commits in a rolling virtual hour"
+        + (f" ({mean:g}/hour on average)" if mean is not None else "")
+        + f"; {q['refused_429']} refused by the quota (429); rounds via the {result.get('rounds_via', 'repo')}"
+    )
 
 
 def _moved(result: dict) -> str:
     """merge.rebase: how many trained rounds moved onto a newer version mid-round."""
     trained = [r for r in result["rounds"] if r.get("t_deliver") is not None]
     moved = sum(r.get("rebased_version") is not None for r in trained)
-    return f"; {moved} of {len(trained)} delivered rounds moved onto a newer version mid-round" \
-        if result["config"]["merge"].get("rebase") else ""
+    return (
+        f"; {moved} of {len(trained)} delivered rounds moved onto a newer version mid-round"
+        if result["config"]["merge"].get("rebase")
+        else ""
+    )

@@ -39,8 +39,9 @@ class SimStore(LocalStore):
         self.spent: list[float] = []  # virtual times of every commit request that counted against the quota
         self.refused: list[float] = []  # virtual times of commits refused with the 429
 
-    def commit(self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str,
-               parent: str | None = None) -> str:
+    def commit(
+        self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str, parent: str | None = None
+    ) -> str:
         now = self.clock()
         self._spend(now)
         before = self.head()
@@ -53,9 +54,12 @@ class SimStore(LocalStore):
         """One commit of the rolling hour's quota, or the Hub's 429 (``RateLimited``)."""
         if self.quota is not None and sum(1 for t in self.spent if t > now - HOUR_S) >= self.quota:
             self.refused.append(now)
-            raise RateLimited(f"commit on {self.location}: rate-limited by the Hub (429), retry in "
-                              f"{QUOTA_WAIT_S:.0f}s ({QUOTA_MESSAGE})", wait_s=QUOTA_WAIT_S,
-                              hint="commits have an hourly quota per repo: batch changes into fewer commits")
+            raise RateLimited(
+                f"commit on {self.location}: rate-limited by the Hub (429), retry in "
+                f"{QUOTA_WAIT_S:.0f}s ({QUOTA_MESSAGE})",
+                wait_s=QUOTA_WAIT_S,
+                hint="commits have an hourly quota per repo: batch changes into fewer commits",
+            )
         self.spent.append(now)
 
     def history(self, limit: int | None = None):
@@ -69,8 +73,10 @@ def parse_quota(spec: str) -> int | None:
         return None
     if text.isdigit() and 1 <= int(text) <= 1_000_000:
         return int(text)
-    raise ConfigError(f"--commit-quota {spec!r} is not a number of commits an hour",
-                      hint=f"use a whole number from 1 to 1000000 (the Hub: {HUB_QUOTA}), or off for free commits")
+    raise ConfigError(
+        f"--commit-quota {spec!r} is not a number of commits an hour",
+        hint=f"use a whole number from 1 to 1000000 (the Hub: {HUB_QUOTA}), or off for free commits",
+    )
 
 
 def peak_per_hour(times: list[float]) -> int:
@@ -88,7 +94,12 @@ def quota_report(store: SimStore, virtual_s: float, budget: int) -> dict:
     (virtual) hour, the commits refused with the 429, and the coordinator's own budget."""
     made = sorted(store.stamps.values())
     hours = virtual_s / HOUR_S
-    return {"quota_per_hour": store.quota, "in_force": store.quota is not None, "commit_budget_per_hour": budget,
-            "commits": len(made), "peak_commits_per_hour": peak_per_hour(made),
-            "commits_per_hour_mean": round(len(made) / hours, 2) if hours >= 1 else None,
-            "refused_429": len(store.refused)}
+    return {
+        "quota_per_hour": store.quota,
+        "in_force": store.quota is not None,
+        "commit_budget_per_hour": budget,
+        "commits": len(made),
+        "peak_commits_per_hour": peak_per_hour(made),
+        "commits_per_hour_mean": round(len(made) / hours, 2) if hours >= 1 else None,
+        "refused_429": len(store.refused),
+    }

@@ -54,8 +54,11 @@ def make_adapter_route(coord: CoordinatorLike, auth: Any, threads: Any, authenti
     async def route(request: Any) -> Any:
         version, aid, name = (request.path_params.get(k, "") for k in ("version", "aid", "name"))
         if not (_VERSION.fullmatch(version) and _ID.fullmatch(aid) and name in FILES):
-            return envelope(404, "no such adapter file: the path is /hubgrpo/api/adapter/<version>/<adapter id>/"
-                                 f"<{' | '.join(FILES)}>", "lease a round: the lease names the version and its id")
+            return envelope(
+                404,
+                f"no such adapter file: the path is /hubgrpo/api/adapter/<version>/<adapter id>/<{' | '.join(FILES)}>",
+                "lease a round: the lease names the version and its id",
+            )
         if identify is not None:
             refused = await authenticate(identify, request, threads)
             if refused is not None:
@@ -70,7 +73,10 @@ def make_adapter_route(coord: CoordinatorLike, auth: Any, threads: Any, authenti
         except FileNotFoundError:  # evicted between the lookup and the open
             return envelope(404, f"version {version} left the coordinator's cache", "lease again")
         size = os.fstat(f.fileno()).st_size
-        return StreamingResponse(_chunks(f), media_type=FILES[name], headers={
-            "ETag": etag, "Cache-Control": CACHE, "Content-Length": str(size)})
+        return StreamingResponse(
+            _chunks(f),
+            media_type=FILES[name],
+            headers={"ETag": etag, "Cache-Control": CACHE, "Content-Length": str(size)},
+        )
 
     return route

@@ -61,9 +61,16 @@ def settled(envelope: dict) -> bool:
 class Admissions:
     """A FIFO of submitted rounds, admitted by ``threads`` daemon threads (``start``); verdicts kept by id."""
 
-    def __init__(self, check: Callable[[Any, str], dict], *, threads: int = 1, max_queued: int = MAX_QUEUED,
-                 keep_verdicts: int = KEEP_VERDICTS, alive: Callable[[], bool] = lambda: True,
-                 in_flight: InFlight | None = None):
+    def __init__(
+        self,
+        check: Callable[[Any, str], dict],
+        *,
+        threads: int = 1,
+        max_queued: int = MAX_QUEUED,
+        keep_verdicts: int = KEEP_VERDICTS,
+        alive: Callable[[], bool] = lambda: True,
+        in_flight: InFlight | None = None,
+    ):
         """``check(lease, commit)`` admits one round and returns its wire envelope (never raises). Threads start
         with the first round queued and end once ``alive()`` is False (the app closed) and nothing is queued.
         ``in_flight``: the coordinator's record of the rounds queued here (each one from its queueing to its
@@ -93,13 +100,19 @@ class Admissions:
                 if not kept.get("ok"):
                     return kept
                 result = kept.get("result") if isinstance(kept.get("result"), dict) else {}
-                return {"ok": True, "result": {"status": "duplicate", "submission_id": sub_id,
-                                               "version": result.get("version")}}
+                return {
+                    "ok": True,
+                    "result": {"status": "duplicate", "submission_id": sub_id, "version": result.get("version")},
+                }
             if sub_id not in self._jobs:
                 if len(self._queue) >= self.max_queued:
                     wait = round(min(60.0, 1.0 + len(self._queue) * self.check_s / self.threads), 1)
-                    raise Refused("rate", f"{len(self._queue)} rounds are waiting for their check; submit again "
-                                  f"in {wait} s", hint=f"wait_s={wait}", wait_s=wait)
+                    raise Refused(
+                        "rate",
+                        f"{len(self._queue)} rounds are waiting for their check; submit again in {wait} s",
+                        hint=f"wait_s={wait}",
+                        wait_s=wait,
+                    )
                 self._verdicts.pop(sub_id, None)
                 self._jobs[sub_id] = Job(lease, commit)
                 self.in_flight.add(sub_id)
@@ -115,8 +128,14 @@ class Admissions:
                 return self._verdicts[sub_id][1]
             if sub_id in self._jobs:
                 return {"ok": True, "result": self._checking(sub_id)}
-        return {"ok": True, "result": {"status": "unknown", "submission_id": sub_id,
-                                       "hint": "this coordinator has no such round queued: submit it again"}}
+        return {
+            "ok": True,
+            "result": {
+                "status": "unknown",
+                "submission_id": sub_id,
+                "hint": "this coordinator has no such round queued: submit it again",
+            },
+        }
 
     def wait(self, sub_id: str, timeout: float) -> dict:
         """Block until the round has a verdict (the synchronous ``submit`` of the Gradio endpoints)."""
@@ -167,9 +186,15 @@ class Admissions:
                 envelope = self.check(job.lease, job.commit)
             except Exception as e:  # deliberate: `check` answers envelopes; a bug here must not strand the round
                 log.exception("admission of %s failed", sub_id)
-                envelope = {"ok": False, "error": {"error": "CoordinatorError", "code": "internal",
-                                                   "message": f"the admission of {sub_id} failed: "
-                                                              f"{type(e).__name__}", "hint": "submit again later"}}
+                envelope = {
+                    "ok": False,
+                    "error": {
+                        "error": "CoordinatorError",
+                        "code": "internal",
+                        "message": f"the admission of {sub_id} failed: {type(e).__name__}",
+                        "hint": "submit again later",
+                    },
+                }
             with self._cond:
                 self.check_s = 0.8 * self.check_s + 0.2 * (time.monotonic() - t0)
                 self._verdicts[sub_id] = (job.commit, envelope)

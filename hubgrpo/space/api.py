@@ -106,8 +106,14 @@ class CoordinatorLike(Protocol):
 class CoordinatorApi:
     """The endpoint functions, bound to one coordinator, an optional auth hook and the admission queue."""
 
-    def __init__(self, coord: CoordinatorLike, auth: AuthHook | None = None, *,
-                 alive: Callable[[], bool] = lambda: True, admission_threads: int = 2):
+    def __init__(
+        self,
+        coord: CoordinatorLike,
+        auth: AuthHook | None = None,
+        *,
+        alive: Callable[[], bool] = lambda: True,
+        admission_threads: int = 2,
+    ):
         self.coord = coord
         self.auth = auth
         self.admissions = Admissions(self._admit, threads=admission_threads, alive=alive, in_flight=coord.in_flight)
@@ -132,9 +138,11 @@ class CoordinatorApi:
             text = redact("".join(traceback.format_exception(e)), (token,))
             log.error("internal error in %s endpoint:\n%s", name, text)
             message = redact(f"{type(e).__name__}: {e}", (token,))[:500]
-            err = CoordinatorError(f"the coordinator failed while handling {name!r}: {message}",
-                                   hint="this is a coordinator bug or outage; it is logged on the server, "
-                                        "retry later", code="internal")
+            err = CoordinatorError(
+                f"the coordinator failed while handling {name!r}: {message}",
+                hint="this is a coordinator bug or outage; it is logged on the server, retry later",
+                code="internal",
+            )
             return {"ok": False, "error": error_dict(err)}
 
     def _user(self, token: str | None, request: Any) -> str | None:
@@ -151,12 +159,21 @@ class CoordinatorApi:
         parsed = parse_lease(lease)
         user = self._user(token, request)
         if user is not None and parsed.user is not None and parsed.user != user:
-            raise Refused("auth", f"lease {parsed.lease_id} was issued to another user",
-                          hint="heartbeat and submit with the token that leased the round")
+            raise Refused(
+                "auth",
+                f"lease {parsed.lease_id} was issued to another user",
+                hint="heartbeat and submit with the token that leased the round",
+            )
         return parsed
 
-    def lease(self, worker: str, user: str | None = None, token: str | None = None, protocol: Any = None,
-              request: gr.Request = None) -> dict:
+    def lease(
+        self,
+        worker: str,
+        user: str | None = None,
+        token: str | None = None,
+        protocol: Any = None,
+        request: gr.Request = None,
+    ) -> dict:
         """Lease a round to ``worker``. With an auth hook the authenticated name replaces ``user``. ``protocol``
         is the worker's wire protocol version; any other than this coordinator's is refused (code ``version``)."""
         token = caller_token(token, request)
@@ -170,6 +187,7 @@ class CoordinatorApi:
             with self._waiters_lock:
                 self.lease_waiters.pop(key, None)
             return self.coord.with_uploads(self.coord.lease(worker, who))  # URLs signed outside the lock
+
         return self._answer("lease", token, run)
 
     def wait_for_merge(self, timeout: float) -> bool:
@@ -189,8 +207,9 @@ class CoordinatorApi:
             left = self.coord.merge_wait_s - (now - self.lease_waiters.setdefault(worker, asked))
         if left > 0:
             wait = round(min(LEASE_RETRY_S, left), 2)
-            raise Refused("merging", f"a new version is being merged; ask again in {wait} s", hint=f"wait_s={wait}",
-                          wait_s=wait)
+            raise Refused(
+                "merging", f"a new version is being merged; ask again in {wait} s", hint=f"wait_s={wait}", wait_s=wait
+            )
 
     def merge_is_due(self) -> None:
         """A submit completed a quorum: leases wait from now on, and the tick thread wakes up to merge."""
@@ -210,6 +229,7 @@ class CoordinatorApi:
         def run():
             parsed = self._owned_lease(lease, token, request)
             return self.coord.with_uploads(self.coord.heartbeat(parsed))  # fresh URLs: they expire, the lease lives
+
         return self._answer("heartbeat", token, run)
 
     def release(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
@@ -218,6 +238,7 @@ class CoordinatorApi:
 
         def run():
             self.coord.release(self._owned_lease(lease, token, request))
+
         return self._answer("release", token, run)
 
     def submit(self, lease: dict, commit: str, token: str | None = None, request: gr.Request = None) -> dict:
@@ -231,10 +252,10 @@ class CoordinatorApi:
             if isinstance(result, dict) and result.get("status") == "checking":
                 return self.admissions.wait(result["submission_id"], SYNC_SUBMIT_S)
             return first
+
         return self._guarded("submit", token, run)
 
-    def submit_queued(self, lease: dict, commit: str, token: str | None = None,
-                      request: gr.Request = None) -> dict:
+    def submit_queued(self, lease: dict, commit: str, token: str | None = None, request: gr.Request = None) -> dict:
         """Report a round's commit; answers ``{status: checking, submission_id, wait_s}`` at once, after the cheap
         checks (lease signature and owner, the commit id); ``verdict`` then tells how the check went."""
         token = caller_token(token, request)
@@ -245,8 +266,11 @@ class CoordinatorApi:
         queued for its check: the ``Admissions.enqueue`` envelope."""
         parsed = self._owned_lease(lease, token, request)
         if not isinstance(commit, str) or not commit or len(commit) > 200:
-            raise InvalidSubmission("bad_commit", f"commit {str(commit)[:80]!r} is not a commit id",
-                                    hint="send the commit sha returned by the upload")
+            raise InvalidSubmission(
+                "bad_commit",
+                f"commit {str(commit)[:80]!r} is not a commit id",
+                hint="send the commit sha returned by the upload",
+            )
         self.coord.precheck(parsed)  # the lease's signature: a forged lease is refused before it is queued
         answer = self.admissions.enqueue(parsed, commit)
         result = answer.get("result") if answer.get("ok") else None
@@ -256,11 +280,13 @@ class CoordinatorApi:
 
     def _admit(self, lease: Lease, commit: str) -> dict:
         """One queued round's check (an admission thread): ``coord.submit`` reads the store without its lock."""
+
         def run():
             answer = self.coord.submit(lease, commit)
             if isinstance(answer, dict) and answer.get("merge_due"):
                 self.merge_is_due()
             return answer
+
         return self._answer("submit", None, run)
 
     def verdict(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
@@ -272,6 +298,7 @@ class CoordinatorApi:
             parsed = self._owned_lease(lease, token, request)
             self.coord.precheck(parsed)  # the lease's signature, as for a heartbeat: no verdict for a forged lease
             return self.admissions.verdict(layout.submission_id(parsed.worker, parsed.lease_id))
+
         return self._guarded("verdict", token, run)
 
     def status(self, token: str | None = None, request: gr.Request = None) -> dict:
@@ -279,8 +306,15 @@ class CoordinatorApi:
         token = caller_token(token, request)
         return self._answer("status", token, self.coord.status)
 
-    def record_eval(self, version: int, reward: float, samples: int, token: str | None = None,
-                    protocol: Any = None, request: gr.Request = None) -> dict:
+    def record_eval(
+        self,
+        version: int,
+        reward: float,
+        samples: int,
+        token: str | None = None,
+        protocol: Any = None,
+        request: gr.Request = None,
+    ) -> dict:
         """Record the held-out reward of a version (``hubgrpo evaluate``): ``{status: recorded | duplicate,
         version}``. With auth, only ``coordinator.evaluators`` (default: the repo owner) may call it."""
         token = caller_token(token, request)
@@ -291,14 +325,21 @@ class CoordinatorApi:
                 evaluator = getattr(self.auth, "evaluator", None)
                 evaluator(token, request) if evaluator is not None else self._user(token, request)
             return self.coord.record_eval(version, reward, samples)
+
         return self._answer("record_eval", token, run)
 
 
 # ------------------------------------------------------------------------------------------------ app
 
 
-def build_app(coord: CoordinatorLike, *, tick_interval: float = 1.0, blocks: gr.Blocks | None = None,
-              auth: AuthHook | None = None, queue: bool = False) -> gr.Blocks:
+def build_app(
+    coord: CoordinatorLike,
+    *,
+    tick_interval: float = 1.0,
+    blocks: gr.Blocks | None = None,
+    auth: AuthHook | None = None,
+    queue: bool = False,
+) -> gr.Blocks:
     """Add the coordinator API endpoints to ``blocks`` (a new ``gr.Blocks`` when None) and return it.
 
     ``auth(token, request) -> user`` authenticates mutating calls (``status`` stays public). The tick thread
@@ -311,8 +352,13 @@ def build_app(coord: CoordinatorLike, *, tick_interval: float = 1.0, blocks: gr.
     coord.use_merge_thread()  # merges run in the tick thread, off the request path
     with blocks:
         for name in ENDPOINTS:
-            gr.api(getattr(api, name), api_name=name, queue=queue, concurrency_limit=None,
-                   api_description=getattr(api, name).__doc__)
+            gr.api(
+                getattr(api, name),
+                api_name=name,
+                queue=queue,
+                concurrency_limit=None,
+                api_description=getattr(api, name).__doc__,
+            )
     ticker = Ticker(api, blocks, tick_interval)
     guard.install(blocks, auth)  # bodies bounded and timed before auth, on every route of the app it launches
     blocks.hubgrpo_endpoints = {name: getattr(api, name) for name in ENDPOINTS}
@@ -333,8 +379,13 @@ def attach_routes(blocks: gr.Blocks) -> None:
 
     app = getattr(blocks, "server_app", None) or getattr(blocks, "app", None)
     if app is not None:
-        routes.attach(app, blocks.hubgrpo_endpoints, getattr(blocks, "hubgrpo_body_limits", None),
-                      blocks.hubgrpo_ticker.api.auth, blocks.hubgrpo_ticker.api.coord)
+        routes.attach(
+            app,
+            blocks.hubgrpo_endpoints,
+            getattr(blocks, "hubgrpo_body_limits", None),
+            blocks.hubgrpo_ticker.api.auth,
+            blocks.hubgrpo_ticker.api.coord,
+        )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -344,9 +395,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def serve(coord: CoordinatorLike, host: str = "127.0.0.1", port: int = 0, *, tick_interval: float = 1.0,
-          auth: AuthHook | None = None, blocks: gr.Blocks | None = None, queue: bool = False,
-          uploads: bool | None = None, **launch_kw: Any) -> tuple[gr.Blocks, str]:
+def serve(
+    coord: CoordinatorLike,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    tick_interval: float = 1.0,
+    auth: AuthHook | None = None,
+    blocks: gr.Blocks | None = None,
+    queue: bool = False,
+    uploads: bool | None = None,
+    **launch_kw: Any,
+) -> tuple[gr.Blocks, str]:
     """Build and launch the app without blocking; returns ``(app, url)``. ``port=0`` picks a free port. Without
     ``auth`` only a loopback ``host`` is served (``guard.check_exposure``: ``ConfigError`` otherwise). ``uploads``:
     serve ``upload`` too (``upload_route``); None: when the run's rounds come that way (``hub.submissions``).

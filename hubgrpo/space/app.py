@@ -54,8 +54,16 @@ def launch_kwargs() -> dict:
 
 def _table(headers: list[str], label: str, elem_id: str, markdown_last: bool = False) -> gr.Dataframe:
     datatype = ["str"] * (len(headers) - 1) + (["markdown"] if markdown_last else ["str"])
-    return gr.Dataframe(headers=headers, datatype=datatype, label=label, interactive=False, wrap=True,
-                        max_height=420, show_label=True, elem_id=elem_id)
+    return gr.Dataframe(
+        headers=headers,
+        datatype=datatype,
+        label=label,
+        interactive=False,
+        wrap=True,
+        max_height=420,
+        show_label=True,
+        elem_id=elem_id,
+    )
 
 
 def _layout(coord: Coordinator) -> dict[str, Any]:
@@ -64,12 +72,28 @@ def _layout(coord: Coordinator) -> dict[str, Any]:
     with gr.Row(equal_height=True):
         # versions are whole numbers: integer tick labels, and an axis at least MIN_VERSION_AXIS wide so that the
         # ticks fall on whole numbers (see _refresher)
-        c["reward"] = gr.LinePlot(x="version", y="reward", color="series", title="Reward per global version",
-                                  x_title="version", y_title="reward", height=300, x_axis_format="d",
-                                  elem_id="hg-reward-plot")
-        c["workers"] = gr.LinePlot(x="version", y="reward", color="worker", title="Round reward per worker",
-                                   x_title="version", y_title="round reward", height=300, x_axis_format="d",
-                                   elem_id="hg-worker-plot")
+        c["reward"] = gr.LinePlot(
+            x="version",
+            y="reward",
+            color="series",
+            title="Reward per global version",
+            x_title="version",
+            y_title="reward",
+            height=300,
+            x_axis_format="d",
+            elem_id="hg-reward-plot",
+        )
+        c["workers"] = gr.LinePlot(
+            x="version",
+            y="reward",
+            color="worker",
+            title="Round reward per worker",
+            x_title="version",
+            y_title="round reward",
+            height=300,
+            x_axis_format="d",
+            elem_id="hg-worker-plot",
+        )
     c["leaderboard"] = _table(view.LEADERBOARD_COLUMNS, "Leaderboard", "hg-leaderboard")
     c["versions"] = _table(view.VERSION_COLUMNS, "Versions", "hg-versions", markdown_last=True)
     with gr.Row():
@@ -99,8 +123,15 @@ def _refresher(coord: Coordinator, comps: dict[str, Any]):
     return refresh, [comps[n] for n in names]
 
 
-def build_space(coord: Coordinator, *, auth: AuthHook | None = None, refresh_s: float = 5.0, tick_interval: float = 1.0,
-                batch_size: int = 8, batch_wait_s: float = 5.0) -> gr.Blocks:
+def build_space(
+    coord: Coordinator,
+    *,
+    auth: AuthHook | None = None,
+    refresh_s: float = 5.0,
+    tick_interval: float = 1.0,
+    batch_size: int = 8,
+    batch_wait_s: float = 5.0,
+) -> gr.Blocks:
     """The coordinator app with its UI: API endpoints (``server.build_app``) + ``upload`` + the page.
 
     ``auth``: the ``hubgrpo.space.auth.make_auth(coord)`` hook (None = open API). ``batch_size`` / ``batch_wait_s``:
@@ -119,13 +150,28 @@ def build_space(coord: Coordinator, *, auth: AuthHook | None = None, refresh_s: 
     return blocks
 
 
-def serve_space(coord: Coordinator, host: str = "127.0.0.1", port: int = 0, *, auth: AuthHook | None = None,
-                refresh_s: float = 5.0, tick_interval: float = 1.0, batch_size: int = 8, batch_wait_s: float = 5.0,
-                **launch_kw: Any) -> tuple[gr.Blocks, str]:
+def serve_space(
+    coord: Coordinator,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    auth: AuthHook | None = None,
+    refresh_s: float = 5.0,
+    tick_interval: float = 1.0,
+    batch_size: int = 8,
+    batch_wait_s: float = 5.0,
+    **launch_kw: Any,
+) -> tuple[gr.Blocks, str]:
     """Build and launch the Space app without blocking; returns ``(app, url)``. ``port=0`` picks a free port.
     Without ``auth`` only a loopback ``host`` is served (``hubgrpo.space.guard.check_exposure``: ``ConfigError``)."""
-    app = build_space(coord, auth=auth, refresh_s=refresh_s, tick_interval=tick_interval, batch_size=batch_size,
-                      batch_wait_s=batch_wait_s)
+    app = build_space(
+        coord,
+        auth=auth,
+        refresh_s=refresh_s,
+        tick_interval=tick_interval,
+        batch_size=batch_size,
+        batch_wait_s=batch_wait_s,
+    )
     launch_kw = {"prevent_thread_lock": True, "quiet": True, **launch_kwargs(), **launch_kw}
     app.launch(server_name=host, server_port=port or free_port(host), **launch_kw)
     attach_routes(app)

@@ -82,11 +82,17 @@ def hub_whoami(endpoint: str | None = None) -> WhoAmI:
             status = getattr(e.response, "status_code", None)
             if status in (401, 403):
                 raise PermissionError(f"the Hub refused the token ({status})") from None
-            raise CoordinatorError(f"could not check the token with the Hub ({status})", code="auth_unavailable",
-                                   hint="the Hub's whoami endpoint failed; retry in a minute") from None
+            raise CoordinatorError(
+                f"could not check the token with the Hub ({status})",
+                code="auth_unavailable",
+                hint="the Hub's whoami endpoint failed; retry in a minute",
+            ) from None
         except Exception as e:  # deliberate: network failures of any transport library
-            raise CoordinatorError(f"could not reach the Hub to check the token ({type(e).__name__})",
-                                   code="auth_unavailable", hint="retry in a minute") from None
+            raise CoordinatorError(
+                f"could not reach the Hub to check the token ({type(e).__name__})",
+                code="auth_unavailable",
+                hint="retry in a minute",
+            ) from None
 
     return whoami
 
@@ -122,9 +128,12 @@ class RateLimiter:
         """Raise ``Refused("rate", ..., wait_s)`` when ``key`` has no call left."""
         wait = self.take(key)
         if wait > 0:
-            raise Refused("rate", f"{key} is over the limit of {self.capacity:g} calls per minute; retry in "
-                          f"{wait:.1f} s", hint=f"wait_s={wait:.1f}; call less often (heartbeat interval, retries)",
-                          wait_s=wait)
+            raise Refused(
+                "rate",
+                f"{key} is over the limit of {self.capacity:g} calls per minute; retry in {wait:.1f} s",
+                hint=f"wait_s={wait:.1f}; call less often (heartbeat interval, retries)",
+                wait_s=wait,
+            )
 
     def _trim(self) -> None:
         """Forget the fullest buckets when too many keys are tracked (a full bucket equals a forgotten one)."""
@@ -147,10 +156,19 @@ class HubAuth:
     """The auth hook: resolves tokens (cached, one lookup per token at a time, lookups limited per client address
     and in all), checks the allow-list, then the user's rate limit."""
 
-    def __init__(self, allowed: list[str], *, whoami: WhoAmI, rate_limit_per_minute: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, cache_s: float = 300.0, negative_cache_s: float = 30.0,
-                 evaluators: list[str] | None = None, lookups_per_address: float = LOOKUPS_PER_ADDRESS,
-                 lookups: float = LOOKUPS):
+    def __init__(
+        self,
+        allowed: list[str],
+        *,
+        whoami: WhoAmI,
+        rate_limit_per_minute: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        cache_s: float = 300.0,
+        negative_cache_s: float = 30.0,
+        evaluators: list[str] | None = None,
+        lookups_per_address: float = LOOKUPS_PER_ADDRESS,
+        lookups: float = LOOKUPS,
+    ):
         """``evaluators``: who may record held-out scores (None or empty: nobody)."""
         if not allowed:
             raise ValueError("HubAuth needs at least one allowed user or org")
@@ -177,22 +195,33 @@ class HubAuth:
     def identify(self, token: str | None, request: Any = None) -> str:
         """The caller's user name when they may call this coordinator at all (an allowed user or an evaluator),
         without spending their rate limit: the check on a request's headers, before its body is read."""
-        return self._admit(token, request, self.allowed | self.evaluators, "work on", "coordinator.allowed_users",
-                           limit=False)
+        return self._admit(
+            token, request, self.allowed | self.evaluators, "work on", "coordinator.allowed_users", limit=False
+        )
 
-    def _admit(self, token: str | None, request: Any, allowed: set[str], what: str, setting: str,
-               limit: bool = True) -> str:
+    def _admit(
+        self, token: str | None, request: Any, allowed: set[str], what: str, setting: str, limit: bool = True
+    ) -> str:
         token = token or request_token(request)
         if not token:
-            raise Refused("auth", "no token was sent: this coordinator only works with authenticated workers",
-                          hint="set HF_TOKEN on the worker to a Hugging Face token (read access is enough)")
+            raise Refused(
+                "auth",
+                "no token was sent: this coordinator only works with authenticated workers",
+                hint="set HF_TOKEN on the worker to a Hugging Face token (read access is enough)",
+            )
         entry = self._resolve(token, client_address(request))
         if entry.name is None:
-            raise Refused("auth", "the Hub does not recognise this token (invalid, expired or revoked)",
-                          hint="create a new token at https://huggingface.co/settings/tokens and set HF_TOKEN")
+            raise Refused(
+                "auth",
+                "the Hub does not recognise this token (invalid, expired or revoked)",
+                hint="create a new token at https://huggingface.co/settings/tokens and set HF_TOKEN",
+            )
         if entry.name.lower() not in allowed and not allowed.intersection(o.lower() for o in entry.orgs):
-            raise Refused("auth", f"user {entry.name!r} may not {what} this run",
-                          hint=f"ask the run's owner to add you (or one of your orgs) to {setting}")
+            raise Refused(
+                "auth",
+                f"user {entry.name!r} may not {what} this run",
+                hint=f"ask the run's owner to add you (or one of your orgs) to {setting}",
+            )
         if limit and self.limiter is not None:
             self.limiter.check(entry.name)
         return entry.name
@@ -200,8 +229,11 @@ class HubAuth:
     def _resolve(self, token: str, address: str) -> _Entry:
         """The cached answer for ``token``, else one lookup (the only one for this token while it runs)."""
         if not plausible_token(token):
-            raise Refused("auth", "the token sent is not a Hugging Face token (hf_ followed by letters and digits)",
-                          hint="set HF_TOKEN to a token from https://huggingface.co/settings/tokens")
+            raise Refused(
+                "auth",
+                "the token sent is not a Hugging Face token (hf_ followed by letters and digits)",
+                hint="set HF_TOKEN to a token from https://huggingface.co/settings/tokens",
+            )
         key = token_key(token)
         with self._lock:
             entry = self._cache.get(key)
@@ -234,10 +266,13 @@ class HubAuth:
         for limiter, key, who in ((self.address_lookups, address, f"from {address}"), (self.all_lookups, "*", "")):
             wait = limiter.take(key)
             if wait > 0:
-                raise Refused("rate", f"too many new tokens to check {who} (at most {limiter.capacity:g} a minute "
-                              f"before anyone is known); retry in {wait:.1f} s".replace("  ", " "),
-                              hint=f"wait_s={wait:.1f}; a worker's token is checked once, then remembered",
-                              wait_s=wait)
+                raise Refused(
+                    "rate",
+                    f"too many new tokens to check {who} (at most {limiter.capacity:g} a minute "
+                    f"before anyone is known); retry in {wait:.1f} s".replace("  ", " "),
+                    hint=f"wait_s={wait:.1f}; a worker's token is checked once, then remembered",
+                    wait_s=wait,
+                )
 
     def _await(self, key: str, flight: threading.Event) -> _Entry:
         """The answer of another request's lookup of the same token (no lock held while waiting)."""
@@ -246,8 +281,11 @@ class HubAuth:
             entry = self._cache.get(key)
         if entry is not None:
             return entry
-        raise CoordinatorError("could not check the token with the Hub", code="auth_unavailable",
-                               hint="the Hub's whoami endpoint did not answer; retry in a minute")
+        raise CoordinatorError(
+            "could not check the token with the Hub",
+            code="auth_unavailable",
+            hint="the Hub's whoami endpoint did not answer; retry in a minute",
+        )
 
     def _lookup(self, token: str) -> _Entry:
         """Ask the Hub (no lock held): the user and their orgs, or a refused token."""
@@ -311,8 +349,13 @@ def evaluators_for(coord: Coordinator) -> list[str]:
     return list(coord.cfg.coordinator.evaluators) or ([owner] if owner else [])
 
 
-def make_auth(coord: Coordinator, *, whoami: WhoAmI | None = None, endpoint: str | None = None,
-              clock: Callable[[], float] = time.monotonic) -> HubAuth | None:
+def make_auth(
+    coord: Coordinator,
+    *,
+    whoami: WhoAmI | None = None,
+    endpoint: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> HubAuth | None:
     """The auth hook for a Coordinator (None = auth off: a repo with no Hub owner and no ``allowed_users``, which
     may be served on a loopback address only).
 
@@ -321,14 +364,24 @@ def make_auth(coord: Coordinator, *, whoami: WhoAmI | None = None, endpoint: str
     """
     allowed = allowed_for(coord)
     if not allowed:
-        log.warning("auth is OFF: run repo %s has no Hub owner and no coordinator.allowed_users (serve it on a "
-                    "loopback address only)", coord.store.location)
+        log.warning(
+            "auth is OFF: run repo %s has no Hub owner and no coordinator.allowed_users (serve it on a "
+            "loopback address only)",
+            coord.store.location,
+        )
         return None
     evaluators = evaluators_for(coord)
     if not evaluators:
-        log.warning("nobody may record held-out scores: run repo %s has no Hub owner and no "
-                    "coordinator.evaluators", coord.store.location)
+        log.warning(
+            "nobody may record held-out scores: run repo %s has no Hub owner and no coordinator.evaluators",
+            coord.store.location,
+        )
     if whoami is None:
         whoami = hub_whoami(endpoint or getattr(coord.store, "endpoint", None))
-    return HubAuth(allowed, whoami=whoami, rate_limit_per_minute=coord.cfg.coordinator.rate_limit_per_minute,
-                   clock=clock, evaluators=evaluators)
+    return HubAuth(
+        allowed,
+        whoami=whoami,
+        rate_limit_per_minute=coord.cfg.coordinator.rate_limit_per_minute,
+        clock=clock,
+        evaluators=evaluators,
+    )

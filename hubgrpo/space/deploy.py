@@ -46,8 +46,10 @@ def space_files(space_dir: Path | None = None, pkg_dir: Path | None = None) -> d
     space_dir, pkg_dir = Path(space_dir or default_space_dir()), Path(pkg_dir or package_dir())
     missing = [f for f in SPACE_FILES if not (space_dir / f).is_file()]
     if missing:
-        raise ConfigError(f"{space_dir} lacks {', '.join(missing)}: the Space's files come from a source checkout",
-                          hint="run from a git clone of hubgrpo, or pass --space-dir pointing at its space/ folder")
+        raise ConfigError(
+            f"{space_dir} lacks {', '.join(missing)}: the Space's files come from a source checkout",
+            hint="run from a git clone of hubgrpo, or pass --space-dir pointing at its space/ folder",
+        )
     files = {name: space_dir / name for name in SPACE_FILES}
     for path in sorted(pkg_dir.rglob("*")):
         rel = path.relative_to(pkg_dir)
@@ -68,8 +70,10 @@ def build_wheel(out_dir: Path, source: Path | None = None) -> Path:
 
     source = Path(source or package_dir().parent)
     if not (source / "pyproject.toml").is_file():
-        raise ConfigError(f"{source} is not a source checkout of hubgrpo (no pyproject.toml): no wheel to publish",
-                          hint="run `hubgrpo space deploy` from a git clone of hubgrpo")
+        raise ConfigError(
+            f"{source} is not a source checkout of hubgrpo (no pyproject.toml): no wheel to publish",
+            hint="run `hubgrpo space deploy` from a git clone of hubgrpo",
+        )
     try:
         local_setuptools = int(version("setuptools").split(".")[0]) >= 77
     except (PackageNotFoundError, ValueError):
@@ -79,8 +83,10 @@ def build_wheel(out_dir: Path, source: Path | None = None) -> Path:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     wheel = Path(out_dir) / wheel_name(__version__)
     if done.returncode != 0 or not wheel.is_file():
-        raise ConfigError(f"building the hubgrpo wheel failed: {(done.stderr or done.stdout)[-1500:]}",
-                          hint="`pip wheel --no-deps .` in the checkout shows the whole error")
+        raise ConfigError(
+            f"building the hubgrpo wheel failed: {(done.stderr or done.stdout)[-1500:]}",
+            hint="`pip wheel --no-deps .` in the checkout shows the whole error",
+        )
     return wheel
 
 
@@ -94,9 +100,18 @@ def _hub_call(what: str, space_id: str, fn):
         raise map_error(e, what=what, repo=space_id) from None
 
 
-def deploy(repo: str, space_id: str, *, token: str | None, secret: str, endpoint: str | None = None,
-           space_token: str | None = None, private: bool = True, space_dir: Path | None = None,
-           api=None) -> dict:
+def deploy(
+    repo: str,
+    space_id: str,
+    *,
+    token: str | None,
+    secret: str,
+    endpoint: str | None = None,
+    space_token: str | None = None,
+    private: bool = True,
+    space_dir: Path | None = None,
+    api=None,
+) -> dict:
     """Create or update Space ``space_id`` serving the coordinator of run repo ``repo``; returns a summary.
 
     ``token`` deploys (write access to the Space's namespace); ``space_token`` (default ``token``) becomes the
@@ -105,41 +120,86 @@ def deploy(repo: str, space_id: str, *, token: str | None, secret: str, endpoint
     from huggingface_hub import HfApi
 
     if not token:
-        raise AuthError("deploying a Space needs a Hugging Face token with write access",
-                        hint="set HF_TOKEN (or run `hf auth login`) before `hubgrpo space deploy`")
+        raise AuthError(
+            "deploying a Space needs a Hugging Face token with write access",
+            hint="set HF_TOKEN (or run `hf auth login`) before `hubgrpo space deploy`",
+        )
     if repo.count("/") != 1 or repo.startswith((".", "/", "~", "file://")):
-        raise ConfigError(f"the run repo {repo!r} is not a Hub repo id (user/name)",
-                          hint="a Space can only coordinate a run repo on the Hub; create it with `hubgrpo init`")
+        raise ConfigError(
+            f"the run repo {repo!r} is not a Hub repo id (user/name)",
+            hint="a Space can only coordinate a run repo on the Hub; create it with `hubgrpo init`",
+        )
     endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
     api = api or HfApi(endpoint=endpoint, token=token, library_name="hubgrpo")
     files = space_files(space_dir)
     with tempfile.TemporaryDirectory(prefix="hubgrpo-wheel-") as tmp:
         wheel = build_wheel(Path(tmp))
         files[f"{WHEELS_DIR}/{wheel.name}"] = wheel
-        summary = _publish(api, repo, space_id, files, token=token, endpoint=endpoint, private=private,
-                           secrets={"HF_TOKEN": space_token or token, "HUBGRPO_SECRET": secret})
+        summary = _publish(
+            api,
+            repo,
+            space_id,
+            files,
+            token=token,
+            endpoint=endpoint,
+            private=private,
+            secrets={"HF_TOKEN": space_token or token, "HUBGRPO_SECRET": secret},
+        )
     summary["wheel"] = space_wheel_url(space_id, endpoint, __version__)
     return summary
 
 
-def _publish(api, repo: str, space_id: str, files: dict[str, Path], *, token: str, endpoint: str, private: bool,
-             secrets: dict[str, str]) -> dict:
+def _publish(
+    api,
+    repo: str,
+    space_id: str,
+    files: dict[str, Path],
+    *,
+    token: str,
+    endpoint: str,
+    private: bool,
+    secrets: dict[str, str],
+) -> dict:
     """Create the Space, commit ``files``, set its variables and secrets."""
     from huggingface_hub import CommitOperationAdd
 
-    url = _hub_call("create Space", space_id, lambda: api.create_repo(
-        space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True, token=token))
+    url = _hub_call(
+        "create Space",
+        space_id,
+        lambda: api.create_repo(
+            space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True, token=token
+        ),
+    )
     ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(f)) for p, f in files.items()]
-    info = _hub_call("upload the Space's files", space_id, lambda: api.create_commit(
-        space_id, ops, commit_message=f"hubgrpo: coordinator for {repo}", repo_type="space", token=token))
+    info = _hub_call(
+        "upload the Space's files",
+        space_id,
+        lambda: api.create_commit(
+            space_id, ops, commit_message=f"hubgrpo: coordinator for {repo}", repo_type="space", token=token
+        ),
+    )
     variables = {"HUBGRPO_REPO": repo}
     if endpoint != DEFAULT_ENDPOINT:
         variables["HF_ENDPOINT"] = endpoint
     for key, value in variables.items():
-        _hub_call(f"set variable {key}", space_id, lambda: api.add_space_variable(
-            space_id, key, value, description="set by hubgrpo space deploy", token=token))
+        _hub_call(
+            f"set variable {key}",
+            space_id,
+            lambda: api.add_space_variable(
+                space_id, key, value, description="set by hubgrpo space deploy", token=token
+            ),
+        )
     for key, value in secrets.items():
-        _hub_call(f"set secret {key}", space_id, lambda: api.add_space_secret(
-            space_id, key, value, description="set by hubgrpo space deploy", token=token))
-    return {"space": space_id, "url": str(url), "commit": info.oid, "files": len(files),
-            "variables": sorted(variables), "secrets": sorted(secrets)}
+        _hub_call(
+            f"set secret {key}",
+            space_id,
+            lambda: api.add_space_secret(space_id, key, value, description="set by hubgrpo space deploy", token=token),
+        )
+    return {
+        "space": space_id,
+        "url": str(url),
+        "commit": info.oid,
+        "files": len(files),
+        "variables": sorted(variables),
+        "secrets": sorted(secrets),
+    }

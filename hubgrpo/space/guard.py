@@ -51,8 +51,16 @@ SLOT_WAIT_S = 30.0  # longest a large body waits for a slot before it is refused
 IDENTIFY_THREADS = 8  # header checks (whoami on a cache miss) running at once
 FILE_ROUTE = "/gradio_api/upload"  # Gradio's file upload: this app has no file component, so it takes no body
 QUEUED = ("/gradio_api/call/", "/gradio_api/queue/join")  # Gradio keeps each call there until its answer is read
-UPLOAD_PATHS = frozenset({"/hubgrpo/api/upload", "/gradio_api/run/upload", "/gradio_api/api/upload",
-                          "/gradio_api/call/upload", "/gradio_api/call/v2/upload", "/gradio_api/queue/join"})
+UPLOAD_PATHS = frozenset(
+    {
+        "/hubgrpo/api/upload",
+        "/gradio_api/run/upload",
+        "/gradio_api/api/upload",
+        "/gradio_api/call/upload",
+        "/gradio_api/call/v2/upload",
+        "/gradio_api/queue/join",
+    }
+)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -68,8 +76,12 @@ def envelope(status: int, message: str, hint: str, code: str = "protocol", wait_
     """The API's error envelope as a JSON response."""
     from starlette.responses import JSONResponse
 
-    error = {"error": "CoordinatorError" if code == "protocol" else "Refused", "code": code, "message": message,
-             "hint": hint}
+    error = {
+        "error": "CoordinatorError" if code == "protocol" else "Refused",
+        "code": code,
+        "message": message,
+        "hint": hint,
+    }
     if wait_s is not None:
         error["wait_s"] = round(float(wait_s), 2)
     return JSONResponse({"ok": False, "error": error}, status_code=status)
@@ -105,10 +117,12 @@ def check_exposure(host: str | None, auth: Any) -> None:
     from hubgrpo.errors import ConfigError
 
     if auth is None and not is_loopback(host):
-        raise ConfigError(f"refusing to serve the coordinator on {host} without auth: anyone who reaches it could "
-                          "lease, submit and record held-out scores",
-                          hint="name the users in coordinator.allowed_users (and coordinator.evaluators) of the "
-                               "run's config, or serve on 127.0.0.1")
+        raise ConfigError(
+            f"refusing to serve the coordinator on {host} without auth: anyone who reaches it could "
+            "lease, submit and record held-out scores",
+            hint="name the users in coordinator.allowed_users (and coordinator.evaluators) of the "
+            "run's config, or serve on 127.0.0.1",
+        )
 
 
 class Slots:
@@ -155,7 +169,8 @@ class BodyGuard:
             return await self.app(scope, receive, send)  # no body
         if not chunked and not declared.strip().isdigit():
             return await envelope(400, "the Content-Length header is not a number", "send a valid HTTP request")(
-                scope, receive, send)
+                scope, receive, send
+            )
         size = None if chunked else int(declared)
         if scope["path"].rstrip("/") == FILE_ROUTE:
             return await self._no_files(size)(scope, receive, send)
@@ -169,17 +184,24 @@ class BodyGuard:
             failed = scope.get("hubgrpo.identify_error")
             if failed is not None and failed.code != "auth":  # rate-limited, or the Hub could not be asked
                 return await refusal(failed)(scope, receive, send)
-            return await envelope(401, f"{scope['path'][:80]} is for the run's users: Gradio keeps every call there "
-                                  "until its answer is read", "send your Hugging Face token in the Authorization: "
-                                  "Bearer header; anyone may read the status at /hubgrpo/api/status",
-                                  code="auth")(scope, receive, send)
+            return await envelope(
+                401,
+                f"{scope['path'][:80]} is for the run's users: Gradio keeps every call there until its answer is read",
+                "send your Hugging Face token in the Authorization: "
+                "Bearer header; anyone may read the status at /hubgrpo/api/status",
+                code="auth",
+            )(scope, receive, send)
         cut = self._too_large(None, limit, user, upload)
         if user is None or not upload or (size is not None and size <= PRE_AUTH_BODY):
             return await self._guarded(scope, receive, send, limit, size, cut)
         if not await self.slots.take(user):
-            return await envelope(429, f"{user} has {self.slots.per_user} uploads in progress already (or the "
-                                  f"coordinator {self.slots.total})", f"wait_s={SLOT_WAIT_S:g}; upload again later",
-                                  code="rate", wait_s=SLOT_WAIT_S)(scope, receive, send)
+            return await envelope(
+                429,
+                f"{user} has {self.slots.per_user} uploads in progress already (or the coordinator {self.slots.total})",
+                f"wait_s={SLOT_WAIT_S:g}; upload again later",
+                code="rate",
+                wait_s=SLOT_WAIT_S,
+            )(scope, receive, send)
         try:
             await self._guarded(scope, receive, send, limit, size, cut)
         finally:
@@ -216,25 +238,31 @@ class BodyGuard:
     def _no_files(size: int | None) -> Any:
         """The refusal of any body on Gradio's file route: each file sent there stayed on the server's disk."""
         what = f"the body ({size:,} bytes)" if size is not None else "the body"
-        return envelope(413, f"{what} is larger than the limit of 0 bytes: this coordinator takes no files on "
-                        f"{FILE_ROUTE}", "a round goes to the upload endpoint as JSON, with the token in the "
-                        f"Authorization: Bearer header (bodies before authentication are limited to "
-                        f"{PRE_AUTH_BODY:,} bytes)")
+        return envelope(
+            413,
+            f"{what} is larger than the limit of 0 bytes: this coordinator takes no files on {FILE_ROUTE}",
+            "a round goes to the upload endpoint as JSON, with the token in the "
+            f"Authorization: Bearer header (bodies before authentication are limited to "
+            f"{PRE_AUTH_BODY:,} bytes)",
+        )
 
     @staticmethod
     def _too_large(size: int | None, limit: int, user: str | None, upload: bool) -> Any:
         what = f"the body ({size:,} bytes)" if size is not None else "the body"
         if user is None:
-            hint = (f"bodies before authentication are limited to {PRE_AUTH_BODY:,} bytes: send your Hugging Face "
-                    "token in the Authorization: Bearer header")
+            hint = (
+                f"bodies before authentication are limited to {PRE_AUTH_BODY:,} bytes: send your Hugging Face "
+                "token in the Authorization: Bearer header"
+            )
         elif upload:
             hint = "an upload holds one round of this run: its adapter (the global adapter's size) and its rollouts"
         else:
             hint = "send what the hubgrpo client sends"
         return envelope(413, f"{what} is larger than the limit of {limit:,} bytes", hint)
 
-    async def _guarded(self, scope: dict, receive: Callable, send: Callable, limit: int, size: int | None,
-                       too_large: Any) -> None:
+    async def _guarded(
+        self, scope: dict, receive: Callable, send: Callable, limit: int, size: int | None, too_large: Any
+    ) -> None:
         """Run the app with a receive that counts the body and times it; a body cut short is answered here
         (``too_large``, or 408), unless the app has begun its answer, and the app sees a disconnect."""
         started = time.monotonic()
@@ -259,9 +287,13 @@ class BodyGuard:
             with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
                 message = await receive()
             if message is None:
-                return await cut(envelope(
-                    408, f"the body came too slowly: {state['got']:,} bytes in {time.monotonic() - started:.0f} s",
-                    f"a body must average {MIN_BODY_RATE:,} bytes/s after {BODY_GRACE_S:g} s"))
+                return await cut(
+                    envelope(
+                        408,
+                        f"the body came too slowly: {state['got']:,} bytes in {time.monotonic() - started:.0f} s",
+                        f"a body must average {MIN_BODY_RATE:,} bytes/s after {BODY_GRACE_S:g} s",
+                    )
+                )
             if message["type"] == "http.request":
                 state["got"] += len(message.get("body", b""))
                 state["done"] = not message.get("more_body", False)
@@ -304,11 +336,14 @@ def install(blocks: Any, auth: Any) -> None:
     launch = blocks.launch
 
     def guarded_launch(*args: Any, **kwargs: Any) -> Any:
-        check_exposure(kwargs.get("server_name") or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1",
-                       blocks.hubgrpo_guard.auth)
+        check_exposure(
+            kwargs.get("server_name") or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1", blocks.hubgrpo_guard.auth
+        )
         app_kwargs = dict(kwargs.get("app_kwargs") or {})
-        app_kwargs["middleware"] = [*app_kwargs.get("middleware", []),
-                                    Middleware(BodyGuard, policy=lambda: getattr(blocks, "hubgrpo_guard", None))]
+        app_kwargs["middleware"] = [
+            *app_kwargs.get("middleware", []),
+            Middleware(BodyGuard, policy=lambda: getattr(blocks, "hubgrpo_guard", None)),
+        ]
         return launch(*args, **{**kwargs, "app_kwargs": app_kwargs})
 
     blocks.launch = guarded_launch

@@ -151,22 +151,28 @@ def signature_check(name: str, fn: Callable) -> Callable[[list], None]:
 
     def check(args: list) -> None:
         if not required <= len(args) <= len(params):
-            raise BadRequest(400, f"{name!r} takes {required} to {len(params)} arguments "
-                             f"({', '.join(p.name for p in params)}), not {len(args)}",
-                             "client and coordinator versions may differ")
+            raise BadRequest(
+                400,
+                f"{name!r} takes {required} to {len(params)} arguments "
+                f"({', '.join(p.name for p in params)}), not {len(args)}",
+                "client and coordinator versions may differ",
+            )
         for i, (value, (pname, ok)) in enumerate(zip(args, types)):
             if ok is not None and (not isinstance(value, ok) or (isinstance(value, bool) and bool not in ok)):
                 want = " or ".join("null" if t is type(None) else t.__name__ for t in ok)
-                raise BadRequest(400, f"argument {i + 1} ({pname}) of {name!r} must be {want}, not "
-                                 f"{type(value).__name__}")
+                raise BadRequest(
+                    400, f"argument {i + 1} ({pname}) of {name!r} must be {want}, not {type(value).__name__}"
+                )
+
     return check
 
 
 # ------------------------------------------------------------------------------------------------ the route
 
 
-def make_route(endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None,
-               auth: Any = None) -> Callable:
+def make_route(
+    endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None, auth: Any = None
+) -> Callable:
     """The Starlette endpoint serving ``endpoints`` (name → function answering an envelope); ``limits``: body
     limits other than ``MAX_BODY``; ``auth``: the app's auth hook (its ``identify`` checks the header)."""
     import anyio
@@ -188,20 +194,34 @@ def make_route(endpoints: dict[str, Callable[..., dict]], limits: dict[str, int]
         try:
             text = json.dumps(answer, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError):
-            text = json.dumps({"ok": False, "error": {"error": "CoordinatorError", "code": "internal",
-                                                      "message": f"{name!r} answered what JSON cannot carry",
-                                                      "hint": "a coordinator bug; retry later"}})
+            text = json.dumps(
+                {
+                    "ok": False,
+                    "error": {
+                        "error": "CoordinatorError",
+                        "code": "internal",
+                        "message": f"{name!r} answered what JSON cannot carry",
+                        "hint": "a coordinator bug; retry later",
+                    },
+                }
+            )
         return Response(text, media_type="application/json")
 
     async def route(request: Any) -> Any:
         name = request.path_params["name"]
         if name not in endpoints:
-            return envelope(404, f"no endpoint {name[:60]!r} here (endpoints: {', '.join(sorted(endpoints))})",
-                                  "client and coordinator versions may differ")
+            return envelope(
+                404,
+                f"no endpoint {name[:60]!r} here (endpoints: {', '.join(sorted(endpoints))})",
+                "client and coordinator versions may differ",
+            )
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media != "application/json":
-            return envelope(415, f"{name}: the body must be application/json, not {media[:60] or 'untyped'}",
-                                  "send the JSON body {\"data\": [arguments…]} with Content-Type: application/json")
+            return envelope(
+                415,
+                f"{name}: the body must be application/json, not {media[:60] or 'untyped'}",
+                'send the JSON body {"data": [arguments…]} with Content-Type: application/json',
+            )
         try:
             return await handle(name, request)
         except BadRequest as e:
@@ -225,8 +245,13 @@ async def authenticate(identify: Callable, request: Any, threads: Any) -> Any:
         return refusal(e)
 
 
-def attach(app: Any, endpoints: dict[str, Callable[..., dict]], limits: dict[str, int] | None = None,
-           auth: Any = None, coord: CoordinatorLike | None = None) -> None:
+def attach(
+    app: Any,
+    endpoints: dict[str, Callable[..., dict]],
+    limits: dict[str, int] | None = None,
+    auth: Any = None,
+    coord: CoordinatorLike | None = None,
+) -> None:
     """Add ``POST {PREFIX}/{name}`` to the Starlette/FastAPI ``app`` (once; later calls add nothing), and with
     ``coord`` the ``GET`` adapter route (``hubgrpo.space.adapter_route``)."""
     import anyio

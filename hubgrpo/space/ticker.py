@@ -57,8 +57,7 @@ class Ticker:
             self._thread.start()
             self._scanner = threading.Thread(target=self._scan_loop, name="hubgrpo-scan", daemon=True)
             self._scanner.start()
-            self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="hubgrpo-checkpoint",
-                                                  daemon=True)
+            self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="hubgrpo-checkpoint", daemon=True)
             self._checkpointer.start()
 
     def _scan_loop(self) -> None:

@@ -101,8 +101,11 @@ class SubmissionBatcher:
     def wait(self, item: QueuedSubmission, timeout: float) -> dict:
         """Block until ``item``'s batch is committed and submitted; its result or its error."""
         if not item.done.wait(timeout):
-            raise CoordinatorError(f"submission {item.sub_id} is still being committed after {timeout:.0f} s",
-                                   code="upload_timeout", hint="retry the upload: it joins the pending batch")
+            raise CoordinatorError(
+                f"submission {item.sub_id} is still being committed after {timeout:.0f} s",
+                code="upload_timeout",
+                hint="retry the upload: it joins the pending batch",
+            )
         if item.error is not None:
             raise item.error
         return dict(item.result or {})
@@ -114,10 +117,17 @@ class SubmissionBatcher:
                 while not self._due():
                     if self._closed and not self._queue:
                         return
-                    timeout = None if self._first_at is None else \
-                        max(0.0, self._first_at + self.batch_wait_s - time.monotonic())
+                    timeout = (
+                        None
+                        if self._first_at is None
+                        else max(0.0, self._first_at + self.batch_wait_s - time.monotonic())
+                    )
                     self._cond.wait(timeout if timeout is not None else 1.0)
-                batch, self._queue, self._first_at = self._queue[: self.batch_size], self._queue[self.batch_size:], None
+                batch, self._queue, self._first_at = (
+                    self._queue[: self.batch_size],
+                    self._queue[self.batch_size :],
+                    None,
+                )
                 if self._queue:
                     self._first_at = time.monotonic()
             self.flush(batch)
@@ -130,8 +140,11 @@ class SubmissionBatcher:
 
     def flush(self, batch: list[QueuedSubmission]) -> None:
         """One commit with every submission folder of ``batch``, then ``coord.submit`` for each."""
-        adds = {layout.submission_path(it.lease.base_version, it.sub_id, f.name): f
-                for it in batch for f in sorted(it.folder.iterdir())}
+        adds = {
+            layout.submission_path(it.lease.base_version, it.sub_id, f.name): f
+            for it in batch
+            for f in sorted(it.folder.iterdir())
+        }
         try:
             sha = self.coord.store.commit(adds, message=f"hubgrpo: {len(batch)} submission(s) via the coordinator")
             self.commits.append((sha, len(batch)))
@@ -140,8 +153,12 @@ class SubmissionBatcher:
             return self._finish(batch, error=e)
         except Exception as e:  # deliberate: every waiting worker must get an answer
             log.exception("batch commit failed")
-            return self._finish(batch, error=CoordinatorError(f"the batch commit failed: {type(e).__name__}",
-                                                              code="internal", hint="retry the upload"))
+            return self._finish(
+                batch,
+                error=CoordinatorError(
+                    f"the batch commit failed: {type(e).__name__}", code="internal", hint="retry the upload"
+                ),
+            )
         for i, it in enumerate(batch):
             try:  # one commit for the whole batch: count it once in the commit budget
                 answer = self.coord.submit(it.lease, sha, count_commit=i == 0)
@@ -179,19 +196,26 @@ def decode_files(files, limit_bytes: int, dest: Path) -> Path:
     """Write the uploaded ``{name: base64}`` into ``dest``; only the three submission files, at most
     ``limit_bytes`` decoded. Raises ``InvalidSubmission`` (``bad_upload`` / ``unexpected_file`` / ``too_large``)."""
     if not isinstance(files, dict) or not files:
-        raise InvalidSubmission("bad_upload", "the upload holds no files",
-                                hint=f"send {{file name: base64}} for {', '.join(UPLOAD_FILES)}")
+        raise InvalidSubmission(
+            "bad_upload", "the upload holds no files", hint=f"send {{file name: base64}} for {', '.join(UPLOAD_FILES)}"
+        )
     for name, data in files.items():
         if name not in UPLOAD_FILES:
-            raise InvalidSubmission("unexpected_file", f"{str(name)[:80]!r} may not be uploaded (allowed: "
-                                    f"{', '.join(UPLOAD_FILES)})", hint="upload only the submission's files")
+            raise InvalidSubmission(
+                "unexpected_file",
+                f"{str(name)[:80]!r} may not be uploaded (allowed: {', '.join(UPLOAD_FILES)})",
+                hint="upload only the submission's files",
+            )
         if not isinstance(data, str):
             raise InvalidSubmission("bad_upload", f"{name} is not a base64 string")
     encoded = sum(len(v) for v in files.values())
     if encoded * 3 // 4 > limit_bytes:
-        raise InvalidSubmission("too_large", f"the upload holds about {encoded * 3 // 4:,} bytes, more than a "
-                                f"round of this run can weigh ({limit_bytes:,})",
-                                hint="submit only the LoRA adapter at the run's rank")
+        raise InvalidSubmission(
+            "too_large",
+            f"the upload holds about {encoded * 3 // 4:,} bytes, more than a "
+            f"round of this run can weigh ({limit_bytes:,})",
+            hint="submit only the LoRA adapter at the run's rank",
+        )
     dest.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         try:
@@ -225,11 +249,20 @@ class Uploads:
     """The ``upload`` endpoint's logic: check before committing, then hand over to the batcher and wait; or, with
     rounds in a box, put the round there and submit it (``_into_box``)."""
 
-    def __init__(self, coord: Coordinator, *, batch_size: int = 8, batch_wait_s: float = 5.0,
-                 workdir: Path | None = None, wait_timeout_s: float = 300.0, on_merge_due=None):
+    def __init__(
+        self,
+        coord: Coordinator,
+        *,
+        batch_size: int = 8,
+        batch_wait_s: float = 5.0,
+        workdir: Path | None = None,
+        wait_timeout_s: float = 300.0,
+        on_merge_due=None,
+    ):
         self.coord, self.on_merge_due = coord, on_merge_due
-        self.batcher = SubmissionBatcher(coord, batch_size=batch_size, batch_wait_s=batch_wait_s,
-                                         on_merge_due=on_merge_due)
+        self.batcher = SubmissionBatcher(
+            coord, batch_size=batch_size, batch_wait_s=batch_wait_s, on_merge_due=on_merge_due
+        )
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-uploads-"))
         self.wait_timeout_s = float(wait_timeout_s)
 
@@ -248,8 +281,11 @@ class Uploads:
             if not boxed:
                 c.check_upload(lease, folder)  # every check before the commit: junk never reaches the repo
             elif not (folder / layout.SUBMISSION_FILE).is_file():
-                raise InvalidSubmission("no_record", f"the upload of {sub_id} holds no {layout.SUBMISSION_FILE}",
-                                        hint="upload every file of the round, submission.json included")
+                raise InvalidSubmission(
+                    "no_record",
+                    f"the upload of {sub_id} holds no {layout.SUBMISSION_FILE}",
+                    hint="upload every file of the round, submission.json included",
+                )
         except InvalidSubmission as e:
             shutil.rmtree(folder, ignore_errors=True)
             c.record_refusal(lease, e)

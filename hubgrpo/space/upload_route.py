@@ -34,6 +34,7 @@ def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, ba
 
         def run() -> Any:
             return uploads.handle(api._owned_lease(lease, token, request), files)
+
         return api._answer("upload", token, run)
 
     with blocks:
@@ -43,4 +44,3 @@ def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, ba
     blocks.hubgrpo_guard.upload_limit = blocks.hubgrpo_body_limits["upload"]  # Gradio's routes alike
     blocks.hubgrpo_uploads = uploads
     return uploads
-

@@ -15,10 +15,30 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
 
-LEADERBOARD_COLUMNS = ["worker", "user", "rounds accepted", "rounds refused", "samples", "mean reward",
-                       "reward gain", "last seen"]
-VERSION_COLUMNS = ["version", "created (UTC)", "reward", "held-out reward", "started from", "submissions", "samples",
-                   "merge residual", "max staleness", "method", "contributors", "commit"]
+LEADERBOARD_COLUMNS = [
+    "worker",
+    "user",
+    "rounds accepted",
+    "rounds refused",
+    "samples",
+    "mean reward",
+    "reward gain",
+    "last seen",
+]
+VERSION_COLUMNS = [
+    "version",
+    "created (UTC)",
+    "reward",
+    "held-out reward",
+    "started from",
+    "submissions",
+    "samples",
+    "merge residual",
+    "max staleness",
+    "method",
+    "contributors",
+    "commit",
+]
 LEASE_COLUMNS = ["lease", "worker", "user", "base version", "expires in (s)"]
 REFUSAL_COLUMNS = ["when (UTC)", "worker", "submission", "code", "reason"]
 
@@ -71,8 +91,19 @@ def commit_cell(store, sha: str | None) -> str:
 
 def leaderboard_rows(status: dict, now: float | None = None) -> list[list]:
     """One row per worker (ranked by credited samples: ``status.leaderboard``), columns ``LEADERBOARD_COLUMNS``."""
-    return [[r["worker"], r.get("user") or "-", r["accepted"], r["refused"], r["samples"], _num(r["mean_reward"]),
-             _num(r["reward_gain"]), ago(r.get("last_seen"), now)] for r in status.get("leaderboard", [])]
+    return [
+        [
+            r["worker"],
+            r.get("user") or "-",
+            r["accepted"],
+            r["refused"],
+            r["samples"],
+            _num(r["mean_reward"]),
+            _num(r["reward_gain"]),
+            ago(r.get("last_seen"), now),
+        ]
+        for r in status.get("leaderboard", [])
+    ]
 
 
 def version_rows(status: dict, shas: dict[int, str], store) -> list[list]:
@@ -80,23 +111,39 @@ def version_rows(status: dict, shas: dict[int, str], store) -> list[list]:
     rows = []
     for v in reversed(status.get("versions", [])):
         start = v.get("start_version")
-        rows.append([v["version"], utc(v["created_at"]), _num(v["reward"]), _num(v.get("eval_reward")),
-                     "-" if start is None else f"v{start} (eval gate)", v["submissions"], v["samples"],
-                     _num(v["residual"], 6), v["max_staleness"], v["method"], ", ".join(v["contributors"]) or "-",
-                     commit_cell(store, shas.get(v["version"]))])
+        rows.append(
+            [
+                v["version"],
+                utc(v["created_at"]),
+                _num(v["reward"]),
+                _num(v.get("eval_reward")),
+                "-" if start is None else f"v{start} (eval gate)",
+                v["submissions"],
+                v["samples"],
+                _num(v["residual"], 6),
+                v["max_staleness"],
+                v["method"],
+                ", ".join(v["contributors"]) or "-",
+                commit_cell(store, shas.get(v["version"])),
+            ]
+        )
     return rows
 
 
 def lease_rows(status: dict) -> list[list]:
     """Live leases, columns ``LEASE_COLUMNS``."""
-    return [[l["lease_id"], l["worker"], l.get("user") or "-", l["base_version"], l["expires_in_s"]]
-            for l in status.get("leases", [])]
+    return [
+        [l["lease_id"], l["worker"], l.get("user") or "-", l["base_version"], l["expires_in_s"]]
+        for l in status.get("leases", [])
+    ]
 
 
 def refusal_rows(status: dict) -> list[list]:
     """Refused submissions, newest first, columns ``REFUSAL_COLUMNS``."""
-    return [[utc(r["at"]), r["worker"], r["submission_id"], r["code"], r["message"]]
-            for r in reversed(status.get("refusals", []))]
+    return [
+        [utc(r["at"]), r["worker"], r["submission_id"], r["code"], r["message"]]
+        for r in reversed(status.get("refusals", []))
+    ]
 
 
 TRAINING, SMOOTHED, HELD_OUT = "training (recomputed)", "training (smoothed)", "held-out (greedy)"
@@ -124,8 +171,11 @@ def reward_curve(status: dict):
     training = [(v["version"], float(v["reward"])) for v in status.get("versions", []) if v["reward"] is not None]
     rows = [(version, reward, TRAINING) for version, reward in training]
     rows += [(version, reward, SMOOTHED) for (version, _), reward in zip(training, smoothed([r for _, r in training]))]
-    rows += [(v["version"], float(v["eval_reward"]), HELD_OUT) for v in status.get("versions", [])
-             if v.get("eval_reward") is not None]
+    rows += [
+        (v["version"], float(v["eval_reward"]), HELD_OUT)
+        for v in status.get("versions", [])
+        if v.get("eval_reward") is not None
+    ]
     return pd.DataFrame(rows, columns=["version", "reward", "series"])
 
 
@@ -143,21 +193,32 @@ def summary_html(status: dict, store) -> str:
     target = status.get("target_versions")
     state = "finished" if status.get("finished") else "running"
     cp = status.get("checkpoint") or {}
-    cards = [("version", f"{status['version']}" + (f" / {target}" if target else "")), ("state", state),
-             ("last checkpoint", f"v{cp['version']}" if isinstance(cp.get("version"), int) else "-"),
-             ("samples", f"{status.get('samples_total', 0):,}"), ("workers", str(len(status.get("leaderboard", [])))),
-             # a finished run merges nothing more: what was still leased or pending is not waited for
-             ("live leases", "-" if status.get("finished") else str(len(status.get("leases", [])))),
-             ("pending", "-" if status.get("finished") else str(len(status.get("pending", [])))),
-             ("commits / hour", f"{status.get('commits_last_hour', 0)} / {status.get('commit_budget_per_hour', '-')}")]
-    body = "".join(f'<div class="hg-card"><div class="hg-k">{html.escape(k)}</div>'
-                   f'<div class="hg-v">{html.escape(v)}</div></div>' for k, v in cards)
+    cards = [
+        ("version", f"{status['version']}" + (f" / {target}" if target else "")),
+        ("state", state),
+        ("last checkpoint", f"v{cp['version']}" if isinstance(cp.get("version"), int) else "-"),
+        ("samples", f"{status.get('samples_total', 0):,}"),
+        ("workers", str(len(status.get("leaderboard", [])))),
+        # a finished run merges nothing more: what was still leased or pending is not waited for
+        ("live leases", "-" if status.get("finished") else str(len(status.get("leases", [])))),
+        ("pending", "-" if status.get("finished") else str(len(status.get("pending", [])))),
+        ("commits / hour", f"{status.get('commits_last_hour', 0)} / {status.get('commit_budget_per_hour', '-')}"),
+    ]
+    body = "".join(
+        f'<div class="hg-card"><div class="hg-k">{html.escape(k)}</div><div class="hg-v">{html.escape(v)}</div></div>'
+        for k, v in cards
+    )
     url = repo_url(store)
-    where = (f'<a href="{html.escape(url)}" target="_blank">{html.escape(url)}</a>' if url
-             else f"<code>{html.escape(str(store.location))}</code>")
-    return (f'<div class="hg-head"><h1>{html.escape(status.get("project") or "hubgrpo run")}</h1>'
-            f'<div class="hg-sub">asynchronous GRPO + LoRA · run <code>{html.escape(status.get("run_id", "")[:12])}'
-            f"</code> · bucket {where}</div></div><div class=\"hg-cards\">{body}</div>")
+    where = (
+        f'<a href="{html.escape(url)}" target="_blank">{html.escape(url)}</a>'
+        if url
+        else f"<code>{html.escape(str(store.location))}</code>"
+    )
+    return (
+        f'<div class="hg-head"><h1>{html.escape(status.get("project") or "hubgrpo run")}</h1>'
+        f'<div class="hg-sub">asynchronous GRPO + LoRA · run <code>{html.escape(status.get("run_id", "")[:12])}'
+        f'</code> · bucket {where}</div></div><div class="hg-cards">{body}</div>'
+    )
 
 
 def snapshot(coord: Coordinator, now: float | None = None) -> dict:
@@ -194,11 +255,16 @@ def join_markdown(repo: str, space_id: str | None, endpoint: str | None) -> str:
     from hubgrpo import __version__
 
     target = space_id or "<this Space's id or URL>"
-    install = install_line(space_id, endpoint) if space_id else \
-        f"# install hubgrpo {__version__}, the version this coordinator runs"
-    return (f"**Join the run** (hubgrpo {__version__}):\n\n```bash\n{install}\n"
-            f"HF_TOKEN=hf_... hubgrpo worker --repo {repo} --coordinator {target}\n"
-            f"# or N workers on Hugging Face Jobs:\n"
-            f"HF_TOKEN=hf_... hubgrpo launch --repo {repo} --coordinator {target} --workers 4 --flavor t4-small\n```\n"
-            "Add `--upload-via coordinator` to a worker without write access to the run repo. A private Space's "
-            "wheel needs your token: `hf download SPACE wheels/… --repo-type space`, then `pip install` the file.")
+    install = (
+        install_line(space_id, endpoint)
+        if space_id
+        else f"# install hubgrpo {__version__}, the version this coordinator runs"
+    )
+    return (
+        f"**Join the run** (hubgrpo {__version__}):\n\n```bash\n{install}\n"
+        f"HF_TOKEN=hf_... hubgrpo worker --repo {repo} --coordinator {target}\n"
+        f"# or N workers on Hugging Face Jobs:\n"
+        f"HF_TOKEN=hf_... hubgrpo launch --repo {repo} --coordinator {target} --workers 4 --flavor t4-small\n```\n"
+        "Add `--upload-via coordinator` to a worker without write access to the run repo. A private Space's "
+        "wheel needs your token: `hf download SPACE wheels/… --repo-type space`, then `pip install` the file."
+    )

@@ -45,8 +45,12 @@ def check_protocol(protocol: Any) -> None:
     from hubgrpo.space.view import install_line
 
     install = install_line(os.environ.get("SPACE_ID"), os.environ.get("HF_ENDPOINT"))
-    raise Refused("version", f"this coordinator speaks hubgrpo protocol {PROTOCOL_VERSION} (hubgrpo {__version__}); "
-                  f"the worker sent {str(protocol)[:40]!r}", hint=f"{install}, then start the worker again")
+    raise Refused(
+        "version",
+        f"this coordinator speaks hubgrpo protocol {PROTOCOL_VERSION} (hubgrpo {__version__}); "
+        f"the worker sent {str(protocol)[:40]!r}",
+        hint=f"{install}, then start the worker again",
+    )
 
 
 def parse_lease(value: Any) -> Lease:
@@ -56,8 +60,10 @@ def parse_lease(value: Any) -> Lease:
     except ValidationError as e:
         first = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())) or "lease"
-        raise LeaseError(f"malformed lease ({where}: {first.get('msg', 'invalid')})",
-                         hint="send the lease exactly as the coordinator returned it") from None
+        raise LeaseError(
+            f"malformed lease ({where}: {first.get('msg', 'invalid')})",
+            hint="send the lease exactly as the coordinator returned it",
+        ) from None
 
 
 def caller_token(token: str | None, request: Any) -> str | None:

@@ -21,17 +21,18 @@ def open_store(repo: str, *, token: str | None = None, endpoint: str | None = No
 
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", repo)
     if scheme and scheme.group(1).lower() not in ("file", "hf", "s3"):
-        raise ConfigError(f"the repo {repo!r} uses the scheme {scheme.group(1)}://, which hubgrpo does not support",
-                          hint="use user/name (a Hub repo, or hf://user/name), s3://bucket/prefix, or a local path "
-                               "(or file://path)")
+        raise ConfigError(
+            f"the repo {repo!r} uses the scheme {scheme.group(1)}://, which hubgrpo does not support",
+            hint="use user/name (a Hub repo, or hf://user/name), s3://bucket/prefix, or a local path (or file://path)",
+        )
     if repo.startswith("s3://"):
         from hubgrpo.store.s3 import S3Store
 
         return S3Store(repo)
     if repo.startswith("file://"):
-        return LocalStore(repo[len("file://"):])
+        return LocalStore(repo[len("file://") :])
     if repo.startswith("hf://"):
-        repo = repo[len("hf://"):]
+        repo = repo[len("hf://") :]
     elif repo.startswith((".", "/", "~")) or Path(repo).exists() or repo.count("/") != 1:
         return LocalStore(Path(repo).expanduser())
     from hubgrpo.store.hub import HubStore

@@ -94,8 +94,9 @@ class Store(abc.ABC):
         is downloaded (check sizes before fetching what a participant wrote)."""
 
     @abc.abstractmethod
-    def commit(self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str,
-               parent: str | None = None) -> str:
+    def commit(
+        self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str, parent: str | None = None
+    ) -> str:
         """Apply adds and deletes as one atomic commit and return the new revision.
 
         ``parent``: compare-and-swap — raise CommitConflict unless the head is still ``parent``.

@@ -50,12 +50,16 @@ def check_box_spec(spec: str) -> str:
         parse_s3_url(spec)
         return spec
     if scheme and scheme.group(1).lower() != "file":
-        raise ConfigError(f"submissions location {spec!r}: the scheme {scheme.group(1)}:// is not supported",
-                          hint=f"use {_SPECS}, or leave hub.submissions unset to keep submissions in the run repo")
+        raise ConfigError(
+            f"submissions location {spec!r}: the scheme {scheme.group(1)}:// is not supported",
+            hint=f"use {_SPECS}, or leave hub.submissions unset to keep submissions in the run repo",
+        )
     if not scheme and not spec.startswith(("/", "./", "../", "~")):
-        raise ConfigError(f"submissions location {spec!r} is ambiguous",
-                          hint="write `coordinator` for rounds through the coordinator's upload route, a local "
-                               "folder as ./name or /abs/path, a bucket as s3://bucket/prefix")
+        raise ConfigError(
+            f"submissions location {spec!r} is ambiguous",
+            hint="write `coordinator` for rounds through the coordinator's upload route, a local "
+            "folder as ./name or /abs/path, a bucket as s3://bucket/prefix",
+        )
     return spec
 
 
@@ -64,12 +68,13 @@ def open_box(spec: str):
     coordinator opens (``hubgrpo.coordinator.inbox.open_inbox``)."""
     check_box_spec(spec)
     if spec == COORDINATOR:
-        raise ConfigError("this run's rounds go through its coordinator (hub.submissions: coordinator); no worker "
-                          "writes its box", hint="upload rounds with `hubgrpo worker --upload-via coordinator` "
-                                                 "(the default for such a run)")
+        raise ConfigError(
+            "this run's rounds go through its coordinator (hub.submissions: coordinator); no worker writes its box",
+            hint="upload rounds with `hubgrpo worker --upload-via coordinator` (the default for such a run)",
+        )
     if spec.startswith("s3://"):
         return S3Box(spec)
-    return FolderBox(spec[len("file://"):] if spec.startswith("file://") else spec)
+    return FolderBox(spec[len("file://") :] if spec.startswith("file://") else spec)
 
 
 class FolderBox:
@@ -125,15 +130,21 @@ class FolderBox:
         except FileNotFoundError:
             raise NotFound(f"{self.location}/{rel} does not exist") from None
         except OSError as e:  # ELOOP: a symbolic link
-            raise StoreError(f"{self.location}/{rel} cannot be read as a plain file ({e.strerror})",
-                             code="symlink", hint="submissions are plain files") from None
+            raise StoreError(
+                f"{self.location}/{rel} cannot be read as a plain file ({e.strerror})",
+                code="symlink",
+                hint="submissions are plain files",
+            ) from None
         with os.fdopen(fd, "rb") as src:
             if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
                 raise StoreError(f"{self.location}/{rel} is not a plain file", code="symlink")
             data = src.read(size + 1)
         if len(data) != size:
-            raise StoreError(f"{self.location}/{rel} changed while it was read", code="corrupt",
-                             hint="submissions are written once; it will be read again at the next scan")
+            raise StoreError(
+                f"{self.location}/{rel} changed while it was read",
+                code="corrupt",
+                hint="submissions are written once; it will be read again at the next scan",
+            )
         dest.write_bytes(data)
 
     def delete(self, rels: list[str]) -> None:
@@ -216,12 +227,18 @@ class S3Box:
         self.objects.check_conditional_writes()
         self.bounded = self.objects.bounds_posts()
         if not self.bounded:
-            log.warning("%s does not enforce a POST policy's content-length-range: workers get presigned PUT URLs, "
-                        "which cannot cap what they upload (oversized objects are refused from their listed size, "
-                        "never read, and deleted with their round)", self.location)
+            log.warning(
+                "%s does not enforce a POST policy's content-length-range: workers get presigned PUT URLs, "
+                "which cannot cap what they upload (oversized objects are refused from their listed size, "
+                "never read, and deleted with their round)",
+                self.location,
+            )
 
 
 def _check_size(where: str, rel: str, size: int, max_bytes: int) -> None:
     if size > max_bytes:
-        raise StoreError(f"{where}/{rel} is {size:,} bytes, more than the {max_bytes:,} allowed", code="too_large",
-                         hint="submit only the LoRA adapter at the run's rank")
+        raise StoreError(
+            f"{where}/{rel} is {size:,} bytes, more than the {max_bytes:,} allowed",
+            code="too_large",
+            hint="submit only the LoRA adapter at the run's rank",
+        )

@@ -29,8 +29,9 @@ def evict(store, paths: Iterable[str], revision: str) -> int:
     freed = 0
     for path in paths:
         try:
-            cached = try_to_load_from_cache(repo_id, path, cache_dir=store.cache_dir, revision=revision,
-                                            repo_type=repo_type)
+            cached = try_to_load_from_cache(
+                repo_id, path, cache_dir=store.cache_dir, revision=revision, repo_type=repo_type
+            )
         except ValueError:  # not a valid cache query (e.g. an odd revision): nothing cached for it
             continue
         if not isinstance(cached, str):

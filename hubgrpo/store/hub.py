@@ -76,25 +76,28 @@ def _server_wait(exc: HfHubHTTPError, default: float = 60.0) -> float:
     return float(retry_after) if retry_after.isdigit() else default
 
 
-def map_error(exc: Exception, *, what: str, repo: str,
-              on_409: Callable[[str], StoreError] | None = None) -> StoreError:
+def map_error(exc: Exception, *, what: str, repo: str, on_409: Callable[[str], StoreError] | None = None) -> StoreError:
     """Turn a huggingface_hub / transport error into the hubgrpo error tree, with a message and a hint."""
     where = f"{what} on {repo}"
     if isinstance(exc, LocalEntryNotFoundError):  # an EntryNotFoundError, but really "could not reach the Hub"
-        return StoreUnavailable(f"{where}: the Hub could not be reached and the file is not cached ({exc.__cause__})",
-                                hint=_HINT_RETRY)
+        return StoreUnavailable(
+            f"{where}: the Hub could not be reached and the file is not cached ({exc.__cause__})", hint=_HINT_RETRY
+        )
     if isinstance(exc, RevisionNotFoundError):
         return NotFound(f"{where}: revision not found", hint="use a commit sha from history(), a tag or the head")
     if isinstance(exc, EntryNotFoundError):
         return NotFound(f"{where}: no such file or folder", hint="list_files() shows what exists at that revision")
     if isinstance(exc, RepositoryNotFoundError):
-        return NotFound(f"{where}: the repo does not exist or this token cannot see it",
-                        hint="check the repo id and HF_TOKEN, or create the run repo first (`hubgrpo init`)")
+        return NotFound(
+            f"{where}: the repo does not exist or this token cannot see it",
+            hint="check the repo id and HF_TOKEN, or create the run repo first (`hubgrpo init`)",
+        )
     if isinstance(exc, OfflineModeIsEnabled):
         return StoreUnavailable(f"{where}: HF_HUB_OFFLINE is set", hint="unset HF_HUB_OFFLINE to reach the Hub")
     if isinstance(exc, FileMetadataError):
-        return StoreError(f"{where}: the endpoint did not answer like a Hub ({exc})",
-                          hint="check HF_ENDPOINT and proxy settings")
+        return StoreError(
+            f"{where}: the endpoint did not answer like a Hub ({exc})", hint="check HF_ENDPOINT and proxy settings"
+        )
     if isinstance(exc, TransportError):
         return StoreUnavailable(f"{where}: no answer from the Hub ({type(exc).__name__}: {exc})", hint=_HINT_RETRY)
     return _map_status(exc, where, on_409)
@@ -106,32 +109,44 @@ def _map_status(exc: HfHubHTTPError, where: str, on_409: Callable[[str], StoreEr
     said = (exc.server_message or "").strip().replace("\n", " ")
     detail = f" ({said})" if said else ""
     if status == 401:
-        return AuthError(f"{where}: the Hub refused the token (401){detail}",
-                         hint="set HF_TOKEN or run `hf auth login` with a valid token")
+        return AuthError(
+            f"{where}: the Hub refused the token (401){detail}",
+            hint="set HF_TOKEN or run `hf auth login` with a valid token",
+        )
     if status == 403:
-        return AuthError(f"{where}: no permission (403){detail}",
-                         hint="use a token with write access to this namespace; workers without write access "
-                              "upload through the coordinator")
+        return AuthError(
+            f"{where}: no permission (403){detail}",
+            hint="use a token with write access to this namespace; workers without write access "
+            "upload through the coordinator",
+        )
     if status == 409:
         if on_409 is not None:
             return on_409(where)
-        return RepoBusy(f"{where}: another commit to this repo is in progress (409)",
-                        hint="retry in a few seconds; the branch head has not moved")
+        return RepoBusy(
+            f"{where}: another commit to this repo is in progress (409)",
+            hint="retry in a few seconds; the branch head has not moved",
+        )
     if status == 412:
-        return CommitConflict(f"{where}: the branch head moved since the parent revision was read (412)",
-                              hint="re-read the head, re-apply the change on top of it and commit again")
+        return CommitConflict(
+            f"{where}: the branch head moved since the parent revision was read (412)",
+            hint="re-read the head, re-apply the change on top of it and commit again",
+        )
     if status == 429:
         wait = _server_wait(exc)
-        return RateLimited(f"{where}: rate-limited by the Hub (429), retry in {wait:.0f}s{detail}", wait_s=wait,
-                           hint="commits have an hourly quota per repo: batch changes into fewer commits")
+        return RateLimited(
+            f"{where}: rate-limited by the Hub (429), retry in {wait:.0f}s{detail}",
+            wait_s=wait,
+            hint="commits have an hourly quota per repo: batch changes into fewer commits",
+        )
     if status == 408 or status >= 500:
         return StoreUnavailable(f"{where}: the Hub answered {status}{detail}", hint=_HINT_RETRY)
     return StoreError(f"{where}: the Hub answered {status}{detail}", hint="see the server message above")
 
 
 def _exists_error(what: str) -> Callable[[str], StoreError]:
-    return lambda where: StoreError(f"{where}: {what} already exists", code="exists",
-                                    hint="pass exist_ok=True to accept the existing one")
+    return lambda where: StoreError(
+        f"{where}: {what} already exists", code="exists", hint="pass exist_ok=True to accept the existing one"
+    )
 
 
 class HubStore(Store):
@@ -139,10 +154,21 @@ class HubStore(Store):
 
     hourly_commit_quota = 128  # commits per repo per hour the Hub allows (a 429 past it): checkpoint.interval_s
 
-    def __init__(self, repo_id: str, *, token: str | None = None, endpoint: str | None = None,
-                 repo_type: str = "model", api: HfApi | None = None, sleep: Callable[[float], None] = time.sleep,
-                 max_retries: int = 8, max_wait_s: float = 900.0, cache_dir: str | Path | None = None,
-                 marker_search_depth: int = 200, retry_base_s: float = 1.0):
+    def __init__(
+        self,
+        repo_id: str,
+        *,
+        token: str | None = None,
+        endpoint: str | None = None,
+        repo_type: str = "model",
+        api: HfApi | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        max_retries: int = 8,
+        max_wait_s: float = 900.0,
+        cache_dir: str | Path | None = None,
+        marker_search_depth: int = 200,
+        retry_base_s: float = 1.0,
+    ):
         """``api`` replaces the HfApi built from endpoint/token; ``sleep`` is injected for tests; ``cache_dir``
         defaults to the HF cache; ``marker_search_depth`` bounds the lost-answer search in recent history."""
         if api is not None:
@@ -163,8 +189,15 @@ class HubStore(Store):
         return f"HubStore({self.location!r})"
 
     # -- the retry loop ------------------------------------------------------------------------------------
-    def _run(self, what: str, fn: Callable[[bool], T], *, recover: Callable[[], T | None] | None = None,
-             on_409: Callable[[str], StoreError] | None = None, guard_conflicts: bool = False) -> T:
+    def _run(
+        self,
+        what: str,
+        fn: Callable[[bool], T],
+        *,
+        recover: Callable[[], T | None] | None = None,
+        on_409: Callable[[str], StoreError] | None = None,
+        guard_conflicts: bool = False,
+    ) -> T:
         """Call ``fn(uncertain)`` until it succeeds, retrying transient errors per ``retry_delay``.
 
         ``uncertain`` turns True after a failure whose outcome is unknown (5xx, timeout, dropped connection);
@@ -202,24 +235,31 @@ class HubStore(Store):
             return None
         try:
             return recover()
-        except (HUB_ERRORS + (StoreError,)):
+        except HUB_ERRORS + (StoreError,):
             return None
 
     # -- repo ----------------------------------------------------------------------------------------------
     def create(self, *, exist_ok: bool = True, private: bool = True) -> None:
         """Create the repo (private by default). A lost answer is recognised by the repo existing afterwards."""
-        self._run("create repo", lambda _u: self.api.create_repo(
-            self.repo_id, repo_type=self.repo_type, private=private, exist_ok=exist_ok, token=self.token),
-            recover=lambda: True if self.exists() else None, on_409=_exists_error("the repo"))
+        self._run(
+            "create repo",
+            lambda _u: self.api.create_repo(
+                self.repo_id, repo_type=self.repo_type, private=private, exist_ok=exist_ok, token=self.token
+            ),
+            recover=lambda: True if self.exists() else None,
+            on_409=_exists_error("the repo"),
+        )
 
     def exists(self) -> bool:
-        return self._run("check repo", lambda _u: self.api.repo_exists(
-            self.repo_id, repo_type=self.repo_type, token=self.token))
+        return self._run(
+            "check repo", lambda _u: self.api.repo_exists(self.repo_id, repo_type=self.repo_type, token=self.token)
+        )
 
     def head(self) -> str | None:
         """The sha of ``main`` (None for a repo without commits, which the Hub never has)."""
-        info = self._run("read head", lambda _u: self.api.repo_info(
-            self.repo_id, repo_type=self.repo_type, token=self.token))
+        info = self._run(
+            "read head", lambda _u: self.api.repo_info(self.repo_id, repo_type=self.repo_type, token=self.token)
+        )
         return info.sha
 
     # -- reading -------------------------------------------------------------------------------------------
@@ -235,9 +275,20 @@ class HubStore(Store):
         """The cached file for ``path`` at ``revision`` (downloaded once per revision into the HF cache)."""
         check_path(path)
         rev = self._revision(revision)
-        return Path(self._run(f"download {path}@{rev[:12]}", lambda _u: hf_hub_download(
-            self.repo_id, path, repo_type=self.repo_type, revision=rev, endpoint=self.endpoint, token=self.token,
-            cache_dir=self.cache_dir)))
+        return Path(
+            self._run(
+                f"download {path}@{rev[:12]}",
+                lambda _u: hf_hub_download(
+                    self.repo_id,
+                    path,
+                    repo_type=self.repo_type,
+                    revision=rev,
+                    endpoint=self.endpoint,
+                    token=self.token,
+                    cache_dir=self.cache_dir,
+                ),
+            )
+        )
 
     def read(self, path: str, revision: str | None = None) -> bytes:
         return self.local_path(path, revision).read_bytes()
@@ -254,8 +305,16 @@ class HubStore(Store):
 
         def list_once(_uncertain: bool) -> dict[str, int]:
             try:
-                entries = list(self.api.list_repo_tree(self.repo_id, folder or None, recursive=True,
-                                                       revision=revision, repo_type=self.repo_type, token=self.token))
+                entries = list(
+                    self.api.list_repo_tree(
+                        self.repo_id,
+                        folder or None,
+                        recursive=True,
+                        revision=revision,
+                        repo_type=self.repo_type,
+                        token=self.token,
+                    )
+                )
             except EntryNotFoundError:
                 return {}
             return {e.path: int(e.size) for e in entries if isinstance(e, RepoFile)}
@@ -270,6 +329,7 @@ class HubStore(Store):
 
     def history(self, limit: int | None = None) -> list[CommitInfo]:
         """Commits of main, newest first (``parents`` from the linear history of the branch)."""
+
         def fetch(_uncertain: bool) -> list[dict]:
             return list(itertools.islice(self._commits(), None if limit is None else limit + 1))
 
@@ -277,26 +337,39 @@ class HubStore(Store):
         out = []
         for i, item in enumerate(items[:limit] if limit is not None else items):
             parents = (items[i + 1]["id"],) if i + 1 < len(items) else ()
-            out.append(CommitInfo(sha=item["id"], message=item.get("title") or "",
-                                  created_at=parse_datetime(item["date"]).timestamp(),
-                                  marker=_marker_of(item.get("message") or ""), parents=parents))
+            out.append(
+                CommitInfo(
+                    sha=item["id"],
+                    message=item.get("title") or "",
+                    created_at=parse_datetime(item["date"]).timestamp(),
+                    marker=_marker_of(item.get("message") or ""),
+                    parents=parents,
+                )
+            )
         return out
 
     def tag(self, name: str, revision: str, *, exist_ok: bool = False) -> None:
         """Tag ``revision``. A lost answer is recognised by the tag pointing at ``revision`` afterwards."""
         check_tag_name(name)
-        self._run(f"tag {name}", lambda _u: self.api.create_tag(
-            self.repo_id, tag=name, revision=revision, repo_type=self.repo_type, token=self.token, exist_ok=exist_ok),
-            recover=lambda: True if self.tags().get(name) == revision else None, on_409=_exists_error(f"tag {name}"))
+        self._run(
+            f"tag {name}",
+            lambda _u: self.api.create_tag(
+                self.repo_id, tag=name, revision=revision, repo_type=self.repo_type, token=self.token, exist_ok=exist_ok
+            ),
+            recover=lambda: True if self.tags().get(name) == revision else None,
+            on_409=_exists_error(f"tag {name}"),
+        )
 
     def tags(self) -> dict[str, str]:
-        refs = self._run("list tags", lambda _u: self.api.list_repo_refs(
-            self.repo_id, repo_type=self.repo_type, token=self.token))
+        refs = self._run(
+            "list tags", lambda _u: self.api.list_repo_refs(self.repo_id, repo_type=self.repo_type, token=self.token)
+        )
         return {t.name: t.target_commit for t in refs.tags}
 
     # -- committing ----------------------------------------------------------------------------------------
-    def commit(self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str,
-               parent: str | None = None) -> str:
+    def commit(
+        self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str, parent: str | None = None
+    ) -> str:
         """One atomic commit (see the module docstring for CAS, retries and lost answers)."""
         self._check_commit(adds, deletes, message, parent)
         marker = f"{MARKER_PREFIX}{uuid.uuid4()}"
@@ -311,18 +384,27 @@ class HubStore(Store):
         def attempt(_uncertain: bool) -> str:
             """One ``create_commit``; a client-side no-op while the head moved past ``parent`` is a conflict."""
             ops = _operations(adds, deletes)
-            info = self.api.create_commit(self.repo_id, ops, commit_message=message,
-                                          commit_description=marker, parent_commit=pin[0],
-                                          repo_type=self.repo_type, token=self.token)
+            info = self.api.create_commit(
+                self.repo_id,
+                ops,
+                commit_message=message,
+                commit_description=marker,
+                parent_commit=pin[0],
+                repo_type=self.repo_type,
+                token=self.token,
+            )
             if parent is not None and info.oid.lower() != parent.lower() and _all_unchanged(ops):
-                raise CommitConflict(f"commit on {self.location}: nothing changed, but the head moved past {parent}",
-                                     hint="re-read the head and decide again")
+                raise CommitConflict(
+                    f"commit on {self.location}: nothing changed, but the head moved past {parent}",
+                    hint="re-read the head and decide again",
+                )
             return info.oid
 
         return self._run(f"commit {message!r}", attempt, recover=recover, guard_conflicts=parent is None)
 
-    def _check_commit(self, adds: Mapping[str, bytes | Path], deletes: Sequence[str], message: str,
-                      parent: str | None) -> None:
+    def _check_commit(
+        self, adds: Mapping[str, bytes | Path], deletes: Sequence[str], message: str, parent: str | None
+    ) -> None:
         """Refuse, before any request, what the Hub or the client would refuse (or what could never succeed)."""
         where = f"commit on {self.location}"
         if not isinstance(message, str) or not message.strip():
@@ -331,13 +413,17 @@ class HubStore(Store):
             check_path(p)
         for p, value in adds.items():
             if not isinstance(value, (bytes, bytearray, memoryview, os.PathLike)):
-                raise StoreError(f"{where}: values must be bytes or a Path, not {type(value).__name__} (for {p})",
-                                 hint="wrap file names in pathlib.Path; encode text with .encode()")
+                raise StoreError(
+                    f"{where}: values must be bytes or a Path, not {type(value).__name__} (for {p})",
+                    hint="wrap file names in pathlib.Path; encode text with .encode()",
+                )
             if isinstance(value, os.PathLike) and not Path(value).is_file():
                 raise StoreError(f"{where}: cannot upload {value}: no such local file", hint="check the path")
         if parent is not None and not PARENT_RE.fullmatch(parent):
-            raise CommitConflict(f"{where}: {parent!r} is not a commit sha, so it cannot be the head",
-                                 hint="pass the sha returned by head() or commit()")
+            raise CommitConflict(
+                f"{where}: {parent!r} is not a commit sha, so it cannot be the head",
+                hint="pass the sha returned by head() or commit()",
+            )
 
     def _find_marker(self, marker: str, *, stop_at: str | None) -> tuple[str | None, str | None]:
         """(sha of the commit carrying ``marker`` or None, current head), searching newest commits first."""
@@ -355,7 +441,7 @@ def _marker_of(description: str) -> str | None:
     """The id after ``MARKER_PREFIX`` in a commit description, if any."""
     for line in description.splitlines():
         if line.startswith(MARKER_PREFIX):
-            return line[len(MARKER_PREFIX):].strip()
+            return line[len(MARKER_PREFIX) :].strip()
     return None
 
 

@@ -82,8 +82,11 @@ class LocalStore(Store):
         """Create the repo atomically (a fully built ``.hubgrpo`` is renamed into place). ``private`` is ignored."""
         if self.exists():
             if not exist_ok:
-                raise StoreError(f"run repo {self.location} already exists", code="exists",
-                                 hint="pass exist_ok=True to reuse it, or choose another directory")
+                raise StoreError(
+                    f"run repo {self.location} already exists",
+                    code="exists",
+                    hint="pass exist_ok=True to reuse it, or choose another directory",
+                )
             return
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"{META}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
@@ -99,8 +102,11 @@ class LocalStore(Store):
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not self.exists():
                 raise StoreError(f"cannot create run repo at {self.location}: {e}") from e
             if not exist_ok:
-                raise StoreError(f"run repo {self.location} already exists", code="exists",
-                                 hint="pass exist_ok=True to reuse it, or choose another directory") from e
+                raise StoreError(
+                    f"run repo {self.location} already exists",
+                    code="exists",
+                    hint="pass exist_ok=True to reuse it, or choose another directory",
+                ) from e
 
     def exists(self) -> bool:
         return (self.meta / "repo.json").is_file()
@@ -149,10 +155,16 @@ class LocalStore(Store):
 
     def history(self, limit: int | None = None) -> list[CommitInfo]:
         """First-parent history of the main branch, newest first."""
+
         def info(sha: str) -> CommitInfo:
             rec = self._commit(sha)
-            return CommitInfo(sha=sha, message=rec["message"], created_at=rec["created_at"], marker=rec["marker"],
-                              parents=tuple(rec["parents"]))
+            return CommitInfo(
+                sha=sha,
+                message=rec["message"],
+                created_at=rec["created_at"],
+                marker=rec["marker"],
+                parents=tuple(rec["parents"]),
+            )
 
         return first_parents(self.head(), info, limit)
 
@@ -162,8 +174,9 @@ class LocalStore(Store):
 
     # ------------------------------------------------------------------------------------------ writes
 
-    def commit(self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str,
-               parent: str | None = None) -> str:
+    def commit(
+        self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str, parent: str | None = None
+    ) -> str:
         """One atomic commit; see ``Store.commit``.
 
         Deletes apply before adds; deleting a missing file (or a folder with no file) raises NotFound. When the
@@ -182,7 +195,8 @@ class LocalStore(Store):
             if parent is not None and not same_commit(parent, head):
                 raise CommitConflict(
                     f"{self.location}: the head moved: expected parent {parent}, actual head {head}",
-                    hint="re-read the repo at the new head, redo your change and commit again")
+                    hint="re-read the repo at the new head, redo your change and commit again",
+                )
             old = self._tree_at(head)
             new = apply_changes(old, blobs, deletes, head)
             if head is not None and new == old:
@@ -204,8 +218,11 @@ class LocalStore(Store):
             if name in tags:
                 if exist_ok:
                     return
-                raise StoreError(f"tag {name!r} already exists in {self.location} (at {tags[name]})",
-                                 code="exists", hint="pass exist_ok=True, or pick the next version number")
+                raise StoreError(
+                    f"tag {name!r} already exists in {self.location} (at {tags[name]})",
+                    code="exists",
+                    hint="pass exist_ok=True, or pick the next version number",
+                )
             tags[name] = sha
             self._atomic_write(self.meta / "tags.json", json.dumps(tags, indent=1, sort_keys=True).encode())
 
@@ -234,8 +251,10 @@ class LocalStore(Store):
             return revision
         sha = self.tags().get(revision)
         if sha is None:
-            raise NotFound(f"revision {revision!r} not found in {self.location}",
-                           hint="use a commit sha from history(), a tag from tags(), or 'main'")
+            raise NotFound(
+                f"revision {revision!r} not found in {self.location}",
+                hint="use a commit sha from history(), a tag from tags(), or 'main'",
+            )
         return sha
 
     def _commit(self, sha: str) -> dict:
@@ -291,8 +310,10 @@ class LocalStore(Store):
                 self._atomic_write(self._object(digest), data, mode=0o444)
             return digest
         if not isinstance(value, os.PathLike):
-            raise StoreError(f"commit values must be bytes or a Path, not {type(value).__name__}",
-                             hint="wrap file names in pathlib.Path; encode text with .encode()")
+            raise StoreError(
+                f"commit values must be bytes or a Path, not {type(value).__name__}",
+                hint="wrap file names in pathlib.Path; encode text with .encode()",
+            )
         tmp, h = self._tmp_name(), hashlib.sha256()
         try:
             with open(value, "rb") as src, open(tmp, "wb") as dst:
@@ -328,8 +349,14 @@ class LocalStore(Store):
     def _write_commit(self, tree: dict[str, str], parent: str | None, message: str) -> str:
         tree_id = self._put_object(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode())
         marker = str(uuid.uuid4())  # CommitInfo.marker is the id; the description line is what the Hub stores
-        rec = {"tree": tree_id, "parents": [parent] if parent else [], "message": message,
-               "description": f"{MARKER_PREFIX}{marker}", "marker": marker, "created_at": time.time()}
+        rec = {
+            "tree": tree_id,
+            "parents": [parent] if parent else [],
+            "message": message,
+            "description": f"{MARKER_PREFIX}{marker}",
+            "marker": marker,
+            "created_at": time.time(),
+        }
         data = json.dumps(rec, sort_keys=True, indent=1).encode()
         sha = hashlib.sha1(data).hexdigest()
         self._atomic_write(self.meta / "commits" / f"{sha}.json", data, mode=0o444)

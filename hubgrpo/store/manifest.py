@@ -35,9 +35,15 @@ Tree = dict[str, tuple[str, int]]  # repo path → (blob sha256, size)
 
 def encode(tree: Tree, parent: str | None, message: str, marker: str, created_at: float) -> tuple[str, bytes]:
     """(commit id, manifest bytes) of a new commit; the id is the sha1 of the bytes."""
-    rec = {"format": FORMAT, "parents": [parent] if parent else [],
-           "files": {p: [blob, size] for p, (blob, size) in sorted(tree.items())}, "message": message,
-           "description": f"{MARKER_PREFIX}{marker}", "marker": marker, "created_at": created_at}
+    rec = {
+        "format": FORMAT,
+        "parents": [parent] if parent else [],
+        "files": {p: [blob, size] for p, (blob, size) in sorted(tree.items())},
+        "message": message,
+        "description": f"{MARKER_PREFIX}{marker}",
+        "marker": marker,
+        "created_at": created_at,
+    }
     data = json.dumps(rec, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha1(data).hexdigest(), data
 
@@ -48,7 +54,10 @@ def decode(sha: str, data: bytes, *, where: str) -> tuple[CommitInfo, Tree]:
         _bad(where, f"manifest {sha} does not hash to its name: it was altered")
     rec = _json(data, where)
     if not isinstance(rec, dict) or set(rec) != _KEYS or rec["format"] != FORMAT:
-        _bad(where, f"manifest {sha} is not a hubgrpo manifest (keys {sorted(rec)[:10] if isinstance(rec, dict) else type(rec).__name__})")
+        _bad(
+            where,
+            f"manifest {sha} is not a hubgrpo manifest (keys {sorted(rec)[:10] if isinstance(rec, dict) else type(rec).__name__})",
+        )
     parents, files = rec["parents"], rec["files"]
     if not isinstance(parents, list) or len(parents) > 1 or not all(_is_sha1(p) for p in parents):
         _bad(where, f"manifest {sha}: parents must be at most one commit id")
@@ -57,8 +66,14 @@ def decode(sha: str, data: bytes, *, where: str) -> tuple[CommitInfo, Tree]:
     tree: Tree = {}
     for path, entry in files.items():
         check_path(path)
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
-                and SHA256_RE.fullmatch(entry[0]) and _is_int(entry[1]) and 0 <= entry[1] <= MAX_BLOB_BYTES):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and SHA256_RE.fullmatch(entry[0])
+            and _is_int(entry[1])
+            and 0 <= entry[1] <= MAX_BLOB_BYTES
+        ):
             _bad(where, f"manifest {sha}: the entry of {path[:200]!r} is not [sha256, size]")
         tree[path] = (entry[0], entry[1])
     for key in ("message", "description", "marker"):
@@ -67,8 +82,9 @@ def decode(sha: str, data: bytes, *, where: str) -> tuple[CommitInfo, Tree]:
     t = rec["created_at"]
     if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= 1e11):
         _bad(where, f"manifest {sha}: created_at must be a Unix time")
-    info = CommitInfo(sha=sha, message=rec["message"], created_at=float(t), marker=rec["marker"] or None,
-                      parents=tuple(parents))
+    info = CommitInfo(
+        sha=sha, message=rec["message"], created_at=float(t), marker=rec["marker"] or None, parents=tuple(parents)
+    )
     return info, tree
 
 
@@ -80,7 +96,7 @@ def decode_ref(data: bytes, *, where: str) -> str:
     """The commit id a ref (branch head or tag) points at."""
     rec = _json(data, where)
     if not isinstance(rec, dict) or set(rec) != {"commit"} or not _is_sha1(rec["commit"]):
-        _bad(where, "a ref must be {\"commit\": \"<40-hex commit id>\"}")
+        _bad(where, 'a ref must be {"commit": "<40-hex commit id>"}')
     return rec["commit"]
 
 
@@ -100,5 +116,8 @@ def _is_int(value) -> bool:
 
 
 def _bad(where: str, what: str):
-    raise StoreError(f"{where}: {what}", code="corrupt",
-                     hint="the bucket holds objects hubgrpo did not write; restore them or use a fresh prefix")
+    raise StoreError(
+        f"{where}: {what}",
+        code="corrupt",
+        hint="the bucket holds objects hubgrpo did not write; restore them or use a fresh prefix",
+    )

@@ -7,8 +7,9 @@ import random
 from hubgrpo.errors import RateLimited, RepoBusy, StoreError, StoreUnavailable
 
 
-def retry_delay(err: StoreError, attempt: int, *, base_s: float = 1.0, cap_s: float = 30.0,
-                rng: random.Random | None = None) -> float | None:
+def retry_delay(
+    err: StoreError, attempt: int, *, base_s: float = 1.0, cap_s: float = 30.0, rng: random.Random | None = None
+) -> float | None:
     """Seconds to wait before retry ``attempt`` (1, 2, …) after ``err``; None means the error is final.
 
     429: the server's wait plus up to 10 % jitter. 409 (busy) and 5xx/timeouts: full-jitter exponential backoff,

@@ -60,12 +60,29 @@ class S3Store(Store):
     ``search_depth`` bounds the history walked after a lost answer; ``sleep`` is injected by tests.
     """
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None,
-                 timeout_s: float = 30.0, max_retries: int = 6, retry_base_s: float = 0.25,
-                 max_commit_tries: int = 64, search_depth: int = 200, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        cache_dir: str | Path | None = None,
+        timeout_s: float = 30.0,
+        max_retries: int = 6,
+        retry_base_s: float = 0.25,
+        max_commit_tries: int = 64,
+        search_depth: int = 200,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         bucket, prefix = parse_s3_url(url)
-        self.objects = S3Bucket(bucket, prefix + META, endpoint_url=endpoint_url, timeout_s=timeout_s,
-                                max_retries=max_retries, retry_base_s=retry_base_s, sleep=sleep)
+        self.objects = S3Bucket(
+            bucket,
+            prefix + META,
+            endpoint_url=endpoint_url,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            retry_base_s=retry_base_s,
+            sleep=sleep,
+        )
         self.location = f"s3://{bucket}/{prefix}".rstrip("/")
         if cache_dir is None:
             from hubgrpo.runrepo import cache_root
@@ -96,8 +113,11 @@ class S3Store(Store):
             if self._create("repo.json", body.encode()):
                 return
         if not exist_ok:
-            raise StoreError(f"run repo {self.location} already exists", code="exists",
-                             hint="pass exist_ok=True to reuse it, or choose another prefix")
+            raise StoreError(
+                f"run repo {self.location} already exists",
+                code="exists",
+                hint="pass exist_ok=True to reuse it, or choose another prefix",
+            )
 
     def exists(self) -> bool:
         return self.objects.head("repo.json") is not None
@@ -162,7 +182,7 @@ class S3Store(Store):
     def tags(self) -> dict[str, str]:
         """name → commit id; each tag object is read once (tags never move)."""
         self._require()
-        names = [key[len(TAGS):] for key, _ in self.objects.list(TAGS)]
+        names = [key[len(TAGS) :] for key, _ in self.objects.list(TAGS)]
         for name in names:
             with self._lock:
                 known = name in self._tags
@@ -181,8 +201,9 @@ class S3Store(Store):
 
     # ------------------------------------------------------------------------------------------ writes
 
-    def commit(self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str,
-               parent: str | None = None) -> str:
+    def commit(
+        self, adds: Mapping[str, bytes | Path], deletes: Sequence[str] = (), *, message: str, parent: str | None = None
+    ) -> str:
         """One atomic commit; see ``Store.commit`` and the module docstring. As on the other backends, deletes
         apply before adds, a missing delete raises NotFound, and a commit that changes nothing returns the head
         (except the first one of an empty repo)."""
@@ -197,8 +218,10 @@ class S3Store(Store):
         for attempt in itertools.count(1):
             head, etag = self._read_head()
             if parent is not None and not same_commit(parent, head):
-                raise CommitConflict(f"{self.location}: the head moved: expected parent {parent}, actual head {head}",
-                                     hint="re-read the repo at the new head, redo your change and commit again")
+                raise CommitConflict(
+                    f"{self.location}: the head moved: expected parent {parent}, actual head {head}",
+                    hint="re-read the repo at the new head, redo your change and commit again",
+                )
             old = self._tree(head)
             new = apply_changes(old, blobs, deletes, head)
             if head is not None and new == old:
@@ -208,11 +231,15 @@ class S3Store(Store):
             if self._swap(sha, head, etag):
                 return sha
             if parent is not None:
-                raise CommitConflict(f"{self.location}: another commit landed on {head} first",
-                                     hint="re-read the repo at the new head, redo your change and commit again")
+                raise CommitConflict(
+                    f"{self.location}: another commit landed on {head} first",
+                    hint="re-read the repo at the new head, redo your change and commit again",
+                )
             if attempt >= self.max_commit_tries:
-                raise RepoBusy(f"{self.location}: the head kept moving; {attempt} tries to commit {message!r} lost",
-                               hint="too many writers at once: retry later, or write less often")
+                raise RepoBusy(
+                    f"{self.location}: the head kept moving; {attempt} tries to commit {message!r} lost",
+                    hint="too many writers at once: retry later, or write less often",
+                )
             self._sleep(min(1.0, 0.02 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
         raise AssertionError("unreachable")
 
@@ -228,8 +255,11 @@ class S3Store(Store):
                 self._tags[name] = sha
             return
         if not exist_ok:
-            raise StoreError(f"tag {name!r} already exists in {self.location}", code="exists",
-                             hint="pass exist_ok=True, or pick the next version number")
+            raise StoreError(
+                f"tag {name!r} already exists in {self.location}",
+                code="exists",
+                hint="pass exist_ok=True, or pick the next version number",
+            )
 
     # ------------------------------------------------------------------------------------------ internals
 
@@ -255,8 +285,10 @@ class S3Store(Store):
                 pass
         sha = self.tags().get(revision)
         if sha is None:
-            raise NotFound(f"revision {revision!r} not found in {self.location}",
-                           hint="use a commit sha from history(), a tag from tags(), or 'main'")
+            raise NotFound(
+                f"revision {revision!r} not found in {self.location}",
+                hint="use a commit sha from history(), a tag from tags(), or 'main'",
+            )
         return sha
 
     def _load(self, sha: str) -> tuple[CommitInfo, manifest.Tree]:
@@ -294,8 +326,10 @@ class S3Store(Store):
             digest, size = _hash_file(Path(value))
             data = Path(value)
         else:
-            raise StoreError(f"commit values must be bytes or a Path, not {type(value).__name__}",
-                             hint="wrap file names in pathlib.Path; encode text with .encode()")
+            raise StoreError(
+                f"commit values must be bytes or a Path, not {type(value).__name__}",
+                hint="wrap file names in pathlib.Path; encode text with .encode()",
+            )
         if size >= _SMALL:  # a large blob the bucket already has (same name and size) is not sent again
             have = self.objects.head(f"blobs/{digest}")
             if have is not None and have[0] == size:
@@ -312,8 +346,11 @@ class S3Store(Store):
         try:
             self.objects.download(f"blobs/{digest}", tmp, size=size, max_bytes=size)
             if _hash_file(tmp) != (digest, size):
-                raise StoreError(f"{self.location}: blob {digest} does not match its hash", code="corrupt",
-                                 hint="the bucket's object was altered; restore it or re-upload the file")
+                raise StoreError(
+                    f"{self.location}: blob {digest} does not match its hash",
+                    code="corrupt",
+                    hint="the bucket's object was altered; restore it or re-upload the file",
+                )
             os.chmod(tmp, 0o444)
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, dest)

@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 from urllib.parse import parse_qsl, urlencode
 
-from hubgrpo.errors import (AuthError, CommitConflict, ConfigError, NotFound, RepoBusy, StoreError,
-                            StoreUnavailable)
+from hubgrpo.errors import AuthError, CommitConflict, ConfigError, NotFound, RepoBusy, StoreError, StoreUnavailable
 from hubgrpo.store.base import check_path
 from hubgrpo.store.retry import retry_delay
 
@@ -38,13 +37,29 @@ T = TypeVar("T")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _CHUNK = 1 << 20
 _INSTALL = "pip install 'hubgrpo[s3]'"
-_CRED_HINT = ("set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), AWS_DEFAULT_REGION, and "
-              "AWS_ENDPOINT_URL for MinIO or R2")
+_CRED_HINT = (
+    "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), AWS_DEFAULT_REGION, and "
+    "AWS_ENDPOINT_URL for MinIO or R2"
+)
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404", "NoSuchBucket"}
-_RETRY_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed",
-                "Throttling", "ThrottlingException", "TooManyRequests"}
-_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-               "AllAccessDisabled"}
+_RETRY_CODES = {
+    "SlowDown",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestTimeTooSkewed",
+    "Throttling",
+    "ThrottlingException",
+    "TooManyRequests",
+}
+_AUTH_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AllAccessDisabled",
+}
 
 
 def load_boto3():
@@ -55,8 +70,9 @@ def load_boto3():
         import botocore.config  # noqa: F401  (used through the module)
         import botocore.exceptions  # noqa: F401
     except ImportError:
-        raise ConfigError("s3:// locations need boto3, which is not installed",
-                          hint=f"{_INSTALL} (or pip install boto3)") from None
+        raise ConfigError(
+            "s3:// locations need boto3, which is not installed", hint=f"{_INSTALL} (or pip install boto3)"
+        ) from None
     return boto3, botocore
 
 
@@ -64,17 +80,21 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` → ``("bucket", "some/prefix/")`` (prefix ``""`` for the bucket's root)."""
     if not isinstance(url, str) or not url.startswith("s3://"):
         raise ConfigError(f"{url!r} is not an s3:// location", hint="write s3://bucket/prefix")
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-        raise ConfigError(f"{url!r}: {bucket!r} is not a valid S3 bucket name",
-                          hint="bucket names are 3-63 lower-case letters, digits, '.' or '-': s3://my-bucket/run1")
+        raise ConfigError(
+            f"{url!r}: {bucket!r} is not a valid S3 bucket name",
+            hint="bucket names are 3-63 lower-case letters, digits, '.' or '-': s3://my-bucket/run1",
+        )
     prefix = prefix.strip("/")
     if prefix:
         try:
             check_path(prefix)
         except StoreError as e:
-            raise ConfigError(f"{url!r}: the key prefix {prefix!r} is not allowed ({e.message})",
-                              hint="use a relative prefix such as s3://bucket/runs/run1") from None
+            raise ConfigError(
+                f"{url!r}: the key prefix {prefix!r} is not allowed ({e.message})",
+                hint="use a relative prefix such as s3://bucket/runs/run1",
+            ) from None
     return bucket, f"{prefix}/" if prefix else ""
 
 
@@ -89,33 +109,49 @@ def map_s3_error(exc: Exception, *, where: str) -> StoreError:
         code, status = str(err.get("Code", "")), exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         said = f" ({code}: {str(err.get('Message', ''))[:200]})" if code else ""
         if code == "NoSuchBucket":
-            return NotFound(f"{where}: the bucket does not exist{said}",
-                            hint="create the run with `hubgrpo init`, which creates the bucket, or check the name")
+            return NotFound(
+                f"{where}: the bucket does not exist{said}",
+                hint="create the run with `hubgrpo init`, which creates the bucket, or check the name",
+            )
         if status == 404 or code in _NOT_FOUND:
             return NotFound(f"{where}: no such object{said}")
         if status == 412 or code == "PreconditionFailed":
-            return CommitConflict(f"{where}: the object changed since it was read (412){said}",
-                                  hint="re-read it and decide again")
+            return CommitConflict(
+                f"{where}: the object changed since it was read (412){said}", hint="re-read it and decide again"
+            )
         if status == 409:
             return RepoBusy(f"{where}: a concurrent write to the same key (409){said}", hint="retry in a moment")
         if status in (401, 403) or code in _AUTH_CODES:
             return AuthError(f"{where}: the object store refused the credentials ({status}){said}", hint=_CRED_HINT)
         if status >= 500 or status in (408, 429) or code in _RETRY_CODES:
-            return StoreUnavailable(f"{where}: the object store answered {status}{said}",
-                                    hint="the operation is retried; check the endpoint (AWS_ENDPOINT_URL)")
+            return StoreUnavailable(
+                f"{where}: the object store answered {status}{said}",
+                hint="the operation is retried; check the endpoint (AWS_ENDPOINT_URL)",
+            )
         return StoreError(f"{where}: the object store answered {status}{said}", hint="see the message above")
     if isinstance(exc, exceptions.BotoCoreError):  # connection refused or dropped, timeouts, truncated bodies
-        return StoreUnavailable(f"{where}: no answer from the object store ({type(exc).__name__}: {exc})",
-                                hint="check AWS_ENDPOINT_URL and the network; the operation is safe to retry")
+        return StoreUnavailable(
+            f"{where}: no answer from the object store ({type(exc).__name__}: {exc})",
+            hint="check AWS_ENDPOINT_URL and the network; the operation is safe to retry",
+        )
     raise TypeError(f"not a botocore error: {type(exc).__name__}")
 
 
 class S3Bucket:
     """``bucket`` with every key under ``prefix``; thread-safe (one boto3 client, created on first use)."""
 
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, timeout_s: float = 30.0,
-                 max_retries: int = 6, retry_base_s: float = 0.25, retry_cap_s: float = 8.0,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        timeout_s: float = 30.0,
+        max_retries: int = 6,
+        retry_base_s: float = 0.25,
+        retry_cap_s: float = 8.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.bucket, self.prefix = bucket, prefix
         self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         self.timeout_s, self.max_retries = float(timeout_s), int(max_retries)
@@ -135,12 +171,17 @@ class S3Bucket:
                 boto3, botocore = load_boto3()
                 session = boto3.session.Session()
                 config = botocore.config.Config(
-                    connect_timeout=self.timeout_s, read_timeout=self.timeout_s, signature_version="s3v4",
+                    connect_timeout=self.timeout_s,
+                    read_timeout=self.timeout_s,
+                    signature_version="s3v4",
                     retries={"total_max_attempts": 1, "mode": "standard"},  # every retry is ours (see docstring)
                     s3={"addressing_style": "path" if self.endpoint_url else "auto"},
-                    request_checksum_calculation="when_required", response_checksum_validation="when_required")
-                self._client = session.client("s3", endpoint_url=self.endpoint_url, config=config,
-                                              region_name=session.region_name or "us-east-1")
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
+                )
+                self._client = session.client(
+                    "s3", endpoint_url=self.endpoint_url, config=config, region_name=session.region_name or "us-east-1"
+                )
             return self._client
 
     def key(self, rel: str) -> str:
@@ -164,6 +205,7 @@ class S3Bucket:
     # -- objects ---------------------------------------------------------------------------------------------
     def get(self, rel: str, *, max_bytes: int) -> tuple[bytes, str]:
         """(body, etag) of ``rel``; refused without reading when it is larger than ``max_bytes``."""
+
         def once() -> tuple[bytes, str]:
             resp = self.client.get_object(Bucket=self.bucket, Key=self.key(rel))
             body = resp["Body"]
@@ -179,6 +221,7 @@ class S3Bucket:
 
     def head(self, rel: str) -> tuple[int, str] | None:
         """(size, etag) of ``rel``, or None when there is no such object."""
+
         def once() -> tuple[int, str] | None:
             resp = self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
             return int(resp.get("ContentLength", 0)), resp.get("ETag", "")
@@ -188,8 +231,15 @@ class S3Bucket:
         except NotFound:
             return None
 
-    def put(self, rel: str, body: bytes | Path, *, if_match: str | None = None, if_none_match: bool = False,
-            retry: bool = True) -> str:
+    def put(
+        self,
+        rel: str,
+        body: bytes | Path,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+        retry: bool = True,
+    ) -> str:
         """Write ``rel`` (bytes, or a local file streamed from disk); its new etag. ``if_none_match``: only if
         it does not exist; ``if_match``: only if its etag is still that (412 → ``CommitConflict`` otherwise)."""
         extra = {"IfMatch": if_match} if if_match else {}
@@ -216,8 +266,11 @@ class S3Bucket:
             body, got = resp["Body"], 0
             try:
                 if int(resp.get("ContentLength", -1)) != size:
-                    raise StoreError(f"{self.location}/{rel} is {resp.get('ContentLength')} bytes, expected {size}",
-                                     code="corrupt", hint="the object was replaced; it cannot be trusted")
+                    raise StoreError(
+                        f"{self.location}/{rel} is {resp.get('ContentLength')} bytes, expected {size}",
+                        code="corrupt",
+                        hint="the object was replaced; it cannot be trusted",
+                    )
                 with open(dest, "wb") as f:
                     for chunk in iter(lambda: body.read(_CHUNK), b""):
                         got += len(chunk)
@@ -226,8 +279,10 @@ class S3Bucket:
             finally:
                 body.close()
             if got != size:
-                raise StoreUnavailable(f"{self.location}/{rel}: the download stopped at {got} of {size} bytes",
-                                       hint="retried automatically")
+                raise StoreUnavailable(
+                    f"{self.location}/{rel}: the download stopped at {got} of {size} bytes",
+                    hint="retried automatically",
+                )
 
         self.call(f"download {rel}", once)
 
@@ -238,16 +293,25 @@ class S3Bucket:
     def entries(self, rel_prefix: str = "", *, max_keys: int = 1_000_000) -> list[tuple[str, int, str, float]]:
         """(key relative to the prefix, size, etag, last modified as a Unix time) of every object whose key
         starts with ``rel_prefix``, sorted."""
+
         def once() -> list[tuple[str, int, str, float]]:
             out, pages = [], self.client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=self.bucket, Prefix=self.key(rel_prefix)):
                 for item in page.get("Contents", []):
                     modified = item.get("LastModified")
-                    out.append((item["Key"][len(self.prefix):], int(item.get("Size", 0)), str(item.get("ETag", "")),
-                                modified.timestamp() if modified is not None else 0.0))
+                    out.append(
+                        (
+                            item["Key"][len(self.prefix) :],
+                            int(item.get("Size", 0)),
+                            str(item.get("ETag", "")),
+                            modified.timestamp() if modified is not None else 0.0,
+                        )
+                    )
                 if len(out) > max_keys:
-                    raise StoreError(f"{self.location}/{rel_prefix} holds more than {max_keys} objects",
-                                     hint="use a fresh prefix for the run")
+                    raise StoreError(
+                        f"{self.location}/{rel_prefix} holds more than {max_keys} objects",
+                        hint="use a fresh prefix for the run",
+                    )
             return sorted(out)
 
         return self.call(f"list {rel_prefix or '/'}", once)
@@ -255,21 +319,32 @@ class S3Bucket:
     def presign_put(self, rel: str, expires_s: int) -> str:
         """A URL that lets its holder PUT ``rel`` once (``If-None-Match: *`` is signed in) for ``expires_s``
         seconds, with no credentials of its own. Local computation: no request is made."""
-        return self.call(f"sign an upload URL for {rel}", lambda: self.client.generate_presigned_url(
-            "put_object", Params={"Bucket": self.bucket, "Key": self.key(rel), "IfNoneMatch": "*"},
-            ExpiresIn=int(expires_s), HttpMethod="PUT"), retry=False)
+        return self.call(
+            f"sign an upload URL for {rel}",
+            lambda: self.client.generate_presigned_url(
+                "put_object",
+                Params={"Bucket": self.bucket, "Key": self.key(rel), "IfNoneMatch": "*"},
+                ExpiresIn=int(expires_s),
+                HttpMethod="PUT",
+            ),
+            retry=False,
+        )
 
     def delete(self, rels: list[str]) -> None:
         """Delete these objects (up to 1000 per request); objects already gone are fine."""
         for i in range(0, len(rels), 1000):
-            batch = {"Objects": [{"Key": self.key(r)} for r in rels[i:i + 1000]], "Quiet": True}
-            resp = self.call(f"delete {len(batch['Objects'])} objects",
-                             lambda: self.client.delete_objects(Bucket=self.bucket, Delete=batch))
+            batch = {"Objects": [{"Key": self.key(r)} for r in rels[i : i + 1000]], "Quiet": True}
+            resp = self.call(
+                f"delete {len(batch['Objects'])} objects",
+                lambda: self.client.delete_objects(Bucket=self.bucket, Delete=batch),
+            )
             failed = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if failed:
-                raise StoreError(f"{self.location}: {len(failed)} objects could not be deleted (first: "
-                                 f"{failed[0].get('Key')}: {failed[0].get('Code')})",
-                                 hint="check that the credentials may delete objects (s3:DeleteObject)")
+                raise StoreError(
+                    f"{self.location}: {len(failed)} objects could not be deleted (first: "
+                    f"{failed[0].get('Key')}: {failed[0].get('Code')})",
+                    hint="check that the credentials may delete objects (s3:DeleteObject)",
+                )
 
     def check_conditional_writes(self) -> None:
         """Refuse a backend that ignores ``If-None-Match: *``: write a fresh probe object twice with it; the
@@ -293,18 +368,27 @@ class S3Bucket:
         raise StoreError(
             f"{self.location}: the object store ignores conditional writes (a second PUT with If-None-Match: * "
             "did not answer 412): without compare-and-swap, two coordinators, a worker and a retry could "
-            "overwrite each other's objects", code="no_conditional_writes",
+            "overwrite each other's objects",
+            code="no_conditional_writes",
             hint="use a store that supports conditional writes: AWS S3, MinIO (2024 or later), Cloudflare R2; or "
-                 "keep the run repo on the Hub and submissions in the run repo (leave hub.submissions unset)")
+            "keep the run repo on the Hub and submissions in the run repo (leave hub.submissions unset)",
+        )
 
     def presign_post(self, rel: str, max_bytes: int, expires_s: int) -> str:
         """A presigned POST form that lets its holder upload ``rel`` of 1 to ``max_bytes`` bytes for ``expires_s``
         seconds (the policy's ``content-length-range``: the store refuses a larger file with 400
         ``EntityTooLarge``), as one URL: the form's action, then ``#`` and its fields, URL-encoded (a fragment
         is never sent: ``hubgrpo.worker.delivery`` posts the fields and the file). Local computation."""
-        post = self.call(f"sign an upload form for {rel}", lambda: self.client.generate_presigned_post(
-            self.bucket, self.key(rel), Conditions=[["content-length-range", 1, int(max_bytes)]],
-            ExpiresIn=int(expires_s)), retry=False)
+        post = self.call(
+            f"sign an upload form for {rel}",
+            lambda: self.client.generate_presigned_post(
+                self.bucket,
+                self.key(rel),
+                Conditions=[["content-length-range", 1, int(max_bytes)]],
+                ExpiresIn=int(expires_s),
+            ),
+            retry=False,
+        )
         return f"{post['url']}#{urlencode(post['fields'])}"
 
     def bounds_posts(self) -> bool:
@@ -315,8 +399,13 @@ class S3Bucket:
         rel = f".hubgrpo-probe/{uuid.uuid4().hex}"
         url, _, fields = self.presign_post(rel, 1, 300).partition("#")
         try:
-            resp = httpx.post(url, data=dict(parse_qsl(fields)), files={"file": ("probe", b"12")},
-                              timeout=self.timeout_s, follow_redirects=False)
+            resp = httpx.post(
+                url,
+                data=dict(parse_qsl(fields)),
+                files={"file": ("probe", b"12")},
+                timeout=self.timeout_s,
+                follow_redirects=False,
+            )
         except httpx.HTTPError:
             return False
         if resp.status_code < 300:
@@ -344,11 +433,17 @@ class S3Bucket:
             if "BucketAlreadyOwnedByYou" in e.message:
                 return
             if "BucketAlreadyExists" in e.message:
-                raise StoreError(f"{self.location}: the bucket name is taken by another account", code="exists",
-                                 hint="pick another bucket name") from None
+                raise StoreError(
+                    f"{self.location}: the bucket name is taken by another account",
+                    code="exists",
+                    hint="pick another bucket name",
+                ) from None
             raise
 
     def _check_size(self, rel: str, size: int, max_bytes: int) -> None:
         if size > max_bytes:
-            raise StoreError(f"{self.location}/{rel} is {size:,} bytes, more than the {max_bytes:,} allowed",
-                             code="too_large", hint="it was not written by hubgrpo; it is not read")
+            raise StoreError(
+                f"{self.location}/{rel} is {size:,} bytes, more than the {max_bytes:,} allowed",
+                code="too_large",
+                hint="it was not written by hubgrpo; it is not read",
+            )

@@ -33,8 +33,9 @@ GRACE_S = 3600.0  # unreachable objects younger than this stay for a later gc
 COMMITS, BLOBS = "commits/", "blobs/"
 
 
-def squash(store, *, message: str, head_tags: Sequence[str], rebuild: Mapping[str, Sequence[str]],
-           drop: Sequence[str]) -> dict[str, str]:
+def squash(
+    store, *, message: str, head_tags: Sequence[str], rebuild: Mapping[str, Sequence[str]], drop: Sequence[str]
+) -> dict[str, str]:
     """Rewrite the S3 run repo ``store`` as described above; {"main": sha, tag: sha, …} of the refs kept."""
     from hubgrpo.store.s3 import TAGS
 
@@ -52,8 +53,12 @@ def squash(store, *, message: str, head_tags: Sequence[str], rebuild: Mapping[st
         raise StoreError(f"{store.location}: tag {missing[0]} is missing", hint="restore it, then run gc again")
     deleted, young = _reclaim(store, {main, *tags.values()}, started - GRACE_S)
     if young:
-        log.warning("%s: %d unreachable objects are younger than %.0f s and stay; run gc again later to reclaim "
-                    "them", store.location, young, GRACE_S)
+        log.warning(
+            "%s: %d unreachable objects are younger than %.0f s and stay; run gc again later to reclaim them",
+            store.location,
+            young,
+            GRACE_S,
+        )
     log.info("%s: deleted %d objects", store.location, deleted)
     return {"main": main, **{t: tags[t] for t in (*head_tags, *rebuild)}}
 
@@ -69,9 +74,11 @@ def _one_commit(store, message: str) -> str:
     sha, data = manifest.encode(tree, None, message, str(uuid.uuid4()), time.time())
     store._create(f"{COMMITS}{sha}.json", data, same_if_exists=True)
     if not store._swap(sha, head, etag):
-        raise CommitConflict(f"{store.location}: the head moved while gc ran (a coordinator or a worker is "
-                             "writing); nothing was deleted", hint="stop the coordinator and every worker, then "
-                             "run gc again")
+        raise CommitConflict(
+            f"{store.location}: the head moved while gc ran (a coordinator or a worker is "
+            "writing); nothing was deleted",
+            hint="stop the coordinator and every worker, then run gc again",
+        )
     return sha
 
 
@@ -90,7 +97,7 @@ def _unreachable(store, prefix: str, alive: set[str], cutoff: float) -> tuple[li
     """(keys under ``prefix`` whose names are not ``alive`` and that are older than ``cutoff``, how many younger)."""
     old, young = [], 0
     for key, _, _, modified in store.objects.entries(prefix):
-        if key[len(prefix):] in alive:
+        if key[len(prefix) :] in alive:
             continue
         if modified < cutoff:
             old.append(key)

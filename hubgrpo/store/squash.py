@@ -27,8 +27,9 @@ from hubgrpo.errors import StoreError
 from hubgrpo.store.squash_hub import SCRATCH_BRANCH, TEMP_PREFIX  # noqa: F401 (re-exported)
 
 
-def squash(store, *, message: str, head_tags: Sequence[str], rebuild: Mapping[str, Sequence[str]],
-           drop: Sequence[str]) -> dict[str, str]:
+def squash(
+    store, *, message: str, head_tags: Sequence[str], rebuild: Mapping[str, Sequence[str]], drop: Sequence[str]
+) -> dict[str, str]:
     """Rewrite ``store`` as described above; returns {"main": sha, tag: sha, …} of the new refs."""
     from hubgrpo.store.hub import HubStore
     from hubgrpo.store.local import LocalStore
@@ -43,8 +44,10 @@ def squash(store, *, message: str, head_tags: Sequence[str], rebuild: Mapping[st
         from hubgrpo.store.s3_gc import squash as squash_s3
 
         return squash_s3(store, message=message, head_tags=head_tags, rebuild=rebuild, drop=drop)
-    raise StoreError(f"{type(store).__name__} ({store.location}) cannot rewrite its history",
-                     hint="hubgrpo gc works on local run folders and Hub repos")
+    raise StoreError(
+        f"{type(store).__name__} ({store.location}) cannot rewrite its history",
+        hint="hubgrpo gc works on local run folders and Hub repos",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ local
@@ -99,7 +102,7 @@ def restore_tags(store, tags: dict[str, str] | None = None, *, write: bool = Tru
     stand-in ``hubgrpo-gc.<tag>`` (``squash_hub``, step 4); without ``write`` only the returned view has them."""
     tags = dict(store.tags() if tags is None else tags)
     for temp, sha in sorted(tags.items()):
-        name = temp[len(TEMP_PREFIX):]
+        name = temp[len(TEMP_PREFIX) :]
         if temp.startswith(TEMP_PREFIX) and name and name not in tags:
             if write:
                 store.tag(name, sha, exist_ok=True)

@@ -35,8 +35,9 @@ TEMP_PREFIX = "hubgrpo-gc."  # + the tag it stands in for while that tag moves
 CHAIN = 50  # commits a writer may add on top of the squashed root while gc runs (stop the writers first)
 
 
-def squash_hub(store, message: str, head_tags: Sequence[str], rebuild: Mapping[str, Sequence[str]],
-               drop: Sequence[str]) -> dict[str, str]:
+def squash_hub(
+    store, message: str, head_tags: Sequence[str], rebuild: Mapping[str, Sequence[str]], drop: Sequence[str]
+) -> dict[str, str]:
     """Steps 1–6 above on a ``HubStore``; returns {"main": root sha, tag: sha, …} of the new refs."""
     refs = refs_of(store)
     files = {tag: {p: store.local_path(p, refs["tags"][tag]) for p in paths} for tag, paths in rebuild.items()}
@@ -54,8 +55,11 @@ def squash_hub(store, message: str, head_tags: Sequence[str], rebuild: Mapping[s
         delete_ref(store, "branch", SCRATCH_BRANCH)
     foreign = sorted(b for b in left["branches"] if b not in ("main", SCRATCH_BRANCH)) + sorted(left["pulls"])
     if foreign:  # their older commits may hold files no ref's tree shows: deleting those would break them
-        log.warning("gc kept every LFS file: the repo has branches or pull requests gc does not rewrite (%s); "
-                    "delete them first to reclaim the storage", ", ".join(foreign)[:300])
+        log.warning(
+            "gc kept every LFS file: the repo has branches or pull requests gc does not rewrite (%s); "
+            "delete them first to reclaim the storage",
+            ", ".join(foreign)[:300],
+        )
         return new
     _delete_dead_lfs(store, {left["branches"]["main"]} | {s for t, s in left["tags"].items() if t not in gone})
     return new
@@ -70,11 +74,14 @@ def _kw(store) -> dict:
 
 def refs_of(store) -> dict[str, dict[str, str]]:
     """{"branches": {name: sha}, "tags": {name: sha}, "pulls": {ref: sha}} in one call."""
+
     def read(_uncertain: bool) -> dict:
         refs = store.api.list_repo_refs(store.repo_id, include_pull_requests=True, **_kw(store))
-        return {"branches": {b.name: b.target_commit for b in refs.branches},
-                "tags": {t.name: t.target_commit for t in refs.tags},
-                "pulls": {p.ref: p.target_commit for p in refs.pull_requests or []}}
+        return {
+            "branches": {b.name: b.target_commit for b in refs.branches},
+            "tags": {t.name: t.target_commit for t in refs.tags},
+            "pulls": {p.ref: p.target_commit for p in refs.pull_requests or []},
+        }
 
     return store._run("list refs", read)
 
@@ -115,8 +122,10 @@ def ensure_ref(store, kind: str, name: str, target: str) -> None:
             if held is None:
                 raise  # the repo was busy: retried
             if held != target:
-                raise StoreError(f"{kind} {name} on {store.location} names {held[:12]}, not {target[:12]}",
-                                 hint="another writer changed the repo during gc: stop it and run gc again") from None
+                raise StoreError(
+                    f"{kind} {name} on {store.location} names {held[:12]}, not {target[:12]}",
+                    hint="another writer changed the repo during gc: stop it and run gc again",
+                ) from None
 
     store._run(f"create {kind} {name}", attempt, recover=lambda: True if now() == target else None)
 
@@ -150,12 +159,17 @@ def _squash_main(store, message: str) -> str:
     root = _root_head(store)
     if root is not None:
         return root
-    store._run("super-squash main", lambda _u: store.api.super_squash_history(
-        store.repo_id, branch="main", commit_message=message, **_kw(store)), recover=lambda: _root_head(store))
+    store._run(
+        "super-squash main",
+        lambda _u: store.api.super_squash_history(store.repo_id, branch="main", commit_message=message, **_kw(store)),
+        recover=lambda: _root_head(store),
+    )
     root = _root_head(store, CHAIN)
     if root is None:
-        raise StoreError(f"gc on {store.location}: more than {CHAIN} commits landed on main while it was squashed",
-                         hint="stop the coordinator and the workers, then run gc again")
+        raise StoreError(
+            f"gc on {store.location}: more than {CHAIN} commits landed on main while it was squashed",
+            hint="stop the coordinator and the workers, then run gc again",
+        )
     return root
 
 
@@ -170,9 +184,11 @@ def _rebuild(store, root: str, files: dict, message: str, *, stale: bool) -> dic
     ensure_ref(store, "branch", SCRATCH_BRANCH, root)
     present, parent, out = set(store.list_files("", root)), root, {}
     for tag, local in files.items():
+
         def ops(local=local, present=present) -> list:
-            return ([CommitOperationDelete(path_in_repo=p) for p in sorted(present - set(local))]
-                    + [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(f)) for p, f in local.items()])
+            return [CommitOperationDelete(path_in_repo=p) for p in sorted(present - set(local))] + [
+                CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(f)) for p, f in local.items()
+            ]
 
         out[tag] = parent = _scratch_commit(store, ops, f"{message} ({tag})", parent)
         present = set(local)
@@ -185,8 +201,15 @@ def _scratch_commit(store, ops, message: str, parent: str) -> str:
     marker = f"{MARKER_PREFIX}{uuid.uuid4()}"
 
     def attempt(_uncertain: bool) -> str:
-        return store.api.create_commit(store.repo_id, ops(), commit_message=message, commit_description=marker,
-                                       revision=SCRATCH_BRANCH, parent_commit=parent, **_kw(store)).oid
+        return store.api.create_commit(
+            store.repo_id,
+            ops(),
+            commit_message=message,
+            commit_description=marker,
+            revision=SCRATCH_BRANCH,
+            parent_commit=parent,
+            **_kw(store),
+        ).oid
 
     def recover() -> str | None:
         top = store.api.list_repo_commits(store.repo_id, revision=SCRATCH_BRANCH, **_kw(store))[0]
@@ -200,8 +223,12 @@ def _delete_dead_lfs(store, refs: set[str]) -> int:
     returns how many."""
     live = set()
     for sha in sorted(refs):
-        entries = store._run(f"list {sha[:12]}", lambda _u, sha=sha: list(store.api.list_repo_tree(
-            store.repo_id, recursive=True, revision=sha, **_kw(store))))
+        entries = store._run(
+            f"list {sha[:12]}",
+            lambda _u, sha=sha: list(
+                store.api.list_repo_tree(store.repo_id, recursive=True, revision=sha, **_kw(store))
+            ),
+        )
         live.update(e.lfs.sha256 for e in entries if getattr(e, "lfs", None) is not None)
 
     def attempt(_uncertain: bool) -> int:  # listed again on each try: a retry deletes only what is still there

@@ -32,8 +32,10 @@ def apply_changes(old: dict[str, str], blobs: dict[str, str], deletes: list[str]
     for d in deletes:
         gone = [p for p in new if p.startswith(d)] if d.endswith("/") else [d] if d in new else []
         if not gone:
-            raise NotFound(f"cannot delete {d!r}: no such {'folder' if d.endswith('/') else 'file'} at head {head}",
-                           hint="a folder delete ends with '/'; list_files() shows what exists")
+            raise NotFound(
+                f"cannot delete {d!r}: no such {'folder' if d.endswith('/') else 'file'} at head {head}",
+                hint="a folder delete ends with '/'; list_files() shows what exists",
+            )
         for p in gone:
             del new[p]
     new.update(blobs)
@@ -43,8 +45,10 @@ def apply_changes(old: dict[str, str], blobs: dict[str, str], deletes: list[str]
         above = next((q for q in ("/".join(parts[:i]) for i in range(1, len(parts))) if q in new), None)
         i = bisect.bisect_left(keys, path + "/")
         if above or (i < len(keys) and keys[i].startswith(path + "/")):
-            raise InvalidPath(f"repo path {above or path!r} would be both a file and a folder",
-                              hint="delete the file (or folder) in the same commit, or choose another path")
+            raise InvalidPath(
+                f"repo path {above or path!r} would be both a file and a folder",
+                hint="delete the file (or folder) in the same commit, or choose another path",
+            )
     return new
 
 

@@ -37,8 +37,10 @@ _DEFAULT_MAPPING = {"prompt": "prompt", "answer": "answer"}
 def _builtin_rows(path: str, options: dict[str, Any], eval_set: bool) -> list[dict]:
     task = path.removeprefix("builtin:")
     if task not in BUILTIN_TASKS:
-        raise DataError(f"unknown built-in task {path!r}",
-                        hint=f"use one of {', '.join('builtin:' + t for t in BUILTIN_TASKS)}, a file or a Hub dataset")
+        raise DataError(
+            f"unknown built-in task {path!r}",
+            hint=f"use one of {', '.join('builtin:' + t for t in BUILTIN_TASKS)}, a file or a Hub dataset",
+        )
     opts = dict(options)
     size, eval_size = int(opts.pop("size", 5000)), int(opts.pop("eval_size", 200))
     seed = int(opts.pop("seed", 0)) + (1_000_003 if eval_set else 0)  # a separate stream for eval_split
@@ -47,8 +49,10 @@ def _builtin_rows(path: str, options: dict[str, Any], eval_set: bool) -> list[di
         return BUILTIN_TASKS[task](size, seed, **opts)
     except TypeError as e:
         knobs = [p for p in inspect.signature(BUILTIN_TASKS[task]).parameters if p not in ("size", "seed")]
-        raise DataError(f"{path}: bad option in data.options ({e})",
-                        hint=f"{path} accepts size, seed, eval_size, {', '.join(knobs)}") from None
+        raise DataError(
+            f"{path}: bad option in data.options ({e})",
+            hint=f"{path} accepts size, seed, eval_size, {', '.join(knobs)}",
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -69,8 +73,9 @@ def _read_local(path: Path):
                     try:
                         records.append(json.loads(line))
                     except json.JSONDecodeError as e:
-                        raise DataError(f"{path}, line {n}: not valid JSON ({e.msg})",
-                                        hint="one JSON object per line") from None
+                        raise DataError(
+                            f"{path}, line {n}: not valid JSON ({e.msg})", hint="one JSON object per line"
+                        ) from None
             return datasets.Dataset.from_list(records)
         if suffix == ".json":
             records = json.loads(path.read_text(encoding="utf-8"))
@@ -87,8 +92,9 @@ def _read_local(path: Path):
     except DataError:
         raise
     except (OSError, ValueError, TypeError, UnicodeDecodeError) as e:  # pyarrow errors subclass these
-        raise DataError(f"cannot read data file {path}: {e}",
-                        hint=f"check that it is valid {suffix[1:]} with one row per prompt") from None
+        raise DataError(
+            f"cannot read data file {path}: {e}", hint=f"check that it is valid {suffix[1:]} with one row per prompt"
+        ) from None
 
 
 def _load_hub(data: DataConfig, split: str):
@@ -97,8 +103,10 @@ def _load_hub(data: DataConfig, split: str):
     try:
         return datasets.load_dataset(data.path, data.name, split=split)
     except Exception as e:  # datasets raises many unrelated types (HTTP, FileNotFound, ValueError…)
-        raise DataError(f"cannot load dataset {data.path!r} (config {data.name!r}, split {split!r}): {e}",
-                        hint="check data.path / data.name / the split names, your network and HF_TOKEN") from None
+        raise DataError(
+            f"cannot load dataset {data.path!r} (config {data.name!r}, split {split!r}): {e}",
+            hint="check data.path / data.name / the split names, your network and HF_TOKEN",
+        ) from None
 
 
 def _load_split(data: DataConfig, split: str | None, eval_set: bool):
@@ -113,8 +121,10 @@ def _load_split(data: DataConfig, split: str | None, eval_set: bool):
             return _read_local(p)
         q = Path(split).expanduser()
         if q.suffix.lower() not in LOCAL_SUFFIXES:
-            raise DataError(f"data.eval_split {split!r}: a local data file has no named splits",
-                            hint="set eval_split to another data file, or leave it empty to use eval_fraction")
+            raise DataError(
+                f"data.eval_split {split!r}: a local data file has no named splits",
+                hint="set eval_split to another data file, or leave it empty to use eval_fraction",
+            )
         return _read_local(q)
     return _load_hub(data, split)
 
@@ -124,15 +134,19 @@ def _check_columns(ds, data: DataConfig, where: str) -> dict[str, str]:
     mapping = {**_DEFAULT_MAPPING, **data.column_mapping}
     unknown = set(mapping) - set(_COLUMNS)
     if unknown:
-        raise DataError(f"data.column_mapping has unknown keys {sorted(unknown)}",
-                        hint=f"map hubgrpo's columns {', '.join(_COLUMNS)} to your dataset's column names")
+        raise DataError(
+            f"data.column_mapping has unknown keys {sorted(unknown)}",
+            hint=f"map hubgrpo's columns {', '.join(_COLUMNS)} to your dataset's column names",
+        )
     present = {}
     for ours, theirs in mapping.items():
         if theirs in ds.column_names:
             present[ours] = theirs
         elif ours == "prompt" or theirs != _DEFAULT_MAPPING.get(ours):  # the prompt, or an explicit mapping
-            raise DataError(f"{where}: column {theirs!r} (for {ours}) not found; columns are {ds.column_names}",
-                            hint=f"set data.column_mapping.{ours} to the column holding the {ours}")
+            raise DataError(
+                f"{where}: column {theirs!r} (for {ours}) not found; columns are {ds.column_names}",
+                hint=f"set data.column_mapping.{ours} to the column holding the {ours}",
+            )
     return present
 
 
@@ -198,8 +212,10 @@ class PromptSource:
         for raw in indices:
             i = raw if isinstance(raw, numbers.Integral) and not isinstance(raw, bool) else -1
             if i < 0:
-                raise DataError(f"prompt index {raw!r} is not a non-negative integer",
-                                hint="lease.prompt_indices holds a running counter starting at 0")
+                raise DataError(
+                    f"prompt index {raw!r} is not a non-negative integer",
+                    hint="lease.prompt_indices holds a running counter starting at 0",
+                )
             epoch, pos = divmod(int(i), n)
             out.append(self._format(self._train[self._perm(epoch)[pos]]))
         return out
@@ -225,8 +241,10 @@ def format_prompt(prompt: Any, system: str | None, chat: bool) -> str | list[dic
     """A raw prompt (text or messages) as chat messages with the system prompt, or as plain text."""
     if isinstance(prompt, list):
         if not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
-            raise DataError("a chat prompt must be a list of {role, content} messages",
-                            hint="fix the prompt column, or map data.column_mapping.prompt to a text column")
+            raise DataError(
+                "a chat prompt must be a list of {role, content} messages",
+                hint="fix the prompt column, or map data.column_mapping.prompt to a text column",
+            )
         msgs = [{"role": m["role"], "content": m["content"]} for m in prompt]
         if system and msgs and msgs[0]["role"] != "system":
             msgs = [{"role": "system", "content": system}] + msgs
@@ -245,8 +263,9 @@ def truncate_prompt(prompt: str | list[dict], tokenizer, max_tokens: int | None)
     if isinstance(prompt, str):
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return prompt if len(ids) <= max_tokens else tokenizer.decode(ids[-max_tokens:])
-    total = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
-                ["input_ids"])
+    total = len(
+        tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    )
     if total <= max_tokens:
         return prompt
     last = tokenizer(prompt[-1]["content"], add_special_tokens=False)["input_ids"]

@@ -17,9 +17,20 @@ from hubgrpo.task.procedural import BUILTIN_TASKS
 from hubgrpo.task.rewards import BUILTIN_REWARDS
 
 # transformers.SchedulerType's values (tests/test_recipe.py keeps this list equal to the installed enum)
-SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-              "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr",
-              "warmup_stable_decay", "greedy")
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+    "greedy",
+)
 
 
 def reward_problem(spec: str) -> str | None:
@@ -27,13 +38,14 @@ def reward_problem(spec: str) -> str | None:
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
         if name not in BUILTIN_REWARDS:
-            return (f"unknown built-in reward {spec!r}: use one of "
-                    f"{', '.join('builtin:' + n for n in BUILTIN_REWARDS)}")
+            return f"unknown built-in reward {spec!r}: use one of {', '.join('builtin:' + n for n in BUILTIN_REWARDS)}"
         return None
     target, _, fn_name = spec.rpartition(":")
     if not target or not fn_name.isidentifier():
-        return (f"reward function {spec!r} is not of the form module:function or file.py:function "
-                "(e.g. my_pkg.rewards:score or rewards/score.py:score)")
+        return (
+            f"reward function {spec!r} is not of the form module:function or file.py:function "
+            "(e.g. my_pkg.rewards:score or rewards/score.py:score)"
+        )
     return None
 
 
@@ -53,8 +65,10 @@ def data_problem(path: str, options: dict) -> str | None:
     knobs = [p for p in inspect.signature(make).parameters if p not in ("size", "seed")]
     unknown = sorted(set(opts) - set(knobs))
     if unknown:
-        return (f"{path} has no option {', '.join(map(repr, unknown))} in data.options: it accepts size, seed, "
-                f"eval_size{', ' + ', '.join(knobs) if knobs else ''}")
+        return (
+            f"{path} has no option {', '.join(map(repr, unknown))} in data.options: it accepts size, seed, "
+            f"eval_size{', ' + ', '.join(knobs) if knobs else ''}"
+        )
     try:
         make(2, 0, **opts)
     except (DataError, TypeError, ValueError) as e:
@@ -64,19 +78,22 @@ def data_problem(path: str, options: dict) -> str | None:
 
 def problems(cfg: Config) -> list[str]:
     """Every task problem of ``cfg``, each naming its key."""
-    out = [f"rewards[{i}].function: {p}" for i, rc in enumerate(cfg.rewards)
-           if (p := reward_problem(rc.function))]
+    out = [f"rewards[{i}].function: {p}" for i, rc in enumerate(cfg.rewards) if (p := reward_problem(rc.function))]
     if p := data_problem(cfg.data.path, cfg.data.options):
         out.append(f"data: {p}")
     p = cfg.params
     if p.lr_scheduler_type not in SCHEDULERS:
-        out.append(f"params.lr_scheduler_type: {p.lr_scheduler_type!r} is not a transformers scheduler: "
-                   f"use one of {', '.join(SCHEDULERS)}")
+        out.append(
+            f"params.lr_scheduler_type: {p.lr_scheduler_type!r} is not a transformers scheduler: "
+            f"use one of {', '.join(SCHEDULERS)}"
+        )
     elif p.warmup_steps >= p.steps_per_round and p.lr_scheduler_type != "constant":
-        out.append(f"params.warmup_steps ({p.warmup_steps}) >= params.steps_per_round ({p.steps_per_round}): the "
-                   f"{p.lr_scheduler_type} schedule starts again every round, so its steps would all train at a "
-                   "warm-up rate; for a warm-up over the whole run use params.run_lr_schedule: wsd with "
-                   "params.run_lr_warmup, and warmup_steps: 0")
+        out.append(
+            f"params.warmup_steps ({p.warmup_steps}) >= params.steps_per_round ({p.steps_per_round}): the "
+            f"{p.lr_scheduler_type} schedule starts again every round, so its steps would all train at a "
+            "warm-up rate; for a warm-up over the whole run use params.run_lr_schedule: wsd with "
+            "params.run_lr_warmup, and warmup_steps: 0"
+        )
     return out
 
 
@@ -84,5 +101,7 @@ def check_task(cfg: Config, source: str = "the config") -> None:
     """Raise ``ConfigError`` listing every problem ``problems`` finds in ``cfg``."""
     found = problems(cfg)
     if found:
-        raise ConfigError(f"{source} would fail on every worker:\n  " + "\n  ".join(found),
-                          hint="fix these keys (`hubgrpo config fields` lists what each accepts)")
+        raise ConfigError(
+            f"{source} would fail on every worker:\n  " + "\n  ".join(found),
+            hint="fix these keys (`hubgrpo config fields` lists what each accepts)",
+        )

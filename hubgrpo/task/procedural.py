@@ -21,8 +21,16 @@ from hubgrpo.errors import DataError
 
 ANSWER_INSTRUCTION = "Put only the final answer inside <answer></answer>."
 NAMES = ("Mia", "Leo", "Ava", "Noah", "Zoe", "Omar", "Lena", "Ravi", "Ines", "Kofi", "Yuki", "Sam")
-ITEMS = (("apple", "bag"), ("marble", "jar"), ("sticker", "sheet"), ("cookie", "tin"), ("pencil", "pack"),
-         ("shell", "bucket"), ("card", "deck"), ("egg", "carton"))  # plurals: + "s"
+ITEMS = (
+    ("apple", "bag"),
+    ("marble", "jar"),
+    ("sticker", "sheet"),
+    ("cookie", "tin"),
+    ("pencil", "pack"),
+    ("shell", "bucket"),
+    ("card", "deck"),
+    ("egg", "carton"),
+)  # plurals: + "s"
 
 
 def make_addition(size: int, seed: int, digits: int = 1, terms: int = 2) -> list[dict]:
@@ -32,7 +40,7 @@ def make_addition(size: int, seed: int, digits: int = 1, terms: int = 2) -> list
     rng = random.Random(seed)
     rows = []
     for _ in range(size):
-        xs = [rng.randint(0, 10 ** digits - 1) for _ in range(terms)]
+        xs = [rng.randint(0, 10**digits - 1) for _ in range(terms)]
         rows.append({"prompt": f"What is {' + '.join(map(str, xs))}? {ANSWER_INSTRUCTION}", "answer": str(sum(xs))})
     return rows
 
@@ -41,12 +49,14 @@ def make_arithmetic(size: int, seed: int, terms: int = 3, digits: int = 1, ops: 
     """``size`` expressions of ``terms`` numbers (up to ``digits`` digits) joined by operators drawn from ``ops``;
     answer = the value with ``*`` binding tighter than ``+`` and ``-``."""
     if terms < 2 or digits < 1 or not ops or set(ops) - set("+-*"):
-        raise DataError(f"builtin:arithmetic needs terms >= 2, digits >= 1 and ops made of + - * "
-                        f"(got terms={terms}, digits={digits}, ops={ops!r})")
+        raise DataError(
+            f"builtin:arithmetic needs terms >= 2, digits >= 1 and ops made of + - * "
+            f"(got terms={terms}, digits={digits}, ops={ops!r})"
+        )
     rng = random.Random(seed)
     rows = []
     for _ in range(size):
-        xs = [rng.randint(0, 10 ** digits - 1) for _ in range(terms)]
+        xs = [rng.randint(0, 10**digits - 1) for _ in range(terms)]
         expr = str(xs[0])
         for x in xs[1:]:
             expr += f" {rng.choice(ops)} {x}"
@@ -121,12 +131,17 @@ def make_countdown(size: int, seed: int, numbers: int = 3, max_number: int = 10)
             op = rng.choice("+-*")
             target = target + x if op == "+" else target - x if op == "-" else target * x
             expr = f"{expr} {op} {x}" if j == 1 else f"({expr}) {op} {x}"
-        prompt = (f"Using the numbers {', '.join(map(str, xs))} (each at most once) and + - *, make {target}. "
-                  "Put only the expression inside <answer></answer>.")
+        prompt = (
+            f"Using the numbers {', '.join(map(str, xs))} (each at most once) and + - *, make {target}. "
+            "Put only the expression inside <answer></answer>."
+        )
         rows.append({"prompt": prompt, "answer": expr, "numbers": xs, "target": target})
     return rows
 
 
 BUILTIN_TASKS: dict[str, Callable[..., list[dict]]] = {
-    "addition": make_addition, "arithmetic": make_arithmetic, "word_problems": make_word_problems,
-    "countdown": make_countdown}
+    "addition": make_addition,
+    "arithmetic": make_arithmetic,
+    "word_problems": make_word_problems,
+    "countdown": make_countdown,
+}

@@ -40,17 +40,30 @@ def score(rewards: list[IsolatedReward], inputs: list[tuple], budget_s: float) -
     """``[batch][function][completion]`` values of ``rewards`` for ``inputs`` (one ``(prompts, columns,
     completions)`` per generation batch), computed in a child process within ``budget_s`` seconds. Raises
     ``TimeoutError`` past the budget (the child is killed), ``RewardError`` when a function fails."""
-    request = pickle.dumps({"path": list(sys.path), "budget_s": budget_s, "inputs": inputs,
-                            "rewards": [(r.spec, r.__name__, r.weight, r.kwargs) for r in rewards]})
+    request = pickle.dumps(
+        {
+            "path": list(sys.path),
+            "budget_s": budget_s,
+            "inputs": inputs,
+            "rewards": [(r.spec, r.__name__, r.weight, r.kwargs) for r in rewards],
+        }
+    )
     env = {k: v for k, v in os.environ.items() if k not in WITHHELD}  # a reward may run what a completion says
-    proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", __name__],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+    )
     try:
         out, err = proc.communicate(request, timeout=budget_s)
     except subprocess.TimeoutExpired:
         names = ", ".join(r.__name__ for r in rewards)
-        raise TimeoutError(f"reward function {names} took more than {budget_s:g} s on this round's "
-                           "completions (stopped)") from None
+        raise TimeoutError(
+            f"reward function {names} took more than {budget_s:g} s on this round's completions (stopped)"
+        ) from None
     finally:
         _kill(proc)
     try:
@@ -95,8 +108,10 @@ def main() -> int:
 
     batch = None
     try:
-        functions = [Reward(load_function(spec), name=name, weight=weight, kwargs=kwargs)
-                     for spec, name, weight, kwargs in request["rewards"]]
+        functions = [
+            Reward(load_function(spec), name=name, weight=weight, kwargs=kwargs)
+            for spec, name, weight, kwargs in request["rewards"]
+        ]
         values = []
         for batch, (prompts, columns, completions) in enumerate(request["inputs"]):
             values.append([f(prompts, completions, **columns) for f in functions])

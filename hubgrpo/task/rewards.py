@@ -78,7 +78,7 @@ def extract_answer(text: str) -> str | None:
         end = text.find("</answer>", start + 8)
         if end < 0:
             break
-        found, pos = text[start + 8:end], end + 9
+        found, pos = text[start + 8 : end], end + 9
     return found.strip() if found is not None else None
 
 
@@ -106,8 +106,10 @@ def reference_number(answer: Any) -> float | None:
 
 def _need(column: str, values: Any, name: str) -> Sequence:
     if values is None:
-        raise RewardError(f"reward builtin:{name} needs a {column!r} column in the data",
-                          hint=f"map it with data.column_mapping.{column}, or choose another reward")
+        raise RewardError(
+            f"reward builtin:{name} needs a {column!r} column in the data",
+            hint=f"map it with data.column_mapping.{column}, or choose another reward",
+        )
     return values
 
 
@@ -180,8 +182,9 @@ def countdown(prompts, completions, numbers=None, target=None, **kwargs) -> list
     return out
 
 
-BUILTIN_REWARDS: dict[str, Callable[..., list]] = {f.__name__: f for f in (
-    exact_answer, answer_format, length_penalty, char_fraction, countdown)}
+BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
+    f.__name__: f for f in (exact_answer, answer_format, length_penalty, char_fraction, countdown)
+}
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -192,13 +195,17 @@ def load_function(spec: str) -> Callable:
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
         if name not in BUILTIN_REWARDS:
-            raise RewardError(f"unknown built-in reward {spec!r}",
-                              hint=f"use one of {', '.join('builtin:' + n for n in BUILTIN_REWARDS)}")
+            raise RewardError(
+                f"unknown built-in reward {spec!r}",
+                hint=f"use one of {', '.join('builtin:' + n for n in BUILTIN_REWARDS)}",
+            )
         return BUILTIN_REWARDS[name]
     target, _, fn_name = spec.rpartition(":")
     if not target or not fn_name.isidentifier():
-        raise RewardError(f"reward function {spec!r} is not of the form module:function or file.py:function",
-                          hint="e.g. my_pkg.rewards:score or rewards/score.py:score")
+        raise RewardError(
+            f"reward function {spec!r} is not of the form module:function or file.py:function",
+            hint="e.g. my_pkg.rewards:score or rewards/score.py:score",
+        )
     if target.endswith(".py") or "/" in target or "\\" in target:
         module = _import_file(Path(target).expanduser(), spec)
     else:
@@ -209,15 +216,18 @@ def load_function(spec: str) -> Callable:
             raise RewardError(f"cannot import module {target!r} for reward {spec!r}: {e}", hint=hint) from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise RewardError(f"{target} has no function {fn_name!r} (reward {spec!r})",
-                          hint=f"define def {fn_name}(prompts, completions, **kwargs) -> list[float]")
+        raise RewardError(
+            f"{target} has no function {fn_name!r} (reward {spec!r})",
+            hint=f"define def {fn_name}(prompts, completions, **kwargs) -> list[float]",
+        )
     return fn
 
 
 def _import_file(path: Path, spec: str):
     if not path.is_file():
-        raise RewardError(f"reward file {path} does not exist (reward {spec!r})", hint="paths are relative to the "
-                          "current directory")
+        raise RewardError(
+            f"reward file {path} does not exist (reward {spec!r})", hint="paths are relative to the current directory"
+        )
     name = f"hubgrpo_user_reward_{abs(hash(str(path.resolve())))}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
@@ -255,8 +265,10 @@ class Reward:
         except Exception as e:  # a user function: report which one, and on which prompt
             idx = self._failing_index(prompts, completions, kwargs)
             where = f" on prompt index {idx} ({_short(prompts[idx])})" if idx is not None else ""
-            raise RewardError(f"reward function {self.__name__} raised {type(e).__name__}: {e}{where}",
-                              hint="fix the function; return None for completions it cannot score") from e
+            raise RewardError(
+                f"reward function {self.__name__} raised {type(e).__name__}: {e}{where}",
+                hint="fix the function; return None for completions it cannot score",
+            ) from e
         finally:
             self.seconds += time.perf_counter() - start
         return self._check(out, len(completions))
@@ -276,11 +288,15 @@ class Reward:
         if hasattr(out, "tolist"):  # numpy arrays, torch tensors
             out = out.tolist()
         if not isinstance(out, (list, tuple)):
-            raise RewardError(f"reward function {self.__name__} returned {type(out).__name__}, not a list",
-                              hint="return one float (or None) per completion")
+            raise RewardError(
+                f"reward function {self.__name__} returned {type(out).__name__}, not a list",
+                hint="return one float (or None) per completion",
+            )
         if len(out) != n:
-            raise RewardError(f"reward function {self.__name__} returned {len(out)} values for {n} completions",
-                              hint="return exactly one float (or None) per completion, in order")
+            raise RewardError(
+                f"reward function {self.__name__} returned {len(out)} values for {n} completions",
+                hint="return exactly one float (or None) per completion, in order",
+            )
         clean: list[float | None] = []
         for i, x in enumerate(out):
             if x is None or (isinstance(x, numbers.Real) and math.isnan(x)):
@@ -288,8 +304,10 @@ class Reward:
             elif isinstance(x, numbers.Real) and math.isfinite(x):
                 clean.append(float(x))
             else:
-                raise RewardError(f"reward function {self.__name__} returned {x!r} for prompt index {i}",
-                                  hint="rewards must be finite numbers, or None to skip a completion")
+                raise RewardError(
+                    f"reward function {self.__name__} returned {x!r} for prompt index {i}",
+                    hint="rewards must be finite numbers, or None to skip a completion",
+                )
         return clean
 
 
@@ -316,11 +334,13 @@ def fill_kwargs(rc: RewardConfig, env: Mapping[str, str] | None = None) -> dict:
     if refused:
         listed = ", ".join(f"${{{n}}}" for n in refused)
         names_hint = ",".join(sorted((allowed | set(refused)) - set(NEVER_FILLED)))
-        raise ConfigError(f"reward {rc.function}: its kwargs hold {listed}, and a placeholder is filled only from a "
-                          f"name this machine's owner lists in {REWARD_ENV}",
-                          hint=f"read the run's config (whoever can write the run repo wrote it); only if this reward "
-                               f"should get that value from this machine: export {REWARD_ENV}={names_hint} and the "
-                               f"variable itself ({', '.join(NEVER_FILLED)} are never given to a reward)")
+        raise ConfigError(
+            f"reward {rc.function}: its kwargs hold {listed}, and a placeholder is filled only from a "
+            f"name this machine's owner lists in {REWARD_ENV}",
+            hint=f"read the run's config (whoever can write the run repo wrote it); only if this reward "
+            f"should get that value from this machine: export {REWARD_ENV}={names_hint} and the "
+            f"variable itself ({', '.join(NEVER_FILLED)} are never given to a reward)",
+        )
     return expand_env(dict(rc.kwargs), f"reward {rc.function} kwargs", {n: env[n] for n in allowed if n in env})
 
 
@@ -355,9 +375,11 @@ def check_allowed(configs: Sequence[RewardConfig], allowed: Sequence[str]) -> No
     missing = [f for f in foreign_code(configs) if f not in set(allowed)]
     if missing:
         flags = " ".join(f"--allow-reward {f!r}" for f in missing)
-        raise ConfigError(f"the run's config names reward code that is not built in: {', '.join(missing)}; a "
-                          "worker runs only built-in rewards and the code its owner allows",
-                          hint=f"read that code, then start the worker with {flags}")
+        raise ConfigError(
+            f"the run's config names reward code that is not built in: {', '.join(missing)}; a "
+            "worker runs only built-in rewards and the code its owner allows",
+            hint=f"read that code, then start the worker with {flags}",
+        )
 
 
 def weighted_rewards(rewards: Sequence[Reward], prompts, completions, **kwargs) -> list[float]:

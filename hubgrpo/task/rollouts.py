@@ -41,8 +41,13 @@ def as_recorded(completion: Any) -> str | list[dict]:
     if isinstance(completion, dict):
         completion = [completion]
     if isinstance(completion, (list, tuple)):
-        return [{"role": str(m.get("role", "assistant")) if isinstance(m, dict) else "assistant",
-                 "content": _text(m.get("content", "") if isinstance(m, dict) else m)} for m in completion]
+        return [
+            {
+                "role": str(m.get("role", "assistant")) if isinstance(m, dict) else "assistant",
+                "content": _text(m.get("content", "") if isinstance(m, dict) else m),
+            }
+            for m in completion
+        ]
     return "" if completion is None else str(completion)
 
 
@@ -88,11 +93,17 @@ def read(path: Path, max_bytes: int) -> Rollouts:
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        raise InvalidSubmission("no_rollouts", f"the submission has no {ROLLOUTS_FILE}", hint="upgrade hubgrpo "
-                                "on the worker: submissions carry their round's rollouts") from None
+        raise InvalidSubmission(
+            "no_rollouts",
+            f"the submission has no {ROLLOUTS_FILE}",
+            hint="upgrade hubgrpo on the worker: submissions carry their round's rollouts",
+        ) from None
     if size > max_bytes:
-        raise InvalidSubmission("too_large", f"{ROLLOUTS_FILE} holds {size:,} bytes, more than a round of this lease "
-                                f"can produce ({max_bytes:,})", hint="submit the rollouts your round generated")
+        raise InvalidSubmission(
+            "too_large",
+            f"{ROLLOUTS_FILE} holds {size:,} bytes, more than a round of this lease can produce ({max_bytes:,})",
+            hint="submit the rollouts your round generated",
+        )
     raw = _gunzip(path.read_bytes(), max_bytes)
     try:
         return Rollouts.model_validate_json(raw)
@@ -102,8 +113,11 @@ def read(path: Path, max_bytes: int) -> Rollouts:
         why = f"{where}: {err.get('msg', 'invalid')}"[:300]
     except (ValueError, RecursionError) as e:
         why = f"{type(e).__name__}: {str(e)[:200]}"
-    raise InvalidSubmission("bad_rollouts", f"{ROLLOUTS_FILE} is invalid ({why})",
-                            hint="rewards must be finite numbers or null; upgrade hubgrpo on the worker")
+    raise InvalidSubmission(
+        "bad_rollouts",
+        f"{ROLLOUTS_FILE} is invalid ({why})",
+        hint="rewards must be finite numbers or null; upgrade hubgrpo on the worker",
+    )
 
 
 def _gunzip(data: bytes, max_bytes: int) -> bytes:
@@ -111,15 +125,24 @@ def _gunzip(data: bytes, max_bytes: int) -> bytes:
     try:
         out = d.decompress(data, max_bytes + 1)
     except zlib.error as e:
-        raise InvalidSubmission("bad_rollouts", f"{ROLLOUTS_FILE} is not a gzip file ({e})",
-                                hint="write it with hubgrpo (gzip-compressed JSON)") from None
+        raise InvalidSubmission(
+            "bad_rollouts",
+            f"{ROLLOUTS_FILE} is not a gzip file ({e})",
+            hint="write it with hubgrpo (gzip-compressed JSON)",
+        ) from None
     if len(out) > max_bytes or d.unconsumed_tail:
-        raise InvalidSubmission("too_large", f"{ROLLOUTS_FILE} decompresses to more than {max_bytes:,} bytes, more "
-                                "than a round of this lease can produce",
-                                hint="submit the rollouts your round generated")
+        raise InvalidSubmission(
+            "too_large",
+            f"{ROLLOUTS_FILE} decompresses to more than {max_bytes:,} bytes, more "
+            "than a round of this lease can produce",
+            hint="submit the rollouts your round generated",
+        )
     if not d.eof or d.unused_data:
-        raise InvalidSubmission("bad_rollouts", f"{ROLLOUTS_FILE} is truncated or has trailing data",
-                                hint="the upload was probably interrupted")
+        raise InvalidSubmission(
+            "bad_rollouts",
+            f"{ROLLOUTS_FILE} is truncated or has trailing data",
+            hint="the upload was probably interrupted",
+        )
     return out
 
 

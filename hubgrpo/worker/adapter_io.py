@@ -37,8 +37,10 @@ def check_adapter_config(path: Path, lora: LoraSection) -> dict:
     want = {"r": lora.r, "lora_alpha": lora.alpha, "use_rslora": lora.use_rslora}
     got = {"r": conf.get("r"), "lora_alpha": conf.get("lora_alpha"), "use_rslora": bool(conf.get("use_rslora"))}
     if any(got[k] != want[k] for k in want):  # a different alpha would silently rescale every update
-        raise ModelError(f"{path}: adapter has {got}, the config's lora section says {want}",
-                         hint="use an adapter trained with the same lora section (r, alpha, use_rslora)")
+        raise ModelError(
+            f"{path}: adapter has {got}, the config's lora section says {want}",
+            hint="use an adapter trained with the same lora section (r, alpha, use_rslora)",
+        )
     return conf
 
 
@@ -47,8 +49,9 @@ def check_adapter(adapter_dir: Path, expected: dict[str, torch.Tensor], lora: Lo
     weights, config = adapter_dir / ADAPTER_WEIGHTS, adapter_dir / ADAPTER_CONFIG
     for p in (weights, config):
         if not p.is_file():
-            raise ModelError(f"adapter file {p} does not exist",
-                             hint=f"an adapter folder holds {', '.join(ADAPTER_FILES)}")
+            raise ModelError(
+                f"adapter file {p} does not exist", hint=f"an adapter folder holds {', '.join(ADAPTER_FILES)}"
+            )
     check_adapter_config(config, lora)
     try:
         state = load_file(weights)
@@ -56,15 +59,19 @@ def check_adapter(adapter_dir: Path, expected: dict[str, torch.Tensor], lora: Lo
         raise ModelError(f"cannot read {weights}: {e}", hint="the file must be a valid safetensors file") from None
     missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
     if missing or unexpected:
-        raise ModelError(f"{weights} does not fit the model: missing {_first(missing) or 'none'}; "
-                         f"unexpected {_first(unexpected) or 'none'}",
-                         hint="the adapter was trained for another base model or lora.target_modules")
+        raise ModelError(
+            f"{weights} does not fit the model: missing {_first(missing) or 'none'}; "
+            f"unexpected {_first(unexpected) or 'none'}",
+            hint="the adapter was trained for another base model or lora.target_modules",
+        )
     bad = [k for k in expected if tuple(state[k].shape) != tuple(expected[k].shape)]
     if bad:
         k = bad[0]
-        raise ModelError(f"{weights}: {len(bad)} tensors have the wrong shape, e.g. {k} is "
-                         f"{tuple(state[k].shape)}, the model needs {tuple(expected[k].shape)}",
-                         hint="check lora.r and the base model")
+        raise ModelError(
+            f"{weights}: {len(bad)} tensors have the wrong shape, e.g. {k} is "
+            f"{tuple(state[k].shape)}, the model needs {tuple(expected[k].shape)}",
+            hint="check lora.r and the base model",
+        )
     return {k: v.to(expected[k].dtype) for k, v in state.items()}
 
 

@@ -63,11 +63,13 @@ def origin(url: str) -> str:
 def redirect_error(url: str, status: int, location: str | None) -> CoordinatorError:
     """The error for a 3xx answer from ``url``: never followed, the target's origin named."""
     where = origin(urljoin(url, location)) if location else "nowhere"
-    return CoordinatorError(f"the coordinator at {origin(url)} answered HTTP {status}, redirecting to {where}; "
-                            "hubgrpo never follows a coordinator's redirect (your token and rounds would go where "
-                            "it says)", code="redirect",
-                            hint="use the coordinator's final https URL (--coordinator / coordinator.url) or its "
-                                 "Space id user/space")
+    return CoordinatorError(
+        f"the coordinator at {origin(url)} answered HTTP {status}, redirecting to {where}; "
+        "hubgrpo never follows a coordinator's redirect (your token and rounds would go where "
+        "it says)",
+        code="redirect",
+        hint="use the coordinator's final https URL (--coordinator / coordinator.url) or its Space id user/space",
+    )
 
 
 class Unavailable(Exception):
@@ -81,13 +83,18 @@ def http_failure(e: BaseException, where: str) -> Exception:
         if status >= 500 or status in (408, 429):
             return Unavailable(f"HTTP {status}")
         code = "auth" if status in (401, 403) else "protocol"
-        return CoordinatorError(f"the coordinator at {where} answered HTTP {status}", code=code,
-                                hint="check the URL or Space id, and the token for a private Space")
+        return CoordinatorError(
+            f"the coordinator at {where} answered HTTP {status}",
+            code=code,
+            hint="check the URL or Space id, and the token for a private Space",
+        )
     if isinstance(e, (httpx.TransportError, TimeoutError, ConnectionError)):
         return Unavailable(f"{type(e).__name__}: {e}")
-    return CoordinatorError(f"unexpected answer from the coordinator at {where}: {type(e).__name__}: "
-                            f"{wire_text(str(e), 300)}", code="protocol",
-                            hint="client and coordinator versions may differ")
+    return CoordinatorError(
+        f"unexpected answer from the coordinator at {where}: {type(e).__name__}: {wire_text(str(e), 300)}",
+        code="protocol",
+        hint="client and coordinator versions may differ",
+    )
 
 
 class OriginToken(httpx.Auth):
@@ -103,14 +110,20 @@ class OriginToken(httpx.Auth):
     def auth_flow(self, request: httpx.Request):
         url = str(request.url)
         if origin(url) != self._origin:
-            raise CoordinatorError(f"refusing a request to {origin(url)}: the coordinator is {self._origin}, and "
-                                   "nothing is ever sent to another origin it names", code="redirect",
-                                   hint="the coordinator (or its Gradio config) points elsewhere; use the final "
-                                        "https URL of a coordinator you trust")
+            raise CoordinatorError(
+                f"refusing a request to {origin(url)}: the coordinator is {self._origin}, and "
+                "nothing is ever sent to another origin it names",
+                code="redirect",
+                hint="the coordinator (or its Gradio config) points elsewhere; use the final "
+                "https URL of a coordinator you trust",
+            )
         if self._token:
             if not token_may_go_to(url):
-                raise CoordinatorError(f"refusing to send your token to {origin(url)} over plain http",
-                                       code="config", hint="use the coordinator's https URL or its Space id")
+                raise CoordinatorError(
+                    f"refusing to send your token to {origin(url)} over plain http",
+                    code="config",
+                    hint="use the coordinator's https URL or its Space id",
+                )
             request.headers["Authorization"] = f"Bearer {self._token}"
             if self._hf_header:
                 request.headers["X-HF-Authorization"] = f"Bearer {self._token}"

@@ -44,9 +44,18 @@ from pydantic import ValidationError
 from hubgrpo import errors, layout
 from hubgrpo.errors import CoordinatorError, wire_text
 from hubgrpo.layout import PROTOCOL_VERSION, Lease
-from hubgrpo.worker.bounded_http import (MIN_BODY_RATE, Deadline, OriginToken, TooLarge, Unavailable,
-                                         bounded_client, http_failure, read_capped, redirect_error,
-                                         token_may_go_to)
+from hubgrpo.worker.bounded_http import (
+    MIN_BODY_RATE,
+    Deadline,
+    OriginToken,
+    TooLarge,
+    Unavailable,
+    bounded_client,
+    http_failure,
+    read_capped,
+    redirect_error,
+    token_may_go_to,
+)
 
 API_PREFIX = "/gradio_api"
 PLAIN_PREFIX = "/hubgrpo/api"  # the coordinator's plain routes (hubgrpo.space.routes)
@@ -62,9 +71,11 @@ def space_url(space_id: str) -> str:
 
 
 def _too_large(where: str, name: str, limit: int) -> CoordinatorError:
-    return CoordinatorError(f"the coordinator at {where} answered {name} with more than {limit >> 20} MiB; the "
-                            "worker stopped reading", code="too_large",
-                            hint="a hubgrpo coordinator's answers are small: check the URL you were given")
+    return CoordinatorError(
+        f"the coordinator at {where} answered {name} with more than {limit >> 20} MiB; the worker stopped reading",
+        code="too_large",
+        hint="a hubgrpo coordinator's answers are small: check the URL you were given",
+    )
 
 
 class HttpTransport:
@@ -86,8 +97,9 @@ class HttpTransport:
     def _client(self) -> httpx.Client:
         with self._lock:
             if self._http is None:
-                self._http = bounded_client(base_url=self.url, auth=self._auth, timeout=self._timeout,
-                                            deadline=self._deadline)
+                self._http = bounded_client(
+                    base_url=self.url, auth=self._auth, timeout=self._timeout, deadline=self._deadline
+                )
             return self._http
 
     def _send(self, method: str, path: str, name: str, body: bytes | None = None) -> tuple[int, bytes]:
@@ -107,9 +119,12 @@ class HttpTransport:
             raise Unavailable(f"HTTP {status}")
         if not 200 <= status < 300:
             code = "auth" if status in (401, 403) else "protocol"
-            raise CoordinatorError(f"the coordinator at {self.url} answered HTTP {status} for {path}: "
-                                   f"{wire_text(data[:200].decode(errors='replace'))}", code=code,
-                                   hint="check the URL, the token, and that the app is a hubgrpo coordinator")
+            raise CoordinatorError(
+                f"the coordinator at {self.url} answered HTTP {status} for {path}: "
+                f"{wire_text(data[:200].decode(errors='replace'))}",
+                code=code,
+                hint="check the URL, the token, and that the app is a hubgrpo coordinator",
+            )
         return data
 
     def call(self, name: str, args: list) -> Any:
@@ -121,8 +136,11 @@ class HttpTransport:
         except httpx.HTTPError as e:
             raise http_failure(e, self.url) from None
         except (ValueError, KeyError, IndexError, TypeError) as e:  # body not the JSON we expect
-            raise CoordinatorError(f"unexpected answer from the coordinator at {self.url}: {wire_text(str(e), 300)}",
-                                   code="protocol", hint="is this URL a hubgrpo coordinator?") from None
+            raise CoordinatorError(
+                f"unexpected answer from the coordinator at {self.url}: {wire_text(str(e), 300)}",
+                code="protocol",
+                hint="is this URL a hubgrpo coordinator?",
+            ) from None
 
     def _call(self, name: str, body: bytes) -> Any:
         if self.route == "plain":
@@ -157,8 +175,11 @@ class HttpTransport:
             elif line.startswith("data:") and event == "complete":
                 return json.loads(line[5:])[0]
             elif line.startswith("data:") and event == "error":
-                raise CoordinatorError(f"the app at {self.url} failed on {name!r}: {wire_text(line[5:].strip(), 200)}",
-                                       code="protocol", hint="client and coordinator versions may differ")
+                raise CoordinatorError(
+                    f"the app at {self.url} failed on {name!r}: {wire_text(line[5:].strip(), 200)}",
+                    code="protocol",
+                    hint="client and coordinator versions may differ",
+                )
         raise Unavailable("the event stream ended without a result")
 
     def close(self) -> None:
@@ -183,8 +204,11 @@ def _envelope(status: int, data: bytes) -> dict | None:
 def unwrap(answer: Any) -> Any:
     """The ``result`` of an ``{"ok": ...}`` envelope, or raise the typed error it carries."""
     if not isinstance(answer, dict) or "ok" not in answer:
-        raise CoordinatorError(f"unexpected answer from the coordinator: {str(answer)[:200]}", code="protocol",
-                               hint="client and coordinator versions may differ")
+        raise CoordinatorError(
+            f"unexpected answer from the coordinator: {str(answer)[:200]}",
+            code="protocol",
+            hint="client and coordinator versions may differ",
+        )
     if answer["ok"]:
         return answer.get("result")
     raise errors.from_dict(answer.get("error"))  # its wait_s bounded: never sleep for ever on a coordinator's word
@@ -211,11 +235,14 @@ def _as_lease(result: Any) -> Lease:
     except ValidationError as e:
         first = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())) or "lease"
-        raise CoordinatorError(f"the coordinator sent a lease the worker refuses: {where}: "
-                               f"{wire_text(str(first.get('msg', 'invalid')), 300)}", code="bad_lease",
-                               hint="a commit id is 40 hex digits and names are 1-64 of [A-Za-z0-9._-]: this "
-                                    "coordinator is broken or hostile, or speaks another hubgrpo version; check the "
-                                    "URL you were given") from None
+        raise CoordinatorError(
+            f"the coordinator sent a lease the worker refuses: {where}: "
+            f"{wire_text(str(first.get('msg', 'invalid')), 300)}",
+            code="bad_lease",
+            hint="a commit id is 40 hex digits and names are 1-64 of [A-Za-z0-9._-]: this "
+            "coordinator is broken or hostile, or speaks another hubgrpo version; check the "
+            "URL you were given",
+        ) from None
 
 
 class CoordinatorClient:
@@ -228,23 +255,41 @@ class CoordinatorClient:
     Thread-safe: one client may be shared by a worker's training and heartbeat threads.
     """
 
-    def __init__(self, url_or_space: str, *, token: str | None = None, timeout: float = 60, retries: int = 8,
-                 sleep: Callable[[float], None] = time.sleep, transport: str = "auto", backoff: float = 0.5,
-                 max_backoff: float = 30.0, http_route: str = "plain", verdict_wait_s: float = VERDICT_WAIT_S,
-                 poll_sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        url_or_space: str,
+        *,
+        token: str | None = None,
+        timeout: float = 60,
+        retries: int = 8,
+        sleep: Callable[[float], None] = time.sleep,
+        transport: str = "auto",
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        http_route: str = "plain",
+        verdict_wait_s: float = VERDICT_WAIT_S,
+        poll_sleep: Callable[[float], None] = time.sleep,
+    ):
         is_url = url_or_space.startswith(("http://", "https://"))
         if not is_url and not _SPACE_ID.fullmatch(url_or_space):
-            raise CoordinatorError(f"{url_or_space!r} is neither an http(s) URL nor a Space id", code="config",
-                                   hint="pass e.g. https://host:7860 or user/space")
+            raise CoordinatorError(
+                f"{url_or_space!r} is neither an http(s) URL nor a Space id",
+                code="config",
+                hint="pass e.g. https://host:7860 or user/space",
+            )
         if token and is_url and not token_may_go_to(url_or_space):
-            raise CoordinatorError(f"refusing to send your Hub token to {url_or_space}: plain http is readable on "
-                                   "the way; tokens go only to https URLs or this machine (loopback)", code="config",
-                                   hint="use the coordinator's https URL or its Space id (user/space)")
+            raise CoordinatorError(
+                f"refusing to send your Hub token to {url_or_space}: plain http is readable on "
+                "the way; tokens go only to https URLs or this machine (loopback)",
+                code="config",
+                hint="use the coordinator's https URL or its Space id (user/space)",
+            )
         if transport == "auto":
             transport = "http" if is_url else "gradio"
         if transport not in ("http", "gradio"):
-            raise CoordinatorError(f"unknown transport {transport!r}", code="config",
-                                   hint="use 'auto', 'http' or 'gradio'")
+            raise CoordinatorError(
+                f"unknown transport {transport!r}", code="config", hint="use 'auto', 'http' or 'gradio'"
+            )
         self.target, self.transport_name, self.token, self.timeout = url_or_space, transport, token, timeout
         self._downloader = None  # made at the first ``adapter`` call
         self.retries, self.backoff, self.max_backoff, self.sleep = int(retries), backoff, max_backoff, sleep
@@ -261,7 +306,7 @@ class CoordinatorClient:
         return f"CoordinatorClient({self.target!r}, transport={self.transport_name!r})"
 
     def _delay(self, attempt: int) -> float:
-        return min(self.max_backoff, self.backoff * 2 ** attempt) * random.uniform(0.5, 1.0)
+        return min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
 
     def _call(self, name: str, *args: Any, after_token: list | None = None) -> Any:
         """Call endpoint ``name`` (then ``after_token``), retrying only while the coordinator is unreachable. The
@@ -280,7 +325,8 @@ class CoordinatorClient:
             f"coordinator at {self.target} unreachable after {self.retries + 1} attempts ({name}): {last}",
             code="unreachable",
             hint="check that the coordinator app / Space is running and the URL or Space id is right; "
-                 "a Space that is starting up can take minutes")
+            "a Space that is starting up can take minutes",
+        )
 
     def lease(self, worker: str, user: str | None = None) -> Lease:
         """Lease a round for ``worker``; raises ``Refused`` (e.g. ``budget`` with ``wait_s``, ``finished``)."""
@@ -332,9 +378,11 @@ class CoordinatorClient:
         import base64
         from pathlib import Path
 
-        files = {name: base64.b64encode((Path(folder) / name).read_bytes()).decode("ascii")
-                 for name in layout.SUBMISSION_FILES
-                 if (Path(folder) / name).is_file()}
+        files = {
+            name: base64.b64encode((Path(folder) / name).read_bytes()).decode("ascii")
+            for name in layout.SUBMISSION_FILES
+            if (Path(folder) / name).is_file()
+        }
         return self._dict("upload", self._call("upload", _lease_dict(lease), files))
 
     def adapter(self, version: int, adapter_id: str, cache, max_bytes: int):
@@ -353,9 +401,12 @@ class CoordinatorClient:
                 last = str(e)
                 if attempt < self.retries:
                     self.sleep(self._delay(attempt))
-        raise CoordinatorError(f"coordinator at {self.target} unreachable after {self.retries + 1} attempts "
-                               f"(adapter of version {version}): {last}", code="unreachable",
-                               hint="check that the coordinator app / Space is running")
+        raise CoordinatorError(
+            f"coordinator at {self.target} unreachable after {self.retries + 1} attempts "
+            f"(adapter of version {version}): {last}",
+            code="unreachable",
+            hint="check that the coordinator app / Space is running",
+        )
 
     def record_eval(self, version: int, reward: float, samples: int) -> dict:
         """Report the held-out reward of ``version`` (``hubgrpo evaluate``): ``{"status": "recorded"|"duplicate"}``."""

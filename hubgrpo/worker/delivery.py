@@ -49,30 +49,41 @@ def upload_route(spec: str | None, asked: str | None = None) -> str:
     from hubgrpo.store.boxes import COORDINATOR
 
     if asked not in (None, "store", "coordinator"):
-        raise ConfigError(f"--upload-via {wire_text(str(asked), 40)} is not a way to hand in rounds",
-                          hint="use --upload-via coordinator or --upload-via store (or leave it out)")
+        raise ConfigError(
+            f"--upload-via {wire_text(str(asked), 40)} is not a way to hand in rounds",
+            hint="use --upload-via coordinator or --upload-via store (or leave it out)",
+        )
     if spec == COORDINATOR:
         if asked == "store":
-            raise ConfigError("--upload-via store: this run takes rounds only through its coordinator "
-                              "(hub.submissions: coordinator), which keeps them off the run repo",
-                              hint="leave --upload-via out (or pass --upload-via coordinator)")
+            raise ConfigError(
+                "--upload-via store: this run takes rounds only through its coordinator "
+                "(hub.submissions: coordinator), which keeps them off the run repo",
+                hint="leave --upload-via out (or pass --upload-via coordinator)",
+            )
         return "coordinator"
     return asked or "store"
 
 
-def deliver(spec: str, lease: Lease, folder: Path, *, sleep: Callable[[float], None] = time.sleep,
-            timeout_s: float = 120.0) -> str:
+def deliver(
+    spec: str, lease: Lease, folder: Path, *, sleep: Callable[[float], None] = time.sleep, timeout_s: float = 120.0
+) -> str:
     """Put the round in ``folder`` into the box ``spec`` (through ``lease.uploads`` when it has them); the token
     to submit."""
     if lease.uploads:
         missing = [n for n in FILES if n not in lease.uploads]
         if missing:
-            raise StoreError(f"the lease has no upload URL for {missing[0]}", code="protocol",
-                             hint="the coordinator speaks another hubgrpo version; upgrade the worker")
+            raise StoreError(
+                f"the lease has no upload URL for {missing[0]}",
+                code="protocol",
+                hint="the coordinator speaks another hubgrpo version; upgrade the worker",
+            )
         bad = [n for n in FILES if not lease.uploads[n].startswith(("https://", "http://"))]
         if bad:
-            raise StoreError(f"the lease's upload URL for {bad[0]} is not http(s)", code="protocol",
-                             hint="the coordinator is broken or hostile; the round was not sent")
+            raise StoreError(
+                f"the lease's upload URL for {bad[0]} is not http(s)",
+                code="protocol",
+                hint="the coordinator is broken or hostile; the round was not sent",
+            )
         deadline = Deadline()
         with bounded_client(timeout=timeout_s, deadline=deadline) as http:  # no auth, no redirects, no token
             for name in FILES:
@@ -87,8 +98,16 @@ def deliver(spec: str, lease: Lease, folder: Path, *, sleep: Callable[[float], N
     return layout.box_token((folder / layout.SUBMISSION_FILE).read_bytes())
 
 
-def _put(http: httpx.Client, deadline: Deadline, url: str, path: Path, name: str,
-         sleep: Callable[[float], None], timeout_s: float, tries: int = 6) -> None:
+def _put(
+    http: httpx.Client,
+    deadline: Deadline,
+    url: str,
+    path: Path,
+    name: str,
+    sleep: Callable[[float], None],
+    timeout_s: float,
+    tries: int = 6,
+) -> None:
     """One presigned upload (a POST form, or a PUT with ``If-None-Match: *`` in its signature), retried while the
     store is busy."""
     data = path.read_bytes()
@@ -103,19 +122,28 @@ def _put(http: httpx.Client, deadline: Deadline, url: str, path: Path, name: str
             if status in (200, 201, 204, 412):  # 412: already written by our earlier try
                 return
             if status == 400 and "EntityTooLarge" in text:
-                raise StoreError(f"{name} is {len(data):,} bytes, larger than the run allows (the bucket refused "
-                                 "it)", code="too_large", hint="submit only the LoRA adapter at the run's rank")
+                raise StoreError(
+                    f"{name} is {len(data):,} bytes, larger than the run allows (the bucket refused it)",
+                    code="too_large",
+                    hint="submit only the LoRA adapter at the run's rank",
+                )
             if status in (401, 403):
-                raise AuthError(f"the upload URL for {name} was refused ({status})",
-                                hint="it may have expired; a heartbeat brings fresh ones")
+                raise AuthError(
+                    f"the upload URL for {name} was refused ({status})",
+                    hint="it may have expired; a heartbeat brings fresh ones",
+                )
             if status < 500 and status not in (408, 409, 429):
-                raise StoreError(f"uploading {name} to {origin(url)} failed: HTTP {status}: {text}",
-                                 hint="the bucket refused the object (a redirect is never followed); see the message")
+                raise StoreError(
+                    f"uploading {name} to {origin(url)} failed: HTTP {status}: {text}",
+                    hint="the bucket refused the object (a redirect is never followed); see the message",
+                )
             last = f"HTTP {status}"
         if attempt + 1 < tries:
-            sleep(min(30.0, 0.5 * 2 ** attempt) * random.uniform(0.5, 1.0))
-    raise StoreUnavailable(f"uploading {name} failed after {tries} tries ({last})",
-                           hint="check the network to the bucket; the round is kept for the next try")
+            sleep(min(30.0, 0.5 * 2**attempt) * random.uniform(0.5, 1.0))
+    raise StoreUnavailable(
+        f"uploading {name} failed after {tries} tries ({last})",
+        hint="check the network to the bucket; the round is kept for the next try",
+    )
 
 
 def _send(http: httpx.Client, url: str, name: str, data: bytes) -> tuple[int, str]:

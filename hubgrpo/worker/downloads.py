@@ -20,8 +20,15 @@ import httpx
 
 from hubgrpo import layout
 from hubgrpo.errors import CoordinatorError, wire_text
-from hubgrpo.worker.bounded_http import (MIN_BODY_RATE, Deadline, TooLarge, Unavailable, bounded_client, http_failure,
-                                         redirect_error)
+from hubgrpo.worker.bounded_http import (
+    MIN_BODY_RATE,
+    Deadline,
+    TooLarge,
+    Unavailable,
+    bounded_client,
+    http_failure,
+    redirect_error,
+)
 
 PATH = "/hubgrpo/api/adapter"
 FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)
@@ -37,8 +44,9 @@ class Downloader:
 
     def _client(self) -> httpx.Client:
         if self._http is None:
-            self._http = bounded_client(base_url=self.url, auth=self._auth, timeout=self._timeout,
-                                        deadline=self._deadline)
+            self._http = bounded_client(
+                base_url=self.url, auth=self._auth, timeout=self._timeout, deadline=self._deadline
+            )
         return self._http
 
     def fetch(self, version: int, adapter_id: str, cache: Path, max_bytes: int) -> Path:
@@ -55,9 +63,12 @@ class Downloader:
                 self._get(f"{PATH}/{int(version)}/{adapter_id}/{name}", tmp / name, max_bytes)
             got = layout.adapter_id((tmp / FILES[0]).read_bytes(), (tmp / FILES[1]).read_bytes())
             if got != adapter_id:
-                raise CoordinatorError(f"the coordinator at {self.url} served version {version} with adapter id "
-                                       f"{got}, not the {adapter_id} it leased", code="bad_adapter",
-                                       hint="the coordinator is broken or hostile; ask the run's owner")
+                raise CoordinatorError(
+                    f"the coordinator at {self.url} served version {version} with adapter id "
+                    f"{got}, not the {adapter_id} it leased",
+                    code="bad_adapter",
+                    hint="the coordinator is broken or hostile; ask the run's owner",
+                )
             try:
                 tmp.rename(dest)
             except OSError:  # another thread of this worker got it first: the same bytes
@@ -80,9 +91,12 @@ class Downloader:
                                 raise TooLarge(limit)
                             f.write(chunk)
         except TooLarge:
-            raise CoordinatorError(f"the coordinator at {self.url} sent more than {limit:,} bytes for {path}, more "
-                                   "than an adapter of this run can weigh", code="too_large",
-                                   hint="the coordinator is broken or hostile") from None
+            raise CoordinatorError(
+                f"the coordinator at {self.url} sent more than {limit:,} bytes for {path}, more "
+                "than an adapter of this run can weigh",
+                code="too_large",
+                hint="the coordinator is broken or hostile",
+            ) from None
         except httpx.HTTPError as e:
             raise http_failure(e, self.url) from None
 
@@ -95,14 +109,20 @@ class Downloader:
         if status != 200:
             text = next(resp.iter_raw(), b"")[:300].decode(errors="replace")  # a hostile body is never read whole
             code = {401: "auth", 403: "auth", 404: "not_found"}.get(status, "protocol")
-            raise CoordinatorError(f"the coordinator at {self.url} answered HTTP {status} for {path}: "
-                                   f"{wire_text(text, 200)}", code=code,
-                                   hint="lease again (the coordinator restarted or the version is too old)"
-                                   if status == 404 else "check the token and the coordinator's version")
+            raise CoordinatorError(
+                f"the coordinator at {self.url} answered HTTP {status} for {path}: {wire_text(text, 200)}",
+                code=code,
+                hint="lease again (the coordinator restarted or the version is too old)"
+                if status == 404
+                else "check the token and the coordinator's version",
+            )
         encoding = resp.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            raise CoordinatorError(f"the coordinator at {self.url} sent {path} {wire_text(encoding, 40)}-encoded",
-                                   code="protocol", hint="the adapter route answers identity-encoded files")
+            raise CoordinatorError(
+                f"the coordinator at {self.url} sent {path} {wire_text(encoding, 40)}-encoded",
+                code="protocol",
+                hint="the adapter route answers identity-encoded files",
+            )
         declared = resp.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise TooLarge(limit)

@@ -55,15 +55,42 @@ from hubgrpo.task.rewards import load_rewards, weighted_rewards
 from hubgrpo.task.rollouts import weighted_mean
 
 # params a running trainer picks up at the next train() call; any other change rebuilds the trainer
-ROUND_PARAMS = {"learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
-                "steps_per_round", "versions", "reset_optimizer", "seed", "num_threads", "max_prompt_length"}
+ROUND_PARAMS = {
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "steps_per_round",
+    "versions",
+    "reset_optimizer",
+    "seed",
+    "num_threads",
+    "max_prompt_length",
+}
 # worker-local settings: a lease cannot change them (the worker's own config wins)
 WORKER_PARAMS = {"device", "dtype", "num_threads"}
 # ParamsConfig fields passed to GRPOConfig as they are
-_GRPO_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
-                "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
-                "max_completion_length", "temperature", "top_p", "beta", "epsilon", "epsilon_high", "loss_type",
-                "scale_rewards", "num_iterations", "mask_truncated_completions")
+_GRPO_FIELDS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "beta",
+    "epsilon",
+    "epsilon_high",
+    "loss_type",
+    "scale_rewards",
+    "num_iterations",
+    "mask_truncated_completions",
+)
 
 
 @contextmanager
@@ -94,19 +121,23 @@ class TrainResult:
 class RoundEngine:
     """Base model + prompts + rewards + one GRPOTrainer, reused for every round a worker trains."""
 
-    def __init__(self, cfg: Config, *, worker: str = "local", device: str | None = None,
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self, cfg: Config, *, worker: str = "local", device: str | None = None, log: Callable[[str], None] | None = None
+    ):
         self.cfg = cfg
         self.worker = check_name(worker)
         self.log = log or (lambda msg: None)
         self.device = resolve_device(device or cfg.params.device)
         start = time.perf_counter()
         self._set_threads(cfg.params.num_threads)
-        self.model, self.tokenizer = load_model(cfg.base_model, gguf_file=cfg.gguf_file, device=self.device,
-                                                dtype=cfg.params.dtype)
+        self.model, self.tokenizer = load_model(
+            cfg.base_model, gguf_file=cfg.gguf_file, device=self.device, dtype=cfg.params.dtype
+        )
         if cfg.data.chat_template and self.tokenizer.chat_template is None:
-            raise ModelError(f"{cfg.base_model} has no chat template, but data.chat_template is true",
-                             hint="set data.chat_template: false to send plain-text prompts")
+            raise ModelError(
+                f"{cfg.base_model} has no chat template, but data.chat_template is true",
+                hint="set data.chat_template: false to send plain-text prompts",
+            )
         self.source = PromptSource.from_config(cfg)
         self.rewards = load_rewards(cfg.rewards)
         self.rollouts = RolloutRecorder(self.source)  # TRL calls the rewards through it: the round's rollouts file
@@ -148,34 +179,59 @@ class RoundEngine:
         try:
             return ParamsConfig.model_validate({**self.cfg.params.model_dump(), **overrides}).model_dump()
         except ValueError as e:  # pydantic ValidationError
-            raise LeaseError(f"lease params {overrides} are not valid hyper-parameters: {e}",
-                             hint="the coordinator's params must be fields of the config's params section") from None
+            raise LeaseError(
+                f"lease params {overrides} are not valid hyper-parameters: {e}",
+                hint="the coordinator's params must be fields of the config's params section",
+            ) from None
 
     def _grpo_args(self, params: dict, max_steps: int) -> GRPOConfig:
         dtype = self.model.dtype
         cuda = self.device.startswith("cuda")
         try:
             return GRPOConfig(
-                output_dir=self._workdir.name, use_cpu=self.device == "cpu", bf16=cuda and dtype == torch.bfloat16,
-                fp16=cuda and dtype == torch.float16, activation_checkpointing=False, report_to="none",
-                save_strategy="no", disable_tqdm=True, logging_steps=1, log_completions=False,
-                max_steps=max(1, max_steps), seed=params["seed"], reward_weights=[r.weight for r in self.rewards],
-                dataloader_num_workers=0, **{k: params[k] for k in _GRPO_FIELDS})
+                output_dir=self._workdir.name,
+                use_cpu=self.device == "cpu",
+                bf16=cuda and dtype == torch.bfloat16,
+                fp16=cuda and dtype == torch.float16,
+                activation_checkpointing=False,
+                report_to="none",
+                save_strategy="no",
+                disable_tqdm=True,
+                logging_steps=1,
+                log_completions=False,
+                max_steps=max(1, max_steps),
+                seed=params["seed"],
+                reward_weights=[r.weight for r in self.rewards],
+                dataloader_num_workers=0,
+                **{k: params[k] for k in _GRPO_FIELDS},
+            )
         except ValueError as e:
-            raise ConfigError(f"TRL refused the GRPO parameters: {e}",
-                              hint="per_device_train_batch_size × gradient_accumulation_steps must be a multiple "
-                                   "of num_generations") from None
+            raise ConfigError(
+                f"TRL refused the GRPO parameters: {e}",
+                hint="per_device_train_batch_size × gradient_accumulation_steps must be a multiple of num_generations",
+            ) from None
 
     def _build_trainer(self, params: dict) -> GRPOTrainer:
         lc = self.cfg.lora
-        lora = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=lc.target_modules,
-                          use_rslora=lc.use_rslora, task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=lc.r,
+            lora_alpha=lc.alpha,
+            lora_dropout=lc.dropout,
+            target_modules=lc.target_modules,
+            use_rslora=lc.use_rslora,
+            task_type="CAUSAL_LM",
+        )
         torch.manual_seed(params["seed"])  # LoRA A is drawn inside get_peft_model: version 0 follows params.seed
         placeholder = Dataset.from_list(self.prompt_rows([0]))
-        trainer = GRPOTrainer(model=self.model, reward_funcs=self.rollouts.wrap(self.rewards),
-                              args=self._grpo_args(params, 1),
-                              train_dataset=placeholder, processing_class=self.tokenizer, peft_config=lora,
-                              callbacks=[self._recorder, self._rebaser])
+        trainer = GRPOTrainer(
+            model=self.model,
+            reward_funcs=self.rollouts.wrap(self.rewards),
+            args=self._grpo_args(params, 1),
+            train_dataset=placeholder,
+            processing_class=self.tokenizer,
+            peft_config=lora,
+            callbacks=[self._recorder, self._rebaser],
+        )
         trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
         trainer.model.peft_config["default"].base_model_name_or_path = adapter_base_name(self.cfg.base_model)
         if self.cfg.merge.merge_method.frozen_a:  # FFA-LoRA: A stays the version-0 draw everywhere, only B trains
@@ -208,8 +264,9 @@ class RoundEngine:
         start = time.perf_counter()
         self.log(f"rebuilding the trainer: lease changes {sorted(changed)}")
         state = {k: v.detach().clone() for k, v in self._adapter_state().items()}
-        self.model, self.tokenizer = load_model(self.cfg.base_model, gguf_file=self.cfg.gguf_file,
-                                                device=self.device, dtype=params["dtype"])
+        self.model, self.tokenizer = load_model(
+            self.cfg.base_model, gguf_file=self.cfg.gguf_file, device=self.device, dtype=params["dtype"]
+        )
         self._params = params
         self.trainer = self._build_trainer(params)
         set_peft_model_state_dict(self.trainer.model, state)
@@ -270,8 +327,16 @@ class RoundEngine:
         tr.lr_scheduler = None
         self._fresh_optimizer = False
 
-    def train_steps(self, rows: list[dict], steps: int, *, seed: int, params: dict | None = None,
-                    on_step: StepCallback | None = None, optimizer_key: str | None = None) -> TrainResult:
+    def train_steps(
+        self,
+        rows: list[dict],
+        steps: int,
+        *,
+        seed: int,
+        params: dict | None = None,
+        on_step: StepCallback | None = None,
+        optimizer_key: str | None = None,
+    ) -> TrainResult:
         """Run ``steps`` GRPO optimizer steps on ``rows`` from the adapter currently in the model (AdamW state:
         see ``_prepare_optimizer``)."""
         params = params or self._params
@@ -299,12 +364,24 @@ class RoundEngine:
         reward_s = sum(r.seconds for r in self.rewards) - reward_before
         gen_s = self._counts["generate"]
         samples = int(self._counts["samples"])
-        return TrainResult(step_metrics=list(self._recorder.steps), samples=samples,
-                           prompts=samples // params["num_generations"], tokens=int(self._counts["tokens"]),
-                           timings={"generate": gen_s, "reward": reward_s, "train": max(0.0, wall - gen_s - reward_s)})
+        return TrainResult(
+            step_metrics=list(self._recorder.steps),
+            samples=samples,
+            prompts=samples // params["num_generations"],
+            tokens=int(self._counts["tokens"]),
+            timings={"generate": gen_s, "reward": reward_s, "train": max(0.0, wall - gen_s - reward_s)},
+        )
 
-    def run_round(self, adapter_dir: Path, lease: Lease, out_dir: Path, *, on_step: StepCallback | None = None,
-                  optimizer_key: str | None = None, rebase: Source | None = None) -> Submission:
+    def run_round(
+        self,
+        adapter_dir: Path,
+        lease: Lease,
+        out_dir: Path,
+        *,
+        on_step: StepCallback | None = None,
+        optimizer_key: str | None = None,
+        rebase: Source | None = None,
+    ) -> Submission:
         """Train ``lease.steps`` steps from ``adapter_dir`` on the lease's prompts; write the submission folder.
 
         ``out_dir`` receives adapter_model.safetensors, adapter_config.json and submission.json (worker and
@@ -321,8 +398,9 @@ class RoundEngine:
         rows = self.prompt_rows(lease.prompt_indices, params["max_prompt_length"])
         self._rebaser.start(self, rebase if self.cfg.merge.rebase else None, lease.base_version)
         try:
-            result = self.train_steps(rows, lease.steps, seed=lease.seed, params=params,
-                                      on_step=on_step, optimizer_key=optimizer_key)
+            result = self.train_steps(
+                rows, lease.steps, seed=lease.seed, params=params, on_step=on_step, optimizer_key=optimizer_key
+            )
         finally:
             source, self._rebaser.source = self._rebaser.source, None  # only this round moves
         if source is not None:
@@ -339,27 +417,50 @@ class RoundEngine:
         tmp.write_bytes(sub.to_json())
         os.replace(tmp, out_dir / SUBMISSION_FILE)
         rewards = [m.reward for m in result.step_metrics]
-        self.log(f"round {lease.round_id}: {len(rewards)} steps, reward {sub.reward_first:.3f} → "
-                 f"{sub.reward_last:.3f} in {sub.timings['total']:.1f}s")
+        self.log(
+            f"round {lease.round_id}: {len(rewards)} steps, reward {sub.reward_first:.3f} → "
+            f"{sub.reward_last:.3f} in {sub.timings['total']:.1f}s"
+        )
         return sub
 
     def _submission(self, lease: Lease, result: TrainResult) -> Submission:
         rewards = [m.reward for m in result.step_metrics]
         return Submission(
-            submission_id=submission_id(lease.worker, lease.lease_id), worker=lease.worker, user=lease.user,
-            lease=lease, base_version=lease.base_version, base_sha=lease.base_sha, base_model=self.cfg.base_model,
-            steps=len(result.step_metrics), samples=result.samples, prompts=result.prompts, tokens=result.tokens,
+            submission_id=submission_id(lease.worker, lease.lease_id),
+            worker=lease.worker,
+            user=lease.user,
+            lease=lease,
+            base_version=lease.base_version,
+            base_sha=lease.base_sha,
+            base_model=self.cfg.base_model,
+            steps=len(result.step_metrics),
+            samples=result.samples,
+            prompts=result.prompts,
+            tokens=result.tokens,
             reward_mean=weighted_mean([r.weight for r in self.rewards], self.rollouts.batches) if rewards else 0.0,
-            reward_first=rewards[0] if rewards else 0.0, reward_last=rewards[-1] if rewards else 0.0,
-            step_metrics=result.step_metrics, timings=dict(result.timings), versions=library_versions(),
-            device=self.device_name, created_at=time.time(), rebased_version=self._rebaser.rebased_version,
-            rebased_sha=self._rebaser.rebased_sha)
+            reward_first=rewards[0] if rewards else 0.0,
+            reward_last=rewards[-1] if rewards else 0.0,
+            step_metrics=result.step_metrics,
+            timings=dict(result.timings),
+            versions=library_versions(),
+            device=self.device_name,
+            created_at=time.time(),
+            rebased_version=self._rebaser.rebased_version,
+            rebased_sha=self._rebaser.rebased_sha,
+        )
 
     # -------------------------------------------------------------------------------------- evaluation
 
     @torch.no_grad()
-    def evaluate(self, adapter_dir: str | Path | None = None, n: int = 16, batch_size: int = 16, *,
-                 greedy: bool = True, seed: int = 0) -> float:
+    def evaluate(
+        self,
+        adapter_dir: str | Path | None = None,
+        n: int = 16,
+        batch_size: int = 16,
+        *,
+        greedy: bool = True,
+        seed: int = 0,
+    ) -> float:
         """Mean weighted reward of completions on the first ``n`` held-out prompts: greedy, or (``greedy=False``)
         one sample per prompt at the training temperature with a fixed ``seed`` (the policy's expected reward,
         smoother than greedy for small models, and identical for identical adapters).
@@ -368,11 +469,14 @@ class RoundEngine:
         """
         if adapter_dir is not None:
             self.load_adapter(adapter_dir)
-        rows = [dict(r, prompt=truncate_prompt(r["prompt"], self.tokenizer, self.cfg.params.max_prompt_length))
-                for r in self.source.eval_rows(n)]
+        rows = [
+            dict(r, prompt=truncate_prompt(r["prompt"], self.tokenizer, self.cfg.params.max_prompt_length))
+            for r in self.source.eval_rows(n)
+        ]
         if not rows:
-            raise DataError("there are no held-out prompts to evaluate on",
-                            hint="set data.eval_fraction > 0 or data.eval_split")
+            raise DataError(
+                "there are no held-out prompts to evaluate on", hint="set data.eval_fraction > 0 or data.eval_split"
+            )
         model = self.trainer.model
         was_training = model.training
         model.eval()
@@ -381,7 +485,7 @@ class RoundEngine:
             if not greedy:
                 torch.manual_seed(seed)
             for i in range(0, len(rows), batch_size):
-                totals += self._score(model, rows[i:i + batch_size], greedy)
+                totals += self._score(model, rows[i : i + batch_size], greedy)
         finally:
             model.train(was_training)
         return sum(totals) / len(totals)
@@ -390,15 +494,24 @@ class RoundEngine:
         tok = self.tokenizer
         prompts = [r["prompt"] for r in rows]
         chat = isinstance(prompts[0], list)
-        texts = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts] \
-            if chat else prompts
-        enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
-                  add_special_tokens=not chat).to(model.device)
+        texts = (
+            [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
+            if chat
+            else prompts
+        )
+        enc = tok(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not chat).to(
+            model.device
+        )
         sampling = {} if greedy else {"temperature": self.cfg.params.temperature, "top_p": 1.0, "top_k": 0}
-        gen = GenerationConfig(max_new_tokens=self._params["max_completion_length"], do_sample=not greedy,
-                               eos_token_id=self.trainer.eos_token_ids, pad_token_id=tok.pad_token_id, **sampling)
+        gen = GenerationConfig(
+            max_new_tokens=self._params["max_completion_length"],
+            do_sample=not greedy,
+            eos_token_id=self.trainer.eos_token_ids,
+            pad_token_id=tok.pad_token_id,
+            **sampling,
+        )
         out = model.generate(**enc, generation_config=gen)
-        texts_out = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        texts_out = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         completions = [[{"role": "assistant", "content": t}] for t in texts_out] if chat else texts_out
         columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
         return weighted_rewards(self.rewards, prompts, completions, **columns)

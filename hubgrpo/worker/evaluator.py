@@ -28,9 +28,19 @@ log = logging.getLogger("hubgrpo.evaluator")
 class Evaluator:
     """Scores versions of one run and records the scores with its coordinator."""
 
-    def __init__(self, store: Store, client, *, samples: int = 16, engine=None, workdir: Path | None = None,
-                 poll_s: float = 5.0, sleep=time.sleep, threads: int | None = None,
-                 allow_code: list[str] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        client,
+        *,
+        samples: int = 16,
+        engine=None,
+        workdir: Path | None = None,
+        poll_s: float = 5.0,
+        sleep=time.sleep,
+        threads: int | None = None,
+        allow_code: list[str] | None = None,
+    ):
         from hubgrpo.task.rewards import check_allowed
 
         self.store, self.client, self.samples = store, client, int(samples)
@@ -47,9 +57,19 @@ class Evaluator:
         """Versions without a held-out score, newest first (what the coordinator lists: rows that are not a
         version number within bounds are skipped)."""
         rows = status.get("versions")
-        return sorted({v["version"] for v in rows if isinstance(v, dict) and type(v.get("version")) is int
-                       and 0 <= v["version"] <= 10**9 and v.get("eval_reward") is None}
-                      if isinstance(rows, list) else (), reverse=True)
+        return sorted(
+            {
+                v["version"]
+                for v in rows
+                if isinstance(v, dict)
+                and type(v.get("version")) is int
+                and 0 <= v["version"] <= 10**9
+                and v.get("eval_reward") is None
+            }
+            if isinstance(rows, list)
+            else (),
+            reverse=True,
+        )
 
     def ready(self):
         """The engine (base model + held-out prompts + rewards), built on first use."""
@@ -86,8 +106,11 @@ class Evaluator:
         adapter id the coordinator lists (checked: 40 hex digits, it names a folder)."""
         from hubgrpo import layout
 
-        ids = {r["version"]: r.get("adapter_id") for r in status.get("versions") or [] if isinstance(r, dict)
-               and r.get("version") in todo and layout.is_commit_id(r.get("adapter_id"))}
+        ids = {
+            r["version"]: r.get("adapter_id")
+            for r in status.get("versions") or []
+            if isinstance(r, dict) and r.get("version") in todo and layout.is_commit_id(r.get("adapter_id"))
+        }
         shas = runrepo.version_shas(self.store) if todo else {}
         return {v: (shas.get(v), ids.get(v)) for v in todo if v in shas or v in ids}
 
@@ -98,8 +121,11 @@ class Evaluator:
             status = self._status()
             todo = self.todo(status)
             found = self.sources(status, [v for v in todo if v not in self.unavailable])
-            scored = [r for r in (self._score_and_record(v, *found[v]) for v in todo if v in found)
-                      if r["status"] != "unavailable"]
+            scored = [
+                r
+                for r in (self._score_and_record(v, *found[v]) for v in todo if v in found)
+                if r["status"] != "unavailable"
+            ]
             results += scored
             if once or (status.get("finished") and not scored):
                 return results
@@ -122,10 +148,17 @@ class Evaluator:
         self.seconds.append(time.perf_counter() - t0)
         answer = self.client.record_eval(version, reward, n)
         status = wire_text(answer.get("status"), 40)  # the coordinator's word: shown as text, never over ours
-        log.info("version %d: held-out reward %.4f on %d prompts (%.1f s), %s", version, reward, n,
-                 self.seconds[-1], status)
-        return {**answer, "status": status, "version": version, "eval_reward": reward, "samples": n,
-                "seconds": self.seconds[-1]}
+        log.info(
+            "version %d: held-out reward %.4f on %d prompts (%.1f s), %s", version, reward, n, self.seconds[-1], status
+        )
+        return {
+            **answer,
+            "status": status,
+            "version": version,
+            "eval_reward": reward,
+            "samples": n,
+            "seconds": self.seconds[-1],
+        }
 
     def _status(self) -> dict:
         """The coordinator's status, waiting out outages (a refusal such as ``auth`` stops the evaluator)."""

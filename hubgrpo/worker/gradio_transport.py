@@ -28,9 +28,12 @@ class _Capped(httpx.SyncByteStream):
         for chunk in self._inner:
             total += len(chunk)
             if total > self._limit:
-                raise CoordinatorError(f"the coordinator at {self._where} answered with more than "
-                                       f"{self._limit >> 20} MiB; the worker stopped reading", code="too_large",
-                                       hint="a hubgrpo coordinator's answers are small: check the URL you were given")
+                raise CoordinatorError(
+                    f"the coordinator at {self._where} answered with more than "
+                    f"{self._limit >> 20} MiB; the worker stopped reading",
+                    code="too_large",
+                    hint="a hubgrpo coordinator's answers are small: check the URL you were given",
+                )
             if self._deadline is not None and time.monotonic() > self._deadline:
                 raise httpx.ReadTimeout("the whole answer took longer than its deadline")
             yield chunk
@@ -82,8 +85,15 @@ class GradioTransport:
 
         auth = _BoundedAuth(self._token, url, self._timeout)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hubgrpo-gradio-connect")
-        future = pool.submit(Client, url, token=False, verbose=False, analytics_enabled=False, download_files=False,
-                             httpx_kwargs={"timeout": self._timeout, "auth": auth})
+        future = pool.submit(
+            Client,
+            url,
+            token=False,
+            verbose=False,
+            analytics_enabled=False,
+            download_files=False,
+            httpx_kwargs={"timeout": self._timeout, "auth": auth},
+        )
         pool.shutdown(wait=False)
         try:
             return future.result(timeout=self._timeout)
@@ -112,8 +122,11 @@ class GradioTransport:
         except (QueueError, TooManyRequestsError) as e:
             raise Unavailable(f"{type(e).__name__}: {e}") from None
         except AppError as e:
-            raise CoordinatorError(f"the app at {self.src} failed on {name!r}: {wire_text(str(e), 300)}",
-                                   code="protocol", hint="client and coordinator versions may differ") from None
+            raise CoordinatorError(
+                f"the app at {self.src} failed on {name!r}: {wire_text(str(e), 300)}",
+                code="protocol",
+                hint="client and coordinator versions may differ",
+            ) from None
         except Exception as e:  # deliberate: gradio_client raises many types; classify, reconnect next time
             failure = http_failure(e, self.src)
             if isinstance(failure, Unavailable):

@@ -33,10 +33,15 @@ def check_lease_bounds(cfg: Config, lease: Lease) -> None:
         _refuse(f"steps = {lease.steps}", f"a round of this run has at most {max_steps} steps")
     max_prompts = max_steps * max(1, p.per_device_train_batch_size * p.gradient_accumulation_steps // p.num_generations)
     if len(lease.prompt_indices) > max_prompts:
-        _refuse(f"prompt_indices: {len(lease.prompt_indices)} prompts", f"a round of this run uses at most {max_prompts}")
+        _refuse(
+            f"prompt_indices: {len(lease.prompt_indices)} prompts", f"a round of this run uses at most {max_prompts}"
+        )
 
 
 def _refuse(what: str, why: str) -> None:
-    raise CoordinatorError(f"the coordinator sent a lease the worker refuses: {what}: {why}", code="bad_lease",
-                           hint="this coordinator is broken or hostile, or runs another config than the run repo's; "
-                                "check the URL you were given")
+    raise CoordinatorError(
+        f"the coordinator sent a lease the worker refuses: {what}: {why}",
+        code="bad_lease",
+        hint="this coordinator is broken or hostile, or runs another config than the run repo's; "
+        "check the URL you were given",
+    )

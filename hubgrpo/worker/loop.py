@@ -20,8 +20,18 @@ from pathlib import Path
 
 from hubgrpo import layout, runrepo
 from hubgrpo.error_codes import stop_codes
-from hubgrpo.errors import (CoordinatorError, HubGrpoError, InvalidSubmission, LeaseError, RateLimited, Refused,
-                            StoreError, StoreUnavailable, wait_seconds, wire_text)
+from hubgrpo.errors import (
+    CoordinatorError,
+    HubGrpoError,
+    InvalidSubmission,
+    LeaseError,
+    RateLimited,
+    Refused,
+    StoreError,
+    StoreUnavailable,
+    wait_seconds,
+    wire_text,
+)
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
 from hubgrpo.worker.lease_bounds import check_lease_bounds
@@ -44,10 +54,12 @@ def check_box_is_ours(spec: str | None, store: Store, coordinator: str) -> None:
     if spec and not spec.startswith("s3://") and not isinstance(store, LocalStore) and not here:
         from hubgrpo.errors import ConfigError
 
-        raise ConfigError(f"the run repo {store.location} names a folder of this machine as its submissions box "
-                          f"({wire_text(spec, 120)}); a worker writes there only for a run on this machine",
-                          hint="a remote run's rounds go to its repo, an s3:// box, or the coordinator "
-                               "(--upload-via coordinator); ask the run's owner to fix hub.submissions")
+        raise ConfigError(
+            f"the run repo {store.location} names a folder of this machine as its submissions box "
+            f"({wire_text(spec, 120)}); a worker writes there only for a run on this machine",
+            hint="a remote run's rounds go to its repo, an s3:// box, or the coordinator "
+            "(--upload-via coordinator); ask the run's owner to fix hub.submissions",
+        )
 
 
 def adapter_limit(cfg) -> int:
@@ -90,10 +102,22 @@ class Heartbeat:
 class Worker:
     """Runs rounds until the run finishes or ``max_rounds`` is reached."""
 
-    def __init__(self, store: Store, client, *, name: str, user: str | None = None, engine=None,
-                 max_rounds: int | None = None, workdir: Path | None = None, sleep=time.sleep,
-                 progress: bool = True, threads: int | None = None, upload_via: str | None = None,
-                 allow_code: list[str] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        client,
+        *,
+        name: str,
+        user: str | None = None,
+        engine=None,
+        max_rounds: int | None = None,
+        workdir: Path | None = None,
+        sleep=time.sleep,
+        progress: bool = True,
+        threads: int | None = None,
+        upload_via: str | None = None,
+        allow_code: list[str] | None = None,
+    ):
         """``upload_via="coordinator"``: send submissions to the coordinator's ``upload`` endpoint instead of
         committing them (for workers without write access to the run repo; see ``hubgrpo.space.upload``); None:
         the route the run's config implies (``delivery.upload_route``: the coordinator for ``hub.submissions:
@@ -158,15 +182,16 @@ class Worker:
         except (StoreError, CoordinatorError) as e:
             if isinstance(e, CoordinatorError) and e.code in STOP_CODES:
                 raise
-            log.warning("round not delivered (%s): %s; a committed round is found by the coordinator's scan",
-                        e.code, e.message)
+            log.warning(
+                "round not delivered (%s): %s; a committed round is found by the coordinator's scan", e.code, e.message
+            )
             self._release(lease)  # this process abandons the lease: the next one is not a duplicate of it
             self.sleep(self._backoff())
             return {"status": "error", "code": e.code, "message": e.message}
 
     def _backoff(self) -> float:
         self._failures = getattr(self, "_failures", 0) + 1
-        return min(60.0, 2.0 ** self._failures)
+        return min(60.0, 2.0**self._failures)
 
     def _record(self, answer: dict) -> None:
         """Append the round's answer and timings to <workdir>/rounds.jsonl (read by benchmarks/round/overhead.py)."""
@@ -191,8 +216,9 @@ class Worker:
                 if e.code in STOP_CODES:
                     raise
                 wait = _wait_hint(e, default=delay)
-                (log.debug if e.code == "merging" else log.info)("coordinator asks to wait %.1f s (%s): %s", wait,
-                                                                 e.code, e.message)
+                (log.debug if e.code == "merging" else log.info)(
+                    "coordinator asks to wait %.1f s (%s): %s", wait, e.code, e.message
+                )
                 self.sleep(wait)
                 delay = min(delay * 2, 60.0)
             except CoordinatorError as e:
@@ -207,8 +233,9 @@ class Worker:
         """Train one leased round and submit it."""
         t0 = time.time()
         check_lease_bounds(self.cfg, lease)  # nothing downloaded or trained for a lease past the run's config
-        adapter_dir = self.client.adapter(lease.base_version, lease.base_sha, self.workdir / "adapters",
-                                          adapter_limit(self.cfg))  # from the coordinator: no repo read
+        adapter_dir = self.client.adapter(
+            lease.base_version, lease.base_sha, self.workdir / "adapters", adapter_limit(self.cfg)
+        )  # from the coordinator: no repo read
         # the version trained on and the one before; never anything outside the worker's own folder
         runrepo.prune_revisions(adapter_dir.parent, keep=2, root=self.workdir / "adapters")
         t_download = time.time() - t0
@@ -217,8 +244,9 @@ class Worker:
         try:
             with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
                 bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
-                sub = self.engine.run_round(adapter_dir, bare, out, on_step=self._progress(lease, hb),
-                                            rebase=self._rebase_source())
+                sub = self.engine.run_round(
+                    adapter_dir, bare, out, on_step=self._progress(lease, hb), rebase=self._rebase_source()
+                )
             t1 = time.time()
             if self.upload_via == "coordinator":  # the coordinator checks, commits (batched) and submits it
                 answer = self._submit(hb.lease, None, folder=out)
@@ -230,9 +258,15 @@ class Worker:
                 answer = self._submit(hb.lease, commit)
         finally:  # delivered or given up: the round's folder is not needed again (the disk stays bounded)
             runrepo.remove_tree(out, self.workdir / "rounds")
-        answer.update(submission_id=sub_id, reward_mean=sub.reward_mean, download_s=t_download,
-                      train_s=t1 - t0 - t_download, upload_s=t_upload, submit_s=time.time() - t2,
-                      round_s=time.time() - t0)
+        answer.update(
+            submission_id=sub_id,
+            reward_mean=sub.reward_mean,
+            download_s=t_download,
+            train_s=t1 - t0 - t_download,
+            upload_s=t_upload,
+            submit_s=time.time() - t2,
+            round_s=time.time() - t0,
+        )
         log.info("round %s: reward %.3f, %s", sub_id, sub.reward_mean, answer.get("status"))
         return answer
 
@@ -242,8 +276,12 @@ class Worker:
             return None
         from hubgrpo.worker.rebase import CoordinatorSource
 
-        return CoordinatorSource(self.client, self.workdir / "adapters", adapter_limit(self.cfg),
-                                 poll_s=min(10.0, self.cfg.coordinator.heartbeat_interval_s))
+        return CoordinatorSource(
+            self.client,
+            self.workdir / "adapters",
+            adapter_limit(self.cfg),
+            poll_s=min(10.0, self.cfg.coordinator.heartbeat_interval_s),
+        )
 
     def _deliver(self, out: Path, hb: Heartbeat, sub_id: str) -> str:
         """Commit the round to the run repo, or put it in the box ``hub.submissions`` names (through the lease's
@@ -264,8 +302,7 @@ class Worker:
 
     def _commit(self, out: Path, lease: Lease, sub_id: str) -> str:
         """Push the submission folder in one commit (no parent: workers write disjoint paths)."""
-        adds = {layout.submission_path(lease.base_version, sub_id, f): out / f
-                for f in layout.SUBMISSION_FILES}
+        adds = {layout.submission_path(lease.base_version, sub_id, f): out / f for f in layout.SUBMISSION_FILES}
         msg = f"hubgrpo: submission {sub_id} (base v{lease.base_version})"
         delay = 2.0
         for attempt in range(10):
@@ -285,6 +322,7 @@ class Worker:
         """``submit(lease, commit)``, or ``upload(lease, folder)`` when a folder is given; refusals with a wait
         (rate, budget…) are waited out and outages retried, then the error goes to the loop (the commit stays in
         the repo for the coordinator's scan)."""
+
         def send() -> dict:
             return self.client.upload(lease, folder) if folder is not None else self.client.submit(lease, commit)
 
@@ -356,8 +394,11 @@ def orphan_aware_sleep(seconds: float) -> None:
 
 
 def _orphaned_error() -> CoordinatorError:
-    return CoordinatorError("the `hubgrpo run` that started this process is gone", code="orphaned",
-                            hint="start the run again; it resumes from the repo")
+    return CoordinatorError(
+        "the `hubgrpo run` that started this process is gone",
+        code="orphaned",
+        hint="start the run again; it resumes from the repo",
+    )
 
 
 def _stop_if_orphaned(err: CoordinatorError) -> None:

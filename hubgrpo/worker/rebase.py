@@ -71,8 +71,11 @@ class Rebaser(TrainerCallback):
     def _poll(self, steps_done: int, *, generated: bool) -> None:
         t0 = time.perf_counter()
         try:
-            found = self.source(steps_done, int(self.version), generated=True) if generated \
+            found = (
+                self.source(steps_done, int(self.version), generated=True)
+                if generated
                 else self.source(steps_done, int(self.version))
+            )
             if found is not None and found[0] > self.version:
                 self._move(*found)
         except Exception as e:  # noqa: BLE001 — a bad offer must not cost the round: it stays where it is
@@ -89,12 +92,12 @@ class Rebaser(TrainerCallback):
         eng = self._engine
         current = eng._adapter_state()
         new = check_adapter(Path(folder), current, eng.cfg.lora)
-        if any(not is_b(k) and not torch.equal(new[k].to(v.device, v.dtype), self._base[k])
-               for k, v in current.items()):
+        if any(
+            not is_b(k) and not torch.equal(new[k].to(v.device, v.dtype), self._base[k]) for k, v in current.items()
+        ):
             log.warning("not rebasing onto v%d: its lora_A differs from the round's (is the run ffa?)", version)
             return
-        state = {k: (v + (new[k].to(v.device, v.dtype) - self._base[k])) if is_b(k) else v
-                 for k, v in current.items()}
+        state = {k: (v + (new[k].to(v.device, v.dtype) - self._base[k])) if is_b(k) else v for k, v in current.items()}
         result = set_peft_model_state_dict(eng.trainer.model, state, adapter_name="default")  # copies in place:
         if result.unexpected_keys:  # (so AdamW keeps its parameters and moments)
             raise ValueError(f"peft did not place {sorted(result.unexpected_keys)[:3]}")
@@ -102,8 +105,9 @@ class Rebaser(TrainerCallback):
         from hubgrpo import layout
 
         folder = Path(folder)
-        self.sha = layout.adapter_id((folder / layout.ADAPTER_WEIGHTS).read_bytes(),
-                                     (folder / layout.ADAPTER_CONFIG).read_bytes())
+        self.sha = layout.adapter_id(
+            (folder / layout.ADAPTER_WEIGHTS).read_bytes(), (folder / layout.ADAPTER_CONFIG).read_bytes()
+        )
         self.version = version
         self.moved.append(version)
 
@@ -138,8 +142,9 @@ class CoordinatorSource:
             if not isinstance(version, int) or not isinstance(aid, str) or not current < version <= 10**9:
                 return None  # (an older coordinator sends no id: no rebase)
             if not layout.is_commit_id(aid):  # a coordinator's word never names a folder unchecked
-                log.warning("rebase: the coordinator's version_id %r is not an adapter id; staying on v%d",
-                            aid[:80], current)
+                log.warning(
+                    "rebase: the coordinator's version_id %r is not an adapter id; staying on v%d", aid[:80], current
+                )
                 return None
             folder = self.client.adapter(version, aid, self.cache, self.max_bytes)
             self.ids[version] = aid

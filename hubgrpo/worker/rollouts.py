@@ -50,8 +50,10 @@ class RolloutRecorder:
             return
         last = self.batches[-1] if self.batches else None
         if last is None or last.prompt_indices != indices or len(last.rewards) != j:
-            raise RewardError(f"reward function {self.names[j]} was called out of order",
-                              hint="TRL calls every reward function once per generation batch, in order")
+            raise RewardError(
+                f"reward function {self.names[j]} was called out of order",
+                hint="TRL calls every reward function once per generation batch, in order",
+            )
         last.rewards.append(values)
 
 

@@ -30,8 +30,14 @@ def library_versions() -> dict[str, str]:
     import transformers
     import trl
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
-            "peft": peft.__version__, "hubgrpo": __version__, "python": platform.python_version()}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "peft": peft.__version__,
+        "hubgrpo": __version__,
+        "python": platform.python_version(),
+    }
 
 
 class StepRecorder(TrainerCallback):
@@ -45,11 +51,17 @@ class StepRecorder(TrainerCallback):
         if not logs or "reward" not in logs:  # the end-of-train summary has no reward
             return
         m = StepMetrics(
-            step=int(state.global_step), reward=_opt(logs["reward"]) or 0.0,  # None/NaN: nothing was scorable
-            reward_std=_opt(logs.get("reward_std")), loss=_opt(logs.get("loss")), kl=_opt(logs.get("kl")),
-            clip_ratio=_opt(logs.get("clip_ratio/region_mean")), entropy=_opt(logs.get("entropy")),
-            grad_norm=_opt(logs.get("grad_norm")), completion_length=_opt(logs.get("completions/mean_length")),
-            step_time=_opt(logs.get("step_time")))
+            step=int(state.global_step),
+            reward=_opt(logs["reward"]) or 0.0,  # None/NaN: nothing was scorable
+            reward_std=_opt(logs.get("reward_std")),
+            loss=_opt(logs.get("loss")),
+            kl=_opt(logs.get("kl")),
+            clip_ratio=_opt(logs.get("clip_ratio/region_mean")),
+            entropy=_opt(logs.get("entropy")),
+            grad_norm=_opt(logs.get("grad_norm")),
+            completion_length=_opt(logs.get("completions/mean_length")),
+            step_time=_opt(logs.get("step_time")),
+        )
         self.steps.append(m)
         if self.on_step is not None:
             self.on_step(m.step, m.model_dump())

@@ -55,9 +55,13 @@ def reward_windows(steps: list[StepMetrics], n_windows: int = 6) -> list[dict]:
     size = max(1, -(-len(steps) // n_windows))
     rows = []
     for i in range(0, len(steps), size):
-        chunk = steps[i:i + size]
-        rows.append({"steps": f"{chunk[0].step}–{chunk[-1].step}",
-                     "reward (train, sampled)": sum(m.reward for m in chunk) / len(chunk)})
+        chunk = steps[i : i + size]
+        rows.append(
+            {
+                "steps": f"{chunk[0].step}–{chunk[-1].step}",
+                "reward (train, sampled)": sum(m.reward for m in chunk) / len(chunk),
+            }
+        )
     return rows
 
 
@@ -73,8 +77,13 @@ def progress_bar(total: int, enabled: bool = True) -> Iterator[Callable[[int, di
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = [TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("reward {task.fields[reward]}"),
-               TimeElapsedColumn()]
+    columns = [
+        TextColumn("GRPO"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("reward {task.fields[reward]}"),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("train", total=total, reward="–")
 
@@ -95,8 +104,11 @@ def _line_progress(total: int) -> Callable[[int, dict], None]:
         now = time.perf_counter()
         if step in (1, total) or now - last >= LINE_EVERY_S:
             last = now
-            print(f"GRPO step {step}/{total}  reward {metrics['reward']:.3f}  {now - start:.0f} s", file=sys.stderr,
-                  flush=True)
+            print(
+                f"GRPO step {step}/{total}  reward {metrics['reward']:.3f}  {now - start:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     return on_step
 
@@ -114,15 +126,27 @@ def run_params(engine, steps: int) -> dict | None:
         return None
     if p.run_lr_schedule == "wsd":
         warmup, decay = p.wsd_steps(steps)
-        engine.trainer.args.lr_scheduler_kwargs = {"num_decay_steps": decay, "min_lr_ratio": p.run_lr_final,
-                                                   "warmup_type": "linear", "decay_type": "cosine"}
+        engine.trainer.args.lr_scheduler_kwargs = {
+            "num_decay_steps": decay,
+            "min_lr_ratio": p.run_lr_final,
+            "warmup_type": "linear",
+            "decay_type": "cosine",
+        }
         return {**engine.params, "lr_scheduler_type": "warmup_stable_decay", "warmup_steps": warmup}
     engine.trainer.args.lr_scheduler_kwargs = {"min_lr_rate": p.run_lr_final}
     return {**engine.params, "lr_scheduler_type": "cosine_with_min_lr"}
 
 
-def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = None, eval_samples: int = 16,
-          progress: bool = True, log: Callable[[str], None] | None = None, save_every: int = 0) -> TrainOutcome:
+def train(
+    cfg: Config,
+    *,
+    steps: int | None = None,
+    output: str | Path | None = None,
+    eval_samples: int = 16,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    save_every: int = 0,
+) -> TrainOutcome:
     """Train ``steps`` GRPO steps (default: steps_per_round × versions) and write the adapter folder (and, with
     ``save_every=K``, the adapter after every K steps under ``checkpoints/``)."""
     from hubgrpo.worker.engine import RoundEngine
@@ -144,8 +168,9 @@ def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = 
                 engine.save_adapter(checkpoint_path(out, step))
                 saving[0] += time.perf_counter() - t
 
-        result = engine.train_steps(rows, steps, seed=cfg.params.seed, on_step=on_step,
-                                    params=run_params(engine, steps))
+        result = engine.train_steps(
+            rows, steps, seed=cfg.params.seed, on_step=on_step, params=run_params(engine, steps)
+        )
     after = engine.evaluate(n=eval_samples) if eval_samples else None
     engine.save_adapter(out)
     timings = {"setup": engine.setup_seconds, **result.timings, "total": time.perf_counter() - t0}
@@ -155,19 +180,33 @@ def train(cfg: Config, *, steps: int | None = None, output: str | Path | None = 
 
 
 def _write_outputs(cfg: Config, o: TrainOutcome, samples: int, tokens: int, device: str) -> None:
-    metrics = {"project_name": cfg.project_name, "base_model": cfg.base_model, "steps": len(o.step_metrics),
-               "samples": samples, "tokens": tokens, "device": device,
-               "eval": {"samples": None if o.eval_before is None else "greedy, held-out",
-                        "before": o.eval_before, "after": o.eval_after},
-               "timings": o.timings, "step_metrics": [m.model_dump() for m in o.step_metrics],
-               "step_ended_at": o.step_ended_at}
+    metrics = {
+        "project_name": cfg.project_name,
+        "base_model": cfg.base_model,
+        "steps": len(o.step_metrics),
+        "samples": samples,
+        "tokens": tokens,
+        "device": device,
+        "eval": {
+            "samples": None if o.eval_before is None else "greedy, held-out",
+            "before": o.eval_before,
+            "after": o.eval_after,
+        },
+        "timings": o.timings,
+        "step_metrics": [m.model_dump() for m in o.step_metrics],
+        "step_ended_at": o.step_ended_at,
+    }
     (o.output / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
     (o.output / CONFIG_FILE).write_text(to_yaml(cfg, drop_secrets=True))
     rows = reward_windows(o.step_metrics)
     if o.eval_before is not None:
-        rows += [{"steps": "before training", "reward (eval, greedy)": o.eval_before},
-                 {"steps": "after training", "reward (eval, greedy)": o.eval_after}]
-    body = (f"Single-process GRPO baseline (`hubgrpo train`): {len(o.step_metrics)} steps, {samples} completions "
-            f"on {device}, {o.timings['total']:.0f} s.")
+        rows += [
+            {"steps": "before training", "reward (eval, greedy)": o.eval_before},
+            {"steps": "after training", "reward (eval, greedy)": o.eval_after},
+        ]
+    body = (
+        f"Single-process GRPO baseline (`hubgrpo train`): {len(o.step_metrics)} steps, {samples} completions "
+        f"on {device}, {o.timings['total']:.0f} s."
+    )
     card = render_model_card(cfg, title=f"{cfg.project_name} (hubgrpo train)", reward_rows=rows, body=body)
     (o.output / MODEL_CARD).write_text(card)
