@@ -152,12 +152,12 @@ def render_model_card(cfg: Config, *, title: str, reward_rows: list[dict], body:
 
 
 VERIFIED = """\
-**Verified by the coordinator**, for every merged round: the adapter's files, keys, shapes, dtypes and finite
-values; each entry within what the lease's AdamW steps can move it; its update norm under `merge.max_norm_factor`×
-the typical recent round (the median over participants), and above `merge.min_norm_factor`× it (a round below that floor, such as an adapter
-sent back unchanged, is merged with weight 0 and earns no leaderboard credit); its rewards, recomputed from the
-completions it submitted with the run's own reward functions on the run's own prompts; its merge weight and its
-worker's identity, from the signed lease, never from what the worker reports.
+**Verified by the coordinator**, for every merged round: the adapter's files, keys, shapes, dtypes and finite values;
+each entry within what the lease's AdamW steps can move it; its update norm under `merge.max_norm_factor`× the typical
+recent round (the median over participants), and above `merge.min_norm_factor`× it (a round below that floor, such as an
+adapter sent back unchanged, is merged with weight 0 and earns no leaderboard credit); its rewards, recomputed from the
+completions it submitted with the run's own reward functions on the run's own prompts; its merge weight and its worker's
+identity, from the signed lease, never from what the worker reports.
 
 **Not verified:** that the leased model generated those completions, or that the update was trained on them. A
 participant can submit completions from elsewhere (the data set's answers score 1.0) with an update of plausible

@@ -52,8 +52,8 @@ def init_run(
     echo=logging.getLogger("hubgrpo.init").warning,
 ) -> Store:
     """Create the run repo with its version-0 adapter (``hubgrpo init``); an existing run is kept (resumed)
-    unless ``force``. On the Hub the config is first fitted to the commit quota (``cli.init_quota.fit_to_store``; ``echo``
-    gets each line saying what changed and why). Returns its store."""
+    unless ``force``. On the Hub the config is first fitted to the commit quota (``cli.init_quota.fit_to_store``;
+    ``echo`` gets each line saying what changed and why). Returns its store."""
     from hubgrpo.cli.embedded import ensure_repo
     from hubgrpo.cli.init_quota import fit_to_store, holds_run
 

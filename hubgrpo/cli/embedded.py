@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from hubgrpo import runrepo
-from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.config import Config, from_env, placeholders
+from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import ConfigError, StoreError
 from hubgrpo.store.base import Store
 from hubgrpo.task.rewards import REWARD_ENV
@@ -253,10 +253,10 @@ def _serve_and_watch(
 ) -> dict:
     """The coordinator API in this process, N worker processes (and an evaluator), and a status loop until the run
     finishes."""
-    from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import serve
     from hubgrpo.task.rewards import foreign_code
+    from hubgrpo.worker.client import CoordinatorClient
 
     coord = Coordinator(
         store,

@@ -70,13 +70,13 @@ def coordinator(
     ),
     verbose: bool = typer.Option(True, "--verbose/--quiet"),
 ) -> None:
-    """Serve the coordinator API (lease, heartbeat, release, submit, status, record_eval, upload) for a run repo: open on
-    a loopback address (a trusted local run); elsewhere only with auth (coordinator.allowed_users, default the Hub
+    """Serve the coordinator API (lease, heartbeat, release, submit, status, record_eval, upload) for a run repo: open
+    on a loopback address (a trusted local run); elsewhere only with auth (coordinator.allowed_users, default the Hub
     repo's owner), like `hubgrpo space`."""
     import time
 
-    from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.cli.embedded import coordinator_secret
+    from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import serve, stop
     from hubgrpo.space.auth import make_auth
     from hubgrpo.space.guard import is_loopback
@@ -162,10 +162,10 @@ def run(
 ) -> None:
     """A whole run: coordinator on 127.0.0.1 + N local workers (+ an evaluator) until params.versions versions;
     with `backend: hf-jobs` the coordinator on a Space and backend_options.workers HF Jobs instead."""
+    from hubgrpo.cli.config_cmd import load_checked
     from hubgrpo.cli.embedded import run as run_all
     from hubgrpo.cli.numbers import require_finite
     from hubgrpo.cli.report import print_run_report
-    from hubgrpo.cli.config_cmd import load_checked
 
     require_finite({"--max-wall-s": max_wall_s}, positive=("--max-wall-s",))
     _logging(False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -37,27 +36,27 @@ def simulate(
     latency_s: float = typer.Option(
         0.0, "--latency-s", min=0.0, help="Virtual seconds for each of a round's lease, download, upload and submit."
     ),
-    rejoin_s: Optional[float] = typer.Option(
+    rejoin_s: float | None = typer.Option(
         None,
         "--rejoin-s",
         min=0.0,
         help="Virtual seconds a machine that dropped out stays away (default: one round at speed 1).",
     ),
-    step_s: Optional[float] = typer.Option(
+    step_s: float | None = typer.Option(
         None,
         "--step-s",
         min=1e-6,
         help="Virtual seconds per GRPO step at speed 1 (built-in models have a measured default).",
     ),
-    until_version: Optional[int] = typer.Option(None, "--until-version", min=1, help="Stop at this version."),
-    until_reward: Optional[float] = typer.Option(
+    until_version: int | None = typer.Option(None, "--until-version", min=1, help="Stop at this version."),
+    until_reward: float | None = typer.Option(
         None, "--until-reward", help="Stop when the held-out reward reaches this."
     ),
     min_virtual_s: float = typer.Option(
         0.0, "--min-virtual-s", min=0.0, help="--until-reward stops the run only from this virtual time on."
     ),
-    max_virtual_s: Optional[float] = typer.Option(None, "--max-virtual-s", help="Stop at this virtual time."),
-    target: Optional[float] = typer.Option(
+    max_virtual_s: float | None = typer.Option(None, "--max-virtual-s", help="Stop at this virtual time."),
+    target: float | None = typer.Option(
         None,
         "--target",
         help="Held-out reward for time_to_target_s (default: --until-reward, else 90% of the way to the best reached).",
@@ -89,8 +88,8 @@ def simulate(
 
     Writes OUTPUT/simulation.json (versions with virtual time, samples, training and held-out reward, staleness;
     the staleness histogram; time to the target) and OUTPUT/simulation.png."""
-    from hubgrpo.cli.numbers import require_finite
     from hubgrpo.cli.config_cmd import load_checked
+    from hubgrpo.cli.numbers import require_finite
     from hubgrpo.errors import ConfigError
     from hubgrpo.sim.fleet import parse_speeds, parse_starts
     from hubgrpo.sim.loop import SimOptions

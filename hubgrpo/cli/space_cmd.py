@@ -54,11 +54,11 @@ def space(
     import logging
     import time
 
-    from hubgrpo.space.auth import make_auth
-    from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.cli.embedded import coordinator_secret
-    from hubgrpo.space.app import serve_space
+    from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import stop
+    from hubgrpo.space.app import serve_space
+    from hubgrpo.space.auth import make_auth
     from hubgrpo.space.guard import check_exposure
     from hubgrpo.store import open_store
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,10 +12,10 @@ SET_HELP = "Override a field, e.g. --set params.learning_rate=1e-4 (repeatable; 
 
 def train(
     config: Path = typer.Argument(..., help="YAML config file."),
-    steps: Optional[int] = typer.Option(
+    steps: int | None = typer.Option(
         None, "--steps", min=0, help="GRPO steps (default: params.steps_per_round × params.versions)."
     ),
-    output: Optional[Path] = typer.Option(
+    output: Path | None = typer.Option(
         None, "--output", "-o", help="Adapter folder (default: runs/<project_name>/train)."
     ),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),

@@ -289,7 +289,8 @@ class MergeSection(_Section):
         5.0,
         gt=0,
         description="Refuse an update whose norm per step exceeds this × the typical recent round (the "
-        "median over participants of their own medians; a bound from history, not from the current quorum); None = off.",
+        "median over participants of their own medians; a bound from history, not from the current quorum); "
+        "None = off.",
     )
     min_norm_factor: float | None = Field(
         0.05,

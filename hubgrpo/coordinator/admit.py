@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hubgrpo import layout
+from hubgrpo.coordinator.norms import norm_limit
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
 from hubgrpo.layout import Lease, Submission
-from hubgrpo.coordinator.norms import norm_limit
 
 if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator

@@ -31,12 +31,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
-from hubgrpo.config import Config
 from hubgrpo.coordinator import admit, checkpoint, evals, leases, leasing, merging, norms, reconcile
 from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMixin
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
-from hubgrpo.layout import Lease, Refusal, RunState, WorkerStats
+from hubgrpo.layout import Lease, Refusal, WorkerStats
 from hubgrpo.store.base import Store
 
 log = logging.getLogger("hubgrpo.coordinator")
@@ -126,7 +125,7 @@ class Coordinator(VersionsMixin):
         self._adopt_lineage(repo)
         old = getattr(self, "pool", None)
         self.pool = leases.PromptPool(self.state.next_prompt) if old is None else old
-        live = [i for l in self.active.values() for i in l.prompt_indices]
+        live = [i for lease in self.active.values() for i in lease.prompt_indices]
         self.pool.next_index = max(self.pool.next_index, self.state.next_prompt, max(live, default=-1) + 1)
         self.momentum = None
         self.last_merge_at = self.state.versions[-1].created_at if self.state.versions else self.clock()

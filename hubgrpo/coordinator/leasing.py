@@ -141,7 +141,7 @@ def round_steps(c: Coordinator, key: str, first_round: bool = False) -> int:
     (its seconds per step measured by the coordinator)."""
     p = c.cfg.params
     if p.stagger_rounds and first_round:
-        live = sum(1 for l in c.active.values() if c.worker_key(l.worker, l.user) != key)
+        live = sum(1 for lease in c.active.values() if c.worker_key(lease.worker, lease.user) != key)
         if live:
             return max(1, round(p.steps_per_round * stagger_fraction(live)))
     mine = c.step_seconds.get(key)
@@ -176,7 +176,7 @@ def _check_identity(c: Coordinator, worker: str, user: str | None, now: float) -
                     f"{live_window:.0f} s; wait_s={co.heartbeat_interval_s:.0f}",
                 )
             c.drop_lease(lid)  # a restarted worker: its old round is abandoned, the prompts go back first
-    mine = sum(1 for l in c.active.values() if l.user == user)
+    mine = sum(1 for lease in c.active.values() if lease.user == user)
     if mine >= co.max_leases_per_user:
         raise refused(
             "lease_cap",
@@ -196,7 +196,7 @@ def renew(c: Coordinator, lease: Lease) -> Lease:
     if sub_id in c.pending or sub_id in c.state.merged_ids or sub_id in c.in_flight():
         return renewed  # already submitted (or queued for its check): nothing to keep alive
     if lease.lease_id not in c.active:
-        held = {i for l in c.active.values() for i in l.prompt_indices}
+        held = {i for lease in c.active.values() for i in lease.prompt_indices}
         if held.intersection(lease.prompt_indices):
             raise LeaseError(
                 f"lease {lease.lease_id} expired and its prompts were leased again",
@@ -227,9 +227,9 @@ def budget_wait(c: Coordinator, now: float, user: str | None = None) -> float:
         if excess > len(c.commit_times):
             return float(c.cfg.coordinator.lease_timeout_s)
         return max(1.0, c.commit_times[excess - 1] + 3600 - now)
-    users = {l.user for l in c.active.values()} | {user}
+    users = {lease.user for lease in c.active.values()} | {user}
     if planned > budget // 2 and len(users) > 1:  # contended: at most an equal share of live rounds per user
         share = max(1, (budget - len(c.commit_times)) // (2 * len(users)))
-        if sum(1 for l in c.active.values() if l.user == user) >= share:
+        if sum(1 for lease in c.active.values() if lease.user == user) >= share:
             return float(c.cfg.coordinator.heartbeat_interval_s)
     return 0.0

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import collections
 import statistics
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hubgrpo.config import Config

@@ -93,12 +93,12 @@ def run_status(c: Coordinator) -> dict:
     out["leases"] = [
         {
             "lease_id": lid,
-            "worker": l.worker,
-            "user": l.user,
-            "base_version": l.base_version,
-            "expires_in_s": round(l.deadline - now, 1),
+            "worker": lease.worker,
+            "user": lease.user,
+            "base_version": lease.base_version,
+            "expires_in_s": round(lease.deadline - now, 1),
         }
-        for lid, l in list(c.active.items())
+        for lid, lease in list(c.active.items())
     ]
     out["pending"] = sorted(list(c.pending))
     out["merging"] = c.merging

@@ -188,7 +188,7 @@ def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method:
     return {k: v.float() for k, v in state.items()}, count
 
 
-def with_count(new_momentum: dict, buffered: int, o: "MergeOptions") -> dict:
+def with_count(new_momentum: dict, buffered: int, o: MergeOptions) -> dict:
     """The state after a merge that found ``buffered`` merges in the buffer: the count goes with it (k > 1)."""
     if o.momentum_every > 1:
         after = buffered + 1 if buffered + 1 < o.momentum_every else 0

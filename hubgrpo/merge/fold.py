@@ -22,7 +22,6 @@ from hubgrpo.errors import MergeError
 from hubgrpo.merge.adapter import Adapter, factors, parse_modules
 from hubgrpo.merge.methods import ffa_outer_step
 
-
 FFA = merge_method("ffa")  # the method whose merge a fold stands for
 
 

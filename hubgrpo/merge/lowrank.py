@@ -39,7 +39,7 @@ class LowRankSum:
     out_dim: int
 
     @classmethod
-    def from_terms(cls, terms: list[Term], out_dim: int, in_dim: int) -> "LowRankSum":
+    def from_terms(cls, terms: list[Term], out_dim: int, in_dim: int) -> LowRankSum:
         """``Σ_k coef_k · B_k · A_k`` (terms with coefficient 0 or rank 0 are dropped)."""
         device = terms[0][2].device if terms else None
         terms = [t for t in terms if t[0] != 0.0 and t[1].shape[1] > 0]

@@ -29,8 +29,8 @@ simulation gives the same answer on a busy laptop and on a quiet server.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from hubgrpo.errors import ConfigError
 

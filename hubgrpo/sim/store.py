@@ -15,9 +15,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from hubgrpo.errors import ConfigError, RateLimited
 from hubgrpo.store.local import LocalStore

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from hubgrpo import layout
 from hubgrpo.space.guard import envelope

@@ -27,8 +27,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from hubgrpo import layout
 from hubgrpo.coordinator.inflight import InFlight

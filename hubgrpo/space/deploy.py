@@ -17,9 +17,8 @@ Tokens are sent only to the Hub's secrets endpoint; they are never printed or wr
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import tempfile
+from pathlib import Path
 
 from hubgrpo import __version__
 from hubgrpo.errors import AuthError, ConfigError

@@ -34,7 +34,8 @@ import inspect
 import json
 import math
 import typing
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from hubgrpo.space.guard import PRE_AUTH_BODY, envelope, refusal
 

@@ -30,8 +30,8 @@ def freeze_heap() -> None:
     """Move everything alive now to the collector's permanent generation (``gc.freeze``): a served coordinator's
     heap (gradio, torch, the run) is large and long-lived, and each full collection walks all of it with the GIL
     held: at 1000 workers, pauses of a few hundred milliseconds that stalled every request in flight
-    (``benchmarks/load/results/coordinator_load.md``). Afterwards a full collection walks only what was allocated since. Called a bounded number of
-    times: what is frozen is never collected."""
+    (``benchmarks/load/results/coordinator_load.md``). Afterwards a full collection walks only what was
+    allocated since. Called a bounded number of times: what is frozen is never collected."""
     gc.collect()
     gc.freeze()
 

@@ -133,8 +133,8 @@ def version_rows(status: dict, shas: dict[int, str], store) -> list[list]:
 def lease_rows(status: dict) -> list[list]:
     """Live leases, columns ``LEASE_COLUMNS``."""
     return [
-        [l["lease_id"], l["worker"], l.get("user") or "-", l["base_version"], l["expires_in_s"]]
-        for l in status.get("leases", [])
+        [lease["lease_id"], lease["worker"], lease.get("user") or "-", lease["base_version"], lease["expires_in_s"]]
+        for lease in status.get("leases", [])
     ]
 
 

@@ -27,8 +27,9 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, RepoFile, constants, hf_hub_download
 from huggingface_hub.errors import (

@@ -40,8 +40,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 from hubgrpo.errors import CommitConflict, NotFound, StoreError
 from hubgrpo.store.base import MARKER_PREFIX, CommitInfo, Store, check_path, check_tag_name

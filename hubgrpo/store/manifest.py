@@ -56,7 +56,8 @@ def decode(sha: str, data: bytes, *, where: str) -> tuple[CommitInfo, Tree]:
     if not isinstance(rec, dict) or set(rec) != _KEYS or rec["format"] != FORMAT:
         _bad(
             where,
-            f"manifest {sha} is not a hubgrpo manifest (keys {sorted(rec)[:10] if isinstance(rec, dict) else type(rec).__name__})",
+            f"manifest {sha} is not a hubgrpo manifest "
+            f"(keys {sorted(rec)[:10] if isinstance(rec, dict) else type(rec).__name__})",
         )
     parents, files = rec["parents"], rec["files"]
     if not isinstance(parents, list) or len(parents) > 1 or not all(_is_sha1(p) for p in parents):

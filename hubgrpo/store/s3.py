@@ -35,8 +35,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from hubgrpo.errors import CommitConflict, NotFound, RepoBusy, StoreError, StoreUnavailable
 from hubgrpo.store import manifest

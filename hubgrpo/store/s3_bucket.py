@@ -25,8 +25,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode
 
 from hubgrpo.errors import AuthError, CommitConflict, ConfigError, NotFound, RepoBusy, StoreError, StoreUnavailable

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hubgrpo.errors import CommitConflict, StoreError
 from hubgrpo.store import manifest

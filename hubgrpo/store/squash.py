@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hubgrpo.errors import StoreError
 from hubgrpo.store.squash_hub import SCRATCH_BRANCH, TEMP_PREFIX  # noqa: F401 (re-exported)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hubgrpo.errors import StoreError
 from hubgrpo.store.base import MARKER_PREFIX

@@ -7,8 +7,7 @@
 from __future__ import annotations
 
 import bisect
-
-from typing import Callable
+from collections.abc import Callable
 
 from hubgrpo.errors import InvalidPath, NotFound
 from hubgrpo.store.base import CommitInfo, check_path

@@ -19,8 +19,9 @@ import inspect
 import json
 import numbers
 import random
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from hubgrpo.config import Config, DataConfig
 from hubgrpo.errors import DataError
@@ -175,7 +176,7 @@ class PromptSource:
         self._perms: dict[int, list[int]] = {}
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "PromptSource":
+    def from_config(cls, cfg: Config) -> PromptSource:
         """The prompt source of a whole config (shards seeded by ``params.seed``)."""
         return cls(cfg.data, seed=cfg.params.seed)
 

@@ -15,7 +15,7 @@ data download and every machine makes the same rows. Knobs come from ``data.opti
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from hubgrpo.errors import DataError
 

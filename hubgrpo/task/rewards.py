@@ -41,8 +41,9 @@ import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from hubgrpo.config import RewardConfig
 from hubgrpo.errors import ConfigError, HubGrpoError, RewardError

@@ -15,8 +15,9 @@ from __future__ import annotations
 import gzip
 import math
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pydantic import ValidationError
 

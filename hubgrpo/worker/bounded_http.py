@@ -20,8 +20,8 @@ import logging
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 from urllib.parse import urljoin, urlsplit
 
 import httpcore

@@ -36,7 +36,8 @@ import random
 import re
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 from pydantic import ValidationError

@@ -30,10 +30,11 @@ import gc
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -42,17 +43,17 @@ from transformers import GenerationConfig, PrinterCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 
 from hubgrpo.card import adapter_base_name
-from hubgrpo.worker.adapter_io import check_adapter, save_adapter
 from hubgrpo.config import Config, ParamsConfig
-from hubgrpo.task.data import PromptSource, truncate_prompt
 from hubgrpo.errors import ConfigError, DataError, LeaseError, ModelError
 from hubgrpo.layout import ROLLOUTS_FILE, SUBMISSION_FILE, Lease, StepMetrics, Submission, check_name, submission_id
+from hubgrpo.task.data import PromptSource, truncate_prompt
+from hubgrpo.task.rewards import load_rewards, weighted_rewards
+from hubgrpo.task.rollouts import weighted_mean
+from hubgrpo.worker.adapter_io import check_adapter, save_adapter
 from hubgrpo.worker.models import load_model, resolve_device
 from hubgrpo.worker.rebase import Rebaser, Source
 from hubgrpo.worker.rollouts import INDEX_COLUMN, RolloutRecorder
 from hubgrpo.worker.steplog import StepCallback, StepRecorder, library_versions
-from hubgrpo.task.rewards import load_rewards, weighted_rewards
-from hubgrpo.task.rollouts import weighted_mean
 
 # params a running trainer picks up at the next train() call; any other change rebuilds the trainer
 ROUND_PARAMS = {

@@ -1,12 +1,12 @@
 """``hubgrpo evaluate``: score every global version that has no held-out score yet, and record it.
 
 The evaluator asks the coordinator's status which versions lack an ``eval_reward``, downloads each one's adapter from
-the coordinator (by its adapter id: versions between checkpoints are only there) or, once the coordinator no
-longer has it, at its checkpoint's tag; scores it greedily on the first ``samples`` held-out prompts of the run (``RoundEngine.evaluate``: the
-run's own reward functions) and reports ``(version, reward, samples)`` through the ``record_eval`` endpoint,
-authenticated like a worker (on a Space only ``coordinator.evaluators`` may). The newest unscored version goes
-first (so a gate and the live curve see it soon), then the older ones. ``once=True`` scores what is there and
-returns; otherwise it follows new versions until the run is finished and every version is scored.
+the coordinator (by its adapter id: versions between checkpoints are only there) or, once the coordinator no longer has
+it, at its checkpoint's tag; scores it greedily on the first ``samples`` held-out prompts of the run
+(``RoundEngine.evaluate``: the run's own reward functions) and reports ``(version, reward, samples)`` through the
+``record_eval`` endpoint, authenticated like a worker (on a Space only ``coordinator.evaluators`` may). The newest
+unscored version goes first (so a gate and the live curve see it soon), then the older ones. ``once=True`` scores what
+is there and returns; otherwise it follows new versions until the run is finished and every version is scored.
 
 Its disk stays bounded: each adapter is deleted once scored (and its HF cache entry is evicted on download).
 Like a worker, it runs only reward code its owner allowed.

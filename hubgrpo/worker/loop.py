@@ -90,7 +90,7 @@ class Heartbeat:
                     return
                 log.warning("heartbeat failed: %s", e.message)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 

@@ -24,8 +24,9 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from hubgrpo.card import BUILTIN_MODELS, SMOLLM2, TINY, underlying_model_name  # noqa: F401 (underlying_model_name: re-exported)
 from hubgrpo.errors import ModelError

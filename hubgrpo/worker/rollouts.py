@@ -9,8 +9,8 @@ recomputes from the file. ``rollouts()`` is the round's ``Rollouts`` record; ``r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from hubgrpo.errors import RewardError
 from hubgrpo.layout import RolloutBatch, Rollouts

@@ -16,14 +16,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from hubgrpo.card import render_model_card
 from hubgrpo.config import Config, to_yaml
-from hubgrpo.layout import MODEL_CARD, CONFIG_FILE, StepMetrics
+from hubgrpo.layout import CONFIG_FILE, MODEL_CARD, StepMetrics
 
 METRICS_FILE = "metrics.json"
 CHECKPOINTS = "checkpoints"
