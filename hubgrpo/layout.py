@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -322,7 +322,7 @@ def check_name(name: str, what: str = "worker name") -> str:
     return name
 
 
-def is_commit_id(revision: object) -> bool:
+def is_commit_id(revision: object) -> TypeGuard[str]:
     """Whether ``revision`` is a commit sha (40 lowercase hex digits) or a version tag (vNNNNNN): the only
     revisions that may name a folder (``runrepo.adapter_at``) or come from a coordinator."""
     return isinstance(revision, str) and bool(_SHA.fullmatch(revision) or _COMMIT_TAG.fullmatch(revision))

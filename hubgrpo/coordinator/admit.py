@@ -29,6 +29,7 @@ from hubgrpo.layout import Lease, Submission
 
 if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.merge.adapter import Adapter
 
 ADAM_RATIO = 5.0  # > the largest |m̂/√v̂| of AdamW with betas (0.9, 0.999): (1 − β1)/√(1 − β2) ≈ 3.16
 
@@ -38,7 +39,7 @@ class Pending:
     """An admitted submission waiting for the next merge."""
 
     sub: Submission
-    adapter: object  # hubgrpo.merge.Adapter
+    adapter: Adapter
     commit: str
     samples: int = 0  # derived from the lease
     steps: int = 0
@@ -51,7 +52,7 @@ class Pending:
 class Prepared:
     """The verdict of ``prepare``: ``pending`` (admitted), ``error`` (refused) or ``duplicate``."""
 
-    lease: Lease
+    lease: Lease | None  # None: the submission record was unreadable (``error`` says why)
     sub_id: str
     commit: str
     pending: Pending | None = None
@@ -166,13 +167,13 @@ def check_local(c: Coordinator, lease: Lease, folder: Path, commit: str) -> Pend
     from hubgrpo.merge import parse_modules, update_norm
 
     norm = update_norm(adapter, parse_modules(adapter)[0], base, parse_modules(base)[0])
-    limit = norm_limit(c.norm_history, steps, c.cfg.merge.max_norm_factor)
-    if limit is not None and not norm <= limit:
+    norm_cap = norm_limit(c.norm_history, steps, c.cfg.merge.max_norm_factor)
+    if norm_cap is not None and not norm <= norm_cap:
         raise InvalidSubmission(
             "norm_outlier",
             f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} is more than "
             f"{c.cfg.merge.max_norm_factor:g}× the typical update of recent rounds "
-            f"(limit {limit:.4g} for {steps} steps)",
+            f"(limit {norm_cap:.4g} for {steps} steps)",
             hint="submit what the round's training produced",
         )
     return Pending(
@@ -284,23 +285,26 @@ def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True) -> 
     """Keep a prepared submission pending (or record its refusal and raise it), under ``c.lock``; the answer:
     ``admitted`` (or ``duplicate``), and whether a merge is due now."""
     lease, sub_id, now = prepared.lease, prepared.sub_id, c.clock()
+    assert lease is not None, "a record without a lease is never accepted (Coordinator.accept_quietly)"
     if prepared.duplicate or sub_id in c.state.merged_ids or sub_id in c.pending:
         return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
     c.active.pop(lease.lease_id, None)
     if count_commit and c.inbox.in_repo:  # a round in a box (hub.submissions) is no commit of the repo
         c.commit_times.append(now)
-    err = prepared.error
+    err, pending = prepared.error, prepared.pending
     if err is None:
+        assert pending is not None, "prepare() gives a pending submission or an error"
         try:  # the version may have moved while prepare ran
-            _check_staleness(c, lease, sub_id, prepared.pending.sub.trained_base)
+            _check_staleness(c, lease, sub_id, pending.sub.trained_base)
         except InvalidSubmission as e:
             err = e
     if err is not None:
         if not any(r.submission_id == sub_id for r in (*c.new_refusals, *c.state.refused)):
             c.refuse(sub_id, lease.worker, err, now, user=lease.user)  # once: a scan may race a submit
         raise err
-    prepared.pending.staleness_limit = staleness_limit(c, lease)
-    c.pending[sub_id] = prepared.pending
+    assert pending is not None
+    pending.staleness_limit = staleness_limit(c, lease)
+    c.pending[sub_id] = pending
     from hubgrpo.coordinator.leasing import measure
 
     measure(c, lease, now)
@@ -309,11 +313,12 @@ def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True) -> 
 
 def admitted(c: Coordinator, prepared: Prepared, *, merged: bool) -> dict:
     """The answer to an admitted submission (under ``c.lock``): ``merged`` when a merge took it in already."""
+    pending = prepared.pending
     return {
         "status": "merged" if merged else "admitted",
         "submission_id": prepared.sub_id,
         "version": c.state.version,
-        "staleness": None if merged else c.state.version - prepared.pending.sub.trained_base,
+        "staleness": None if merged or pending is None else c.state.version - pending.sub.trained_base,
         "merge_due": not merged and c.merge_due(),
     }
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hubgrpo import layout, runrepo
 from hubgrpo.card import run_card
@@ -36,7 +36,10 @@ from hubgrpo.coordinator.pruning import merge_deletes
 from hubgrpo.errors import CommitConflict, HubGrpoError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.layout import RunState
 
 log = logging.getLogger("hubgrpo.coordinator")
 MAX_CAS_RETRIES = 20
@@ -92,9 +95,9 @@ def due(c: Coordinator, *, force: bool = False) -> bool:
 class Staged:
     """A checkpoint ready to commit: the state it writes, its files' sources, what it saves."""
 
-    state: object
+    state: RunState
     tagged: bool  # the version is new since the last checkpoint: adapter files, a tag
-    momentum: object
+    momentum: dict[str, Any] | None  # outer momentum tensors by key, written with a tagged checkpoint
     refusals: list
     evals_saved: dict
     workers_then: dict
@@ -133,10 +136,10 @@ def stage(c: Coordinator) -> Staged:
     )
 
 
-def files(c: Coordinator, staged: Staged) -> dict:
+def files(c: Coordinator, staged: Staged) -> dict[str, bytes | Path]:
     """The checkpoint's files (no lock: the adapter comes from the version cache, the rest is rendered here)."""
     st = staged.state
-    out = {layout.STATE_FILE: st.to_json(), layout.MODEL_CARD: run_card(c.cfg, st).encode()}
+    out: dict[str, bytes | Path] = {layout.STATE_FILE: st.to_json(), layout.MODEL_CARD: run_card(c.cfg, st).encode()}
     if staged.tagged:
         folder = c.versions.path(st.version)
         if folder is None:
@@ -165,15 +168,15 @@ def commit(c: Coordinator, staged: Staged) -> dict | None:
             return c.read_repo()
         try:
             deletes = merge_deletes(c.store, c.cfg, staged.state, head) if staged.tagged else []
-            staged.sha = c.store.commit(adds, deletes, message=staged.message, parent=head)
+            staged.sha = sha = c.store.commit(adds, deletes, message=staged.message, parent=head)
         except CommitConflict:
             continue
         if staged.tagged:
             try:  # the commit landed: a tag that failed is re-created from it at the next load (reconcile)
-                c.store.tag(layout.version_tag(staged.state.version), staged.sha, exist_ok=True)
+                c.store.tag(layout.version_tag(staged.state.version), sha, exist_ok=True)
             except HubGrpoError as e:
                 log.warning(
-                    "checkpoint v%d committed (%s) but not tagged: %s", staged.state.version, staged.sha[:10], e.message
+                    "checkpoint v%d committed (%s) but not tagged: %s", staged.state.version, sha[:10], e.message
                 )
         return None
     raise CommitConflict(
@@ -185,8 +188,9 @@ def commit(c: Coordinator, staged: Staged) -> dict | None:
 
 def adopt(c: Coordinator, staged: Staged) -> None:
     """Adopt a committed checkpoint (under the lock), keeping what happened meanwhile."""
-    st, now = staged.state, c.clock()
-    c.head = staged.sha
+    st, now, sha = staged.state, c.clock(), staged.sha
+    assert sha is not None, "adopt() takes a committed checkpoint"
+    c.head = sha
     c.commit_times.append(now)
     saved = {id(r) for r in staged.refusals}
     c.new_refusals = [r for r in c.new_refusals if id(r) not in saved]
@@ -209,9 +213,9 @@ def adopt(c: Coordinator, staged: Staged) -> None:
             for r in c.state.versions
         ]
     if staged.tagged:
-        c.shas[st.version] = staged.sha
-    c.checkpoint = Checkpoint(version=st.version, sha=staged.sha, at=now)
-    log.info("checkpoint: version %d committed (%s)", st.version, staged.sha[:10])
+        c.shas[st.version] = sha
+    c.checkpoint = Checkpoint(version=st.version, sha=sha, at=now)
+    log.info("checkpoint: version %d committed (%s)", st.version, sha[:10])
 
 
 def run(c: Coordinator, *, force: bool = False) -> bool:

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hubgrpo import layout, runrepo
 from hubgrpo.coordinator import admit, checkpoint, evals, leases, leasing, merging, norms, reconcile
@@ -37,6 +38,10 @@ from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMix
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
 from hubgrpo.layout import Lease, Refusal, WorkerStats
 from hubgrpo.store.base import Store
+
+if TYPE_CHECKING:
+    from hubgrpo.merge.fold import FfaFold
+    from hubgrpo.tracking import Tracker
 
 log = logging.getLogger("hubgrpo.coordinator")
 Pending = admit.Pending
@@ -63,18 +68,18 @@ class Coordinator(VersionsMixin):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-coord-"))
         self.active: dict[str, Lease] = {}
         self.pending: dict[str, Pending] = {}
-        self.fold = None  # merging.prefold: FFA submissions folded in before their merge is due
+        self.fold: FfaFold | None = None  # merging.prefold: FFA submissions folded in before their merge is due
         self.new_refusals: list[Refusal] = []
         self.new_evals: dict[int, tuple] = {}  # version → (held-out reward, samples, when): not in state.json yet
         self.commit_times: list[float] = []
         self.adapters = AdapterCache()  # the global adapters in memory by version (``adapter``)
         self._flush_lock = threading.Lock()  # one checkpoint at a time (``flush``)
-        self.tracker = None
+        self.tracker: Tracker | None = None
         self.merging: int | None = None  # the version a merge is computing right now
         self.background_merges = False  # under a server (``use_merge_thread``): merges are its merge thread's
         self.in_flight = InFlight()  # rounds queued for their check: the server's admission queue reports them
         self.new_lease_id = new_lease_id
-        self.momentum = None
+        self.momentum: merging.Momentum = None  # outer momentum tensors, or a reader of the repo's (re-read lazily)
         self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (balance_rounds)
         self.versions = VersionCache(self.workdir / "versions")  # live and recent versions (the adapter route)
         self.checkpointing: int | None = None  # the version a checkpoint commit is reading from the cache now

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from hubgrpo import layout
 from hubgrpo.coordinator import evals
@@ -36,7 +36,13 @@ from hubgrpo.errors import InvalidSubmission
 from hubgrpo.layout import MergedEntry, RunState
 
 if TYPE_CHECKING:
+    import torch
+
     from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.merge.core import MergeResult
+
+    # the outer momentum tensors, or a function that reads them from the store (after a reload)
+    Momentum: TypeAlias = dict[str, torch.Tensor] | Callable[[], dict[str, torch.Tensor] | None] | None
 
 log = logging.getLogger("hubgrpo.coordinator")
 
@@ -50,7 +56,7 @@ class MergePlan:
     items: list  # (adapter, base, weight) of the credited submissions, in the order of ``ids``
     entries: list[MergedEntry]  # every submission merged, the uncredited ones with weight 0
     options: object
-    momentum: object = None  # the tensors, or a function that reads them from the store (after a reload)
+    momentum: Momentum = None  # the tensors, or a function that reads them from the store (after a reload)
 
     fold: object = None  # an FfaFold of the submissions folded in before the quorum completed (ffa), or None
     raw_weights: dict = field(default_factory=dict)  # submission id → weight before normalisation
@@ -87,9 +93,9 @@ class Staged:
     message: str
     version: int
     refusals: list  # the refusals of ``c.new_refusals`` it holds (removed by identity when adopted)
+    result: MergeResult
     evals_saved: dict = field(default_factory=dict)  # the held-out scores it holds (version → score)
     workers_then: dict = field(default_factory=dict)  # (refused, accepted) per leaderboard row when staged
-    result: object = None
 
 
 def run(c: Coordinator, plan: MergePlan) -> bool:
@@ -263,8 +269,8 @@ def _weighted_items(c: Coordinator) -> tuple[list, list[MergedEntry], float, dic
     total = sum(w for _, _, w in raw) or 1.0
     items = [(a, b, w / total) for a, b, w in raw]
     raw_weights = {e.submission_id: e.weight for e in entries if e.weight > 0}
-    for e in entries:
-        e.weight = e.weight / total
+    for entry in entries:
+        entry.weight = entry.weight / total
     samples = sum(e.samples for e in entries if e.weight > 0) or 1
     return items, entries, total / samples, raw_weights
 
@@ -287,7 +293,7 @@ def _momentum(c: Coordinator):
     return read
 
 
-def stage(c: Coordinator, plan: MergePlan, result) -> Staged | None:
+def stage(c: Coordinator, plan: MergePlan, result: MergeResult) -> Staged | None:
     """The merge commit's files and state (under the lock); None if the run moved on during the compute."""
     if c.state.version + 1 != plan.version or c.state.finished:
         log.warning("dropping the merge for version %d: the run is at version %d", plan.version, c.state.version)
@@ -345,7 +351,9 @@ def adopt(c: Coordinator, staged: Staged) -> bool:
     held = {id(r) for r in staged.refusals}
     c.new_refusals = [r for r in c.new_refusals if id(r) not in held]
     c.new_evals = {v: e for v, e in c.new_evals.items() if v not in staged.evals_saved}
-    c.ids[state.version] = state.versions[-1].adapter_id
+    aid = state.versions[-1].adapter_id
+    assert aid is not None, "staged.render() gave the version its adapter id"
+    c.ids[state.version] = aid
     result = staged.result
     # in memory: what a round may still be based on (a miss reads the version cache)
     c.adapters.put(

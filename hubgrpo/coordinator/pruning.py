@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from hubgrpo.store.base import Store
 
 
-def merge_deletes(store: Store, cfg: Config, state: RunState, head: str) -> list[str]:
+def merge_deletes(store: Store, cfg: Config, state: RunState, head: str | None) -> list[str]:
     """The folder deletes of the commit writing ``state`` on top of ``head`` (``coordinator.keep_submissions``)."""
     return deletes(store, head, state, cfg.coordinator.keep_submissions, cfg.merge.lease_age_limit())
 
 
-def deletes(store, head: str, state: RunState, keep: int | None, max_age: int) -> list[str]:
+def deletes(store, head: str | None, state: RunState, keep: int | None, max_age: int) -> list[str]:
     """Folder deletes (ending in '/') for the merge commit that writes ``state`` on top of ``head`` (a store
     read: call without the coordinator's lock)."""
     if keep is None:

@@ -45,7 +45,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is imported: no phoning home
 
@@ -76,7 +76,9 @@ class CoordinatorLike(Protocol):
     (none of them is called with it held) and runs store I/O outside it."""
 
     in_flight: InFlight  # the rounds queued for their check: the admission queue reports them here
-    merge_wait_s: float  # how long a lease may wait for a due or running merge
+
+    @property
+    def merge_wait_s(self) -> float: ...  # how long a lease may wait for a due or running merge
 
     def use_merge_thread(self) -> None: ...  # merges, scans and checkpoints are the server's threads' from now on
     def lease(self, worker: str, user: str | None = None) -> Lease: ...
@@ -99,6 +101,22 @@ class CoordinatorLike(Protocol):
     def checkpoints_inline(self) -> bool: ...  # every version checkpointed right after its merge
     def version_dir(self, version: int, adapter_id: str) -> Path: ...  # what the adapter route serves
     def rounds_via_upload(self) -> bool: ...  # rounds come only through the upload route
+
+
+class HubgrpoBlocks(Protocol):
+    """The attributes hubgrpo sets on the app's ``gr.Blocks``: by ``build_app``, ``guard.install`` and
+    ``upload_route.add_upload`` (read them through ``extras(blocks)``)."""
+
+    hubgrpo_ticker: Ticker
+    hubgrpo_endpoints: dict[str, Callable[..., Any]]
+    hubgrpo_body_limits: dict[str, int]
+    hubgrpo_guard: guard.Policy
+    hubgrpo_uploads: Any  # hubgrpo.space.upload.Uploads
+
+
+def extras(blocks: gr.Blocks) -> HubgrpoBlocks:
+    """``blocks`` as the carrier of hubgrpo's own attributes (``HubgrpoBlocks``)."""
+    return cast(HubgrpoBlocks, blocks)
 
 
 # ------------------------------------------------------------------------------------------------ endpoints
@@ -173,7 +191,7 @@ class CoordinatorApi:
         user: str | None = None,
         token: str | None = None,
         protocol: Any = None,
-        request: gr.Request = None,
+        request: gr.Request | None = None,
     ) -> dict:
         """Lease a round to ``worker``. With an auth hook the authenticated name replaces ``user``. ``protocol``
         is the worker's wire protocol version; any other than this coordinator's is refused (code ``version``)."""
@@ -223,7 +241,7 @@ class CoordinatorApi:
             if not busy:
                 self.merge_done.notify_all()
 
-    def heartbeat(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
+    def heartbeat(self, lease: dict, token: str | None = None, request: gr.Request | None = None) -> dict:
         """Extend a lease's deadline; the answer is the re-signed lease."""
         token = caller_token(token, request)
 
@@ -233,7 +251,7 @@ class CoordinatorApi:
 
         return self._answer("heartbeat", token, run)
 
-    def release(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
+    def release(self, lease: dict, token: str | None = None, request: gr.Request | None = None) -> dict:
         """Give a lease back (the worker stopped); its prompts return to the pool."""
         token = caller_token(token, request)
 
@@ -242,7 +260,7 @@ class CoordinatorApi:
 
         return self._answer("release", token, run)
 
-    def submit(self, lease: dict, commit: str, token: str | None = None, request: gr.Request = None) -> dict:
+    def submit(self, lease: dict, commit: str, token: str | None = None, request: gr.Request | None = None) -> dict:
         """Report the commit holding a round's submission; answers admitted / merged / duplicate (synchronous: the
         answer waits for the round's check; the plain route ``/hubgrpo/api/submit`` answers at once instead)."""
         token = caller_token(token, request)
@@ -256,7 +274,9 @@ class CoordinatorApi:
 
         return self._guarded("submit", token, run)
 
-    def submit_queued(self, lease: dict, commit: str, token: str | None = None, request: gr.Request = None) -> dict:
+    def submit_queued(
+        self, lease: dict, commit: str, token: str | None = None, request: gr.Request | None = None
+    ) -> dict:
         """Report a round's commit; answers ``{status: checking, submission_id, wait_s}`` at once, after the cheap
         checks (lease signature and owner, the commit id); ``verdict`` then tells how the check went."""
         token = caller_token(token, request)
@@ -290,7 +310,7 @@ class CoordinatorApi:
 
         return self._answer("submit", None, run)
 
-    def verdict(self, lease: dict, token: str | None = None, request: gr.Request = None) -> dict:
+    def verdict(self, lease: dict, token: str | None = None, request: gr.Request | None = None) -> dict:
         """How the check of a submitted round went: the answer ``submit`` would have given (admitted / merged /
         duplicate, or the refusal), ``checking`` while it waits, ``unknown`` for a round never submitted here."""
         token = caller_token(token, request)
@@ -302,7 +322,7 @@ class CoordinatorApi:
 
         return self._guarded("verdict", token, run)
 
-    def status(self, token: str | None = None, request: gr.Request = None) -> dict:
+    def status(self, token: str | None = None, request: gr.Request | None = None) -> dict:
         """Run status (public, read-only, not serialised behind the lock)."""
         token = caller_token(token, request)
         return self._answer("status", token, self.coord.status)
@@ -314,7 +334,7 @@ class CoordinatorApi:
         samples: int,
         token: str | None = None,
         protocol: Any = None,
-        request: gr.Request = None,
+        request: gr.Request | None = None,
     ) -> dict:
         """Record the held-out reward of a version (``hubgrpo evaluate``): ``{status: recorded | duplicate,
         version}``. With auth, only ``coordinator.evaluators`` (default: the repo owner) may call it."""
@@ -362,15 +382,16 @@ def build_app(
             )
     ticker = Ticker(api, blocks, tick_interval)
     guard.install(blocks, auth)  # bodies bounded and timed before auth, on every route of the app it launches
-    blocks.hubgrpo_endpoints = {name: getattr(api, name) for name in ENDPOINTS}
-    blocks.hubgrpo_endpoints.update(submit=api.submit_queued, verdict=api.verdict)
+    ext = extras(blocks)
+    ext.hubgrpo_endpoints = {name: getattr(api, name) for name in ENDPOINTS}
+    ext.hubgrpo_endpoints.update(submit=api.submit_queued, verdict=api.verdict)
 
     async def _start() -> None:
         attach_routes(blocks)
         ticker.start()
 
     blocks.extra_startup_events.append(_start)
-    blocks.hubgrpo_ticker = ticker  # serve() starts it too, in case a Gradio version skips startup events
+    ext.hubgrpo_ticker = ticker  # serve() starts it too, in case a Gradio version skips startup events
     return blocks
 
 
@@ -380,12 +401,13 @@ def attach_routes(blocks: gr.Blocks) -> None:
 
     app = getattr(blocks, "server_app", None) or getattr(blocks, "app", None)
     if app is not None:
+        ext = extras(blocks)
         routes.attach(
             app,
-            blocks.hubgrpo_endpoints,
+            ext.hubgrpo_endpoints,
             getattr(blocks, "hubgrpo_body_limits", None),
-            blocks.hubgrpo_ticker.api.auth,
-            blocks.hubgrpo_ticker.api.coord,
+            ext.hubgrpo_ticker.api.auth,
+            ext.hubgrpo_ticker.api.coord,
         )
 
 
@@ -422,8 +444,8 @@ def serve(
     launch_kw = {"prevent_thread_lock": True, "quiet": True, "ssr_mode": False, **launch_kw}
     app.launch(server_name=host, server_port=port or free_port(host), **launch_kw)
     attach_routes(app)
-    app.hubgrpo_ticker.start()
-    return app, app.local_url.rstrip("/")
+    extras(app).hubgrpo_ticker.start()
+    return app, str(app.local_url).rstrip("/")  # a str once launched (gradio declares it None)
 
 
 STOP_REPORT_S = 30.0  # a stop still running after this long writes every thread's stack to stderr (once)

@@ -29,7 +29,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is i
 import gradio as gr  # noqa: E402
 
 from hubgrpo.space import view  # noqa: E402
-from hubgrpo.space.api import AuthHook, attach_routes, build_app, free_port  # noqa: E402
+from hubgrpo.space.api import AuthHook, attach_routes, build_app, extras, free_port  # noqa: E402
 from hubgrpo.space.upload import UPLOAD_FILES  # noqa: E402
 from hubgrpo.space.upload_route import add_upload  # noqa: E402
 
@@ -175,8 +175,8 @@ def serve_space(
     launch_kw = {"prevent_thread_lock": True, "quiet": True, **launch_kwargs(), **launch_kw}
     app.launch(server_name=host, server_port=port or free_port(host), **launch_kw)
     attach_routes(app)
-    app.hubgrpo_ticker.start()
-    return app, app.local_url.rstrip("/")
+    extras(app).hubgrpo_ticker.start()
+    return app, str(app.local_url).rstrip("/")  # a str once launched (gradio declares it None)
 
 
 __all__ = ["CSS", "UPLOAD_FILES", "build_space", "launch_kwargs", "serve_space"]

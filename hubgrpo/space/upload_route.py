@@ -9,7 +9,7 @@ guard's, on Gradio's routes alike) is what one round of the run can weigh in bas
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gradio as gr
 
@@ -18,15 +18,17 @@ from hubgrpo.space.wire import caller_token
 
 if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.space.api import HubgrpoBlocks
 
 
 def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, batch_wait_s: float = 5.0) -> Uploads:
-    """Register ``upload`` on ``blocks`` (built by ``build_app``, not launched yet); ``blocks.hubgrpo_uploads`` is
+    """Register ``upload`` on ``blocks`` (built by ``build_app``, not launched yet); ``ext.hubgrpo_uploads`` is
     the returned ``Uploads`` (close it to flush the queued uploads of a run whose rounds are commits)."""
-    api = blocks.hubgrpo_ticker.api  # the server's endpoint object: its auth hook, its merge thread's wake-up
+    ext = cast("HubgrpoBlocks", blocks)  # hubgrpo's attributes on the app (set by build_app)
+    api = ext.hubgrpo_ticker.api  # the server's endpoint object: its auth hook, its merge thread's wake-up
     uploads = Uploads(coord, batch_size=batch_size, batch_wait_s=batch_wait_s, on_merge_due=api.merge_is_due)
 
-    def upload(lease: dict, files: dict, token: str | None = None, request: gr.Request = None) -> dict:
+    def upload(lease: dict, files: dict, token: str | None = None, request: gr.Request | None = None) -> dict:
         """Upload a round's submission ({file name: base64} of adapter_model.safetensors, adapter_config.json,
         rollouts.json.gz and submission.json) for a worker without write access; checked, committed in a batch
         (or put in the run's box), then submitted."""
@@ -39,8 +41,8 @@ def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, ba
 
     with blocks:
         gr.api(upload, api_name="upload", queue=False, concurrency_limit=None, api_description=upload.__doc__)
-    blocks.hubgrpo_endpoints["upload"] = upload  # on the plain routes too, with a body fit for one round:
-    blocks.hubgrpo_body_limits = {"upload": upload_body_limit(coord)}  # the global adapter + rollouts, base64
-    blocks.hubgrpo_guard.upload_limit = blocks.hubgrpo_body_limits["upload"]  # Gradio's routes alike
-    blocks.hubgrpo_uploads = uploads
+    ext.hubgrpo_endpoints["upload"] = upload  # on the plain routes too, with a body fit for one round:
+    ext.hubgrpo_body_limits = {"upload": upload_body_limit(coord)}  # the global adapter + rollouts, base64
+    ext.hubgrpo_guard.upload_limit = ext.hubgrpo_body_limits["upload"]  # Gradio's routes alike
+    ext.hubgrpo_uploads = uploads
     return uploads
