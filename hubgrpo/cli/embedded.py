@@ -48,7 +48,9 @@ def fit_new_repo(cfg: Config, store: Store, *, force: bool = False) -> Config:
         return cfg
     fitted, lines = fit_to_store(cfg, store)
     for line in lines:
-        log.warning("%s (the Hub allows about %s commits an hour per repo)", line, store.hourly_commit_quota)
+        log.warning(
+            "%s (the Hub allows about %s commits an hour per repo)", line, getattr(store, "hourly_commit_quota", None)
+        )
     return fitted
 
 

@@ -48,14 +48,14 @@ def parse(cfg, version, reward, samples) -> tuple[int, float, int]:
             "an integer number of samples",
         )
 
-    if not isinstance(version, numbers.Integral) or isinstance(version, bool) or not 0 <= version <= 10**9:
+    if not isinstance(version, numbers.Integral) or isinstance(version, bool) or not 0 <= int(version) <= 10**9:
         bad(f"version {str(version)[:40]!r} is not a version number")
     if not isinstance(reward, numbers.Real) or isinstance(reward, bool) or not math.isfinite(float(reward)):
         bad(f"reward {str(reward)[:40]!r} is not a finite number")
     bound = reward_bound(cfg)
     if abs(float(reward)) > bound + 1e-9:
         bad(f"reward {float(reward):.6g} is outside what the run's reward functions give (±{bound:g})")
-    if not isinstance(samples, numbers.Integral) or isinstance(samples, bool) or not 1 <= samples <= MAX_SAMPLES:
+    if not isinstance(samples, numbers.Integral) or isinstance(samples, bool) or not 1 <= int(samples) <= MAX_SAMPLES:
         bad(f"samples {str(samples)[:40]!r} is not an integer in 1…{MAX_SAMPLES}")
     return int(version), float(reward), int(samples)
 

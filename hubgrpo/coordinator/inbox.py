@@ -26,6 +26,7 @@ import shutil
 import uuid
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from hubgrpo import layout, runrepo
 from hubgrpo.errors import InvalidSubmission, NotFound, StoreError
@@ -109,7 +110,8 @@ class Judged:
     a restarted coordinator reads each once more."""
 
     def __init__(self, limit: int = JUDGED_MAX):
-        self.limit, self._seen = int(limit), OrderedDict()
+        self.limit = int(limit)
+        self._seen: OrderedDict[Any, None] = OrderedDict()  # judged entries, oldest first
 
     def __contains__(self, entry) -> bool:
         return entry in self._seen
@@ -127,6 +129,8 @@ class Judged:
 class Scanned:
     """What both inboxes share for scans: the records the last scan listed (path, size, version), refused by their
     listed size before they are read (``RECORD_MAX``), and those already judged, which no scan reads again."""
+
+    location: str  # where the records are (each inbox sets it): what messages name
 
     def __init__(self):
         self.judged_records = Judged()

@@ -42,7 +42,7 @@ def init_repo(
         (adapter_dir / layout.ADAPTER_WEIGHTS).read_bytes(), (adapter_dir / layout.ADAPTER_CONFIG).read_bytes()
     )
     state = initial_state(cfg, clock(), aid)
-    adds = {
+    adds: dict[str, bytes | Path] = {
         layout.ADAPTER_WEIGHTS: adapter_dir / layout.ADAPTER_WEIGHTS,
         layout.ADAPTER_CONFIG: adapter_dir / layout.ADAPTER_CONFIG,
         layout.CONFIG_FILE: text.encode(),

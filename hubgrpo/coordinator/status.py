@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hubgrpo import layout
 from hubgrpo.layout import RunState
@@ -16,7 +16,7 @@ def leaderboard(state: RunState) -> list[dict]:
     rounds merged with weight (credited ``samples``, derived from the leases), then credited rounds, then fewer
     refusals. ``mean_reward`` (the credited rounds' recomputed reward) is shown, never ranked on: a round of
     completions copied from the data set scores 1.0 too. ``uncredited``: rounds merged with weight 0."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for w in list(state.workers.values()):  # copies: status runs unlocked
         mean = w.reward_sum / w.accepted if w.accepted else None
         gain = None if w.reward_first is None or w.reward_last is None else w.reward_last - w.reward_first

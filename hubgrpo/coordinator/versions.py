@@ -16,7 +16,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from hubgrpo import layout, runrepo
 from hubgrpo.coordinator import admit, checkpoint
@@ -25,6 +25,7 @@ from hubgrpo.errors import CoordinatorError, InvalidSubmission, MergeError, NotF
 if TYPE_CHECKING:
     from hubgrpo.config import Config
     from hubgrpo.coordinator.checkpoint import Checkpoint
+    from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.layout import RunState
     from hubgrpo.store.base import Store
 
@@ -42,9 +43,7 @@ class VersionCache:
 
     def put(self, version: int, files: dict[str, bytes | Path]) -> str:
         """Keep ``files`` (the two adapter files: bytes or paths) as ``version``; returns its adapter id."""
-        data = {
-            name: files[name] if isinstance(files[name], bytes) else Path(files[name]).read_bytes() for name in FILES
-        }
+        data = {name: _blob(files[name]) for name in FILES}
         aid = layout.adapter_id(data[layout.ADAPTER_WEIGHTS], data[layout.ADAPTER_CONFIG])
         dest = self.root / f"{int(version)}-{aid}"
         if not dest.is_dir():
@@ -77,7 +76,7 @@ class VersionCache:
             found = self._dirs.get(int(version))
         return found[1] if found is not None and found[1].is_dir() else None
 
-    def evict(self, keep: set[int], below: int) -> int:
+    def evict(self, keep: set[int | None], below: int) -> int:
         """Remove the versions older than ``below`` that are not in ``keep``; how many left."""
         with self._lock:
             gone = [(v, d) for v, (_, d) in self._dirs.items() if v < below and v not in keep]
@@ -147,6 +146,11 @@ class AdapterCache:
         return len(self._adapters)
 
 
+def _blob(value: bytes | Path) -> bytes:
+    """A file's bytes, given as bytes or as the path of a file."""
+    return value if isinstance(value, bytes) else Path(value).read_bytes()
+
+
 class VersionsMixin:
     """The coordinator's versions by number and adapter id (``Coordinator`` inherits it): its lineage as loaded
     from the repo, the adapters it reads (memory, the version cache, a checkpoint's tag), what the ``adapter``
@@ -163,6 +167,10 @@ class VersionsMixin:
     shas: dict[int, str]
     checkpoint: Checkpoint
     checkpointing: int | None
+
+    def _coordinator(self) -> Coordinator:
+        """``self`` as the ``Coordinator`` that inherits this mixin (for the functions that take one)."""
+        return cast("Coordinator", self)
 
     def _adopt_lineage(self, repo: dict) -> None:
         """The adapter ids of the versions a loaded state.json knows, the checkpoint's adapter in the version cache
@@ -200,7 +208,7 @@ class VersionsMixin:
                 code="unavailable",
                 hint="submit again in a few seconds",
             ) from e
-        self.adapters.put(version, adapter, drop_below=self.state.version - admit.staleness_limit(self))
+        self.adapters.put(version, adapter, drop_below=self.state.version - admit.staleness_limit(self._coordinator()))
         return adapter
 
     def _version_folder(self, version: int) -> Path:
@@ -224,7 +232,9 @@ class VersionsMixin:
             self.versions.put(version, {n: fetched / n for n in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
         finally:
             shutil.rmtree(fetched, ignore_errors=True)
-        return self.versions.path(version)
+        folder = self.versions.path(version)
+        assert folder is not None, "put() just stored it"
+        return folder
 
     def loadable(self, version: int) -> bool:
         """Whether ``version``'s adapter can still be read: in the version cache, or at its checkpoint's tag."""
@@ -262,7 +272,7 @@ class VersionsMixin:
         """Whether every version is checkpointed right after its merge, in the merge's thread: commits are free
         (no hourly quota) and the interval is 0. Elsewhere the checkpoint thread takes the newest version when due
         (a 429 never holds a merge; versions merged meanwhile are not committed on their own)."""
-        return checkpoint.interval_s(self) == 0 and not checkpoint.quota_bound(self.store)
+        return checkpoint.interval_s(self._coordinator()) == 0 and not checkpoint.quota_bound(self.store)
 
     def evict_versions(self) -> None:
         """Versions no lease may be based on any more leave the version cache (the checkpoint stays)."""

@@ -39,6 +39,7 @@ import os
 import stat
 import struct
 from pathlib import Path
+from typing import NoReturn
 
 from hubgrpo.errors import InvalidSubmission
 
@@ -131,7 +132,7 @@ def check_submission(
     return adapter
 
 
-def _refuse(code: str, message: str, hint: str | None = _HINT_RETRAIN):
+def _refuse(code: str, message: str, hint: str | None = _HINT_RETRAIN) -> NoReturn:
     raise InvalidSubmission(code, message, hint=hint)
 
 

@@ -180,7 +180,7 @@ def _check_momentum(momentum: dict | None, specs: dict[str, ModuleSpec], method:
             )
         )
     )
-    if not ok:
+    if not ok or count is None:  # (``ok`` holds only with a count)
         raise MergeError(
             f"the momentum state does not belong to method {method.name!r} and this adapter layout",
             hint="pass momentum=None to restart the outer momentum after changing method or layout",
@@ -314,7 +314,8 @@ def build_report(
 ) -> dict:
     """JSON report: residual ‖ΔW − B′A′‖/‖ΔW‖ per module (0 where nothing was truncated: stack, ffa; naive's
     factor-averaging error is not measured) and overall over the re-factorised modules."""
-    per_module, algorithms = {}, {}
+    per_module: dict[str, float] = {}
+    algorithms: dict[str, int] = {}
     tail = total = 0.0
     for prefix, res in results.items():
         algorithms[res.algorithm] = algorithms.get(res.algorithm, 0) + 1

@@ -160,7 +160,7 @@ def refactor_randomized(
     sketch = min(rank + oversample, total_rank, out_dim, in_dim)  # l
     device = m.A.device  # Gaussian draws are made on the CPU generator, so every device gets the same sketch
     basis, on_out = torch.randn(in_dim, sketch, generator=gen).to(device), False  # current basis and its side
-    probe_out = None
+    probe_out: torch.Tensor | None = None
     for i in range(max(passes, 2) - 1):
         width = basis.shape[1]
         if i == passes - 2 and probes:  # last sketch pass: append the probes
@@ -176,6 +176,7 @@ def refactor_randomized(
         bt, at, dead_sq = _live_factors(basis @ u.float(), s, right.float(), rank)
         b, a = at.T, bt.T
     b, a = pad_rank(b, a, rank, gen)
+    assert probe_out is not None  # the loop above ran at least once
     missed = probe_out - basis @ (basis.T @ probe_out)  # E‖(I − PPᵀ)·(M or Mᵀ)·ω‖² = the energy outside P
     missed_sq = float((missed.double() ** 2).sum()) / probes if probes else 0.0
     total_sq = float((s**2).sum()) + missed_sq

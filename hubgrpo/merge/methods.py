@@ -27,12 +27,16 @@ submission.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from hubgrpo.errors import MergeError
 from hubgrpo.merge.adapter import Adapter, ModuleSpec, factors
 from hubgrpo.merge.lowrank import LowRankSum, Term, refactor
+
+if TYPE_CHECKING:
+    from hubgrpo.merge.core import MergeOptions  # core imports this module
 
 
 @dataclass
@@ -44,7 +48,7 @@ class Context:
     specs: list[dict[str, ModuleSpec]]
     g: dict[int, float]
     final: dict[int, float]
-    options: object  # MergeOptions (avoids a circular import)
+    options: MergeOptions
     momentum: dict[str, torch.Tensor] = field(default_factory=dict)
     buffered: int = 0  # delayed Nesterov: merges whose outer gradients are in the buffer
 

@@ -57,6 +57,7 @@ def robust_coefficients(
         k = int(math.floor(trim_fraction * n))
         if n - 2 * k < 1:
             k = (n - 1) // 2
+        assert norms is not None, "trimming ranks the updates by their norms"
         order = sorted(range(n), key=lambda i: norms[i])
         for i in order[:k] + order[n - k :]:  # k = 0 drops nothing
             keep[i] = False
@@ -68,6 +69,7 @@ def robust_coefficients(
     clipped = 0
     bound = None
     if clip_factor is not None:
+        assert norms is not None, "clipping bounds the updates' norms"
         bound = clip_factor * _median(norms)
         for i, norm in enumerate(norms):
             if coefs[i] and norm > bound:

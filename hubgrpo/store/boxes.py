@@ -20,6 +20,7 @@ Reading is for the coordinator, which trusts nothing in a box: ``list`` gives si
 
 from __future__ import annotations
 
+import builtins  # `list` is a method name in these classes
 import logging
 import os
 import re
@@ -109,7 +110,7 @@ class FolderBox:
         """(path, size) of the regular files under folder ``rel_prefix`` (links and other oddities are skipped)."""
         return [(path, size) for path, size, _ in self.entries(rel_prefix)]
 
-    def entries(self, rel_prefix: str) -> list[tuple[str, int, str]]:
+    def entries(self, rel_prefix: str) -> builtins.list[tuple[str, int, str]]:
         """(path, size, version) of the regular files under folder ``rel_prefix``; the version (inode and
         modification time) changes when a file is replaced, as an S3 etag does."""
         base = self.root / check_path(rel_prefix.rstrip("/"))
@@ -147,9 +148,9 @@ class FolderBox:
             )
         dest.write_bytes(data)
 
-    def delete(self, rels: list[str]) -> None:
+    def delete(self, rels: builtins.list[str]) -> None:
         """Delete these files (a link is removed, never followed), then the folders they leave empty."""
-        parents = set()
+        parents: set[Path] = set()
         for rel in rels:
             path = self.root / check_path(rel)
             path.unlink(missing_ok=True)
@@ -197,7 +198,7 @@ class S3Box:
     def list(self, rel_prefix: str) -> list[tuple[str, int]]:
         return self.objects.list(check_path(rel_prefix.rstrip("/")) + "/")
 
-    def entries(self, rel_prefix: str) -> list[tuple[str, int, str]]:
+    def entries(self, rel_prefix: str) -> builtins.list[tuple[str, int, str]]:
         """(path, size, etag) of the objects under folder ``rel_prefix``."""
         return [e[:3] for e in self.objects.entries(check_path(rel_prefix.rstrip("/")) + "/")]
 
@@ -207,7 +208,7 @@ class S3Box:
     def read(self, rel: str, *, max_bytes: int) -> bytes:
         return self.objects.get(check_path(rel), max_bytes=max_bytes)[0]
 
-    def delete(self, rels: list[str]) -> None:
+    def delete(self, rels: builtins.list[str]) -> None:
         self.objects.delete([check_path(r) for r in rels])
 
     def presign_upload(self, rel: str, max_bytes: int, expires_s: int) -> str:

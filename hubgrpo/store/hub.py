@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, RepoFile, constants, hf_hub_download
 from huggingface_hub.errors import (
@@ -58,7 +58,7 @@ from hubgrpo.store.retry import retry_delay
 try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx
     from httpx2 import TransportError
 except ImportError:  # pragma: no cover
-    from httpx import TransportError
+    from httpx import TransportError  # type: ignore[assignment]  # httpx's class of the same role (no httpx2)
 
 T = TypeVar("T")
 PARENT_RE = re.compile(r"[0-9a-fA-F]{5,40}")
@@ -101,7 +101,7 @@ def map_error(exc: Exception, *, what: str, repo: str, on_409: Callable[[str], S
         )
     if isinstance(exc, TransportError):
         return StoreUnavailable(f"{where}: no answer from the Hub ({type(exc).__name__}: {exc})", hint=_HINT_RETRY)
-    return _map_status(exc, where, on_409)
+    return _map_status(cast(HfHubHTTPError, exc), where, on_409)  # the rest of HUB_ERRORS: HTTP errors
 
 
 def _map_status(exc: HfHubHTTPError, where: str, on_409: Callable[[str], StoreError] | None) -> StoreError:
@@ -159,7 +159,7 @@ class HubStore(Store):
         self,
         repo_id: str,
         *,
-        token: str | None = None,
+        token: str | bool | None = None,  # as HfApi takes it (True: the saved login)
         endpoint: str | None = None,
         repo_type: str = "model",
         api: HfApi | None = None,

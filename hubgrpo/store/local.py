@@ -290,7 +290,7 @@ class LocalStore(Store):
         check_path(path)
         sha = self._resolve(revision)
         blob = self._tree_at(sha).get(path)
-        if blob is None:
+        if blob is None or sha is None:  # (the empty repo has no files)
             at = "the empty repo" if sha is None else f"revision {revision or BRANCH} ({sha})"
             raise NotFound(f"{path!r} not found at {at} of {self.location}")
         return sha, self._object(blob)

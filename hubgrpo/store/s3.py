@@ -149,7 +149,7 @@ class S3Store(Store):
         check_path(path)
         sha = self._resolve(revision)
         entry = self._tree(sha).get(path)
-        if entry is None:
+        if entry is None or sha is None:  # (the empty repo has no files)
             at = "the empty repo" if sha is None else f"revision {revision or 'main'} ({sha})"
             raise NotFound(f"{path!r} not found at {at} of {self.location}")
         repo_key = hashlib.sha1(self.location.encode()).hexdigest()[:16]
@@ -319,6 +319,7 @@ class S3Store(Store):
 
     def _put_blob(self, value: bytes | Path) -> tuple[str, int]:
         """Upload one file's content unless the bucket has it; (sha256, size)."""
+        data: bytes | Path
         if isinstance(value, (bytes, bytearray, memoryview)):
             data = bytes(value)
             digest, size = hashlib.sha256(data).hexdigest(), len(data)
@@ -386,7 +387,9 @@ class S3Store(Store):
                 uncertain = uncertain or isinstance(e, StoreUnavailable)
                 if attempt > self.max_retries:
                     raise
-                self._sleep(retry_delay(e, attempt, base_s=self.retry_base_s, cap_s=8.0))
+                self._sleep(
+                    retry_delay(e, attempt, base_s=self.retry_base_s, cap_s=8.0) or 0.0
+                )  # (never None for these)
         raise AssertionError("unreachable")
 
     def _swap(self, sha: str, head: str | None, etag: str | None) -> bool:
@@ -405,7 +408,9 @@ class S3Store(Store):
                     if uncertain and self._landed(sha, head):
                         return True
                     raise
-                self._sleep(retry_delay(e, attempt, base_s=self.retry_base_s, cap_s=8.0))
+                self._sleep(
+                    retry_delay(e, attempt, base_s=self.retry_base_s, cap_s=8.0) or 0.0
+                )  # (never None for these)
                 if uncertain:
                     try:
                         now = self.head()

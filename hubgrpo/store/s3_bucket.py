@@ -19,6 +19,7 @@ happened. The endpoint comes from ``AWS_ENDPOINT_URL`` (MinIO, R2) and credentia
 
 from __future__ import annotations
 
+import builtins  # `list` is a method name in these classes
 import itertools
 import os
 import re
@@ -291,11 +292,11 @@ class S3Bucket:
         """(key relative to the prefix, size) of every object whose key starts with ``rel_prefix``, sorted."""
         return [(key, size) for key, size, _, _ in self.entries(rel_prefix, max_keys=max_keys)]
 
-    def entries(self, rel_prefix: str = "", *, max_keys: int = 1_000_000) -> list[tuple[str, int, str, float]]:
+    def entries(self, rel_prefix: str = "", *, max_keys: int = 1_000_000) -> builtins.list[tuple[str, int, str, float]]:
         """(key relative to the prefix, size, etag, last modified as a Unix time) of every object whose key
         starts with ``rel_prefix``, sorted."""
 
-        def once() -> list[tuple[str, int, str, float]]:
+        def once() -> builtins.list[tuple[str, int, str, float]]:
             out, pages = [], self.client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=self.bucket, Prefix=self.key(rel_prefix)):
                 for item in page.get("Contents", []):
@@ -331,12 +332,13 @@ class S3Bucket:
             retry=False,
         )
 
-    def delete(self, rels: list[str]) -> None:
+    def delete(self, rels: builtins.list[str]) -> None:
         """Delete these objects (up to 1000 per request); objects already gone are fine."""
         for i in range(0, len(rels), 1000):
-            batch = {"Objects": [{"Key": self.key(r)} for r in rels[i : i + 1000]], "Quiet": True}
+            objects = [{"Key": self.key(r)} for r in rels[i : i + 1000]]
+            batch = {"Objects": objects, "Quiet": True}
             resp = self.call(
-                f"delete {len(batch['Objects'])} objects",
+                f"delete {len(objects)} objects",
                 lambda: self.client.delete_objects(Bucket=self.bucket, Delete=batch),
             )
             failed = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]

@@ -73,7 +73,8 @@ def _squash_local(store, message, head_tags, rebuild, drop) -> dict[str, str]:
 def _reclaim_local(store, refs: set[str]) -> None:
     """Delete every commit, object and snapshot that no ref reaches (under the store's lock)."""
     commits, objects = set(), set()
-    for sha in refs:
+    for ref in refs:
+        sha: str | None = ref
         while sha and sha not in commits:
             commits.add(sha)
             rec = store._commit(sha)

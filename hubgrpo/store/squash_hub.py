@@ -221,7 +221,7 @@ def _scratch_commit(store, ops, message: str, parent: str) -> str:
 def _delete_dead_lfs(store, refs: set[str]) -> int:
     """Permanently delete the stored LFS files that no commit of ``refs`` (every branch and tag left) references;
     returns how many."""
-    live = set()
+    live: set[str] = set()
     for sha in sorted(refs):
         entries = store._run(
             f"list {sha[:12]}",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from typing import TypeVar
 
 from hubgrpo.errors import InvalidPath, NotFound
 from hubgrpo.store.base import CommitInfo, check_path
@@ -25,7 +26,10 @@ def checked_delete(path: str) -> str:
     return check_path(path)
 
 
-def apply_changes(old: dict[str, str], blobs: dict[str, str], deletes: list[str], head: str | None) -> dict[str, str]:
+V = TypeVar("V")  # what a tree maps each path to (a blob id, or the S3 store's (sha256, size))
+
+
+def apply_changes(old: dict[str, V], blobs: dict[str, V], deletes: list[str], head: str | None) -> dict[str, V]:
     """The tree after deleting ``deletes`` (files, or folders ending in '/') and then adding ``blobs``."""
     new = dict(old)
     for d in deletes:
