@@ -74,6 +74,7 @@ def run_on_jobs(cfg: Config, repo: str, *, on_status=None, max_wall_s: float | N
     previous = _unwind_on_sigterm()  # SIGTERM unwinds like Ctrl-C, so the jobs are cancelled below
     handles = []
     try:
+        assert token, "jobs.hf_api refuses a missing token"
         handles += [JobHandle(j.id) for j in jobs.start(specs, token=token, api=api)]
         status = _watch(cfg, opts.coordinator, token, api, repo, handles, on_status, max_wall_s)
     finally:

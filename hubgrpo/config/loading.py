@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,7 @@ def _line_index(text: str) -> dict[tuple, int]:
     return out
 
 
-def _describe(err: dict, source: str | None, lines: dict[tuple, int]) -> str:
+def _describe(err: Mapping[str, Any], source: str | None, lines: dict[tuple, int]) -> str:
     loc = tuple(err["loc"])
     path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[") or "(root)"
     line = None

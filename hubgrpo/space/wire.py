@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -58,7 +59,7 @@ def parse_lease(value: Any) -> Lease:
     try:
         return Lease.model_validate(value)
     except ValidationError as e:
-        first = e.errors()[0] if e.errors() else {}
+        first: Mapping[str, Any] = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())) or "lease"
         raise LeaseError(
             f"malformed lease ({where}: {first.get('msg', 'invalid')})",

@@ -110,7 +110,7 @@ def _load_hub(data: DataConfig, split: str):
         ) from None
 
 
-def _load_split(data: DataConfig, split: str | None, eval_set: bool):
+def _load_split(data: DataConfig, split: str, eval_set: bool):
     """The raw train (``eval_set`` False) or eval dataset named by ``split``."""
     import datasets
 

@@ -81,16 +81,16 @@ def problems(cfg: Config) -> list[str]:
     out = [f"rewards[{i}].function: {p}" for i, rc in enumerate(cfg.rewards) if (p := reward_problem(rc.function))]
     if p := data_problem(cfg.data.path, cfg.data.options):
         out.append(f"data: {p}")
-    p = cfg.params
-    if p.lr_scheduler_type not in SCHEDULERS:
+    params = cfg.params
+    if params.lr_scheduler_type not in SCHEDULERS:
         out.append(
-            f"params.lr_scheduler_type: {p.lr_scheduler_type!r} is not a transformers scheduler: "
+            f"params.lr_scheduler_type: {params.lr_scheduler_type!r} is not a transformers scheduler: "
             f"use one of {', '.join(SCHEDULERS)}"
         )
-    elif p.warmup_steps >= p.steps_per_round and p.lr_scheduler_type != "constant":
+    elif params.warmup_steps >= params.steps_per_round and params.lr_scheduler_type != "constant":
         out.append(
-            f"params.warmup_steps ({p.warmup_steps}) >= params.steps_per_round ({p.steps_per_round}): the "
-            f"{p.lr_scheduler_type} schedule starts again every round, so its steps would all train at a "
+            f"params.warmup_steps ({params.warmup_steps}) >= params.steps_per_round ({params.steps_per_round}): the "
+            f"{params.lr_scheduler_type} schedule starts again every round, so its steps would all train at a "
             "warm-up rate; for a warm-up over the whole run use params.run_lr_schedule: wsd with "
             "params.run_lr_warmup, and warmup_steps: 0"
         )

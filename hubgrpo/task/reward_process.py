@@ -22,6 +22,7 @@ import pickle
 import signal
 import subprocess
 import sys
+from typing import Any
 
 from hubgrpo.errors import HubGrpoError, RewardError
 
@@ -115,7 +116,7 @@ def main() -> int:
         values = []
         for batch, (prompts, columns, completions) in enumerate(request["inputs"]):
             values.append([f(prompts, completions, **columns) for f in functions])
-        answer = {"values": values}
+        answer: dict[str, Any] = {"values": values}
     except HubGrpoError as e:
         answer = {"error": e.message if batch is None else f"batch {batch}: {e.message}"}
     json.dump(answer, answer_to)

@@ -231,6 +231,7 @@ def _import_file(path: Path, spec: str):
         )
     name = f"hubgrpo_user_reward_{abs(hash(str(path.resolve())))}"
     module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None, f"{path} is a file: it has a loader"
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
@@ -349,7 +350,7 @@ def load_rewards(configs: Sequence[RewardConfig], *, isolate: Callable | None = 
     """The checked, named reward functions of a config (names made unique for TRL's per-reward metrics), their
     kwargs' placeholders filled (``fill_kwargs``). With ``isolate``, a non-built-in function is not imported here:
     ``isolate(spec, name=, weight=, kwargs=)`` stands for it (``reward_process.IsolatedReward``)."""
-    out, seen = [], Counter()
+    out, seen = [], Counter[str]()
     for rc in configs:
         kwargs = fill_kwargs(rc)
         base = rc.function.removeprefix("builtin:").rpartition(":")[2]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import gzip
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,7 @@ def read(path: Path, max_bytes: int) -> Rollouts:
     try:
         return Rollouts.model_validate_json(raw)
     except ValidationError as e:
-        err = e.errors()[0] if e.errors() else {}
+        err: Mapping[str, Any] = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in err.get("loc", ())) or "file"
         why = f"{where}: {err.get('msg', 'invalid')}"[:300]
     except (ValueError, RecursionError) as e:

@@ -36,8 +36,8 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from pydantic import ValidationError
@@ -57,6 +57,10 @@ from hubgrpo.worker.bounded_http import (
     redirect_error,
     token_may_go_to,
 )
+
+if TYPE_CHECKING:
+    from hubgrpo.worker.downloads import Downloader
+    from hubgrpo.worker.gradio_transport import GradioTransport
 
 API_PREFIX = "/gradio_api"
 PLAIN_PREFIX = "/hubgrpo/api"  # the coordinator's plain routes (hubgrpo.space.routes)
@@ -234,7 +238,7 @@ def _as_lease(result: Any) -> Lease:
     try:
         return Lease.model_validate(result)
     except ValidationError as e:
-        first = e.errors()[0] if e.errors() else {}
+        first: Mapping[str, Any] = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())) or "lease"
         raise CoordinatorError(
             f"the coordinator sent a lease the worker refuses: {where}: "
@@ -292,12 +296,14 @@ class CoordinatorClient:
                 f"unknown transport {transport!r}", code="config", hint="use 'auto', 'http' or 'gradio'"
             )
         self.target, self.transport_name, self.token, self.timeout = url_or_space, transport, token, timeout
-        self._downloader = None  # made at the first ``adapter`` call
+        self._downloader: Downloader | None = None  # made at the first ``adapter`` call
         self.retries, self.backoff, self.max_backoff, self.sleep = int(retries), backoff, max_backoff, sleep
         self.verdict_wait_s, self.poll_sleep = float(verdict_wait_s), poll_sleep  # polls wait for real work
         if transport == "http":
             url = url_or_space if is_url else space_url(url_or_space)
-            self._transport = HttpTransport(url, token=token, timeout=timeout, route=http_route)
+            self._transport: HttpTransport | GradioTransport = HttpTransport(
+                url, token=token, timeout=timeout, route=http_route
+            )
         else:
             from hubgrpo.worker.gradio_transport import GradioTransport
 
@@ -394,10 +400,11 @@ class CoordinatorClient:
 
             url = self.target if self.target.startswith(("http://", "https://")) else space_url(self.target)
             self._downloader = Downloader(url, OriginToken(self.token, url), timeout=self.timeout)
+        downloader = self._downloader
         last = "no attempt made"
         for attempt in range(self.retries + 1):
             try:
-                return self._downloader.fetch(version, adapter_id, cache, max_bytes)
+                return downloader.fetch(version, adapter_id, cache, max_bytes)
             except Unavailable as e:
                 last = str(e)
                 if attempt < self.retries:

@@ -216,7 +216,7 @@ class RoundEngine:
         lc = self.cfg.lora
         lora = LoraConfig(
             r=lc.r,
-            lora_alpha=lc.alpha,
+            lora_alpha=lc.alpha,  # type: ignore[arg-type]  # peft annotates int; any number works (alpha / r)
             lora_dropout=lc.dropout,
             target_modules=lc.target_modules,
             use_rslora=lc.use_rslora,
@@ -234,9 +234,10 @@ class RoundEngine:
             callbacks=[self._recorder, self._rebaser],
         )
         trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
-        trainer.model.peft_config["default"].base_model_name_or_path = adapter_base_name(self.cfg.base_model)
+        model: Any = trainer.model  # a PeftModel (given peft_config); transformers types it Module | None
+        model.peft_config["default"].base_model_name_or_path = adapter_base_name(self.cfg.base_model)
         if self.cfg.merge.merge_method.frozen_a:  # FFA-LoRA: A stays the version-0 draw everywhere, only B trains
-            for name, param in trainer.model.named_parameters():
+            for name, param in model.named_parameters():
                 if "lora_A" in name:
                     param.requires_grad_(False)
         generate = trainer._generate
@@ -252,7 +253,7 @@ class RoundEngine:
                 self._rebaser.after_generation(trainer.state.global_step)
             return out
 
-        trainer._generate = timed_generate  # instance attribute: TRL calls self._generate(prompts)
+        setattr(trainer, "_generate", timed_generate)  # an instance attribute: TRL calls self._generate(prompts)
         return trainer
 
     def _ensure_trainer(self, params: dict) -> float:
@@ -284,7 +285,7 @@ class RoundEngine:
     def load_adapter(self, adapter_dir: str | Path) -> None:
         """Load a PEFT adapter folder into the model; ``ModelError`` unless its config, keys and shapes fit."""
         state = check_adapter(Path(adapter_dir), self._adapter_state(), self.cfg.lora)
-        result = set_peft_model_state_dict(self.trainer.model, state, adapter_name="default")
+        result: Any = set_peft_model_state_dict(self.trainer.model, state, adapter_name="default")  # peft: `namedtuple`
         if result.unexpected_keys:
             raise ModelError(f"{adapter_dir}: peft did not place {sorted(result.unexpected_keys)[:3]}")
 
@@ -479,6 +480,7 @@ class RoundEngine:
                 "there are no held-out prompts to evaluate on", hint="set data.eval_fraction > 0 or data.eval_split"
             )
         model = self.trainer.model
+        assert model is not None, "the trainer holds the model from its start"
         was_training = model.training
         model.eval()
         try:

@@ -99,6 +99,7 @@ class Evaluator:
             except CoordinatorError as e:
                 if e.code in STOP_CODES or sha is None:
                     raise
+        assert sha is not None, "a version comes with its adapter id, its checkpoint's sha or both"
         return runrepo.adapter_at(self.store, sha, self.workdir / "adapters")
 
     def sources(self, status: dict, todo: list[int]) -> dict[int, tuple[str | None, str | None]]:

@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hubgrpo import layout, runrepo
 from hubgrpo.error_codes import stop_codes
@@ -35,6 +36,9 @@ from hubgrpo.errors import (
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
 from hubgrpo.worker.lease_bounds import check_lease_bounds
+
+if TYPE_CHECKING:
+    from hubgrpo.tracking import Tracker
 
 log = logging.getLogger("hubgrpo.worker")
 # coordinator answers a worker cannot wait out; the last three: an answer it must never act on (a lease naming
@@ -138,7 +142,7 @@ class Worker:
         self.max_rounds, self.sleep, self.progress = max_rounds, sleep, progress
         self.workdir = Path(workdir or runrepo.cache_root() / "worker" / name)
         self.results: list[dict] = []
-        self.tracker = None  # hubgrpo.tracking.Tracker, made in run()
+        self.tracker: Tracker | None = None  # made in run()
         self.steps_done = 0
 
     def run(self) -> list[dict]:
@@ -151,6 +155,7 @@ class Worker:
             from hubgrpo.tracking import make_tracker
 
             self.tracker = make_tracker(self.cfg.log, project=self.cfg.project_name, name=self.name)
+        tracker = self.tracker
         if self.upload_via == "store":
             check_box_is_ours(self.cfg.hub.submissions, self.store, getattr(self.client, "target", ""))
         while self.max_rounds is None or len(self.results) < self.max_rounds:
@@ -163,8 +168,8 @@ class Worker:
             answer["lease_s"] = lease_s
             self.results.append(answer)
             self._record(answer)
-            self.tracker.log({f"round/{k}": v for k, v in answer.items()}, step=self.steps_done)
-        self.tracker.close()
+            tracker.log({f"round/{k}": v for k, v in answer.items()}, step=self.steps_done)
+        tracker.close()
         return self.results
 
     def _round_or_reason(self, lease: Lease) -> dict:

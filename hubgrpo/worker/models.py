@@ -370,4 +370,4 @@ def load_model(
         ) from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    return model.to(dev), tok
+    return model.to(dev), tok  # type: ignore[arg-type]  # transformers' `to` wrapper is typed for models

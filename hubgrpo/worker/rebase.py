@@ -24,9 +24,13 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import TrainerCallback
+
+if TYPE_CHECKING:
+    from hubgrpo.worker.engine import RoundEngine
 
 log = logging.getLogger("hubgrpo.worker")
 
@@ -49,7 +53,7 @@ class Rebaser(TrainerCallback):
         self.moved: list[int] = []
         self.seconds = 0.0
         self._base: dict[str, torch.Tensor] = {}
-        self._engine = None
+        self._engine: RoundEngine | None = None
 
     def start(self, engine, source: Source | None, version: int) -> None:
         """A new round from ``version`` (the adapter just loaded into ``engine``'s model)."""
@@ -69,14 +73,13 @@ class Rebaser(TrainerCallback):
             self._poll(int(steps_done), generated=True)
 
     def _poll(self, steps_done: int, *, generated: bool) -> None:
+        source, version = self.source, self.version
+        if source is None or version is None:  # (``start`` sets both)
+            return
         t0 = time.perf_counter()
         try:
-            found = (
-                self.source(steps_done, int(self.version), generated=True)
-                if generated
-                else self.source(steps_done, int(self.version))
-            )
-            if found is not None and found[0] > self.version:
+            found = source(steps_done, int(version), generated=True) if generated else source(steps_done, int(version))
+            if found is not None and found[0] > version:
                 self._move(*found)
         except Exception as e:  # noqa: BLE001 — a bad offer must not cost the round: it stays where it is
             where = f"the generation of step {steps_done + 1}" if generated else f"step {steps_done}"
@@ -90,6 +93,7 @@ class Rebaser(TrainerCallback):
         from hubgrpo.worker.adapter_io import check_adapter
 
         eng = self._engine
+        assert eng is not None, "start() gave the round its engine"
         current = eng._adapter_state()
         new = check_adapter(Path(folder), current, eng.cfg.lora)
         if any(
@@ -98,8 +102,10 @@ class Rebaser(TrainerCallback):
             log.warning("not rebasing onto v%d: its lora_A differs from the round's (is the run ffa?)", version)
             return
         state = {k: (v + (new[k].to(v.device, v.dtype) - self._base[k])) if is_b(k) else v for k, v in current.items()}
-        result = set_peft_model_state_dict(eng.trainer.model, state, adapter_name="default")  # copies in place:
-        if result.unexpected_keys:  # (so AdamW keeps its parameters and moments)
+        # copies in place, so AdamW keeps its parameters and moments (peft annotates the result as a bare
+        # ``namedtuple``: it is torch's ``_IncompatibleKeys``)
+        result: Any = set_peft_model_state_dict(eng.trainer.model, state, adapter_name="default")
+        if result.unexpected_keys:
             raise ValueError(f"peft did not place {sorted(result.unexpected_keys)[:3]}")
         self._base = {k: new[k].to(v.device, v.dtype) for k, v in current.items()}
         from hubgrpo import layout
