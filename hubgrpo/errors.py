@@ -82,6 +82,7 @@ class RateLimited(StoreError):
     """The Hub answered 429 (API rate limit or the hourly commit quota). ``wait_s`` is how long to wait."""
 
     code = "rate_limited"
+    wait_s: float  # always set
 
     def __init__(self, message: str, *, wait_s: float = 60.0, hint: str | None = None):
         super().__init__(message, hint=hint, wait_s=wait_s)

@@ -63,11 +63,11 @@ def version_shas(store: Store) -> dict[int, str]:
     return out
 
 
-def fetch_dir(store: Store, files: dict[str, str], revision: str, dest: Path) -> Path:
+def fetch_dir(store: Store, files: dict[str, str], revision: str | None, dest: Path) -> Path:
     """Copy repo files (repo path → local file name) at ``revision`` (a commit id: ``layout.check_commit_id``) into
     ``dest`` (cached per revision); the store's own cached copies are then evicted (``hubgrpo.store.cache``):
     ``dest`` is the one copy kept."""
-    layout.check_commit_id(revision)
+    revision = layout.check_commit_id(revision)  # (None, an empty repo's head, is refused here)
     if dest.is_dir():  # only ever created by the atomic rename below, so it is complete
         os.utime(dest)  # most recently used (``prune_revisions``)
         return dest

@@ -132,9 +132,9 @@ def load_adapter(repo: str | Path | Store, *, revision: str | None = None, devic
     return PeftModel.from_pretrained(base, str(folder)).eval(), tokenizer
 
 
-def _commit_for(store: Store, revision: str | None) -> str:
+def _commit_for(store: Store, revision: str | None) -> str | None:
     """The commit ``revision`` names: a sha or a version tag as it is, ``None`` or ``"main"`` the head, another tag
-    its commit (only commit ids name a folder of the cache: ``layout.is_commit_id``)."""
+    its commit (only commit ids name a folder of the cache: ``layout.is_commit_id``); None for an empty repo."""
     from hubgrpo import layout
     from hubgrpo.errors import NotFound
 

@@ -149,7 +149,8 @@ class Simulation:
         self.rejoin_s = (
             opts.rejoin_s if opts.rejoin_s is not None else self.cost.train_s(self.cfg.params.steps_per_round, 1.0)
         )
-        self.now, self._seq, self._events = 0.0, itertools.count(), []
+        self.now, self._seq = 0.0, itertools.count()
+        self._events: list[Event] = []
         self.rounds: list[RoundRecord] = []
         self._rounds_at_last_version, self.stalled = 0, False
         self.prompts: dict[str, list[int]] = {}  # lease id → its prompt indices (not in the result: bulky)
@@ -249,7 +250,9 @@ class Simulation:
         lat = self.cost.latency_s
         start = self.now + 2 * lat  # the lease's answer, then the adapter download
         full = self.cfg.params.per_device_train_batch_size
-        ratio = lease.params.get("per_device_train_batch_size", full) / full  # params.fleet_batch split
+        batch = lease.params.get("per_device_train_batch_size", full)
+        assert isinstance(batch, int | float), "the coordinator's own lease sets a number"
+        ratio = batch / full  # params.fleet_batch split
         train_s = self.cost.train_s(lease.steps, w.speed, ratio) * w.jitter(self.opts.jitter)
         w.rounds += 1
         crash = w.drops_this_round(self.opts.dropout)

@@ -55,8 +55,8 @@ def settled(envelope: dict) -> bool:
     not an outage or an internal failure (those are checked again when the worker submits again)."""
     if envelope.get("ok"):
         return True
-    error = envelope.get("error") if isinstance(envelope.get("error"), dict) else {}
-    return error.get("error") in SETTLING_ERRORS
+    error = envelope.get("error")
+    return isinstance(error, dict) and error.get("error") in SETTLING_ERRORS
 
 
 class Admissions:
@@ -100,10 +100,11 @@ class Admissions:
             if sub_id not in self._jobs and kept is not None and settled(kept) and commit_checked == commit:
                 if not kept.get("ok"):
                     return kept
-                result = kept.get("result") if isinstance(kept.get("result"), dict) else {}
+                result = kept.get("result")
+                version = result.get("version") if isinstance(result, dict) else None
                 return {
                     "ok": True,
-                    "result": {"status": "duplicate", "submission_id": sub_id, "version": result.get("version")},
+                    "result": {"status": "duplicate", "submission_id": sub_id, "version": version},
                 }
             if sub_id not in self._jobs:
                 if len(self._queue) >= self.max_queued:

@@ -45,7 +45,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is imported: no phoning home
 
@@ -59,6 +59,9 @@ from hubgrpo.space import guard  # noqa: E402
 from hubgrpo.space.admissions import Admissions  # noqa: E402
 from hubgrpo.space.ticker import Ticker  # noqa: E402
 from hubgrpo.space.wire import caller_token, check_protocol, error_dict, parse_lease, plain, redact  # noqa: E402
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 log = logging.getLogger("hubgrpo.space.api")
 
@@ -440,7 +443,7 @@ def serve(
     from hubgrpo.space.upload_route import add_upload
 
     if uploads or (uploads is None and coord.rounds_via_upload()):
-        add_upload(app, coord)
+        add_upload(app, cast("Coordinator", coord))  # uploads take the whole coordinator (store, inbox, checks)
     launch_kw = {"prevent_thread_lock": True, "quiet": True, "ssr_mode": False, **launch_kw}
     app.launch(server_name=host, server_port=port or free_port(host), **launch_kw)
     attach_routes(app)

@@ -22,7 +22,7 @@ Gradio 6 takes the theme and CSS at ``launch()``: pass ``**launch_kwargs()``.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is imported: no phoning home
 
@@ -53,7 +53,9 @@ def launch_kwargs() -> dict:
 
 
 def _table(headers: list[str], label: str, elem_id: str, markdown_last: bool = False) -> gr.Dataframe:
-    datatype = ["str"] * (len(headers) - 1) + (["markdown"] if markdown_last else ["str"])
+    last: Literal["str", "markdown"] = "markdown" if markdown_last else "str"
+    datatype: list[Literal["str", "markdown"]] = ["str"] * (len(headers) - 1)
+    datatype.append(last)
     return gr.Dataframe(
         headers=headers,
         datatype=datatype,

@@ -38,7 +38,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import anyio
 
 log = logging.getLogger("hubgrpo.space.guard")
 
@@ -77,7 +80,7 @@ def envelope(status: int, message: str, hint: str, code: str = "protocol", wait_
     """The API's error envelope as a JSON response."""
     from starlette.responses import JSONResponse
 
-    error = {
+    error: dict[str, Any] = {
         "error": "CoordinatorError" if code == "protocol" else "Refused",
         "code": code,
         "message": message,
@@ -156,7 +159,7 @@ class BodyGuard:
     def __init__(self, app: Any, policy: Callable[[], Policy | None]):
         self.app, self.policy = app, policy
         self.slots = Slots()
-        self._threads = None
+        self._threads: anyio.CapacityLimiter | None = None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         policy = self.policy() if scope["type"] == "http" else None
@@ -168,11 +171,11 @@ class BodyGuard:
         declared, chunked = headers.get("content-length"), "chunked" in headers.get("transfer-encoding", "").lower()
         if not chunked and (declared is None or declared.strip() == "0"):
             return await self.app(scope, receive, send)  # no body
-        if not chunked and not declared.strip().isdigit():
+        if not chunked and not (declared or "").strip().isdigit():  # (not None here: no body was answered above)
             return await envelope(400, "the Content-Length header is not a number", "send a valid HTTP request")(
                 scope, receive, send
             )
-        size = None if chunked else int(declared)
+        size = None if chunked else int(declared or 0)
         if scope["path"].rstrip("/") == FILE_ROUTE:
             return await self._no_files(size)(scope, receive, send)
         upload = scope["path"].rstrip("/") in UPLOAD_PATHS

@@ -135,8 +135,9 @@ def _accepted(annotation: Any) -> tuple | None:
     args = typing.get_args(annotation)
     if args and type(None) in args:
         inner = [_accepted(a) for a in args if a is not type(None)]
-        if all(i is not None for i in inner):
-            return tuple(t for i in inner for t in i) + (type(None),)
+        kinds = [i for i in inner if i is not None]
+        if len(kinds) == len(inner):
+            return tuple(t for i in kinds for t in i) + (type(None),)
     return None
 
 

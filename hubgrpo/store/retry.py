@@ -17,7 +17,7 @@ def retry_delay(
     """
     r = (rng or random).random()
     if isinstance(err, RateLimited):
-        return (err.wait_s or 0.0) * (1.0 + 0.1 * r)  # (a RateLimited always has one)
+        return err.wait_s * (1.0 + 0.1 * r)
     if isinstance(err, (RepoBusy, StoreUnavailable)):
         return min(cap_s, base_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * r)
     return None
