@@ -132,7 +132,7 @@ class Scanned:
 
     location: str  # where the records are (each inbox sets it): what messages name
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.judged_records = Judged()
         self._listed: dict[tuple[int, str], tuple[str, int, str]] = {}
 

@@ -105,7 +105,7 @@ class AdapterCache:
     version at a time (``get``): concurrent callers (submits checked in parallel) wait for it instead of
     downloading into, and deleting, the same folder."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._adapters: dict[int, object] = {}
         self._loading: dict[int, threading.Lock] = {}  # one read per version at a time

@@ -22,7 +22,7 @@ INDEX_COLUMN = "hubgrpo_prompt_index"  # the lease's prompt index of a training 
 class RolloutRecorder:
     """Every completion of the current round, its prompt index and each reward function's values."""
 
-    def __init__(self, source):
+    def __init__(self, source) -> None:
         self.source = source
         self.names: list[str] = []
         self.batches: list[RolloutBatch] = []
