@@ -171,7 +171,7 @@ class BodyGuard:
         declared, chunked = headers.get("content-length"), "chunked" in headers.get("transfer-encoding", "").lower()
         if not chunked and (declared is None or declared.strip() == "0"):
             return await self.app(scope, receive, send)  # no body
-        if not chunked and not (declared or "").strip().isdigit():  # (not None here: no body was answered above)
+        if not chunked and not (declared or "").strip().isdigit():  # (set: without one, it returned above)
             return await envelope(400, "the Content-Length header is not a number", "send a valid HTTP request")(
                 scope, receive, send
             )

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, batch_wait_s: float = 5.0) -> Uploads:
-    """Register ``upload`` on ``blocks`` (built by ``build_app``, not launched yet); ``ext.hubgrpo_uploads`` is
+    """Register ``upload`` on ``blocks`` (built by ``build_app``, not launched yet); ``blocks.hubgrpo_uploads`` is
     the returned ``Uploads`` (close it to flush the queued uploads of a run whose rounds are commits)."""
     ext = cast("HubgrpoBlocks", blocks)  # hubgrpo's attributes on the app (set by build_app)
     api = ext.hubgrpo_ticker.api  # the server's endpoint object: its auth hook, its merge thread's wake-up

@@ -387,9 +387,7 @@ class S3Store(Store):
                 uncertain = uncertain or isinstance(e, StoreUnavailable)
                 if attempt > self.max_retries:
                     raise
-                self._sleep(
-                    retry_delay(e, attempt, base_s=self.retry_base_s, cap_s=8.0) or 0.0
-                )  # (never None for these)
+                self._sleep(retry_delay(e, attempt, base_s=self.retry_base_s, cap_s=8.0) or 0.0)  # never None
         raise AssertionError("unreachable")
 
     def _swap(self, sha: str, head: str | None, etag: str | None) -> bool:
@@ -408,9 +406,7 @@ class S3Store(Store):
                     if uncertain and self._landed(sha, head):
                         return True
                     raise
-                self._sleep(
-                    retry_delay(e, attempt, base_s=self.retry_base_s, cap_s=8.0) or 0.0
-                )  # (never None for these)
+                self._sleep(retry_delay(e, attempt, base_s=self.retry_base_s, cap_s=8.0) or 0.0)  # never None
                 if uncertain:
                     try:
                         now = self.head()
