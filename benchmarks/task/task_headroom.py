@@ -96,7 +96,9 @@ def to_markdown(args, rows: dict, meta: dict) -> str:
         at, v = {c["step"]: c["eval"] for c in r["curve"]}, r["verdict"]
         ok = v["starts_low"] and v["mid_below"] and v["still_rises"]
         why = ", ".join(k for k in ("starts_low", "mid_below", "still_rises") if not v[k])
-        lines.append(f"| {name} | {v['max']:g} | " + " | ".join(f"{at[s]:.3f}" if s in at else "–" for s in steps)
+        measured = r.get("measured")
+        label = f"{name} (commit {measured['commit']})" if measured else name
+        lines.append(f"| {label} | {v['max']:g} | " + " | ".join(f"{at[s]:.3f}" if s in at else "–" for s in steps)
                      + f" | {r['step_s']:.1f} | {'yes' if ok else 'no (' + why + ')'} |")
     return "\n".join(lines) + "\n"
 
