@@ -32,7 +32,7 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
     ("soak", "What does a long run leave in the repo and on disks?", ["soak"]),
     ("restart", "What does a coordinator killed at any moment lose?", ["restart-loss"]),
     ("gpu", "Do rounds and merges run on a GPU?", ["gpu_smoke"]),
-    ("task", "Which built-in task keeps SmolLM2 learning for hundreds of steps?", []),
+    ("task", "Which built-in task keeps SmolLM2 learning for hundreds of steps?", ["task-headroom"]),
 ]
 
 
