@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -160,10 +161,11 @@ def test_reader_never_sees_half_a_commit(store_factory):
     """Each commit adds batch/<i>/f0..f4 and sets cur/f0..f4 to i; any head shows all of a commit or none."""
     store, reader_store = store_factory(), store_factory()  # two clients of one repo
     width, commits = 5, 20
-    stop, heads, errors = threading.Event(), set(), []
+    stop, heads, errors, passes = threading.Event(), set(), [], [0]
 
     def reader():
         while not stop.is_set():
+            passes[0] += 1
             head = reader_store.head()
             batches: dict[str, int] = {}
             for p in reader_store.list_files("batch", head):
@@ -183,6 +185,10 @@ def test_reader_never_sees_half_a_commit(store_factory):
             adds = {f"batch/{i:03d}/f{k}": os.urandom(64) for k in range(width)}
             adds.update({f"cur/f{k}": str(i).encode() for k in range(width)})
             store.commit(adds, message=f"batch {i}")
+            if i % 5 == 4:  # on a loaded machine the reader may starve: let it read a head after this commit
+                seen, deadline = passes[0], time.monotonic() + 10
+                while passes[0] < seen + 2 and time.monotonic() < deadline and thread.is_alive():
+                    time.sleep(0.01)
     finally:
         stop.set()
         thread.join(30)
