@@ -14,6 +14,10 @@ ALLOW_HELP = (
     "A non-built-in reward function of the run's config (module:function or file.py:function) that this "
     "process may run (repeatable). Built-ins always run."
 )
+GPUS_HELP = (
+    "all, or GPU indices like 0,1: one worker process per GPU, named NAME-gpuN, each with its own lease and "
+    "CUDA_VISIBLE_DEVICES set to its GPU (threads default to cores / GPUs). Exits non-zero if any worker failed."
+)
 
 
 def _store(repo: str):
@@ -111,6 +115,7 @@ def worker(
         "run's hub.submissions is `coordinator`, else store.",
     ),
     allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
+    gpus: str = typer.Option(None, "--gpus", help=GPUS_HELP),
     verbose: bool = typer.Option(True, "--verbose/--quiet"),
 ) -> None:
     """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes.
@@ -121,9 +126,8 @@ def worker(
 
     from hubgrpo import runrepo
     from hubgrpo.errors import ConfigError
-    from hubgrpo.worker.client import CoordinatorClient
-    from hubgrpo.worker.loop import Worker, orphan_aware_sleep
 
+    chosen = _chosen_gpus(gpus)  # first: a bad --gpus is refused before anything is read
     _logging(verbose)
     store = _store(repo)
     cfg = runrepo.read_config(store)
@@ -133,6 +137,11 @@ def worker(
     if not name:  # unique per process: two GPUs of one host must not share a name
         host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40].strip("-.")
         name = f"{host or 'worker'}-{secrets.token_hex(2)}"
+    if chosen is not None:
+        raise typer.Exit(_per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose))
+    from hubgrpo.worker.client import CoordinatorClient
+    from hubgrpo.worker.loop import Worker, orphan_aware_sleep
+
     client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
     typer.echo(f"{name}: rewards {', '.join(r.function for r in cfg.rewards)}; coordinator {url}", err=True)
     results = Worker(
@@ -146,6 +155,30 @@ def worker(
         sleep=orphan_aware_sleep,
     ).run()
     typer.echo(f"{name}: {len(results)} rounds submitted")
+
+
+def _chosen_gpus(spec: str | None) -> list[tuple[int, str]] | None:
+    if spec is None:
+        return None
+    from hubgrpo.cli.gpus import choose, visible
+
+    return choose(spec, visible())
+
+
+def _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose) -> int:
+    """``hubgrpo worker --gpus``: this command once per chosen GPU (without --gpus), supervised; its exit status."""
+    import sys
+
+    from hubgrpo.cli.gpus import supervise
+
+    threads = threads or max(1, (os.cpu_count() or 1) // len(chosen))
+    rest = ["--repo", repo, "--coordinator", url, "--threads", str(threads), "--verbose" if verbose else "--quiet"]
+    rest += ["--max-rounds", str(max_rounds)] if max_rounds is not None else []
+    rest += ["--upload-via", upload_via] if upload_via else []
+    rest += [x for f in allow_reward for x in ("--allow-reward", f)]
+    return supervise(
+        chosen, name, lambda child: [sys.executable, "-m", "hubgrpo.cli", "worker", "--name", child, *rest]
+    )
 
 
 def run(

@@ -379,7 +379,8 @@ class Worker:
 
 
 def orphaned() -> bool:
-    """True for a worker started by ``hubgrpo run`` (``HUBGRPO_PARENT_PID``) whose parent process is gone."""
+    """True for a worker started by ``hubgrpo run`` or ``worker --gpus`` (``HUBGRPO_PARENT_PID``) whose parent
+    process is gone."""
     parent = os.environ.get("HUBGRPO_PARENT_PID", "")
     return parent.isdigit() and os.getppid() != int(parent)
 
@@ -400,7 +401,7 @@ def orphan_aware_sleep(seconds: float) -> None:
 
 def _orphaned_error() -> CoordinatorError:
     return CoordinatorError(
-        "the `hubgrpo run` that started this process is gone",
+        "the `hubgrpo run` (or `worker --gpus`) that started this process is gone",
         code="orphaned",
         hint="start the run again; it resumes from the repo",
     )
