@@ -1,4 +1,4 @@
-"""``hubgrpo worker --gpus``: one worker process per GPU.
+"""``hubgrpo worker --gpus``: one worker process per GPU, and ``hubgrpo launch`` asking for it on multi-GPU flavors.
 
 The GPUs are faked at the process boundary only: the parent runs with ``CUDA_VISIBLE_DEVICES=0,1`` (or a fake
 ``nvidia-smi`` on PATH), and each child is the real ``python -m hubgrpo.cli worker``. A ``sitecustomize`` on the
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from hubgrpo.launch.jobs import gpu_count, worker_specs
 from tests.chaos_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,3 +206,15 @@ def test_no_gpu_anywhere_is_refused_after_asking_torch(tmp_path):
                 env={"PATH": str(bare)})
     assert r.returncode == 2 and "no GPU visible (torch.cuda.device_count() lists none)" in r.stderr, r.stderr
 
+
+def test_a_multi_gpu_flavor_runs_one_worker_per_gpu_in_each_job():
+    assert [gpu_count(f) for f in ("cpu-basic", "cpu-upgrade", "t4-small", "l4x1", "a10g-large", "a100-large",
+                                   "h200", "a10g-largex2", "l4x4", "a10g-largex4", "h100x8", "l40sx8")] == \
+        [0, 0, 1, 1, 1, 1, 1, 2, 4, 4, 8, 8]
+    for flavor, per_gpu in (("a10g-largex2", True), ("h100x8", True), ("l4x1", False), ("t4-small", False),
+                            ("cpu-basic", False)):
+        for spec in worker_specs("alice/run1", "alice/s", workers=2, flavor=flavor, install="none",
+                                 worker_args=["--allow-reward", "m:f"]):
+            line = spec.command[-1]
+            assert line.startswith(f"exec hubgrpo worker --repo alice/run1 --coordinator alice/s --name {spec.name}")
+            assert ("--gpus all" in line) == per_gpu and line.endswith("--allow-reward m:f"), (flavor, line)

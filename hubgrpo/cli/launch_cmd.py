@@ -28,9 +28,12 @@ def _saved_token() -> str | None:
 def launch(
     repo: str = typer.Option(..., "--repo", help=REPO_HELP),
     coordinator: str = typer.Option(..., "--coordinator", help="The run's Space (user/name) or an https URL."),
-    workers: int = typer.Option(1, "--workers", "-n", min=1, max=256, help="Jobs to start, one worker each."),
+    workers: int = typer.Option(1, "--workers", "-n", min=1, max=256, help="Jobs to start, one worker per GPU each."),
     flavor: str = typer.Option(
-        "t4-small", "--flavor", help="HF Jobs hardware: cpu-basic, t4-small, l4x1, a10g-small, a100-large, h200, …"
+        "t4-small",
+        "--flavor",
+        help="HF Jobs hardware: cpu-basic, t4-small, l4x1, a10g-small, a100-large, h200, …; on a multi-GPU "
+        "one (l4x4, a10g-largex2, h100x8) each job runs `hubgrpo worker --gpus all`: one worker per GPU",
     ),
     timeout: str = typer.Option("2h", "--timeout", help="Longest a job runs: 90m, 2h, 1d, or seconds."),
     image: str = typer.Option(
@@ -44,7 +47,9 @@ def launch(
         "requirement or wheel URL.",
     ),
     allow_reward: list[str] = typer.Option([], "--allow-reward", help="Passed to each worker (repeatable)."),
-    prefix: str = typer.Option("job", "--prefix", help="Worker names: PREFIX-<i>-<hex>."),
+    prefix: str = typer.Option(
+        "job", "--prefix", help="Worker names: PREFIX-<i>-<hex> (with -gpuN on multi-GPU flavors)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the job specs; start nothing."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the specs as JSON."),
 ) -> None:

@@ -4,8 +4,10 @@
 ``worker_specs`` builds one job spec per worker: an image, a command that installs hubgrpo (the wheel the run's
 Space publishes, any pip spec, or nothing when the image has it) and runs ``hubgrpo worker --repo R
 --coordinator C --name <unique>``, the flavor and timeout, and labels ``hubgrpo-run=<repo label>`` (plus
-``hubgrpo-worker=<name>``) by which ``run_jobs`` finds exactly this run's jobs. The user's token travels only as
-the job secret ``HF_TOKEN``: never in ``env``, the command line, a label or a printed spec.
+``hubgrpo-worker=<name>``) by which ``run_jobs`` finds exactly this run's jobs. On a flavor with several GPUs
+(``a10g-largex2``, ``l4x4``, ``h100x8``: ``gpu_count``) the worker runs with ``--gpus all``: one worker per GPU.
+The user's token travels only as the job secret ``HF_TOKEN``: never in ``env``, the command line, a label or a
+printed spec.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ CPU_IMAGE = "python:3.12"
 GPU_IMAGE = "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime"
 ACTIVE_STAGES = ("SCHEDULING", "RUNNING")
 _SPACE_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_GPUS = re.compile(r"x(\d+)$")  # HF Jobs flavors end in xN for N GPUs: l4x1, l4x4, a10g-largex2, h100x8
 
 
 @dataclass
@@ -105,6 +108,14 @@ def install_command(install: str, *, coordinator: str, endpoint: str) -> str:
     return f"pip install -q {shlex.quote(install)} && "
 
 
+def gpu_count(flavor: str) -> int:
+    """GPUs of an HF Jobs flavor, from its ``xN`` suffix (1 when there is none; 0 for ``cpu-*``)."""
+    if flavor.startswith("cpu"):
+        return 0
+    m = _GPUS.search(flavor)
+    return int(m.group(1)) if m else 1
+
+
 def worker_names(workers: int, prefix: str = "job") -> list[str]:
     """Unique worker names: ``<prefix>-<i>-<4 hex>`` (the hex keeps relaunches apart)."""
     tag = _secrets.token_hex(2)
@@ -137,9 +148,11 @@ def worker_specs(
     env = {"HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"}
     if endpoint != DEFAULT_ENDPOINT:
         env["HF_ENDPOINT"] = endpoint
+    per_gpu = ["--gpus", "all"] if gpu_count(flavor) > 1 else []  # one worker per GPU of the job's machine
     specs = []
     for name in worker_names(workers, prefix):
-        argv = ["hubgrpo", "worker", "--repo", repo, "--coordinator", coordinator, "--name", name, *(worker_args or [])]
+        argv = ["hubgrpo", "worker", "--repo", repo, "--coordinator", coordinator, "--name", name, *per_gpu]
+        argv += worker_args or []
         command = ["bash", "-c", setup + "exec " + shlex.join(argv)]
         specs.append(
             JobSpec(
