@@ -208,6 +208,19 @@ def test_gpu_smoke_on_the_cpu(tmp_path):
 
 
 @pytest.mark.timeout(180)
+def test_gpu_bench_on_the_cpu(tmp_path):
+    """A worker's rounds and a bare GRPOTrainer on one tiny shape: both measured, every completion run to the
+    length limit on both sides, and the two trainers' GRPOConfigs differ only in logging and reward weights."""
+    run("gpu/gpu_bench.py", tmp_path, "--device", "cpu", "--shapes", "smollm2")
+    row = shaped(tmp_path / "gpu_bench.json")["shapes"][0]
+    assert row["hubgrpo"]["ok"] and row["trl"]["ok"], row
+    assert row["hubgrpo"]["full_length"] and row["trl"]["full_length"]
+    assert row["hubgrpo"]["measured_steps"] == row["trl"]["measured_steps"] == 1
+    assert row["ratio"] > 0 and row["hubgrpo"]["tokens_per_s"] > 0 and row["trl"]["tokens_per_s"] > 0
+    assert set(row["settings_differ"]) <= {"logging_steps", "reward_weights"}, row["settings_differ"]
+
+
+@pytest.mark.timeout(180)
 def test_restart_loss_quick(tmp_path):
     run("restart/restart_loss.py", tmp_path)
     r = shaped(tmp_path / "restart-loss.json")

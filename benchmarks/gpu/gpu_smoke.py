@@ -62,8 +62,9 @@ def environment(device: str) -> dict:
     return env
 
 
-def random_model(name: str, out: Path, quick: bool) -> str:
-    """A random model with the real model's shapes and the built-in tiny tokenizer; returns its folder."""
+def random_model(name: str, out: Path, quick: bool, vocab_size: int | None = None) -> str:
+    """A random model with the real model's shapes and the built-in tiny tokenizer; returns its folder.
+    ``vocab_size``: the embedding's rows (default: the tokenizer's; ids past it decode to nothing)."""
     import torch
     import transformers
     from transformers import PreTrainedTokenizerFast
@@ -73,7 +74,7 @@ def random_model(name: str, out: Path, quick: bool) -> str:
     tok = PreTrainedTokenizerFast.from_pretrained(tiny_dir())
     cls_name, shape = SHAPES[name]
     config = getattr(transformers, cls_name)(
-        vocab_size=len(tok), max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
+        vocab_size=vocab_size or len(tok), max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id, bos_token_id=None, **(QUICK if quick else shape))
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
@@ -108,7 +109,7 @@ lora: {{r: 16, alpha: 32, target_modules: all-linear}}
 """)
 
 
-def _lease(steps: int, i: int, per_round: int):
+def lease(steps: int, i: int, per_round: int):
     from hubgrpo.layout import Lease
 
     now = time.time()
@@ -138,7 +139,7 @@ def rounds_part(name: str, device: str, steps: int, rounds: int, quick: bool, tm
     per_round = cfg.params.per_device_train_batch_size // cfg.params.num_generations * steps
     subs, after = [], []
     for i in range(rounds):
-        subs.append(engine.run_round(adapter, _lease(steps, i, per_round), tmp / f"{name}-r{i}"))
+        subs.append(engine.run_round(adapter, lease(steps, i, per_round), tmp / f"{name}-r{i}"))
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
@@ -215,7 +216,8 @@ def run_part(name: str, fn) -> dict:
     except Exception as e:  # deliberate: a smoke test reports every part, whatever fails
         result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
     result["part_s"] = round(time.perf_counter() - t, 1)
-    print(f"[gpu_smoke] {name}: {'ok' if result['ok'] else result['error']} ({result['part_s']} s)", flush=True)
+    said = "ok" if result["ok"] else result["error"]
+    print(f"[{Path(sys.argv[0]).stem}] {name}: {said} ({result['part_s']} s)", flush=True)
     return result
 
 
