@@ -89,11 +89,17 @@ def local_hub() -> None:
 
 def git_commit() -> str:
     """The commit measured: ``git rev-parse --short HEAD``, with ``+dirty`` when tracked files other than results
-    have changes."""
+    have changes; in a copy of the tree without git (a GPU machine), ``$HUBGRPO_BENCH_COMMIT`` as the sender says."""
     def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        except OSError:  # no git on this machine
+            return ""
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return os.environ.get("HUBGRPO_BENCH_COMMIT", "")
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/*/results/*")
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+    return head + ("+dirty" if dirty else "")
 
 
 def machine() -> dict:

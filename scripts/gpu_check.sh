@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU benchmark (benchmarks/gpu/gpu_bench.py) as one command on a bare GPU machine that reaches no registry.
+#   bash scripts/gpu_check.sh --wheels       # on a machine where pip works: the wheels the GPU image lacks, into .whl/
+#   bash scripts/gpu_check.sh [BENCH ARGS]   # on the GPU machine: about 5-8 min on one H200, at most 8 (timeout)
+# The GPU image has torch, transformers 5.17, accelerate, huggingface_hub and safetensors, but no trl, datasets or
+# pydantic: --wheels downloads them (~19 MB, pinned to the versions the benchmark was written against, with
+# transformers 5.24 and peft 0.21.2: the versions of the last GPU run) for CPython 3.12 on x86-64; git ignores
+# .whl/, so name it in what is carried to the GPU machine. There the script installs them into
+# /tmp/site (when .whl/ is there), prints nvidia-smi and the versions, checks the imports, then runs the benchmark
+# under `timeout` with its result files written into $OUT when it is set (else benchmarks/gpu/results). The log is
+# $OUT/gpu_check.log too. Exit status: the benchmark's (124: the timeout struck; the files keep what it measured).
+# A tree copied without git records no commit: set HUBGRPO_BENCH_COMMIT to the commit sent (benchmarks/common.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=(trl==1.16.0 transformers==5.24.0 peft==0.21.2 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+        pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
+PY=${PYTHON:-python3}
+if [ "${1:-}" = "--wheels" ]; then
+  plat=()
+  for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64; do plat+=(--platform "$p"); done
+  exec "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
+    -d .whl "${WHEELS[@]}"
+fi
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "gpu_check: installing .whl/ failed" >&2; exit 3; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+results=${OUT:-benchmarks/gpu/results}
+mkdir -p "$results"
+log=$results/gpu_check.log
+{
+  nvidia-smi || echo "gpu_check: no nvidia-smi"
+  "$PY" -c "import torch, trl, peft, transformers, datasets, pydantic, huggingface_hub as h, accelerate as a
+print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.version.cuda)
+print('trl', trl.__version__, 'peft', peft.__version__, 'transformers', transformers.__version__, 'datasets',
+      datasets.__version__, 'huggingface_hub', h.__version__, 'accelerate', a.__version__)" \
+    || { echo "gpu_check: an import failed: carry the wheels (bash scripts/gpu_check.sh --wheels, here)"; exit 3; }
+  PYTHONUNBUFFERED=1 timeout -k 10 ${GPU_CHECK_TIMEOUT_S:-480} "$PY" benchmarks/gpu/gpu_bench.py --results "$results" "$@"
+} 2>&1 | tee "$log"
+exit "${PIPESTATUS[0]}"
