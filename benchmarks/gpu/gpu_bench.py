@@ -15,7 +15,8 @@ For each shape, each side guarded (a failure is recorded and the rest still runs
 1. **hubgrpo**: a ``RoundEngine`` (what ``hubgrpo worker`` trains with) runs rounds of ``--steps-per-round`` steps
    (default: the recipe's, 1) from the version-0 adapter: ``--warmup`` steps, then ``--steps`` measured ones. A
    worker's step is a round's wall clock (adapter in, train, adapter and rollouts out) over its steps; the
-   trainer's own step (``on_step_begin`` to ``on_step_end``) is recorded beside it.
+   trainer's own step (``on_step_begin`` to ``on_step_end``) is recorded beside it. The recipe's merge (ffa)
+   trains LoRA B only, so the worker has about half TRL's trainable parameters (the "trainable M" column).
 2. **TRL**: a plain ``GRPOTrainer`` on the same random model (loaded as the worker loads it), given a PEFT
    ``LoraConfig`` of the same r / alpha / dropout / targets, a ``GRPOConfig`` with the config's GRPO settings
    (batch, group, lengths, sampling, loss, learning rate, bf16; activation checkpointing off as the worker has it:
