@@ -47,16 +47,22 @@ class Clock:
         self.s: dict[str, float] = defaultdict(float)
         self.n: dict[str, int] = defaultdict(int)
         self._t = 0.0
+        self._depth = 0
         self._fwd_end = None
         self._step_start = None
         self._pre_opt = None
 
     def pre_forward(self, module, args, kwargs):
-        self._t = time.perf_counter()
+        self._depth += 1
+        if self._depth == 1:
+            self._t = time.perf_counter()
 
     def post_forward(self, module, args, kwargs, output):
         import torch
 
+        self._depth -= 1
+        if self._depth:  # the body inside the causal LM's own call: counted there
+            return
         dt = time.perf_counter() - self._t
         ids = kwargs.get("input_ids", args[0] if args else None)
         shape = tuple(ids.shape) if ids is not None else tuple(kwargs["inputs_embeds"].shape[:2])
@@ -95,10 +101,12 @@ def callback(clock: Clock):
 
 
 def instrument(engine, clock: Clock) -> None:
-    """Hooks on the engine's causal LM (generation and training both call its forward) and its trainer."""
+    """Hooks on the engine's causal LM (generation and training both call its forward), on its body (prompt sharing
+    calls the body alone for the prompts: ``hubgrpo.worker.sharing``) and on its trainer."""
     lm = engine.trainer.model.get_base_model()
-    lm.register_forward_pre_hook(clock.pre_forward, with_kwargs=True)
-    lm.register_forward_hook(clock.post_forward, with_kwargs=True)
+    for module in (lm, getattr(lm, lm.base_model_prefix)):
+        module.register_forward_pre_hook(clock.pre_forward, with_kwargs=True)
+        module.register_forward_hook(clock.post_forward, with_kwargs=True)
     engine.trainer.add_callback(callback(clock))
     generate = engine.trainer._generate
 

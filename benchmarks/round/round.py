@@ -45,13 +45,13 @@ def _lease(steps: int, i: int):
                  issued_at=now, deadline=now + 3600)
 
 
-def measure_rounds(name: str, threads: int, rounds: int) -> dict:
+def measure_rounds(config: Path, threads: int, rounds: int, overrides: list[str] | tuple = ()) -> dict:
     """Build the engine, run 1 warm-up + ``rounds`` rounds; per-step/per-round seconds and the breakdown."""
     from hubgrpo.config import load_config
     from hubgrpo.worker.engine import RoundEngine
     from hubgrpo.layout import ADAPTER_WEIGHTS
 
-    cfg = load_config(CONFIGS[name], overrides=[f"params.num_threads={threads}", "params.device=cpu"])
+    cfg = load_config(config, overrides=[*overrides, f"params.num_threads={threads}", "params.device=cpu"])
     t0 = time.perf_counter()
     engine = RoundEngine(cfg, worker="bench")
     setup = time.perf_counter() - t0
@@ -62,7 +62,7 @@ def measure_rounds(name: str, threads: int, rounds: int) -> dict:
         adapter_bytes = (Path(tmp) / "r0" / ADAPTER_WEIGHTS).stat().st_size
     timed = subs[1:]
     keys = ("load", "generate", "reward", "train", "save", "total")
-    return {"config": str(CONFIGS[name].relative_to(ROOT)), "base_model": cfg.base_model, "setup_s": setup,
+    return {"config": str(Path(config).resolve().relative_to(ROOT)), "overrides": list(overrides), "base_model": cfg.base_model, "setup_s": setup,
             "steps_per_round": steps, "completions_per_step": cfg.params.per_device_train_batch_size,
             "max_completion_length": cfg.params.max_completion_length,
             "s_per_round": statistics.median(s.timings["total"] for s in timed),
@@ -94,7 +94,7 @@ def part(name: str, args) -> dict:
 
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
-    res = {"rounds": measure_rounds(name, args.threads, args.rounds)}
+    res = {"rounds": measure_rounds(CONFIGS[name], args.threads, args.rounds)}
     if name == "smollm2" and args.train_steps:
         res["train"] = measure_train(args.threads, args.train_steps, args.eval_samples)
     res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -151,6 +151,12 @@ class ParamsConfig(_Section):
         "auto", description="auto: bf16 on CUDA, fp32 on CPU."
     )
     num_threads: int | None = Field(None, gt=0, description="torch threads per worker; None = cores // local workers.")
+    share_prompts: bool = Field(
+        True,
+        description="Compute each prompt once for its num_generations completions, when generating and in the "
+        "loss's forward and backward (the same numbers up to float rounding); false: TRL's own path, which repeats "
+        "the prompt for every completion.",
+    )
 
     @model_validator(mode="after")
     def _batch_holds_groups(self):

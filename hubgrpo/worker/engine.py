@@ -53,6 +53,7 @@ from hubgrpo.worker.adapter_io import check_adapter, save_adapter
 from hubgrpo.worker.models import load_model, resolve_device
 from hubgrpo.worker.rebase import Rebaser, Source
 from hubgrpo.worker.rollouts import INDEX_COLUMN, RolloutRecorder
+from hubgrpo.worker.sharing import SharingGRPOTrainer
 from hubgrpo.worker.steplog import StepCallback, StepRecorder, library_versions
 
 # params a running trainer picks up at the next train() call; any other change rebuilds the trainer
@@ -70,7 +71,7 @@ ROUND_PARAMS = {
     "max_prompt_length",
 }
 # worker-local settings: a lease cannot change them (the worker's own config wins)
-WORKER_PARAMS = {"device", "dtype", "num_threads"}
+WORKER_PARAMS = {"device", "dtype", "num_threads", "share_prompts"}
 # ParamsConfig fields passed to GRPOConfig as they are
 _GRPO_FIELDS = (
     "learning_rate",
@@ -224,7 +225,8 @@ class RoundEngine:
         )
         torch.manual_seed(params["seed"])  # LoRA A is drawn inside get_peft_model: version 0 follows params.seed
         placeholder = Dataset.from_list(self.prompt_rows([0]))
-        trainer = GRPOTrainer(
+        trainer_class = SharingGRPOTrainer if params["share_prompts"] else GRPOTrainer
+        trainer = trainer_class(
             model=self.model,
             reward_funcs=self.rollouts.wrap(self.rewards),
             args=self._grpo_args(params, 1),
