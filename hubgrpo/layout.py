@@ -110,7 +110,7 @@ class Lease(Record):
     issued_at: Seconds
     deadline: Seconds
     signature: Text = ""
-    # file name → presigned PUT URL when hub.submissions is an S3 box (not signed by the coordinator: the URLs
+    # file name → presigned PUT URL when hub.submissions is an S3 inbox (not signed by the coordinator: the URLs
     # carry the bucket's own signature); never written to submission.json
     uploads: dict[Text, Annotated[str, Field(max_length=8192)]] = Field(default_factory=dict, max_length=8)
 
@@ -364,8 +364,8 @@ def submission_id(worker: str, lease_id: str) -> str:
     return f"{check_name(worker)}-{check_name(lease_id, 'lease id')}"
 
 
-def box_token(record: bytes) -> str:
-    """What a worker submits for a round put in a box (``hub.submissions``): the sha256 of its submission.json."""
+def inbox_token(record: bytes) -> str:
+    """What a worker submits for a round put in an inbox (``hub.submissions``): the sha256 of its submission.json."""
     import hashlib
 
     return "sha256:" + hashlib.sha256(record).hexdigest()

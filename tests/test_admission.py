@@ -14,7 +14,7 @@ import typer
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from hubgrpo.merge.admission import check_submission
+from hubgrpo.merge.submission_checks import check_submission
 from hubgrpo.cli.merge_cmd import register
 from hubgrpo.errors import InvalidSubmission
 from hubgrpo.merge import Adapter, dense_delta, load_adapter_dir, save_adapter_dir

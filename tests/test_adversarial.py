@@ -18,7 +18,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from hubgrpo import layout, runrepo
-from hubgrpo.coordinator.admit import lease_samples
+from hubgrpo.coordinator.admission import lease_samples
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import ConfigError, InvalidSubmission, LeaseError, Refused
@@ -246,11 +246,11 @@ def test_identity_caps_and_duplicate_names(tmp_path):
     store = LocalStore(tmp_path / "repo")
     init_repo(store, make_config(**{"coordinator.max_leases_per_user": 3}), write_adapter(tmp_path / "v0", seed=0))
     c = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "c")
-    alice = c.lease("box", "alice")
-    bob_as_alice_box = c.lease("box", "bob")  # the same worker name under another user: another row
-    assert {"alice/box", "bob/box"} <= set(c.state.workers)
+    alice = c.lease("inbox", "alice")
+    bob_as_alice_inbox = c.lease("inbox", "bob")  # the same worker name under another user: another row
+    assert {"alice/inbox", "bob/inbox"} <= set(c.state.workers)
     with pytest.raises(Refused) as ei:
-        c.lease("box", "alice")  # a second live machine under alice's name
+        c.lease("inbox", "alice")  # a second live machine under alice's name
     assert ei.value.code == "duplicate_worker" and ei.value.wait_s > 0
     for i in range(2):
         c.lease(f"flood{i}", "bob")
@@ -260,9 +260,9 @@ def test_identity_caps_and_duplicate_names(tmp_path):
     assert c.lease("other", "carol").user == "carol"  # others are not starved
     # a name whose lease went quiet is a restarted worker: its old lease is given back, it gets a new one
     clock.advance(2 * c.cfg.coordinator.heartbeat_interval_s + 1)
-    again = c.lease("box", "alice")
+    again = c.lease("inbox", "alice")
     assert again.lease_id != alice.lease_id and alice.lease_id not in c.active
-    assert bob_as_alice_box.lease_id in c.active
+    assert bob_as_alice_inbox.lease_id in c.active
 
 
 def test_repo_config_cannot_run_code_or_send_tokens_over_http(tmp_path):

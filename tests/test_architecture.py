@@ -31,8 +31,8 @@ ALLOWED = {
     "space": BELOW | {"coordinator", "space"},
     "sim": BELOW | {"worker", "coordinator", "sim"},
     "launch": BELOW | {"launch"},
-    "runs": BELOW | {"worker", "coordinator", "cli", "runs"},  # hubgrpo.runs: the Python API over the CLI's pieces
-    "package": {"core", "store", "runs"},  # hubgrpo/__init__: re-exports the Python API lazily (in __getattr__)
+    "python_api": BELOW | {"worker", "coordinator", "cli", "python_api"},  # the Python API over the CLI's pieces
+    "package": {"core", "store", "python_api"},  # hubgrpo/__init__: re-exports the Python API lazily (in __getattr__)
     "cli": BELOW | {"worker", "coordinator", "space", "sim", "launch", "cli"},
 }
 
@@ -40,8 +40,8 @@ ALLOWED = {
 def role(module: str) -> str:
     if module == "hubgrpo":
         return "package"
-    if module == "hubgrpo.runs":
-        return "runs"
+    if module == "hubgrpo.python_api":
+        return "python_api"
     if module in CORE:
         return "core"
     parts = module.split(".")

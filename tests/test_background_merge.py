@@ -146,7 +146,7 @@ def test_the_merge_and_its_checkpoint_render_their_files_with_the_api_lock_relea
 
 
 def test_a_slow_repo_scan_never_delays_a_merge(tmp_path, monkeypatch):
-    """The repo scan runs in its own thread: while a scan pass is stuck (a box listing took 10–19 s at 1000
+    """The repo scan runs in its own thread: while a scan pass is stuck (an inbox listing took 10–19 s at 1000
     workers), a quorum still merges at once, and the scan's finds are admitted when it returns."""
     gate, scanning, scan = threading.Event(), threading.Event(), Coordinator.scan
 

@@ -1,6 +1,6 @@
-"""Submission boxes on a real S3 server (moto, over HTTP, through a counting proxy) against hostile contents and a
+"""Submission inboxes on a real S3 server (moto, over HTTP, through a counting proxy) against hostile contents and a
 backend that does not keep its promises: junk records are read once, not at every scan; a backend that ignores
-conditional writes is refused before anything relies on it; upload URLs bound what they let a worker write; box
+conditional writes is refused before anything relies on it; upload URLs bound what they let a worker write; inbox
 objects of finished rounds are deleted like in-repo folders."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ SECRET = b"test-secret"
 JUNK_MB = 8
 
 
-def _coordinator(tmp_path, box: str, clock=None, **overrides) -> Coordinator:
-    cfg = make_config(**{"hub.submissions": box, **overrides})
+def _coordinator(tmp_path, inbox: str, clock=None, **overrides) -> Coordinator:
+    cfg = make_config(**{"hub.submissions": inbox, **overrides})
     store = LocalStore(tmp_path / "repo")
     clock = clock or FakeClock()
     if not store.exists():
@@ -32,21 +32,21 @@ def _coordinator(tmp_path, box: str, clock=None, **overrides) -> Coordinator:
 
 
 def _gets(proxy, start: int) -> tuple[int, int]:
-    """(GET requests of box records, bytes they served) since ``proxy.answered[start]``."""
+    """(GET requests of inbox records, bytes they served) since ``proxy.answered[start]``."""
     got = [n for m, path, status, n in proxy.answered[start:] if m == "GET" and "/submissions/" in path
            and "list-type" not in path]
     return len(got), sum(got)
 
 
 @pytest.mark.timeout(240)
-def test_junk_records_in_an_s3_box_are_downloaded_once_not_at_every_scan(tmp_path, s3_bucket_url, proxy,
+def test_junk_records_in_an_s3_inbox_are_downloaded_once_not_at_every_scan(tmp_path, s3_bucket_url, proxy,
                                                                          monkeypatch):
-    from hubgrpo.store.boxes import open_box
+    from hubgrpo.store.inboxes import open_inbox
 
-    box = f"{s3_bucket_url}/subs"
+    inbox = f"{s3_bucket_url}/subs"
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-    c = _coordinator(tmp_path, box)
-    objects = open_box(box)
+    c = _coordinator(tmp_path, inbox)
+    objects = open_inbox(inbox)
     junk = (b"\x00not json" * (JUNK_MB << 17))[:JUNK_MB << 20]
     for i in range(20):  # unreadable records of 8 MiB (the largest record a scan reads): 160 MiB
         objects.put(layout.submission_path(0, f"junk{i}-l{i}", layout.SUBMISSION_FILE), junk)
@@ -74,12 +74,12 @@ def test_junk_records_in_an_s3_box_are_downloaded_once_not_at_every_scan(tmp_pat
 
 
 @pytest.mark.timeout(120)
-def test_an_s3_box_that_ignores_conditional_writes_is_refused_at_start(tmp_path, s3_bucket_url, proxy, monkeypatch):
-    box = f"{s3_bucket_url}/subs"
+def test_an_s3_inbox_that_ignores_conditional_writes_is_refused_at_start(tmp_path, s3_bucket_url, proxy, monkeypatch):
+    inbox = f"{s3_bucket_url}/subs"
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     proxy.add(Fault("PUT", r"/subs/", strip_conditions=True, times=10**6))
     with pytest.raises(StoreError) as err:
-        _coordinator(tmp_path, box)
+        _coordinator(tmp_path, inbox)
     assert err.value.code == "no_conditional_writes"
     assert "If-None-Match" in err.value.message and "overwrite" in err.value.message
     assert "MinIO" in err.value.hint or "AWS S3" in err.value.hint
@@ -125,16 +125,16 @@ def test_upload_urls_bound_what_a_worker_can_write(tmp_path, s3_bucket_url):
     nothing is written."""
     import httpx
 
-    from hubgrpo.coordinator.admit import submission_limit
+    from hubgrpo.coordinator.admission import submission_limit
     from hubgrpo.errors import StoreError as DeliveryError
     from hubgrpo.space.api import serve
-    from hubgrpo.store.boxes import open_box
+    from hubgrpo.store.inboxes import open_inbox
     from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.worker.delivery import deliver
     from tests.test_submissions import _round
 
-    box = f"{s3_bucket_url}/subs"
-    c = _coordinator(tmp_path, box)
+    inbox = f"{s3_bucket_url}/subs"
+    c = _coordinator(tmp_path, inbox)
     app, url = serve(c)
     try:
         client = CoordinatorClient(url, retries=1)
@@ -152,14 +152,14 @@ def test_upload_urls_bound_what_a_worker_can_write(tmp_path, s3_bucket_url):
         base, fields = _post_fields(lease.uploads[layout.ADAPTER_WEIGHTS])
         over = httpx.post(base, data=fields, files={"file": ("x", b"\0" * (limit + 1))})
         assert over.status_code == 400 and "EntityTooLarge" in over.text
-        assert open_box(box).list(layout.SUBMISSIONS) == []  # nothing written
+        assert open_inbox(inbox).list(layout.SUBMISSIONS) == []  # nothing written
         big = _round(c.store, lease, tmp_path, seed=1, mutate=lambda f: (f / layout.ROLLOUTS_FILE).write_bytes(
             b"\0" * (limit + 1)))
         with pytest.raises(DeliveryError) as err:
-            deliver(box, lease, big)
+            deliver(inbox, lease, big)
         assert "larger than" in err.value.message and layout.ROLLOUTS_FILE in err.value.message
         lease = client.lease("w1")
-        token = deliver(box, lease, _round(c.store, lease, tmp_path, seed=2))
+        token = deliver(inbox, lease, _round(c.store, lease, tmp_path, seed=2))
         assert client.submit(lease, token)["status"] == "admitted"
     finally:
         app.close()
@@ -186,9 +186,9 @@ def test_a_backend_that_does_not_bound_posts_gets_write_once_put_urls(tmp_path, 
     import httpx
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_as_is.url)
-    box = f"s3://test-{uuid.uuid4().hex[:20]}/subs"
+    inbox = f"s3://test-{uuid.uuid4().hex[:20]}/subs"
     with caplog.at_level("WARNING", logger="hubgrpo"):
-        c = _coordinator(tmp_path, box)
+        c = _coordinator(tmp_path, inbox)
     assert "content-length-range" in caplog.text
     urls = c.with_uploads(c.lease("w0")).uploads
     assert sorted(urls) == sorted(layout.SUBMISSION_FILES) and not any("#" in u for u in urls.values())
@@ -212,29 +212,29 @@ def _post_fields(url: str) -> tuple[str, dict]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind", ["folder", "s3"])
-def test_box_objects_of_finished_rounds_are_deleted_like_repo_folders(tmp_path, kind, request):
-    """keep_submissions 1, max_staleness 1: after four versions the box holds only the round merged into the
+def test_inbox_objects_of_finished_rounds_are_deleted_like_repo_folders(tmp_path, kind, request):
+    """keep_submissions 1, max_staleness 1: after four versions the inbox holds only the round merged into the
     current version; the refused round, the merged ones before it and a never-submitted folder are gone."""
-    from hubgrpo.store.boxes import open_box
+    from hubgrpo.store.inboxes import open_inbox
     from hubgrpo.errors import InvalidSubmission
     from hubgrpo.worker.delivery import deliver
     from tests.test_submissions import _round
 
-    box = str(tmp_path / "box") if kind == "folder" else f"{request.getfixturevalue('s3_bucket_url')}/subs"
-    c = _coordinator(tmp_path, box, **{"merge.quorum": 1, "coordinator.keep_submissions": 1,
+    inbox = str(tmp_path / "inbox") if kind == "folder" else f"{request.getfixturevalue('s3_bucket_url')}/subs"
+    c = _coordinator(tmp_path, inbox, **{"merge.quorum": 1, "coordinator.keep_submissions": 1,
                                        "merge.max_staleness": 1})
-    objects = open_box(box)
+    objects = open_inbox(inbox)
     objects.put(layout.submission_path(0, "crashed-c1", layout.ADAPTER_WEIGHTS), b"half a round")
     merged = []
     for i in range(4):
         lease = c.lease(f"w{i}")
         if i == 1:  # a refused round: its adapter is not the run's
-            bad = deliver(box, lease, _round(c.store, lease, tmp_path, seed=9, mutate=lambda f: (
+            bad = deliver(inbox, lease, _round(c.store, lease, tmp_path, seed=9, mutate=lambda f: (
                 f / layout.ADAPTER_CONFIG).write_text(json.dumps({"r": 99}))))
             with pytest.raises(InvalidSubmission):
                 c.submit(lease, bad)
             lease = c.lease(f"w{i}b")
-        token = deliver(box, lease, _round(c.store, lease, tmp_path, seed=i + 1))
+        token = deliver(inbox, lease, _round(c.store, lease, tmp_path, seed=i + 1))
         assert c.submit(lease, token)["status"] == "merged"
         merged.append(layout.submission_id(lease.worker, lease.lease_id))
     assert c.state.version == 4
@@ -245,7 +245,7 @@ def test_box_objects_of_finished_rounds_are_deleted_like_repo_folders(tmp_path, 
     assert left == {merged[-1]}
     assert len(objects.list(layout.SUBMISSIONS)) == len(layout.SUBMISSION_FILES)
     if kind == "folder":
-        assert sorted(p.name for p in (tmp_path / "box" / layout.SUBMISSIONS).iterdir()) == ["000003"]
+        assert sorted(p.name for p in (tmp_path / "inbox" / layout.SUBMISSIONS).iterdir()) == ["000003"]
 
 
 def test_the_memory_of_judged_records_is_bounded():

@@ -56,7 +56,7 @@ def _round(store, c, lease, tmp: Path, seed: int) -> str:
     folder = trained_adapter(InProcess(c), lease, tmp / "rounds" / sub_id, seed, 0.1)
     (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease).to_json())
     write_rollouts(folder, lease, c.cfg)
-    if c.cfg.hub.submissions:  # a folder box: the round costs no commit
+    if c.cfg.hub.submissions:  # a folder inbox: the round costs no commit
         from hubgrpo.worker.delivery import deliver
 
         return deliver(c.cfg.hub.submissions, lease, folder)
@@ -103,7 +103,7 @@ def test_versions_live_between_checkpoints_which_come_at_the_budgets_interval(tm
 
 
 def test_checkpoints_wait_for_room_in_the_budget_even_the_finished_runs(tmp_path):
-    store, c, clock = _setup(tmp_path, **{"coordinator.commit_budget_per_hour": 3, "hub.submissions": tmp_path / "box",
+    store, c, clock = _setup(tmp_path, **{"coordinator.commit_budget_per_hour": 3, "hub.submissions": tmp_path / "inbox",
                                           "coordinator.checkpoint_every_s": 10, "params.versions": 8})
     for _ in range(3):  # init made 1 commit: two checkpoints fit, the third waits for the hour to pass
         clock.advance(11)

@@ -167,7 +167,7 @@ def test_staleness_limit_bounds():
 def test_leases_carry_the_run_learning_rate_schedule(tmp_path):
     """params.run_lr_schedule: a lease on version v trains at run_lr(v) — signed into the lease, and the bound on
     how far its steps may move an entry uses it."""
-    from hubgrpo.coordinator.admit import step_bound
+    from hubgrpo.coordinator.admission import step_bound
 
     store, c, _ = _setup(tmp_path, **{"params.run_lr_schedule": "cosine", "params.run_lr_final": 0.1,
                                       "params.versions": 4, "merge.quorum": 1})

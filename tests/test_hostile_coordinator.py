@@ -378,14 +378,14 @@ def test_upload_urls_get_no_token_no_redirect_and_a_bounded_answer(tmp_path, mon
     for name in layout.SUBMISSION_FILES:
         (folder / name).write_bytes(b"x" * 100)
     with Recorder() as target, HostileCoordinator(**{"*": redirect(307, f"{target.url}/stolen")}) as bucket:
-        lease = Lease.model_validate(lease_dict(uploads={n: f"{bucket.url}/box/{n}" for n in layout.SUBMISSION_FILES}))
+        lease = Lease.model_validate(lease_dict(uploads={n: f"{bucket.url}/inbox/{n}" for n in layout.SUBMISSION_FILES}))
         with pytest.raises(StoreError, match="307"):
-            deliver("s3://box", lease, folder, sleep=lambda s: None)
+            deliver("s3://inbox", lease, folder, sleep=lambda s: None)
         bucket.on("*", huge(200 << 20, declared=False, status=400))
         tracemalloc.start()
         try:
             with pytest.raises(StoreError):
-                deliver("s3://box", lease, folder, sleep=lambda s: None)
+                deliver("s3://inbox", lease, folder, sleep=lambda s: None)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -450,12 +450,12 @@ def test_evicting_the_hf_cache_never_deletes_through_a_link_out_of_it(tmp_path, 
 
 
 @pytest.mark.timeout(60)
-def test_a_remote_run_repo_never_picks_a_folder_of_the_workers_machine_as_its_box(tmp_path, hub_emulator):
+def test_a_remote_run_repo_never_picks_a_folder_of_the_workers_machine_as_its_inbox(tmp_path, hub_emulator):
     """``hub.submissions`` comes from the run repo's config: for a remote run (a Hub repo, a coordinator elsewhere)
     a local folder there is refused before anything is leased or written; on this machine it stays allowed."""
     from hubgrpo.errors import ConfigError
     from hubgrpo.store.hub import HubStore
-    from hubgrpo.worker.loop import check_box_is_ours
+    from hubgrpo.worker.loop import check_inbox_is_ours
     from tests.conftest import TEST_TOKEN
 
     target = tmp_path / "users-folder"
@@ -466,6 +466,6 @@ def test_a_remote_run_repo_never_picks_a_folder_of_the_workers_machine_as_its_bo
     with pytest.raises(ConfigError, match="folder of this machine"):
         w.run()
     assert not target.exists()
-    check_box_is_ours(str(target), store, "http://127.0.0.1:7860")  # coordinator here: a run on this machine
-    check_box_is_ours(str(target), LocalStore(tmp_path / "repo2"), "https://coordinator.invalid")
-    check_box_is_ours("s3://bucket/rounds", store, "https://coordinator.invalid")
+    check_inbox_is_ours(str(target), store, "http://127.0.0.1:7860")  # coordinator here: a run on this machine
+    check_inbox_is_ours(str(target), LocalStore(tmp_path / "repo2"), "https://coordinator.invalid")
+    check_inbox_is_ours("s3://bucket/rounds", store, "https://coordinator.invalid")

@@ -152,7 +152,7 @@ def test_fit_changes_a_copy_keeps_explicit_choices_and_refuses_only_what_cannot_
 
 @pytest.mark.timeout(240)
 def test_init_run_api_fits_the_config_on_the_hub_and_says_so(hub_emulator, monkeypatch):
-    from hubgrpo.runs import init_run
+    from hubgrpo.python_api import init_run
 
     monkeypatch.setenv("HF_ENDPOINT", hub_emulator.url)
     monkeypatch.setenv("HF_TOKEN", TEST_TOKEN)

@@ -11,15 +11,15 @@ from hubgrpo import layout
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import HubGrpoError
-from hubgrpo.store.boxes import open_box
+from hubgrpo.store.inboxes import open_inbox
 from hubgrpo.store.local import LocalStore
 from tests.coord_helpers import FakeClock, make_config, submission_record, write_adapter, write_rollouts
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("inbox", ["box", "repo"])
+@pytest.mark.parametrize("inbox", ["inbox", "repo"])
 def test_a_path_shaped_commit_never_reaches_the_coordinators_folders(tmp_path, inbox):
-    overrides = {"hub.submissions": str(tmp_path / "box")} if inbox == "box" else {}
+    overrides = {"hub.submissions": str(tmp_path / "inbox")} if inbox == "inbox" else {}
     store, clock = LocalStore(tmp_path / "repo"), FakeClock()
     init_repo(store, make_config(**overrides), write_adapter(tmp_path / "v0", seed=0), clock=clock)
     work = tmp_path / "home" / "coord" / "work"
@@ -33,10 +33,10 @@ def test_a_path_shaped_commit_never_reaches_the_coordinators_folders(tmp_path, i
     folder = write_adapter(tmp_path / "round", seed=3, b_scale=0.01)
     write_rollouts(folder, lease)
     (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease).to_json())
-    if inbox == "box":
-        box = open_box(str(tmp_path / "box"))
+    if inbox == "inbox":
+        inbox = open_inbox(str(tmp_path / "inbox"))
         for name in layout.SUBMISSION_FILES:
-            box.put(layout.submission_path(lease.base_version, sub_id, name), folder / name)
+            inbox.put(layout.submission_path(lease.base_version, sub_id, name), folder / name)
         commit = "sha256:../../../../"
     else:
         store.commit({layout.submission_path(lease.base_version, sub_id, n): folder / n

@@ -1,5 +1,5 @@
 """The plain HTTP routes (``POST /hubgrpo/api/<name>``, ``hubgrpo.space.routes``) and submissions checked in the
-background (``hubgrpo.space.admissions``): a real app on 127.0.0.1 over a fake coordinator, raw HTTP and the
+background (``hubgrpo.space.admission_queue``): a real app on 127.0.0.1 over a fake coordinator, raw HTTP and the
 worker's client."""
 
 from __future__ import annotations

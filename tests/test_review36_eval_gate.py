@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from hubgrpo.coordinator.admit import staleness_limit
+from hubgrpo.coordinator.admission import staleness_limit
 from hubgrpo.coordinator.core import Coordinator
 from tests.test_checkpoints import SECRET, _round, _setup
 

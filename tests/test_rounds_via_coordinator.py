@@ -28,7 +28,7 @@ def _cli(*args: str, env: dict | None = None, timeout: float = 120) -> subproces
 
 
 @pytest.mark.timeout(180)
-def test_the_config_names_the_coordinator_as_the_box_and_workers_follow(tmp_path):
+def test_the_config_names_the_coordinator_as_the_inbox_and_workers_follow(tmp_path):
     """`hubgrpo config validate` accepts `hub.submissions: coordinator`; a near miss is refused with the fix; a
     worker of such a run that is told `--upload-via store` stops with a clear error before it leases anything."""
     tiny = str(ROOT / "configs" / "tiny.yaml")
@@ -185,7 +185,7 @@ def test_workers_without_write_access_run_a_hub_run_under_the_commit_quota(tmp_p
         stats, state, messages = hub.stats, runrepo.read_state(store), [h.message for h in store.history()]
     merged = set(state.merged_ids)
     assert state.version == versions and len(merged) >= 2 * versions, state.merged_ids
-    assert {layout.parse_submission_path(p)[1] for p, _ in coord.inbox.box.list(layout.SUBMISSIONS)} >= merged
+    assert {layout.parse_submission_path(p)[1] for p, _ in coord.inbox.objects.list(layout.SUBMISSIONS)} >= merged
     run_commits = stats["commits_applied"] - at_start
     assert not [m for m in messages if _round_commit(m)], messages
     print(f"{len(merged)} rounds merged into {versions} versions; {run_commits} commits of the run repo")

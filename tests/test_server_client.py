@@ -45,7 +45,7 @@ def shared():
     proxy = Swappable()
     app, url = serve(proxy, tick_interval=0.05)
     clients: dict = {}
-    proxy.admissions = app.hubgrpo_ticker.api.admissions
+    proxy.admission_queue = app.hubgrpo_ticker.api.admission_queue
     yield proxy, url, clients
     for c in clients.values():
         c.close()
@@ -59,7 +59,7 @@ def api(shared):
 
     def use(coord: FakeCoordinator | None = None, transport=("http", "plain")):
         proxy.target = coord or FakeCoordinator()
-        proxy.admissions._verdicts.clear()  # verdicts belong to one coordinator: a fresh one has none
+        proxy.admission_queue._verdicts.clear()  # verdicts belong to one coordinator: a fresh one has none
         c = clients.get(transport) or clients.setdefault(transport, client(url, transport))
         c.sleep = time.sleep
         return proxy.target, c
@@ -319,8 +319,8 @@ def test_build_app_adds_endpoints_to_an_existing_blocks():
     import gradio as gr
 
     with gr.Blocks() as ui:
-        box = gr.Textbox()
-        gr.Button("echo").click(lambda s: s, box, box, api_name="echo")
+        inbox = gr.Textbox()
+        gr.Button("echo").click(lambda s: s, inbox, inbox, api_name="echo")
     app = build_app(FakeCoordinator(), blocks=ui)
     assert app is ui
     assert sorted(app.get_api_info()["named_endpoints"]) == [

@@ -73,19 +73,19 @@ def test_the_store_refuses_commits_past_the_quota_like_the_hub_and_the_run_waits
 
 
 @pytest.mark.timeout(180)
-def test_with_rounds_in_a_box_the_quota_costs_the_fleet_no_time(tmp_path):
+def test_with_rounds_in_a_inbox_the_quota_costs_the_fleet_no_time(tmp_path):
     """Rounds off the commit path (``hub.submissions``) and versions off it (checkpoints): 4 machines making
     ~a version a second keep their free-commit pace under a quota of 128 an hour, within it."""
-    box = {"hub.submissions": "./box", "merge.staleness_per_worker": 2}
-    free = run_sim(tmp_path, "free", box, workers=4, step_s=1.0, jitter=0.1, until_version=300)
-    held = run_sim(tmp_path, "held", box, workers=4, step_s=1.0, jitter=0.1, until_version=300, commit_quota=128)
+    inbox = {"hub.submissions": "./inbox", "merge.staleness_per_worker": 2}
+    free = run_sim(tmp_path, "free", inbox, workers=4, step_s=1.0, jitter=0.1, until_version=300)
+    held = run_sim(tmp_path, "held", inbox, workers=4, step_s=1.0, jitter=0.1, until_version=300, commit_quota=128)
     t = lambda s: [v["virtual_time_s"] for v in s.versions]  # noqa: E731
     assert t(held) == t(free)
     q = held.result()["quota"]
-    assert held.result()["rounds_via"] == "box" and q["refused_429"] == 0
+    assert held.result()["rounds_via"] == "inbox" and q["refused_429"] == 0
     assert 2 <= q["peak_commits_per_hour"] <= 128 and q["commit_budget_per_hour"] == 128
     assert free.result()["quota"]["peak_commits_per_hour"] > 300  # free: a commit per version
-    assert not (tmp_path / "box").exists() and (tmp_path / "held" / "box").is_dir()
+    assert not (tmp_path / "inbox").exists() and (tmp_path / "held" / "inbox").is_dir()
 
 
 def simulate_cmd(tmp: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:

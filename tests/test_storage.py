@@ -107,7 +107,7 @@ def test_the_python_api_resolves_main_tags_and_shas_and_names_an_unknown_revisio
     """``load_adapter(revision=...)``: the user's own argument may be ``main`` or any tag (resolved to its commit
     before it names a cache folder); a name the repo does not have is a clear NotFound, not a path."""
     from hubgrpo.errors import NotFound
-    from hubgrpo.runs import _commit_for
+    from hubgrpo.python_api import _commit_for
     from tests.coord_helpers import local_coordinator
 
     store, _, _ = local_coordinator(tmp_path)

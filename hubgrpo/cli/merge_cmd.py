@@ -106,7 +106,7 @@ def check_command(
     from hubgrpo.cli.numbers import require_finite
     from hubgrpo.errors import InvalidSubmission
     from hubgrpo.merge import load_adapter_dir
-    from hubgrpo.merge.admission import check_step_bound, check_submission, max_submission_bytes
+    from hubgrpo.merge.submission_checks import check_step_bound, check_submission, max_submission_bytes
 
     require_finite(
         {"--max-mb": max_mb, "--norm-limit": norm_limit, "--max-change": max_change, "--lr": lr},

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from hubgrpo.config.sections import Config
 from hubgrpo.errors import ConfigError
-from hubgrpo.store.boxes import COORDINATOR as VIA_COORDINATOR  # rounds through its upload route, no commit each
+from hubgrpo.store.inboxes import COORDINATOR as VIA_COORDINATOR  # rounds through its upload route, no commit each
 
 CHECKPOINT_SHARE = 0.5  # checkpoints alone take at most this share of the commit budget
 ROUND_SECONDS = (300, 900, 3600)  # round lengths the rounds-in-repo note turns into a fleet size

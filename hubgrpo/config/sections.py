@@ -493,22 +493,22 @@ class HubSection(_Section):
     push_to_hub: bool = Field(False, description="hubgrpo train/run: push the final adapter to hub.repo_id.")
     submissions: str | None = Field(
         None,
-        description="Where workers put their rounds: coordinator (through its upload route, kept on its "
-        "disk under $HUBGRPO_CACHE/rounds: no commits, no write access for workers), s3://bucket/prefix (workers "
-        "get presigned upload URLs, no commits), a local folder (./path, /path), or unset = the run repo itself "
-        "(one commit per round).",
+        description="The run's inbox, where workers put their rounds: coordinator (through its upload route, kept "
+        "on its disk under $HUBGRPO_CACHE/rounds: no commits, no write access for workers), s3://bucket/prefix "
+        "(workers get presigned upload URLs, no commits), a local folder (./path, /path), or unset = the run repo "
+        "itself (one commit per round).",
     )
 
     @field_validator("submissions")
     @classmethod
-    def _box(cls, v: str | None) -> str | None:
+    def _inbox(cls, v: str | None) -> str | None:
         if v is None:
             return v
         from hubgrpo.errors import HubGrpoError
-        from hubgrpo.store.boxes import check_box_spec
+        from hubgrpo.store.inboxes import check_inbox_spec
 
         try:
-            return check_box_spec(v)
+            return check_inbox_spec(v)
         except HubGrpoError as e:
             raise ValueError(f"{e.message} ({e.hint})") from None
 

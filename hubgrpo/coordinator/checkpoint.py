@@ -12,7 +12,7 @@ model card, outer momentum — tagged ``vNNNNNN``, made when
 - and the commit budget has room (checkpoints never go past ``commit_budget_per_hour``).
 Refusals and held-out scores ride on the next checkpoint; alone, they are committed after ``refusal_flush_s``, at
 most once per interval. A restarted coordinator resumes from the last checkpoint: what it loses is the versions
-merged since (their rounds' records too); rounds based on them are refused as stale (``admit`` checks the id of
+merged since (their rounds' records too); rounds based on them are refused as stale (``admission`` checks the id of
 a round's base version against its own lineage), never merged twice into the history that stays.
 
 Phases as for merges: ``stage`` under the coordinator's lock, ``commit`` without it (store writes), ``adopt`` under

@@ -2,9 +2,9 @@
 injected.
 
 Everything durable lives in the run repo, so the coordinator is a function of repo contents + clock:
-- leases are HMAC-signed (``hubgrpo.coordinator.leases``) and need no storage; heartbeats re-sign them with a
+- leases are HMAC-signed (``hubgrpo.coordinator.lease_signing``) and need no storage; heartbeats re-sign them with a
   later deadline (``leasing``: per-user caps, unique live worker names, a fair share of the commit budget);
-- a submission is a folder the worker committed under ``submissions/``; admission (``admit``) reads and checks it
+- a submission is a folder the worker committed under ``submissions/``; admission (``admission``) reads and checks it
   without touching the coordinator's state, then keeps it pending; folders committed but never submitted are
   found by a periodic scan of the repo, and after a restart (every folder neither merged nor refused);
 - a merge (``merging``) makes a live version: in memory and in the version cache on disk (``versions``), served
@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hubgrpo import layout, runrepo
-from hubgrpo.coordinator import admit, checkpoint, evals, leases, leasing, merging, norms, reconcile
+from hubgrpo.coordinator import admission, checkpoint, evals, lease_signing, leasing, merging, norms, reconcile
 from hubgrpo.coordinator.inflight import InFlight
+from hubgrpo.coordinator.prompt_pool import PromptPool
 from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMixin
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
 from hubgrpo.layout import Lease, Refusal, WorkerStats
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from hubgrpo.tracking import Tracker
 
 log = logging.getLogger("hubgrpo.coordinator")
-Pending = admit.Pending
+Pending = admission.Pending
 
 
 class Coordinator(VersionsMixin):
@@ -58,7 +59,7 @@ class Coordinator(VersionsMixin):
         clock=time.time,
         workdir: Path | None = None,
         allow_code: list[str] | None = None,
-        new_lease_id: Callable[[], str] = leases.new_lease_id,
+        new_lease_id: Callable[[], str] = lease_signing.new_lease_id,
     ):
         """``allow_code``: the non-built-in reward functions of the run's config that this coordinator may run
         to recompute rewards (``--allow-reward``); any other one is refused here, at startup. ``new_lease_id``:
@@ -86,9 +87,9 @@ class Coordinator(VersionsMixin):
         self.ids: dict[int, str] = {}  # version → adapter id (what leases carry as base_sha), this lineage only
         repo = self.read_repo()
         self.apply_repo(repo)
-        from hubgrpo.coordinator.inbox import open_inbox
+        from hubgrpo.coordinator.inbox import run_inbox
 
-        self.inbox = open_inbox(self.cfg, store)  # where rounds are submitted: the repo, or hub.submissions
+        self.inbox = run_inbox(self.cfg, store)  # where rounds are submitted: the repo, or hub.submissions
         from hubgrpo.coordinator.verify import RewardCheck
 
         self.reward_check = RewardCheck(self.cfg, allow_code)  # recomputes every round's rewards (verify)
@@ -98,7 +99,7 @@ class Coordinator(VersionsMixin):
         from hubgrpo.tracking import make_tracker
 
         self.tracker = make_tracker(self.cfg.log, project=self.cfg.project_name, name="coordinator")
-        for prepared in admit.scan(self, check_deadline=False):  # submissions committed before a restart
+        for prepared in admission.scan(self, check_deadline=False):  # submissions committed before a restart
             self.accept_quietly(prepared)
 
     # ------------------------------------------------------------------------------------------ loading state
@@ -129,7 +130,7 @@ class Coordinator(VersionsMixin):
         old_ids = dict(self.ids)
         self._adopt_lineage(repo)
         old = getattr(self, "pool", None)
-        self.pool = leases.PromptPool(self.state.next_prompt) if old is None else old
+        self.pool = PromptPool(self.state.next_prompt) if old is None else old
         live = [i for lease in self.active.values() for i in lease.prompt_indices]
         self.pool.next_index = max(self.pool.next_index, self.state.next_prompt, max(live, default=-1) + 1)
         self.momentum = None
@@ -149,7 +150,7 @@ class Coordinator(VersionsMixin):
     @property
     def restart_margin(self) -> int:
         """Prompts a fresh process skips: with rounds in the repo every live lease of a previous process counted
-        against the commit budget, so at most that many rounds' prompts can be out there (rounds in a box are
+        against the commit budget, so at most that many rounds' prompts can be out there (rounds in an inbox are
         not bounded by the budget: then 10,000 rounds)."""
         bound = self.cfg.coordinator.commit_budget_per_hour if self.cfg.hub.submissions is None else 10_000
         return min(bound, 10_000) * self.prompts_per_round
@@ -168,9 +169,9 @@ class Coordinator(VersionsMixin):
             return leasing.issue(self, worker, user)
 
     def with_uploads(self, lease: Lease) -> Lease:
-        """``lease`` with presigned upload URLs for its round when submissions go to an S3 box (``inbox``); local
+        """``lease`` with presigned upload URLs for its round when submissions go to an S3 inbox (``inbox``); local
         signing, but credentials may need refreshing: no lock. The URLs are not part of the lease's signature."""
-        urls = self.inbox.upload_urls(lease, admit.submission_limit(self, lease))  # each file capped
+        urls = self.inbox.upload_urls(lease, admission.submission_limit(self, lease))  # each file capped
         return lease.model_copy(update={"uploads": urls}) if urls else lease
 
     def heartbeat(self, lease: Lease) -> Lease:
@@ -192,7 +193,7 @@ class Coordinator(VersionsMixin):
         while the coordinator was down is still honoured, one that expired longer ago than ``round_timeout_s``
         is refused."""
         grace = self.cfg.coordinator.round_timeout_s
-        return leases.verify(
+        return lease_signing.verify(
             lease, self.secret, run_id=self.state.run_id, now=now - grace, check_deadline=check_deadline
         )
 
@@ -226,12 +227,12 @@ class Coordinator(VersionsMixin):
         made by the coordinator itself."""
         prepared = self.prepare_submission(lease, commit)
         with self.lock:
-            answer = admit.accept(self, prepared, count_commit=count_commit)
+            answer = admission.accept(self, prepared, count_commit=count_commit)
         if self.background_merges or answer["status"] != "admitted":
             return answer
         merged = self.maybe_merge()
         with self.lock:
-            return admit.admitted(self, prepared, merged=merged)
+            return admission.admitted(self, prepared, merged=merged)
 
     def precheck(self, lease: Lease) -> None:
         """The cheap part of ``submit`` for the request path: the lease's signature and run (``LeaseError``)."""
@@ -243,12 +244,12 @@ class Coordinator(VersionsMixin):
         with self.lock:
             self.active.pop(lease.lease_id, None)
 
-    def prepare_submission(self, lease: Lease, commit: str) -> admit.Prepared:
+    def prepare_submission(self, lease: Lease, commit: str) -> admission.Prepared:
         """Read and check a submission (store reads; no state change, no lock)."""
         self.check_lease(lease, self.clock(), check_deadline=False)  # forged leases get no further
-        return admit.prepare(self, lease, commit)
+        return admission.prepare(self, lease, commit)
 
-    def accept_quietly(self, prepared: admit.Prepared, *, count_commit: bool = False) -> None:
+    def accept_quietly(self, prepared: admission.Prepared, *, count_commit: bool = False) -> None:
         """Keep a prepared submission nobody waits for (scans) pending, under ``lock``: refusals are recorded, not
         raised, and a due merge is left to the next tick. ``count_commit``: a round a running coordinator's scan
         finds in the repo was committed since it started, and its submit (if one comes) is a duplicate: its commit
@@ -257,17 +258,17 @@ class Coordinator(VersionsMixin):
             log.warning("ignored %s: %s", prepared.sub_id, prepared.error and prepared.error.message)
             return
         try:
-            admit.accept(self, prepared, count_commit=count_commit)
+            admission.accept(self, prepared, count_commit=count_commit)
         except (InvalidSubmission, LeaseError) as e:
             log.info("scanned submission %s refused: %s", prepared.sub_id, e.message)
 
     def scan_due(self) -> bool:
         return self.clock() - self.last_scan_at >= self.cfg.coordinator.scan_interval_s
 
-    def scan(self) -> list[admit.Prepared]:
+    def scan(self) -> list[admission.Prepared]:
         """Committed submissions nobody submitted (store reads, no lock; ``scan_pass`` then accepts each)."""
         self.last_scan_at = self.clock()
-        return admit.scan(self)
+        return admission.scan(self)
 
     def upload_precheck(self, lease: Lease) -> bool:
         """For uploads through the coordinator: verify the lease; False when this submission is already in."""
@@ -278,7 +279,7 @@ class Coordinator(VersionsMixin):
 
     def check_upload(self, lease: Lease, folder: Path) -> None:
         """Every check of an uploaded folder before it is committed (reads adapters; call without the lock)."""
-        admit.check_local(self, lease, folder, commit="")
+        admission.check_local(self, lease, folder, commit="")
 
     def record_refusal(self, lease: Lease, err: InvalidSubmission) -> None:
         """Keep a refusal decided outside ``submit`` (an upload refused before commit) for the leaderboard."""
@@ -305,8 +306,9 @@ class Coordinator(VersionsMixin):
     # -------------------------------------------------------------------------------------------- adapters
 
     def warm_up(self) -> None:
-        """Load what the first admission would load lazily (``admit.warm_up``); a served coordinator calls it once."""
-        admit.warm_up(self)
+        """Load what the first admission would load lazily (``admission.warm_up``); a served coordinator calls it
+        once."""
+        admission.warm_up(self)
 
     # -------------------------------------------------------------------------------------------- ticks, merges
 
@@ -336,7 +338,7 @@ class Coordinator(VersionsMixin):
     def scan_pass(self, *, force: bool = False) -> int:
         """The repo scan when due (or now, ``force``): store reads without the lock, then each round found accepted
         under it. A served coordinator runs this in its own thread (``Ticker``): at 1000 workers one pass listed
-        ~9000 box objects for 10–19 s, and merges must not wait for it. Returns how many rounds were found."""
+        ~9000 inbox objects for 10–19 s, and merges must not wait for it. Returns how many rounds were found."""
         if not force and not self.scan_due():
             return 0
         reconcile.reload_if_rewritten(self)  # `hubgrpo gc` moved the tags: never lease deleted commits
@@ -405,7 +407,7 @@ class Coordinator(VersionsMixin):
 
     def rounds_via_upload(self) -> bool:
         """Whether the run's rounds come only through the server's upload route (``hub.submissions: coordinator``)."""
-        from hubgrpo.store.boxes import COORDINATOR
+        from hubgrpo.store.inboxes import COORDINATOR
 
         return self.cfg.hub.submissions == COORDINATOR
 

@@ -1,6 +1,6 @@
-"""Where the coordinator finds submitted rounds: the run repo (the default) or the box ``hub.submissions`` names.
+"""Where the coordinator finds submitted rounds: the run repo (the default) or the inbox ``hub.submissions`` names.
 
-``hub.submissions: coordinator`` is a ``FolderBox`` on the coordinator's own disk, ``rounds_folder``:
+``hub.submissions: coordinator`` is a ``FolderInbox`` on the coordinator's own disk, ``rounds_folder``:
 ``$HUBGRPO_CACHE/rounds/<run repo>/<run id>``, the disk that already keeps the run's lease secret
 (``$HUBGRPO_CACHE/secrets``), not the coordinator's working folder, which ``hubgrpo coordinator`` and ``hubgrpo
 space`` make afresh at every start. A restarted coordinator on the same disk thus finds the rounds uploaded but not
@@ -9,14 +9,14 @@ merged; a new run in the same repo (``init --force``: a new run id) starts with 
 
 - ``RepoInbox``: a round is a commit of the run repo (a folder under ``submissions/``); ``submit`` names the commit.
   Every round is one commit, so rounds count against ``coordinator.commit_budget_per_hour`` (``in_repo``).
-- ``BoxInbox``: a round is four write-once objects in a ``hubgrpo.store.boxes`` box, ``submission.json`` last;
+- ``ObjectInbox``: a round is four write-once objects in a ``hubgrpo.store.inboxes`` inbox, ``submission.json`` last;
   ``submit`` names ``sha256:<hex>`` of that submission.json. Rounds cost no commit of the run repo: the budget then
   covers merges only. On S3 every lease carries presigned PUT URLs for its four keys (``upload_urls``), so a
   worker needs no bucket credentials; they are minted outside the coordinator's lock (``Coordinator.with_uploads``).
 
-Both read a submission as untrusted input: a box folder is listed first, and refused before anything is read when
+Both read a submission as untrusted input: an inbox folder is listed first, and refused before anything is read when
 it holds other files, or more bytes than a valid submission can have (``max_bytes``); each object must have the
-listed size while it is read. The scan of a box looks only at the base versions still young enough to be merged.
+listed size while it is read. The scan of an inbox looks only at the base versions still young enough to be merged.
 """
 
 from __future__ import annotations
@@ -34,26 +34,26 @@ from hubgrpo.store.base import Store
 
 log = logging.getLogger("hubgrpo.coordinator")
 FILES = layout.SUBMISSION_FILES
-RECORD_MAX = 8 << 20  # the largest submission.json read (as admit.read_record)
-JUDGED_MAX = 50_000  # box records remembered as judged (refused or ignored): about 10 MB at most
+RECORD_MAX = 8 << 20  # the largest submission.json read (as admission.read_record)
+JUDGED_MAX = 50_000  # inbox records remembered as judged (refused or ignored): about 10 MB at most
 
 
-def open_inbox(cfg, store: Store, *, run_id: str | None = None):
-    """The inbox of a run: ``cfg.hub.submissions`` (a box), or the run repo itself when unset. ``run_id``: the
+def run_inbox(cfg, store: Store, *, run_id: str | None = None):
+    """The inbox of a run: ``cfg.hub.submissions`` (an inbox), or the run repo itself when unset. ``run_id``: the
     run's (read from the repo when not given), which names the folder of ``hub.submissions: coordinator``."""
     spec = cfg.hub.submissions
     if not spec:
         return RepoInbox(store)
-    from hubgrpo.store.boxes import COORDINATOR, FolderBox, open_box
+    from hubgrpo.store.inboxes import COORDINATOR, FolderInbox, open_inbox
 
     if spec == COORDINATOR:
         run_id = run_id if run_id is not None else runrepo.read_state(store).run_id
-        return BoxInbox(FolderBox(rounds_folder(store.location, run_id)))
-    box = open_box(spec)
-    if hasattr(box, "ensure"):
-        box.ensure()  # the bucket exists from the start (created when missing)
+        return ObjectInbox(FolderInbox(rounds_folder(store.location, run_id)))
+    inbox = open_inbox(spec)
+    if hasattr(inbox, "ensure"):
+        inbox.ensure()  # the bucket exists from the start (created when missing)
     upload_ttl = int(min(7 * 86400, max(900, 3 * cfg.coordinator.heartbeat_interval_s)))
-    return BoxInbox(box, upload_ttl_s=upload_ttl)
+    return ObjectInbox(inbox, upload_ttl_s=upload_ttl)
 
 
 def rounds_folder(location: str, run_id: str) -> Path:
@@ -72,7 +72,7 @@ def check_listing(prefix: str, sizes: dict[str, int], max_bytes: int, allowed=No
     """Refuse a submission folder from its listing alone (names relative to ``prefix`` → sizes), before anything
     is read, with admission's codes: ``nested_dir``, ``not_safetensors``, ``unexpected_file``, ``too_large``.
     ``allowed``: the file names a folder may hold (default: those admission allows)."""
-    from hubgrpo.merge.admission import ALLOWED_FILES, PICKLE_SUFFIXES
+    from hubgrpo.merge.submission_checks import ALLOWED_FILES, PICKLE_SUFFIXES
 
     allowed = sorted(ALLOWED_FILES) if allowed is None else allowed
     for name in sorted(sizes):
@@ -210,15 +210,15 @@ class RepoInbox(Scanned):
         return 0
 
 
-class BoxInbox(Scanned):
-    """Submissions as write-once objects in a box (a local folder or an S3 bucket/prefix)."""
+class ObjectInbox(Scanned):
+    """Submissions as write-once objects in an inbox (a local folder or an S3 bucket/prefix)."""
 
     in_repo = False
 
-    def __init__(self, box, *, upload_ttl_s: int = 900):
+    def __init__(self, objects, *, upload_ttl_s: int = 900):
         super().__init__()
-        self.box, self.upload_ttl_s = box, int(upload_ttl_s)
-        self.location = box.location
+        self.objects, self.upload_ttl_s = objects, int(upload_ttl_s)  # a FolderInbox or an S3Inbox
+        self.location = objects.location
         self.pruned_at: int | None = None  # the version whose finished rounds were last deleted (``prune``)
 
     def fetch(self, base: int, sub_id: str, commit: str, dest: Path, *, max_bytes: int) -> Path:
@@ -227,7 +227,7 @@ class BoxInbox(Scanned):
         if dest.is_dir():
             return dest
         prefix = layout.submission_dir(base, sub_id)
-        listed = dict(self.box.list(prefix))
+        listed = dict(self.objects.list(prefix))
         if not listed:
             raise NotFound(
                 f"no submission at {prefix} in {self.location}",
@@ -239,7 +239,7 @@ class BoxInbox(Scanned):
         tmp.mkdir(parents=True)
         try:
             for name, size in names.items():
-                self.box.fetch(f"{prefix}/{name}", tmp / name, size=size, max_bytes=max_bytes)
+                self.objects.fetch(f"{prefix}/{name}", tmp / name, size=size, max_bytes=max_bytes)
             self._check_token(tmp, commit, prefix)
             tmp.rename(dest)
         except StoreError as e:
@@ -254,7 +254,7 @@ class BoxInbox(Scanned):
         record = folder / layout.SUBMISSION_FILE
         if not commit.startswith("sha256:") or not record.is_file():
             return  # a scan (no token), or no record: admission says what is missing
-        if layout.box_token(record.read_bytes()) != commit:
+        if layout.inbox_token(record.read_bytes()) != commit:
             raise InvalidSubmission(
                 "bad_commit",
                 f"{prefix}/{layout.SUBMISSION_FILE} is not the one submitted ({commit[:20]}…)",
@@ -265,17 +265,17 @@ class BoxInbox(Scanned):
         return None
 
     def unseen(self, done: set[str], revision: str | None, bases=None) -> list[tuple[int, str]]:
-        """Rounds whose submission.json is in the box, neither ``done``, already judged as it is now, nor older
+        """Rounds whose submission.json is in the inbox, neither ``done``, already judged as it is now, nor older
         than ``bases`` allows."""
         entries = [
             e
             for base in (bases if bases is not None else ())
-            for e in self.box.entries(f"{layout.SUBMISSIONS}/{base:06d}")
+            for e in self.objects.entries(f"{layout.SUBMISSIONS}/{base:06d}")
         ]
         return self._unjudged(entries, done)
 
     def read_record(self, base: int, sub_id: str, revision: str | None) -> bytes:
-        return self.box.read(self._check_record_size(base, sub_id), max_bytes=RECORD_MAX)
+        return self.objects.read(self._check_record_size(base, sub_id), max_bytes=RECORD_MAX)
 
     def prune(self, state, keep: int | None, max_age: int) -> int:
         """Delete the objects of rounds finished as ``coordinator.keep_submissions`` says for folders in the repo
@@ -286,29 +286,29 @@ class BoxInbox(Scanned):
         if keep is None or state.version == self.pruned_at:
             return 0
         folders: dict[tuple[str, str], list[str]] = {}
-        for path, _, _ in self.box.entries(layout.SUBMISSIONS):
+        for path, _, _ in self.objects.entries(layout.SUBMISSIONS):
             parts = path.split("/")
             if len(parts) >= 4 and parts[1].isdigit():
                 folders.setdefault((parts[1], parts[2]), []).append(path)
         rounds = doomed(folders, state, keep, max_age)
         gone = [p for folder in rounds for p in folders[folder]]
         if gone:
-            self.box.delete(gone)
+            self.objects.delete(gone)
             log.info("deleted %d objects of %d finished rounds from %s", len(gone), len(rounds), self.location)
         self.pruned_at = state.version
         return len(gone)
 
     def upload_urls(self, lease, max_bytes: int) -> dict[str, str]:
-        """Presigned upload URLs for the lease's four keys (S3 boxes), each capped at ``max_bytes`` (the record at
-        ``RECORD_MAX``) where the store enforces caps (``S3Box.presign_upload``); {} when the box cannot sign (a
+        """Presigned upload URLs for the lease's four keys (S3 inboxes), each capped at ``max_bytes`` (the record at
+        ``RECORD_MAX``) where the store enforces caps (``S3Inbox.presign_upload``); {} when the inbox cannot sign (a
         folder) or the coordinator has no credentials to sign with (workers then write with their own)."""
-        if not self.box.can_presign:
+        if not self.objects.can_presign:
             return {}
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         cap = int(max_bytes)
         try:
             return {
-                name: self.box.presign_upload(
+                name: self.objects.presign_upload(
                     layout.submission_path(lease.base_version, sub_id, name),
                     min(cap, RECORD_MAX) if name == layout.SUBMISSION_FILE else cap,
                     self.upload_ttl_s,

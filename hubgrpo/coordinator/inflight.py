@@ -1,7 +1,7 @@
 """The rounds a coordinator has been handed and not decided yet: delivered, queued for their check.
 
 A served coordinator answers a submit at once and checks the round later, in an admission thread
-(``hubgrpo.space.admissions``). Meanwhile the round is neither pending nor refused, yet it is no stranger either:
+(``hubgrpo.space.admission_queue``). Meanwhile the round is neither pending nor refused, yet it is no stranger either:
 the repo scan must leave it to its queue, a heartbeat of its lease must not revive it, and the commit budget
 counts it. ``InFlight`` is the coordinator's own record of those rounds; the admission queue reports each round
 it takes in (``add``) and lets go of (``discard``). Without a server it stays empty.

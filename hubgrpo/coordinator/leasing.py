@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hubgrpo import layout
-from hubgrpo.coordinator import leases
+from hubgrpo.coordinator import lease_signing
 from hubgrpo.errors import LeaseError, Refused
 from hubgrpo.layout import Lease
 
@@ -78,7 +78,7 @@ def issue(c: Coordinator, worker: str, user: str | None) -> Lease:
         issued_at=now,
         deadline=now + c.cfg.coordinator.lease_timeout_s,
     )
-    lease = leases.sign(lease, c.secret)
+    lease = lease_signing.sign(lease, c.secret)
     c.active[lease.lease_id] = lease
     c.touch_worker(worker, user, now)
     return lease
@@ -191,7 +191,9 @@ def renew(c: Coordinator, lease: Lease) -> Lease:
     recently, unless another live lease holds its prompts now."""
     now = c.clock()
     c.check_lease(lease, now)
-    renewed = leases.sign(lease.model_copy(update={"deadline": now + c.cfg.coordinator.lease_timeout_s}), c.secret)
+    renewed = lease_signing.sign(
+        lease.model_copy(update={"deadline": now + c.cfg.coordinator.lease_timeout_s}), c.secret
+    )
     sub_id = layout.submission_id(lease.worker, lease.lease_id)
     if sub_id in c.pending or sub_id in c.state.merged_ids or sub_id in c.in_flight():
         return renewed  # already submitted (or queued for its check): nothing to keep alive
@@ -213,7 +215,7 @@ def renew(c: Coordinator, lease: Lease) -> Lease:
 def budget_wait(c: Coordinator, now: float, user: str | None = None) -> float:
     """Seconds until one more round (its submission commit, when rounds are in the repo) fits in the hourly budget
     beside the next checkpoint, and in ``user``'s fair share of it when the budget is contended. Merges commit
-    nothing (``checkpoint``); rounds submitted to a box (``hub.submissions``) cost no commit: then only checkpoints
+    nothing (``checkpoint``); rounds submitted to an inbox (``hub.submissions``) cost no commit: then only checkpoints
     count, and they wait for room themselves."""
     budget = c.cfg.coordinator.commit_budget_per_hour
     c.commit_times = [t for t in c.commit_times if t > now - 3600]

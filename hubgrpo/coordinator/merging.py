@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from hubgrpo import layout
 from hubgrpo.coordinator import evals
-from hubgrpo.coordinator.admit import staleness_limit
+from hubgrpo.coordinator.admission import staleness_limit
 from hubgrpo.coordinator.ledger import next_state
 from hubgrpo.coordinator.norms import credited
 from hubgrpo.errors import InvalidSubmission

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hubgrpo.config import Config
-    from hubgrpo.coordinator.admit import Pending
+    from hubgrpo.coordinator.admission import Pending
 
 NORM_HISTORY = 64  # credited update norms (per step) kept
 MIN_NORM_HISTORY = 3  # below this many, no bound but the step bound applies (and only a zero update is a free-rider)
@@ -90,9 +90,9 @@ def rebuild(versions, factor: float | None) -> NormHistory:
 
 def credited(cfg: Config, history: NormHistory, p: Pending) -> bool:
     """Whether pending submission ``p`` of the run of ``cfg`` moved the adapter enough to earn merge weight and
-    credit: at or above the free-rider floor (``merge.admission.norm_floor`` from the typical norm of ``history``,
-    scaled by its lease's learning rate ÷ the run's)."""
-    from hubgrpo.merge.admission import below_floor, norm_floor
+    credit: at or above the free-rider floor (``merge.submission_checks.norm_floor`` from the typical norm of
+    ``history``, scaled by its lease's learning rate ÷ the run's)."""
+    from hubgrpo.merge.submission_checks import below_floor, norm_floor
     from hubgrpo.task.rollouts import lease_params
 
     ratio = float(lease_params(cfg, p.sub.lease)["learning_rate"]) / cfg.params.learning_rate

@@ -45,7 +45,7 @@ def deletes(store, head: str | None, state: RunState, keep: int | None, max_age:
 
 def doomed(folders, state: RunState, keep: int, max_age: int) -> list[tuple[str, str]]:
     """The (base, submission id) folders, of ``folders``, that go with the version of ``state`` (the rule above;
-    the same for folders in a submissions box, ``hubgrpo.coordinator.inbox``)."""
+    the same for folders in a submissions inbox, ``hubgrpo.coordinator.inbox``)."""
     oldest_kept = state.version - keep + 1  # folders tied to this version or newer stay
     tied = {r.submission_id: r.version for r in state.refused}
     tied.update({m.submission_id: v.version for v in state.versions for m in v.merged})

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from hubgrpo import layout, runrepo
-from hubgrpo.coordinator import admit, checkpoint
+from hubgrpo.coordinator import admission, checkpoint
 from hubgrpo.errors import CoordinatorError, InvalidSubmission, MergeError, NotFound, RateLimited, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -208,7 +208,9 @@ class VersionsMixin:
                 code="unavailable",
                 hint="submit again in a few seconds",
             ) from e
-        self.adapters.put(version, adapter, drop_below=self.state.version - admit.staleness_limit(self._coordinator()))
+        self.adapters.put(
+            version, adapter, drop_below=self.state.version - admission.staleness_limit(self._coordinator())
+        )
         return adapter
 
     def _version_folder(self, version: int) -> Path:

@@ -200,7 +200,7 @@ def dense_delta(adapter: Adapter) -> dict[str, torch.Tensor]:
 
 def load_adapter_dir(path: str | os.PathLike) -> Adapter:
     """Read a PEFT adapter folder (adapter_model.safetensors + adapter_config.json) written by a trusted party.
-    Untrusted submissions go through ``hubgrpo.merge.admission.check_submission`` instead."""
+    Untrusted submissions go through ``hubgrpo.merge.submission_checks.check_submission`` instead."""
     from safetensors.torch import load_file
 
     folder = Path(path)

@@ -6,7 +6,7 @@ clock injected, the bucket is a real ``LocalStore`` (``hubgrpo.sim.store``: its 
 clock, held to the Hub's hourly commit quota when one is given), and every version is scored on held-out prompts.
 Rounds train from the versions the coordinator serves (``Coordinator.version_dir``, pinned by
 ``hubgrpo.sim.versions``), not from the run repo, and are handed in as a commit of the repo or, with
-``hub.submissions`` set (whatever it names), into a box in the simulation's folder.
+``hub.submissions`` set (whatever it names), into an inbox in the simulation's folder.
 Simulated parts: the clock and the fleet (``hubgrpo.sim.fleet``: speeds, latencies, dropouts).
 
 Events are processed in virtual-time order, so every merge before time t is visible to a lease at t and
@@ -107,7 +107,7 @@ class RoundRecord:
 def sim_config(cfg: Config, opts: SimOptions, output: Path | None = None) -> Config:
     """The run config as the simulation uses it (see the module docstring). The commit budget: the config's
     with ``keep_budget``; else, under a quota, the quota's figure unless the config sets one; without a quota,
-    lifted. Rounds go to a box (``hub.submissions`` set, whatever it names) in ``output``/box."""
+    lifted. Rounds go to an inbox (``hub.submissions`` set, whatever it names) in ``output``/inbox."""
     cfg = cfg.model_copy(deep=True)
     cfg.params.versions = opts.until_version or 10**6
     cfg.log = "none"
@@ -117,7 +117,7 @@ def sim_config(cfg: Config, opts: SimOptions, output: Path | None = None) -> Con
     elif opts.commit_quota is not None and not opts.keep_budget and "commit_budget_per_hour" not in co.model_fields_set:
         co.commit_budget_per_hour = opts.commit_quota
     if cfg.hub.submissions and output is not None:
-        cfg.hub.submissions = str(Path(output).absolute() / "box")
+        cfg.hub.submissions = str(Path(output).absolute() / "inbox")
     return cfg
 
 
@@ -329,7 +329,7 @@ class Simulation:
         self._push(self.now + self.cost.latency_s, "ready", ev.worker)
 
     def _hand_in(self, lease, folder: Path) -> str:
-        """A commit of the round to the run repo, or its files in the box (``hub.submissions``): what to submit."""
+        """A commit of the round to the run repo, or its files in the inbox (``hub.submissions``): what to submit."""
         if self.cfg.hub.submissions:
             from hubgrpo.worker.delivery import deliver
 
@@ -441,6 +441,6 @@ class Simulation:
                 **quota_report(self.store, self.now, self.cfg.coordinator.commit_budget_per_hour),
                 "waits": dict(self.quota_waits),
             },
-            "rounds_via": "box" if self.cfg.hub.submissions else "repo",
+            "rounds_via": "inbox" if self.cfg.hub.submissions else "repo",
             "compute": {k: round(v, 2) for k, v in self.compute.items()},
         }

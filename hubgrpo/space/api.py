@@ -12,7 +12,7 @@ fraction of Gradio's CPU per call). Every answer is an envelope, never a raw exc
 ``hubgrpo.errors.from_dict`` rebuilds it on the worker's side. Anything that is not a ``HubGrpoError`` is logged
 here (with tokens redacted) and answered as ``CoordinatorError`` with code ``internal``.
 
-Submissions are checked off the request path (``hubgrpo.space.admissions``): ``submit`` does the cheap checks
+Submissions are checked off the request path (``hubgrpo.space.admission_queue``): ``submit`` does the cheap checks
 (lease form, owner, signature; the commit id), queues the round and — on the plain route — answers ``checking``
 at once; admission threads read and check the round and keep its verdict, which ``verdict`` answers. The
 ``gr.api`` ``submit`` waits for the verdict and answers it (synchronous, as gradio_client users expect).
@@ -56,7 +56,7 @@ from hubgrpo.coordinator.inflight import InFlight  # noqa: E402
 from hubgrpo.errors import CoordinatorError, HubGrpoError, InvalidSubmission, Refused  # noqa: E402
 from hubgrpo.layout import Lease  # noqa: E402
 from hubgrpo.space import guard  # noqa: E402
-from hubgrpo.space.admissions import Admissions  # noqa: E402
+from hubgrpo.space.admission_queue import AdmissionQueue  # noqa: E402
 from hubgrpo.space.ticker import Ticker  # noqa: E402
 from hubgrpo.space.wire import caller_token, check_protocol, error_dict, parse_lease, plain, redact  # noqa: E402
 
@@ -138,7 +138,9 @@ class CoordinatorApi:
     ):
         self.coord = coord
         self.auth = auth
-        self.admissions = Admissions(self._admit, threads=admission_threads, alive=alive, in_flight=coord.in_flight)
+        self.admission_queue = AdmissionQueue(
+            self._admit, threads=admission_threads, alive=alive, in_flight=coord.in_flight
+        )
         self.merge_wanted = threading.Event()  # set by submit when a merge is due: wakes the tick thread
         self.merge_busy = False  # a merge is due or running (guarded by merge_done)
         self.merge_done = threading.Condition()
@@ -272,7 +274,7 @@ class CoordinatorApi:
             first = self._queue_round(lease, commit, token, request)
             result = first.get("result") if first.get("ok") else None
             if isinstance(result, dict) and result.get("status") == "checking":
-                return self.admissions.wait(result["submission_id"], SYNC_SUBMIT_S)
+                return self.admission_queue.wait(result["submission_id"], SYNC_SUBMIT_S)
             return first
 
         return self._guarded("submit", token, run)
@@ -287,7 +289,7 @@ class CoordinatorApi:
 
     def _queue_round(self, lease: Any, commit: Any, token: str | None, request: Any) -> dict:
         """The cheap checks of a submit (lease form, owner and signature; the commit id's form), then the round
-        queued for its check: the ``Admissions.enqueue`` envelope."""
+        queued for its check: the ``AdmissionQueue.enqueue`` envelope."""
         parsed = self._owned_lease(lease, token, request)
         if not isinstance(commit, str) or not commit or len(commit) > 200:
             raise InvalidSubmission(
@@ -296,7 +298,7 @@ class CoordinatorApi:
                 hint="send the commit sha returned by the upload",
             )
         self.coord.precheck(parsed)  # the lease's signature: a forged lease is refused before it is queued
-        answer = self.admissions.enqueue(parsed, commit)
+        answer = self.admission_queue.enqueue(parsed, commit)
         result = answer.get("result") if answer.get("ok") else None
         if isinstance(result, dict) and result.get("status") == "checking":
             self.coord.hand_in(parsed)  # delivered: the lease is no longer live (the worker may lease its next round)
@@ -321,7 +323,7 @@ class CoordinatorApi:
         def run():
             parsed = self._owned_lease(lease, token, request)
             self.coord.precheck(parsed)  # the lease's signature, as for a heartbeat: no verdict for a forged lease
-            return self.admissions.verdict(layout.submission_id(parsed.worker, parsed.lease_id))
+            return self.admission_queue.verdict(layout.submission_id(parsed.worker, parsed.lease_id))
 
         return self._guarded("verdict", token, run)
 

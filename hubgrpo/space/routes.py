@@ -7,7 +7,7 @@ call (``benchmarks/load/coordinator_load.py`` measures both). The app, its page 
 they are (one Space still; gradio_client users see no change).
 
 One difference from the ``gr.api`` endpoints: ``submit`` answers ``checking`` at once and the check runs in the
-background (``hubgrpo.space.admissions``; ``verdict`` tells how it went).
+background (``hubgrpo.space.admission_queue``; ``verdict`` tells how it went).
 
 Everything a caller sends is hostile until checked. In front of every route of the app, ``hubgrpo.space.guard``
 bounds bodies before anyone is known (64 KiB), times them, and gives the run's users their upload slots. Here,

@@ -4,7 +4,7 @@
 submit completes a quorum (``CoordinatorApi.merge_wanted`` wakes it): planned under the coordinator's lock,
 computed WITHOUT it (heartbeats and other submissions go on meanwhile), adopted under it again; the coordinator
 takes its lock itself in each phase. Checkpoints run in a thread of their own (``coord.flush``) and the repo scan
-in a third (``coord.scan_pass``), so that a scan of a large box (10–19 s at 1000 workers) never delays a merge.
+in a third (``coord.scan_pass``), so that a scan of a large inbox (10–19 s at 1000 workers) never delays a merge.
 Store I/O runs outside the lock. The tick thread also keeps the garbage collector's full passes short
 (``freeze_heap``).
 """

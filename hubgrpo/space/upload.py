@@ -6,7 +6,7 @@ A worker calls the ``upload`` endpoint with its lease and its submission folder 
 1. checks the lease (signature, run, deadline, staleness) and the upload (only ``adapter_model.safetensors``,
    ``adapter_config.json``, ``rollouts.json.gz`` and ``submission.json``; at most what a round of the run can weigh
    decoded, ``round_bytes``: the global adapter's size and the rollouts limit) and runs every
-   ``hubgrpo.merge.admission`` check and the submission-record check on a temporary copy — BEFORE anything is
+   ``hubgrpo.merge.submission_checks`` check and the submission-record check on a temporary copy — BEFORE anything is
    committed, so junk never reaches the repo (a refusal is recorded like any other, with its reason);
 2. queues it in a ``SubmissionBatcher``, which commits every queued submission in ONE commit (no parent:
    submission paths are disjoint) when ``batch_size`` are waiting or ``batch_wait_s`` after the first arrived;
@@ -19,11 +19,11 @@ is made with the coordinator's own token. Budget: ``Coordinator.submit`` still c
 its live ``commit_times`` (conservative); after a restart the count comes from the repo history, which holds one
 commit per batch.
 
-When ``hub.submissions`` names a box (``hub.submissions: coordinator``: a folder on the coordinator's own disk; or
-a folder or S3 box of the run) there is no commit to share, so nothing is batched: in the request's own thread the
-decoded folder is put in the box (its record last: a coordinator that dies now finds the round by its next scan)
-and submitted, and ``submit`` runs every check once, on the copy it reads back from the box. A refused round is
-deleted from the box at once; the worker gets the verdict (``commit`` is the round's ``sha256:`` token).
+When ``hub.submissions`` names an inbox (``hub.submissions: coordinator``: a folder on the coordinator's own disk; or
+a folder or S3 inbox of the run) there is no commit to share, so nothing is batched: in the request's own thread the
+decoded folder is put in the inbox (its record last: a coordinator that dies now finds the round by its next scan)
+and submitted, and ``submit`` runs every check once, on the copy it reads back from the inbox. A refused round is
+deleted from the inbox at once; the worker gets the verdict (``commit`` is the round's ``sha256:`` token).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def round_bytes(coord: Coordinator) -> int:
     leases up to 4 × ``steps_per_round`` steps), with 1 % for gzip's overhead on what does not compress."""
     from types import SimpleNamespace
 
-    from hubgrpo.merge.admission import max_submission_bytes
+    from hubgrpo.merge.submission_checks import max_submission_bytes
     from hubgrpo.task.rollouts import size_limit
 
     cfg = coord.cfg
@@ -247,7 +247,7 @@ def upload_body_limit(coord: Coordinator) -> int:
 
 class Uploads:
     """The ``upload`` endpoint's logic: check before committing, then hand over to the batcher and wait; or, with
-    rounds in a box, put the round there and submit it (``_into_box``)."""
+    rounds in an inbox, put the round there and submit it (``_into_inbox``)."""
 
     def __init__(
         self,
@@ -275,10 +275,10 @@ class Uploads:
         limit = round_bytes(c)
         folder = self.workdir / f"{sub_id}-{time.monotonic_ns()}"
         inbox = c.inbox
-        boxed = not inbox.in_repo
+        outside_repo = not inbox.in_repo
         try:
             decode_files(files, limit, folder)
-            if not boxed:
+            if not outside_repo:
                 c.check_upload(lease, folder)  # every check before the commit: junk never reaches the repo
             elif not (folder / layout.SUBMISSION_FILE).is_file():
                 raise InvalidSubmission(
@@ -290,26 +290,26 @@ class Uploads:
             shutil.rmtree(folder, ignore_errors=True)
             c.record_refusal(lease, e)
             raise
-        if boxed:
-            return self._into_box(inbox.box, lease, sub_id, folder)
+        if outside_repo:
+            return self._into_inbox(inbox.objects, lease, sub_id, folder)
         item = self.batcher.add(QueuedSubmission(lease=lease, sub_id=sub_id, folder=folder))
         return self.batcher.wait(item, self.wait_timeout_s)
 
-    def _into_box(self, box, lease: Lease, sub_id: str, folder: Path) -> dict:
-        """Put the decoded round in ``box`` (the record last) and submit its token: ``submit`` reads it back and
-        checks it (once). A refused round leaves the box at once; a coordinator error leaves it for the scan."""
+    def _into_inbox(self, inbox, lease: Lease, sub_id: str, folder: Path) -> dict:
+        """Put the decoded round in ``inbox`` (the record last) and submit its token: ``submit`` reads it back and
+        checks it (once). A refused round leaves the inbox at once; a coordinator error leaves it for the scan."""
         names = [n for n in UPLOAD_FILES if (folder / n).is_file()]  # UPLOAD_FILES: the record last
         paths = [layout.submission_path(lease.base_version, sub_id, n) for n in names]
         try:
             for rel, name in zip(paths, names):
-                box.put(rel, folder / name)
-            token = layout.box_token((folder / layout.SUBMISSION_FILE).read_bytes())
+                inbox.put(rel, folder / name)
+            token = layout.inbox_token((folder / layout.SUBMISSION_FILE).read_bytes())
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         try:
             answer = self.coord.submit(lease, token)
         except (InvalidSubmission, LeaseError):
-            box.delete(paths)  # a verdict on this round: nothing of it stays
+            inbox.delete(paths)  # a verdict on this round: nothing of it stays
             raise
         if answer.get("merge_due") and self.on_merge_due is not None:
             self.on_merge_due()

@@ -1,6 +1,6 @@
 """The ``upload`` endpoint on a served coordinator app (the Space, and ``hubgrpo coordinator``): a worker's round as
 ``{file name: base64}``, for workers that do not write the run repo (``hubgrpo.space.upload`` checks it, then
-commits it in a batch, or puts it in the run's box: ``hub.submissions: coordinator`` or another box).
+commits it in a batch, or puts it in the run's inbox: ``hub.submissions: coordinator`` or another inbox).
 
 ``add_upload(blocks, coord)`` registers it on ``blocks`` after ``hubgrpo.space.api.build_app`` and before the
 launch: as a ``gr.api`` endpoint and as the plain route ``POST /hubgrpo/api/upload``, whose body limit (and the
@@ -31,7 +31,7 @@ def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, ba
     def upload(lease: dict, files: dict, token: str | None = None, request: gr.Request | None = None) -> dict:
         """Upload a round's submission ({file name: base64} of adapter_model.safetensors, adapter_config.json,
         rollouts.json.gz and submission.json) for a worker without write access; checked, committed in a batch
-        (or put in the run's box), then submitted."""
+        (or put in the run's inbox), then submitted."""
         token = caller_token(token, request)
 
         def run() -> Any:

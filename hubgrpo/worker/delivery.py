@@ -1,10 +1,10 @@
-"""Putting a round where the run wants it, when ``hub.submissions`` names a box instead of the run repo.
+"""Putting a round where the run wants it, when ``hub.submissions`` names an inbox instead of the run repo.
 
 The four files go in the order the coordinator relies on (the adapter, its config, the rollouts, then
 ``submission.json``: a round is present once its record is) and the worker then submits
 ``sha256:<hex of submission.json>``:
 
-- with presigned URLs in the lease (an S3 box): plain HTTP — no boto3 and no bucket credentials on the worker. A
+- with presigned URLs in the lease (an S3 inbox): plain HTTP — no boto3 and no bucket credentials on the worker. A
   URL with a fragment is a presigned POST form (``S3Bucket.presign_post``: the form's action ``#`` its fields),
   whose policy caps the file's size: the fields and the file are POSTed; a 400 ``EntityTooLarge`` is a round
   larger than the run allows. Any other URL is a write-once PUT: a 412 means the object is already there (our
@@ -13,10 +13,10 @@ The four files go in the order the coordinator relies on (the adapter, its confi
   come from the coordinator, so they are treated like its answers (``hubgrpo.worker.bounded_http``): http(s)
   only, never an Authorization header, no redirect followed, each upload bounded in time, at most
   ``MAX_ERROR_BYTES`` of an answer read (a success's body is not read at all);
-- without (a local folder, or an S3 box the coordinator cannot sign for): the box itself, with this machine's
-  access to it (``hubgrpo.store.boxes``).
+- without (a local folder, or an S3 inbox the coordinator cannot sign for): the inbox itself, with this machine's
+  access to it (``hubgrpo.store.inboxes``).
 
-``hub.submissions: coordinator`` is no box a worker writes: its rounds go to the coordinator's ``upload`` route
+``hub.submissions: coordinator`` is no inbox a worker writes: its rounds go to the coordinator's ``upload`` route
 (``CoordinatorClient.upload``), which ``upload_route`` picks by itself.
 """
 
@@ -43,10 +43,10 @@ MAX_ERROR_BYTES = 64 << 10  # the most of an upload URL's answer read (for the e
 
 def upload_route(spec: str | None, asked: str | None = None) -> str:
     """How a worker hands in its rounds: ``coordinator`` (the ``upload`` route) or ``store`` (a commit of the run
-    repo, or the box ``spec`` names). ``asked``: what its owner said (``--upload-via``; None: nothing). A run whose
+    repo, or the inbox ``spec`` names). ``asked``: what its owner said (``--upload-via``; None: nothing). A run whose
     rounds go through the coordinator (``hub.submissions: coordinator``) takes them no other way."""
     from hubgrpo.errors import ConfigError
-    from hubgrpo.store.boxes import COORDINATOR
+    from hubgrpo.store.inboxes import COORDINATOR
 
     if asked not in (None, "store", "coordinator"):
         raise ConfigError(
@@ -67,7 +67,7 @@ def upload_route(spec: str | None, asked: str | None = None) -> str:
 def deliver(
     spec: str, lease: Lease, folder: Path, *, sleep: Callable[[float], None] = time.sleep, timeout_s: float = 120.0
 ) -> str:
-    """Put the round in ``folder`` into the box ``spec`` (through ``lease.uploads`` when it has them); the token
+    """Put the round in ``folder`` into the inbox ``spec`` (through ``lease.uploads`` when it has them); the token
     to submit."""
     if lease.uploads:
         missing = [n for n in FILES if n not in lease.uploads]
@@ -89,13 +89,13 @@ def deliver(
             for name in FILES:
                 _put(http, deadline, lease.uploads[name], folder / name, name, sleep, timeout_s)
     else:
-        from hubgrpo.store.boxes import open_box
+        from hubgrpo.store.inboxes import open_inbox
 
-        box = open_box(spec)
+        inbox = open_inbox(spec)
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         for name in FILES:
-            box.put(layout.submission_path(lease.base_version, sub_id, name), folder / name)
-    return layout.box_token((folder / layout.SUBMISSION_FILE).read_bytes())
+            inbox.put(layout.submission_path(lease.base_version, sub_id, name), folder / name)
+    return layout.inbox_token((folder / layout.SUBMISSION_FILE).read_bytes())
 
 
 def _put(

@@ -47,8 +47,8 @@ STOP_CODES = stop_codes()  # hubgrpo/error_codes.py: the answers after which a w
 MIN_REFUSAL_WAIT_S = 0.1  # a refusal asking for no wait (or a negative one) does not make the worker spin
 
 
-def check_box_is_ours(spec: str | None, store: Store, coordinator: str) -> None:
-    """A submissions box that is a local folder is this machine's disk: the worker writes there only for a run on
+def check_inbox_is_ours(spec: str | None, store: Store, coordinator: str) -> None:
+    """A submissions inbox that is a local folder is this machine's disk: the worker writes there only for a run on
     this machine (its repo a local folder, or its coordinator on loopback). A remote run repo's config is data
     written by others: it never picks a folder here."""
     from hubgrpo.store.local import LocalStore
@@ -59,9 +59,9 @@ def check_box_is_ours(spec: str | None, store: Store, coordinator: str) -> None:
         from hubgrpo.errors import ConfigError
 
         raise ConfigError(
-            f"the run repo {store.location} names a folder of this machine as its submissions box "
+            f"the run repo {store.location} names a folder of this machine as its submissions inbox "
             f"({wire_text(spec, 120)}); a worker writes there only for a run on this machine",
-            hint="a remote run's rounds go to its repo, an s3:// box, or the coordinator "
+            hint="a remote run's rounds go to its repo, an s3:// inbox, or the coordinator "
             "(--upload-via coordinator); ask the run's owner to fix hub.submissions",
         )
 
@@ -157,7 +157,7 @@ class Worker:
             self.tracker = make_tracker(self.cfg.log, project=self.cfg.project_name, name=self.name)
         tracker = self.tracker
         if self.upload_via == "store":
-            check_box_is_ours(self.cfg.hub.submissions, self.store, getattr(self.client, "target", ""))
+            check_inbox_is_ours(self.cfg.hub.submissions, self.store, getattr(self.client, "target", ""))
         while self.max_rounds is None or len(self.results) < self.max_rounds:
             t0 = time.time()
             lease = self._lease()
@@ -289,7 +289,7 @@ class Worker:
         )
 
     def _deliver(self, out: Path, hb: Heartbeat, sub_id: str) -> str:
-        """Commit the round to the run repo, or put it in the box ``hub.submissions`` names (through the lease's
+        """Commit the round to the run repo, or put it in the inbox ``hub.submissions`` names (through the lease's
         upload URLs; expired ones are renewed with one heartbeat); what to submit."""
         spec = self.cfg.hub.submissions
         if not spec:

@@ -119,7 +119,7 @@ def _check_staleness(c: Coordinator, lease: Lease, sub_id: str, base_version: in
 
 
 def _check_folder(c: Coordinator, lease: Lease, sub_id: str, commit: str) -> Pending:
-    """Fetch the submission from the run's inbox (the repo at ``commit``, or a box): names and sizes are checked
+    """Fetch the submission from the run's inbox (the repo at ``commit``, or an inbox): names and sizes are checked
     in the listing first, against ``submission_limit``, so an oversized folder is refused before it is read."""
     tag = hashlib.sha256(commit.encode()).hexdigest()[:12]  # the participant's commit never names the folder
     dest = c.workdir / "submissions" / f"{sub_id}-{tag}"
@@ -137,7 +137,7 @@ def _check_folder(c: Coordinator, lease: Lease, sub_id: str, commit: str) -> Pen
 def submission_limit(c: Coordinator, lease: Lease) -> int:
     """The most bytes a submission of ``lease`` can hold: its adapter at the run's shapes (derived from the global
     adapter, capped by ``merge.max_submission_mb``) plus its rollouts' limit (``task.rollouts.size_limit``)."""
-    from hubgrpo.merge.admission import max_submission_bytes
+    from hubgrpo.merge.submission_checks import max_submission_bytes
     from hubgrpo.task.rollouts import size_limit
 
     limit = int(c.cfg.merge.max_submission_mb * 2**20)
@@ -148,7 +148,7 @@ def submission_limit(c: Coordinator, lease: Lease) -> int:
 
 def check_local(c: Coordinator, lease: Lease, folder: Path, commit: str) -> Pending:
     """Every check of a local submission folder (also the Space's uploads, before they are committed)."""
-    from hubgrpo.merge.admission import check_step_bound, check_submission
+    from hubgrpo.merge.submission_checks import check_step_bound, check_submission
 
     sub_id = layout.submission_id(lease.worker, lease.lease_id)
     sub = read_record(folder, lease, sub_id)
@@ -289,7 +289,7 @@ def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True) -> 
     if prepared.duplicate or sub_id in c.state.merged_ids or sub_id in c.pending:
         return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
     c.active.pop(lease.lease_id, None)
-    if count_commit and c.inbox.in_repo:  # a round in a box (hub.submissions) is no commit of the repo
+    if count_commit and c.inbox.in_repo:  # a round in an inbox (hub.submissions) is no commit of the repo
         c.commit_times.append(now)
     err, pending = prepared.error, prepared.pending
     if err is None:
@@ -325,7 +325,7 @@ def admitted(c: Coordinator, prepared: Prepared, *, merged: bool) -> dict:
 
 def unseen_submissions(c: Coordinator, revision: str | None = None) -> list[tuple[int, str]]:
     """(base version, submission id) of rounds in the inbox that are neither merged, refused nor pending (in a
-    box: only those on base versions still young enough to be merged)."""
+    inbox: only those on base versions still young enough to be merged)."""
     done = (
         set(c.state.merged_ids)
         | {r.submission_id for r in c.state.refused}
@@ -342,7 +342,7 @@ def scan(c: Coordinator, *, check_deadline: bool = True) -> list[Prepared]:
     upload, a lost submit answer, a restart). Reads the store; call without the lock, then ``accept`` each under it.
     A record refused or ignored here is remembered by the inbox and not read again while it is unchanged."""
     head = c.inbox.revision()
-    _prune_box(c)
+    _prune_inbox(c)
     out = []
     for base, sub_id in unseen_submissions(c, head):
         try:
@@ -368,8 +368,8 @@ def scan(c: Coordinator, *, check_deadline: bool = True) -> list[Prepared]:
     return out
 
 
-def _prune_box(c: Coordinator) -> None:
-    """A box's finished rounds go as a merge commit's deletes take the repo's (``inbox.BoxInbox.prune``)."""
+def _prune_inbox(c: Coordinator) -> None:
+    """An inbox's finished rounds go as a merge commit's deletes take the repo's (``inbox.ObjectInbox.prune``)."""
     try:
         c.inbox.prune(c.state, c.cfg.coordinator.keep_submissions, c.cfg.merge.lease_age_limit())
     except HubGrpoError as e:  # the next scan tries again
@@ -391,7 +391,7 @@ def warm_up(c: Coordinator) -> None:
     import torch  # noqa: F401
 
     import hubgrpo.merge  # noqa: F401
-    import hubgrpo.merge.admission  # noqa: F401
+    import hubgrpo.merge.submission_checks  # noqa: F401
 
     try:
         c.reward_check.loaded()

@@ -1,7 +1,7 @@
 """Submissions answered at once and admitted in the background, so that no request waits for an adapter check.
 
-A round is in the store (the run repo or the box) before its worker calls ``submit``; what costs is checking it:
-reading a megabytes-large adapter and its rollouts, parsing, bounds, norms, the rewards recomputed. ``Admissions``
+A round is in the store (the run repo or the inbox) before its worker calls ``submit``; what costs is checking it:
+reading a megabytes-large adapter and its rollouts, parsing, bounds, norms, the rewards recomputed. ``AdmissionQueue``
 takes that off the request path:
 
 - ``enqueue(lease, commit)`` (the request thread) queues the round after the cheap checks the API did (lease
@@ -35,7 +35,7 @@ from hubgrpo import layout
 from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.errors import Refused
 
-log = logging.getLogger("hubgrpo.space.admissions")
+log = logging.getLogger("hubgrpo.space.admission_queue")
 
 MAX_QUEUED = 20_000  # rounds waiting for their check; past it submits are refused with `rate` and a wait
 SETTLING_ERRORS = ("InvalidSubmission", "LeaseError")  # refusals that decide a round (``settled``)
@@ -59,7 +59,7 @@ def settled(envelope: dict) -> bool:
     return isinstance(error, dict) and error.get("error") in SETTLING_ERRORS
 
 
-class Admissions:
+class AdmissionQueue:
     """A FIFO of submitted rounds, admitted by ``threads`` daemon threads (``start``); verdicts kept by id."""
 
     def __init__(

@@ -1,21 +1,21 @@
-"""Submission boxes: where workers put their rounds when ``hub.submissions`` names a place outside the run repo.
+"""Submission inboxes: where workers put their rounds when ``hub.submissions`` names a place outside the run repo.
 
-A box is a flat namespace of write-once objects keyed by repo-style paths (``submissions/<base>/<id>/<file>``): no
+An inbox is a flat namespace of write-once objects keyed by repo-style paths (``submissions/<base>/<id>/<file>``): no
 commits, no history, no head to contend for, so a round costs no commit of the run repo. Two kinds:
 
-- ``FolderBox``: a local folder (one machine, or a shared filesystem); an object is written to a temp file and
-  linked into place, so it appears whole, once. ``hub.submissions: coordinator`` is a folder box on the
+- ``FolderInbox``: a local folder (one machine, or a shared filesystem); an object is written to a temp file and
+  linked into place, so it appears whole, once. ``hub.submissions: coordinator`` is a folder inbox on the
   coordinator's own disk, filled through its upload route (``hubgrpo.coordinator.inbox.rounds_folder``): no
-  worker ever opens it (``open_box`` refuses);
-- ``S3Box``: a bucket/prefix on an S3-compatible store (``hubgrpo.store.s3_bucket``): objects are PUT with
+  worker ever opens it (``open_inbox`` refuses);
+- ``S3Inbox``: a bucket/prefix on an S3-compatible store (``hubgrpo.store.s3_bucket``): objects are PUT with
   ``IfNoneMatch="*"``, and ``presign_upload`` hands out URLs that let a worker without credentials write one key,
   at most so many bytes: a presigned POST form whose policy caps the size, on stores that enforce it (checked
   once at start, ``ensure``); elsewhere a presigned write-once PUT, which cannot cap the size (the coordinator
   still refuses an oversized object from its listed size, before reading it).
 
-Reading is for the coordinator, which trusts nothing in a box: ``list`` gives sizes before anything is read,
+Reading is for the coordinator, which trusts nothing in an inbox: ``list`` gives sizes before anything is read,
 ``fetch`` refuses an object that is not exactly the listed size (and never more than ``max_bytes``), a
-``FolderBox`` reads only regular files and never follows a symbolic link.
+``FolderInbox`` reads only regular files and never follows a symbolic link.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ COORDINATOR = "coordinator"  # hub.submissions: rounds go through the coordinato
 _SPECS = "`coordinator`, s3://bucket/prefix, a local folder (/abs/path, ./rel/path, file://path)"
 
 
-def check_box_spec(spec: str) -> str:
-    """Refuse a ``hub.submissions`` value that names no box: ``coordinator``, ``s3://bucket/prefix`` or a local
+def check_inbox_spec(spec: str) -> str:
+    """Refuse a ``hub.submissions`` value that names no inbox: ``coordinator``, ``s3://bucket/prefix`` or a local
     folder written as an absolute path, ``./…``, ``../…``, ``~/…`` or ``file://…``."""
     if spec == COORDINATOR:
         return spec
@@ -64,21 +64,21 @@ def check_box_spec(spec: str) -> str:
     return spec
 
 
-def open_box(spec: str):
-    """The box that ``spec`` names (see ``check_box_spec``); not ``coordinator``, whose folder only the
-    coordinator opens (``hubgrpo.coordinator.inbox.open_inbox``)."""
-    check_box_spec(spec)
+def open_inbox(spec: str):
+    """The inbox that ``spec`` names (see ``check_inbox_spec``); not ``coordinator``, whose folder only the
+    coordinator opens (``hubgrpo.coordinator.inbox.run_inbox``)."""
+    check_inbox_spec(spec)
     if spec == COORDINATOR:
         raise ConfigError(
-            "this run's rounds go through its coordinator (hub.submissions: coordinator); no worker writes its box",
+            "this run's rounds go through its coordinator (hub.submissions: coordinator); no worker writes its inbox",
             hint="upload rounds with `hubgrpo worker --upload-via coordinator` (the default for such a run)",
         )
     if spec.startswith("s3://"):
-        return S3Box(spec)
-    return FolderBox(spec[len("file://") :] if spec.startswith("file://") else spec)
+        return S3Inbox(spec)
+    return FolderInbox(spec[len("file://") :] if spec.startswith("file://") else spec)
 
 
-class FolderBox:
+class FolderInbox:
     """Write-once objects in a local folder."""
 
     can_presign = False
@@ -88,7 +88,7 @@ class FolderBox:
         self.location = str(self.root)
 
     def __repr__(self) -> str:
-        return f"FolderBox({self.location!r})"
+        return f"FolderInbox({self.location!r})"
 
     def put(self, rel: str, src: bytes | Path) -> None:
         """Write ``rel`` once; an object already there is left as it is (a retried put)."""
@@ -173,7 +173,7 @@ class FolderBox:
             tmp.unlink(missing_ok=True)
 
 
-class S3Box:
+class S3Inbox:
     """Write-once objects under ``s3://bucket/prefix`` (boto3; credentials the usual way)."""
 
     can_presign = True
@@ -187,7 +187,7 @@ class S3Box:
         self.bounded = False  # the store enforces a POST policy's size range (``ensure`` checks)
 
     def __repr__(self) -> str:
-        return f"S3Box({self.location!r})"
+        return f"S3Inbox({self.location!r})"
 
     def put(self, rel: str, src: bytes | Path) -> None:
         try:
