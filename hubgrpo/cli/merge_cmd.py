@@ -66,7 +66,7 @@ def merge_command(
     if method not in METHODS:
         raise typer.BadParameter(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     from hubgrpo.cli.numbers import require_finite
-    from hubgrpo.config.sections import OUTER_LR_MAX
+    from hubgrpo.config.merge_section import OUTER_LR_MAX
 
     require_finite({"--outer-lr": outer_lr}, positive=("--outer-lr",), at_most={"--outer-lr": OUTER_LR_MAX})
     from hubgrpo.merge import MergeOptions, load_adapter_dir, merge, save_adapter_dir

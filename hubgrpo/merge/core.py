@@ -10,8 +10,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from hubgrpo.config.merge_section import OUTER_LR_MAX
 from hubgrpo.config.methods import BY_NAME, MergeMethod
-from hubgrpo.config.sections import OUTER_LR_MAX
 from hubgrpo.errors import MergeError
 from hubgrpo.merge.adapter import Adapter, ModuleSpec, factors, parse_modules
 from hubgrpo.merge.lowrank import difference_sq_norm, pad_rank
