@@ -13,7 +13,8 @@ from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.errors import Refused
 from hubgrpo.coordinator.merging import MergePlan
-from hubgrpo.space.api import LEASE_HOLD_S, LEASE_RETRY_S, serve
+from hubgrpo.space.api import serve
+from hubgrpo.space.endpoints import LEASE_HOLD_S, LEASE_RETRY_S
 from hubgrpo.store.local import LocalStore
 from tests.coord_helpers import make_config, push_submission, write_adapter
 from tests.test_space_support import wait_for, wait_for_checkpoint, wait_for_version

@@ -21,7 +21,7 @@ from hubgrpo import layout
 from hubgrpo.space.guard import envelope
 
 if TYPE_CHECKING:
-    from hubgrpo.space.api import CoordinatorLike
+    from hubgrpo.space.endpoints import CoordinatorLike
 
 FILES = {layout.ADAPTER_WEIGHTS: "application/octet-stream", layout.ADAPTER_CONFIG: "application/json"}
 _ID = re.compile(r"[0-9a-f]{40}")

@@ -1,7 +1,7 @@
 """The coordinator's JSON API as plain HTTP routes on the Gradio app: ``POST /hubgrpo/api/<name>``.
 
-The same endpoint functions as the ``gr.api`` endpoints (``hubgrpo.space.api.CoordinatorApi``), the same positional
-arguments in a body ``{"data": [args…]}``, the same envelope as the answer (not wrapped in Gradio's
+The same endpoint functions as the ``gr.api`` endpoints (``hubgrpo.space.endpoints.CoordinatorApi``), the same
+positional arguments in a body ``{"data": [args…]}``, the same envelope as the answer (not wrapped in Gradio's
 ``{"data": [...]}``) — without Gradio's routing, pre- and post-processing, which cost most of the server's CPU per
 call (``benchmarks/load/coordinator_load.py`` measures both). The app, its page and its ``gr.api`` endpoints stay as
 they are (one Space still; gradio_client users see no change).
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from hubgrpo.space.guard import PRE_AUTH_BODY, envelope, refusal
 
 if TYPE_CHECKING:
-    from hubgrpo.space.api import CoordinatorLike
+    from hubgrpo.space.endpoints import CoordinatorLike
 
 PREFIX = "/hubgrpo/api"
 MAX_BODY = 1 << 20  # a lease, a commit id, a token: far below this

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hubgrpo.space.api import CoordinatorApi
+    from hubgrpo.space.endpoints import CoordinatorApi
 
 log = logging.getLogger("hubgrpo.space.api")
 
