@@ -90,8 +90,8 @@ def build_wheel(out_dir: Path, source: Path | None = None) -> Path:
 
 
 def _hub_call(what: str, space_id: str, fn):
-    """Run one HfApi call, mapping Hub errors onto hubgrpo's error tree (``store.hub.map_error``)."""
-    from hubgrpo.store.hub import HUB_ERRORS, map_error
+    """Run one HfApi call, mapping Hub errors onto hubgrpo's error tree (``store.hub_errors.map_error``)."""
+    from hubgrpo.store.hub_errors import HUB_ERRORS, map_error
 
     try:
         return fn()
