@@ -19,8 +19,9 @@ made twice, and a swap that did not land cannot land later (its IfMatch etag is 
 and then only immutable, verified objects: they see a whole commit or none. Old revisions stay readable.
 
 Nothing read from the bucket is trusted: manifests and refs are checked (``manifest``), blobs are checked against
-their size and sha256 as they are downloaded into hubgrpo's cache (``local_path``), once per blob. Revisions are
-40-hex commit ids, as on the other backends; ``head()`` is None until the first commit (as with ``LocalStore``).
+their size and sha256 as they are downloaded into hubgrpo's cache (``local_path``, ``s3_blobs``), once per blob.
+Revisions are 40-hex commit ids, as on the other backends; ``head()`` is None until the first commit (as with
+``LocalStore``).
 """
 
 from __future__ import annotations
@@ -42,14 +43,13 @@ from hubgrpo.errors import CommitConflict, NotFound, RepoBusy, StoreError, Store
 from hubgrpo.store import manifest
 from hubgrpo.store.base import SHA1_RE, CommitInfo, Store, check_path, check_tag_name
 from hubgrpo.store.retry import retry_delay
+from hubgrpo.store.s3_blobs import Blobs
 from hubgrpo.store.s3_bucket import S3Bucket, parse_s3_url
 from hubgrpo.store.tree import apply_changes, checked_delete, files_under, first_parents, same_commit
 
 META = ".hubgrpo/"
 HEAD_REF = "refs/heads/main"
 TAGS = "refs/tags/"
-_SMALL = 1 << 20  # blobs below this are PUT without asking first whether they exist
-_CHUNK = 1 << 20
 
 
 class S3Store(Store):
@@ -89,6 +89,7 @@ class S3Store(Store):
 
             cache_dir = cache_root() / "s3"
         self.cache_dir = Path(cache_dir)
+        self.blobs = Blobs(self.objects, self.cache_dir, self.location)
         self.max_retries, self.retry_base_s, self._sleep = int(max_retries), float(retry_base_s), sleep
         self.max_commit_tries, self.search_depth = int(max_commit_tries), int(search_depth)
         self._lock = threading.Lock()
@@ -155,9 +156,9 @@ class S3Store(Store):
         repo_key = hashlib.sha1(self.location.encode()).hexdigest()[:16]
         dest = self.cache_dir / "snapshots" / repo_key / sha / path
         if not dest.is_file():
-            blob = self._blob_file(*entry)
+            blob = self.blobs.local_file(*entry)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._tmp()
+            tmp = self.blobs.tmp()
             try:
                 os.link(blob, tmp)
             except OSError:  # no hard links here (another filesystem): copy
@@ -213,7 +214,7 @@ class S3Store(Store):
             raise StoreError("refusing a commit with an empty message", hint="say what the commit does")
         adds = {check_path(p): v for p, v in adds.items()}
         deletes = [checked_delete(d) for d in ([deletes] if isinstance(deletes, str) else deletes)]
-        blobs = {p: self._put_blob(v) for p, v in adds.items()}  # the slow part, before the head is read
+        blobs = {p: self.blobs.put(v) for p, v in adds.items()}  # the slow part, before the head is read
         marker = str(uuid.uuid4())
         for attempt in itertools.count(1):
             head, etag = self._read_head()
@@ -317,52 +318,6 @@ class S3Store(Store):
                 return tree
         return self._load(sha)[1]
 
-    def _put_blob(self, value: bytes | Path) -> tuple[str, int]:
-        """Upload one file's content unless the bucket has it; (sha256, size)."""
-        data: bytes | Path
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            data = bytes(value)
-            digest, size = hashlib.sha256(data).hexdigest(), len(data)
-        elif isinstance(value, os.PathLike):
-            digest, size = _hash_file(Path(value))
-            data = Path(value)
-        else:
-            raise StoreError(
-                f"commit values must be bytes or a Path, not {type(value).__name__}",
-                hint="wrap file names in pathlib.Path; encode text with .encode()",
-            )
-        if size >= _SMALL:  # a large blob the bucket already has (same name and size) is not sent again
-            have = self.objects.head(f"blobs/{digest}")
-            if have is not None and have[0] == size:
-                return digest, size
-        self.objects.put(f"blobs/{digest}", data)  # idempotent: the same bytes under the same name
-        return digest, size
-
-    def _blob_file(self, digest: str, size: int) -> Path:
-        """The verified local copy of a blob (downloaded once, checked against its size and sha256)."""
-        dest = self.cache_dir / "blobs" / digest[:2] / digest
-        if dest.is_file() and dest.stat().st_size == size:
-            return dest
-        tmp = self._tmp()
-        try:
-            self.objects.download(f"blobs/{digest}", tmp, size=size, max_bytes=size)
-            if _hash_file(tmp) != (digest, size):
-                raise StoreError(
-                    f"{self.location}: blob {digest} does not match its hash",
-                    code="corrupt",
-                    hint="the bucket's object was altered; restore it or re-upload the file",
-                )
-            os.chmod(tmp, 0o444)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return dest
-
-    def _tmp(self) -> Path:
-        (self.cache_dir / "tmp").mkdir(parents=True, exist_ok=True)
-        return self.cache_dir / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex}"
-
     def _create(self, rel: str, body: bytes, *, same_if_exists: bool = False) -> bool:
         """Create ``rel`` with IfNoneMatch="*": True when created (or already holding ``body``, when the answer
         to our own earlier try was lost, or always for content-addressed ``same_if_exists`` objects); False when
@@ -427,15 +382,3 @@ class S3Store(Store):
             info = self._info(cur)
             cur = info.parents[0] if info.parents else None
         return False
-
-
-def _hash_file(path: Path) -> tuple[str, int]:
-    h, size = hashlib.sha256(), 0
-    try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(_CHUNK), b""):
-                h.update(chunk)
-                size += len(chunk)
-    except FileNotFoundError:
-        raise StoreError(f"cannot upload {path}: no such local file", hint="check the path") from None
-    return h.hexdigest(), size
