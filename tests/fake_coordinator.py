@@ -16,6 +16,8 @@ import re
 import threading
 import time
 
+import httpx
+
 from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.errors import InvalidSubmission, LeaseError, NotFound, Refused
 from hubgrpo.layout import Lease, check_name
@@ -219,3 +221,20 @@ class FakeCoordinator:
 
     def version_dir(self, version: int, adapter_id: str):
         raise NotFound(f"version {version} is not a version of this fake coordinator", hint="lease again")
+
+
+class RecordingTransport(httpx.HTTPTransport):
+    """httpx's own transport that keeps each request's URL: what a ``CoordinatorClient(…, http_transport=…)``
+    sent, seen from outside the client."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[httpx.URL] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.urls.append(request.url)
+        return super().handle_request(request)
+
+    @property
+    def paths(self) -> list[str]:
+        return [u.path for u in self.urls]

@@ -22,7 +22,7 @@ from hubgrpo.space.auth import make_auth
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
 from tests.coord_helpers import make_config, push_submission, write_adapter
-from tests.fake_coordinator import FakeCoordinator
+from tests.fake_coordinator import FakeCoordinator, RecordingTransport
 from tests.test_space_support import ALICE, BOB, MALLORY, make_run, new_coordinator, start_emulator
 
 SHA = "ab" * 20
@@ -92,9 +92,10 @@ def test_plain_routes_answer_envelopes_and_submit_answers_before_the_check(serve
 def test_the_client_polls_the_verdict_and_raises_the_refusal(served):
     coord, url = served(SlowChecks(check_s=0.3, quorum=2, max_staleness=0))
     polls: list[float] = []
-    c = CoordinatorClient(url, poll_sleep=lambda s: (polls.append(s), time.sleep(s)))
+    sent = RecordingTransport()
+    c = CoordinatorClient(url, poll_sleep=lambda s: (polls.append(s), time.sleep(s)), http_transport=sent)
     old, new = c.lease("w-old"), c.lease("w-new")
-    assert c._transport.route == "plain"
+    assert sent.paths == ["/hubgrpo/api/lease"] * 2
     assert c.submit(new, SHA)["status"] == "admitted" and polls  # it waited for the check, then got the verdict
     assert c.submit(c.lease("w3"), SHA)["status"] == "merged"
     with pytest.raises(InvalidSubmission) as e:  # `old` is stale now: the refusal arrives typed, as before
@@ -185,9 +186,10 @@ def test_the_client_falls_back_to_gradio_routes_on_a_coordinator_without_plain_r
     # an older coordinator has no plain routes: Gradio answers their path with its own 404 (not an envelope)
     monkeypatch.setattr(client_mod, "PLAIN_PREFIX", "/not-served")
     assert httpx.post(f"{url}/not-served/lease", json={"data": []}).status_code == 404
-    c = CoordinatorClient(url)
+    sent = RecordingTransport()
+    c = CoordinatorClient(url, http_transport=sent)
     lease = c.lease("w1")
-    assert c._transport.route == "run"  # Gradio's /run, as against hubgrpo before the plain routes
+    assert sent.paths == ["/not-served/lease", "/gradio_api/run/lease"]  # Gradio's /run, as before the plain routes
     assert c.submit(lease, SHA)["status"] == "admitted"  # synchronous there: nothing to poll
 
 

@@ -17,7 +17,7 @@ from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.errors import CoordinatorError, InvalidSubmission, LeaseError, Refused
 from hubgrpo.layout import Lease
 from hubgrpo.space.api import build_app, free_port, serve
-from tests.fake_coordinator import FakeCoordinator
+from tests.fake_coordinator import FakeCoordinator, RecordingTransport
 
 SHA = "ab" * 20
 # (transport, http route): the plain routes (submit checked in the background), raw HTTP one-shot /run, raw HTTP
@@ -306,9 +306,15 @@ def test_transport_selection_and_targets():
     assert CoordinatorClient("http://127.0.0.1:1").transport_name == "http"
     assert CoordinatorClient("https://user-run.hf.space").transport_name == "http"
     assert CoordinatorClient("user/my_run.space").transport_name == "gradio"  # nothing connects yet
-    http_space = CoordinatorClient("User/my_run.space", transport="http")
-    assert http_space._transport.url == space_url("User/my_run.space") == "https://user-my-run-space.hf.space"
-    for bad, kw in [("not a target", {}), ("http://x", {"transport": "carrier-pigeon"})]:
+    asked: list[httpx.URL] = []
+    answer = {"ok": True, "result": {"version": 0}}
+    offline = httpx.MockTransport(lambda request: asked.append(request.url) or httpx.Response(200, json=answer))
+    http_space = CoordinatorClient("User/my_run.space", transport="http", http_transport=offline)
+    assert http_space.status() == {"version": 0}
+    assert str(asked[0]) == "https://user-my-run-space.hf.space/hubgrpo/api/status"
+    assert space_url("User/my_run.space") == "https://user-my-run-space.hf.space"
+    for bad, kw in [("not a target", {}), ("http://x", {"transport": "carrier-pigeon"}),
+                    ("user/space", {"http_transport": httpx.MockTransport(lambda request: httpx.Response(500))})]:
         with pytest.raises(CoordinatorError) as e:
             CoordinatorClient(bad, **kw)
         assert e.value.code == "config"
@@ -335,9 +341,10 @@ def test_http_client_works_where_the_rest_api_is_closed(served, queue):
     import gradio as gr
 
     coord, url = served(blocks=gr.Blocks().queue(api_open=False), queue=queue)
-    with client(url, ("http", "run")) as c:
+    sent = RecordingTransport()
+    with client(url, ("http", "run"), http_transport=sent) as c:
         assert c.lease("w1").lease_id == "L000000" and c.status()["issued"] == 1
-        assert c._transport.route == ("call" if queue else "run")
+        assert sent.paths[-1].startswith("/gradio_api/call/" if queue else "/gradio_api/run/")
 
 
 @pytest.mark.timeout(30)

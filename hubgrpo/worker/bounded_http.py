@@ -201,7 +201,7 @@ def bounded_client(*, timeout: float, deadline: Deadline, **kwargs) -> httpx.Cli
         if pool is not None and hasattr(pool, "_network_backend"):
             pool._network_backend = _Backend(pool._network_backend, deadline)
             wrapped += 1
-    if not wrapped:
+    if not wrapped and "transport" not in kwargs:  # a transport of the caller's (tests) is the caller's to bound
         log.warning("httpx %s: cannot bound whole requests in time (only each read is)", httpx.__version__)
     return client
 
@@ -217,6 +217,10 @@ class TooLarge(Exception):
 def read_capped(resp: httpx.Response, limit: int, deadline: Deadline | None = None) -> bytes:
     """The body of a streamed ``resp``, at most ``limit`` bytes once decoded (else ``TooLarge``); the deadline is
     checked between chunks too."""
+    if resp.is_stream_consumed:  # read already by the transport (one made in memory: ``httpx.MockTransport``)
+        if len(resp.content) > limit:
+            raise TooLarge(limit)
+        return resp.content
     declared = resp.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise TooLarge(limit)

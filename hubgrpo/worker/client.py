@@ -90,9 +90,18 @@ class HttpTransport:
     (``MAX_STATUS_BYTES`` of a status; more is ``too_large``) and gives each call ``timeout`` seconds in all (plus
     the time its body takes at ``MIN_BODY_RATE``), however the answer trickles in."""
 
-    def __init__(self, url: str, *, token: str | None, timeout: float, route: str = "plain"):
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None,
+        timeout: float,
+        route: str = "plain",
+        http_transport: httpx.BaseTransport | None = None,
+    ):
         self.url = url.rstrip("/")
         self.route = route
+        self._http_transport = http_transport
         self._auth = OriginToken(token, self.url)
         self._timeout = timeout
         self._deadline = Deadline()
@@ -102,8 +111,9 @@ class HttpTransport:
     def _client(self) -> httpx.Client:
         with self._lock:
             if self._http is None:
+                extra = {} if self._http_transport is None else {"transport": self._http_transport}
                 self._http = bounded_client(
-                    base_url=self.url, auth=self._auth, timeout=self._timeout, deadline=self._deadline
+                    base_url=self.url, auth=self._auth, timeout=self._timeout, deadline=self._deadline, **extra
                 )
             return self._http
 
@@ -256,7 +266,8 @@ class CoordinatorClient:
     ``token`` authenticates to the coordinator (sent only as the HTTP Authorization header, never in a body; it
     is also the credential for a private Space). ``retries`` failed attempts are retried after sleeping
     ``min(max_backoff, backoff·2^i)·U(0.5, 1)`` seconds via ``sleep``; ``timeout`` bounds each attempt. Polls for
-    a submitted round's verdict wait with ``poll_sleep``.
+    a submitted round's verdict wait with ``poll_sleep``. ``http_transport``: the ``httpx`` transport the http
+    transport sends through (default: httpx's own; tests pass ``httpx.MockTransport`` or one that records requests).
     Thread-safe: one client may be shared by a worker's training and heartbeat threads.
     """
 
@@ -274,6 +285,7 @@ class CoordinatorClient:
         http_route: str = "plain",
         verdict_wait_s: float = VERDICT_WAIT_S,
         poll_sleep: Callable[[float], None] = time.sleep,
+        http_transport: httpx.BaseTransport | None = None,
     ):
         is_url = url_or_space.startswith(("http://", "https://"))
         if not is_url and not _SPACE_ID.fullmatch(url_or_space):
@@ -291,6 +303,10 @@ class CoordinatorClient:
             )
         if transport == "auto":
             transport = "http" if is_url else "gradio"
+        if http_transport is not None and transport != "http":
+            raise CoordinatorError(
+                "an httpx transport needs the http transport", code="config", hint="pass transport='http'"
+            )
         if transport not in ("http", "gradio"):
             raise CoordinatorError(
                 f"unknown transport {transport!r}", code="config", hint="use 'auto', 'http' or 'gradio'"
@@ -302,7 +318,7 @@ class CoordinatorClient:
         if transport == "http":
             url = url_or_space if is_url else space_url(url_or_space)
             self._transport: HttpTransport | GradioTransport = HttpTransport(
-                url, token=token, timeout=timeout, route=http_route
+                url, token=token, timeout=timeout, route=http_route, http_transport=http_transport
             )
         else:
             from hubgrpo.worker.gradio_transport import GradioTransport
