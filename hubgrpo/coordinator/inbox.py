@@ -1,4 +1,5 @@
-"""Where the coordinator finds submitted rounds: the run repo (the default) or the inbox ``hub.submissions`` names.
+"""Where the coordinator finds submitted rounds: the run's inbox, the run repo itself (the default) or the place
+``hub.submissions`` names.
 
 ``hub.submissions: coordinator`` is a ``FolderInbox`` on the coordinator's own disk, ``rounds_folder``:
 ``$HUBGRPO_CACHE/rounds/<run repo>/<run id>``, the disk that already keeps the run's lease secret
@@ -9,10 +10,11 @@ merged; a new run in the same repo (``init --force``: a new run id) starts with 
 
 - ``RepoInbox``: a round is a commit of the run repo (a folder under ``submissions/``); ``submit`` names the commit.
   Every round is one commit, so rounds count against ``coordinator.commit_budget_per_hour`` (``in_repo``).
-- ``ObjectInbox``: a round is four write-once objects in a ``hubgrpo.store.inboxes`` inbox, ``submission.json`` last;
-  ``submit`` names ``sha256:<hex>`` of that submission.json. Rounds cost no commit of the run repo: the budget then
-  covers merges only. On S3 every lease carries presigned PUT URLs for its four keys (``upload_urls``), so a
-  worker needs no bucket credentials; they are minted outside the coordinator's lock (``Coordinator.with_uploads``).
+- ``ObjectInbox``: a round is four write-once objects in a ``FolderInbox`` or ``S3Inbox`` (``hubgrpo.store.inboxes``),
+  ``submission.json`` last; ``submit`` names ``sha256:<hex>`` of that submission.json. Rounds cost no commit of the
+  run repo: the budget then covers merges only. On S3 every lease carries presigned PUT URLs for its four keys
+  (``upload_urls``), so a worker needs no bucket credentials; they are minted outside the coordinator's lock
+  (``Coordinator.with_uploads``).
 
 Both read a submission as untrusted input: an inbox folder is listed first, and refused before anything is read when
 it holds other files, or more bytes than a valid submission can have (``max_bytes``); each object must have the
