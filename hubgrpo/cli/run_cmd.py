@@ -110,7 +110,7 @@ def worker(
         None,
         "--upload-via",
         help="store: commit submissions to the run "
-        "repo (or put them in its hub.submissions box); coordinator: upload them "
+        "repo (or put them in its hub.submissions inbox); coordinator: upload them "
         "to the coordinator (no write access). Default: coordinator when the "
         "run's hub.submissions is `coordinator`, else store.",
     ),
