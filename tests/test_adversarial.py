@@ -249,9 +249,10 @@ def test_identity_caps_and_duplicate_names(tmp_path):
     alice = c.lease("inbox", "alice")
     bob_as_alice_inbox = c.lease("inbox", "bob")  # the same worker name under another user: another row
     assert {"alice/inbox", "bob/inbox"} <= set(c.state.workers)
+    ahead = c.lease("inbox", "alice")  # a second live lease: the next round asked ahead (leases_per_worker 2)
     with pytest.raises(Refused) as ei:
-        c.lease("inbox", "alice")  # a second live machine under alice's name
-    assert ei.value.code == "duplicate_worker" and ei.value.wait_s > 0
+        c.lease("inbox", "alice")  # a third: a second live machine under alice's name
+    assert ei.value.code == "duplicate_worker" and ei.value.wait_s > 0 and "leases_per_worker = 2" in ei.value.message
     for i in range(2):
         c.lease(f"flood{i}", "bob")
     with pytest.raises(Refused) as ei:
@@ -261,8 +262,19 @@ def test_identity_caps_and_duplicate_names(tmp_path):
     # a name whose lease went quiet is a restarted worker: its old lease is given back, it gets a new one
     clock.advance(2 * c.cfg.coordinator.heartbeat_interval_s + 1)
     again = c.lease("inbox", "alice")
-    assert again.lease_id != alice.lease_id and alice.lease_id not in c.active
+    assert again.lease_id != alice.lease_id and alice.lease_id not in c.active and ahead.lease_id not in c.active
     assert bob_as_alice_inbox.lease_id in c.active
+
+
+@pytest.mark.timeout(60)
+def test_one_lease_per_worker_when_the_run_says_so(tmp_path):
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, make_config(**{"coordinator.leases_per_worker": 1}), write_adapter(tmp_path / "v0", seed=0))
+    c = Coordinator(store, SECRET, clock=FakeClock(1_000_000.0), workdir=tmp_path / "c")
+    c.lease("w", "alice")
+    with pytest.raises(Refused) as ei:
+        c.lease("w", "alice")
+    assert ei.value.code == "duplicate_worker" and "leases_per_worker = 1" in ei.value.message
 
 
 def test_repo_config_cannot_run_code_or_send_tokens_over_http(tmp_path):

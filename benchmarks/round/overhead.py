@@ -7,8 +7,9 @@ of commit latency. Tiny model, ``hubgrpo run`` with 2 workers (each writes ``rou
         --name overhead-demo      # SmolLM2-135M rounds (~1 min each on 2 CPU cores): the realistic share
     python benchmarks/round/overhead.py --quick   # the script checked: one version, the local folder only
 
-Overhead = (lease + download + upload + submit) / (lease + round), summed over all rounds of all workers
-(``run_breakdown.py`` defines it the same way). Bytes: upload = the submission folder a worker commits;
+Overhead = the seconds of a worker's path that are not training / (those + training), summed over all rounds of
+all workers (``run_breakdown.path_s``: lease + download, + upload + submit unless the worker delivers a round while
+it trains the next, as ``hubgrpo worker`` does by default). Bytes: upload = the submission folder a worker commits;
 download = the global adapter, fetched once per new base version (cached by sha), so per round it is
 adapter size × distinct base versions / rounds. Writes ``results/overhead.{md,json}``.
 """
@@ -46,7 +47,8 @@ def run_once(name: str, repo: str, workdir: Path, args, env_extra: dict) -> tupl
     env = dict(os.environ, HUBGRPO_CACHE=str(cache), HF_HOME=str(workdir / f"hf-{name}"), **env_extra)
     cmd = [sys.executable, "-m", "hubgrpo.cli", "run", str(ROOT / args.config), "--workers",
            str(args.workers), "--repo", repo, "--set", f"params.steps_per_round={args.steps_per_round}", "--set",
-           f"params.versions={args.versions}", "--set", "merge.quorum=2", "--set", "coordinator.heartbeat_interval_s=2",
+           f"params.versions={args.versions}", *(["--set", f"merge.quorum={args.quorum}"] if args.quorum else []),
+           "--set", "coordinator.heartbeat_interval_s=2",
            "--set", f"project_name=overhead-{name}"]
     t0 = time.time()
     with open(workdir / f"{name}.log", "wb") as log:
@@ -107,7 +109,8 @@ def hub_case(workdir: Path, args, latency_ms: float) -> dict:
 
 def to_markdown(r: dict) -> str:
     lines = ["# Coordination overhead per round", "",
-             f"`{r['config']}`, steps_per_round {r['steps_per_round']}, quorum 2, `hubgrpo run` with {r['workers']} "
+             f"`{r['config']}`, steps_per_round {r['steps_per_round']}, quorum {r.get('quorum') or 'as configured'}, "
+             f"`hubgrpo run` with {r['workers']} "
              f"workers, {r['versions']} versions. On a shared machine train times (and with them the overhead "
              "share) are noisy.", "",
              "| store | rounds | lease | download | train | upload | submit | round wall | overhead | "
@@ -120,9 +123,11 @@ def to_markdown(r: dict) -> str:
                      f"{100 * (c['overhead_fraction'] or 0):.1f} % | {c['adapter_bytes'] / 1024:.0f} KiB | "
                      f"{c['upload_bytes_per_round'] / 1024:.0f} KiB | {c['download_bytes_per_round'] / 1024:.0f} KiB | "
                      f"{c['wall_s']} s |")
-    lines += ["", "Per-round columns are medians in seconds; overhead = (lease + download + upload + submit) / worker "
-              "wall time, summed over all rounds. Download per round counts one fetch of the global adapter per new "
-              "base version per worker (the cache is keyed by sha); the coordinator also downloads each submission "
+    lines += ["", "Per-round columns are medians in seconds; overhead = the seconds on a worker's path that are not "
+              "training (lease + download, + upload + submit unless pipelined) / those + training, summed over all "
+              "rounds; pipelined rounds: " + ", ".join(str(c.get("pipelined", 0)) for c in r["cases"]) + ". "
+              "Download per round counts one fetch of the global adapter per new base version per worker (the "
+              "cache is keyed by sha); the coordinator also downloads each submission "
               "once (≈ the upload figure) for admission.", ""]
     return "\n".join(lines)
 
@@ -134,6 +139,7 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, nargs="*", default=[0.0, 20.0])
     ap.add_argument("--config", default="configs/tiny.yaml", help="run config (relative to the repo root)")
     ap.add_argument("--steps-per-round", type=int, default=2)
+    ap.add_argument("--quorum", type=int, default=None, help="merge.quorum (default: the config's)")
     ap.add_argument("--name", default="overhead", help="results file stem")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
     ap.add_argument("--no-local", action="store_true", help="skip the local-directory case")
@@ -145,7 +151,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="hubgrpo-overhead-"))
     cases = ([] if args.no_local else [local_case(workdir, args)]) + [hub_case(workdir, args, ms)
                                                                        for ms in args.latency_ms]
-    r = {"workers": args.workers, "config": args.config, "steps_per_round": args.steps_per_round,
+    r = {"workers": args.workers, "config": args.config, "steps_per_round": args.steps_per_round, "quorum": args.quorum,
          "versions": args.versions, "cases": cases}
     said = ", ".join(f"{100 * (c['overhead_fraction'] or 0):.1f} % ({c['store']})" for c in cases)
     write(results_dir(args, __file__), args.name, r, to_markdown(r), meta,

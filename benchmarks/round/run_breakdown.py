@@ -5,8 +5,9 @@ workers, coordination overhead as a share of worker wall time, and commits per v
     python benchmarks/round/run_breakdown.py --config configs/demo.yaml --eval 32   # the demo (minutes)
     python benchmarks/round/run_breakdown.py --quick   # the script checked: tiny, one version, 4 prompts
 
-Writes results/run_breakdown-<config>.{md,json}. Overhead = (lease + download + upload + submit) /
-(lease + round) summed over all rounds of all workers; "train" includes model generation and optimisation.
+Writes results/run_breakdown-<config>.{md,json}. Overhead = the seconds of a worker's path that are not training
+(``path_s``: lease + download, + upload + submit unless the worker delivers while it trains) / (those + train),
+summed over all rounds of all workers; "train" includes model generation and optimisation.
 """
 
 from __future__ import annotations
@@ -47,13 +48,21 @@ def round_rows(cache: Path, since: float) -> list[dict]:
     return rows
 
 
+def path_s(r: dict) -> float:
+    """A round's seconds on its worker's path that are not training: the wait for its lease and its download,
+    and (in sequence) its upload and submit; a pipelined worker (``"pipelined"`` rows) delivers while it trains
+    the next round, and its lease wait includes any wait for that delivery."""
+    s = r.get("lease_s", 0.0) + r.get("download_s", 0.0)
+    return s if r.get("pipelined") else s + r.get("upload_s", 0.0) + r.get("submit_s", 0.0)
+
+
 def breakdown(rows: list[dict]) -> dict:
     keys = ("lease_s", "download_s", "train_s", "upload_s", "submit_s")
     total = {k: sum(r.get(k, 0.0) for r in rows) for k in keys}
-    wall = sum(r.get("lease_s", 0.0) + r.get("round_s", 0.0) for r in rows)
-    coord = total["lease_s"] + total["download_s"] + total["upload_s"] + total["submit_s"]
-    return {"rounds": len(rows), "per_round_median_s": {k: statistics.median([r.get(k, 0.0) for r in rows])
-                                                        for k in keys} if rows else {},
+    coord = sum(path_s(r) for r in rows)
+    wall = coord + total["train_s"]
+    return {"rounds": len(rows), "pipelined": sum(1 for r in rows if r.get("pipelined")),
+            "per_round_median_s": {k: statistics.median([r.get(k, 0.0) for r in rows]) for k in keys} if rows else {},
             "totals_s": total, "worker_wall_s": wall, "overhead_fraction": coord / wall if wall else None}
 
 

@@ -116,6 +116,12 @@ def worker(
     ),
     allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
     gpus: str = typer.Option(None, "--gpus", help=GPUS_HELP),
+    pipeline: bool = typer.Option(
+        True,
+        "--pipeline/--no-pipeline",
+        help="Deliver each round while the next one trains, and ask the next lease ahead (the run allows it with "
+        "coordinator.leases_per_worker ≥ 2); --no-pipeline: lease, train, deliver, submit in sequence.",
+    ),
     verbose: bool = typer.Option(True, "--verbose/--quiet"),
 ) -> None:
     """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes.
@@ -138,7 +144,10 @@ def worker(
         host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40].strip("-.")
         name = f"{host or 'worker'}-{secrets.token_hex(2)}"
     if chosen is not None:
-        raise typer.Exit(_per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose))
+        rest = [] if pipeline else ["--no-pipeline"]
+        raise typer.Exit(
+            _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose, rest)
+        )
     from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.worker.loop import Worker, orphan_aware_sleep
 
@@ -153,6 +162,7 @@ def worker(
         upload_via=upload_via,
         allow_code=allow_reward,
         sleep=orphan_aware_sleep,
+        pipeline=pipeline,
     ).run()
     typer.echo(f"{name}: {len(results)} rounds submitted")
 
@@ -165,7 +175,7 @@ def _chosen_gpus(spec: str | None) -> list[tuple[int, str]] | None:
     return choose(spec, visible())
 
 
-def _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose) -> int:
+def _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose, extra) -> int:
     """``hubgrpo worker --gpus``: this command once per chosen GPU (without --gpus), supervised; its exit status."""
     import sys
 
@@ -175,7 +185,7 @@ def _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_rew
     rest = ["--repo", repo, "--coordinator", url, "--threads", str(threads), "--verbose" if verbose else "--quiet"]
     rest += ["--max-rounds", str(max_rounds)] if max_rounds is not None else []
     rest += ["--upload-via", upload_via] if upload_via else []
-    rest += [x for f in allow_reward for x in ("--allow-reward", f)]
+    rest += [x for f in allow_reward for x in ("--allow-reward", f)] + list(extra)
     return supervise(
         chosen, name, lambda child: [sys.executable, "-m", "hubgrpo.cli", "worker", "--name", child, *rest]
     )

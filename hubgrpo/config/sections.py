@@ -113,6 +113,13 @@ class CoordinatorSection(_Section):
     )
     rate_limit_per_minute: int = Field(120, gt=0, description="API calls per worker per minute.")
     max_leases_per_user: int = Field(32, gt=0, description="Live leases one user may hold at once.")
+    leases_per_worker: int = Field(
+        2,
+        ge=1,
+        le=4,
+        description="Live leases one worker name may hold: 2 lets a worker deliver a round while it trains the "
+        "next and ask its next lease ahead; 1 refuses a second one (the worker then runs its rounds in sequence).",
+    )
     scan_interval_s: float = Field(
         60,
         gt=0,

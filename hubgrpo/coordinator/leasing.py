@@ -163,24 +163,29 @@ def measure(c: Coordinator, lease: Lease, now: float) -> None:
 def _check_identity(c: Coordinator, worker: str, user: str | None, now: float) -> None:
     co = c.cfg.coordinator
     live_window = 2 * co.heartbeat_interval_s
-    for lid, old in list(c.active.items()):
-        if old.worker == worker and old.user == user:
-            renewed_at = old.deadline - co.lease_timeout_s
-            if now - renewed_at < live_window:
-                raise refused(
-                    "duplicate_worker",
-                    f"worker name {worker!r} already holds a live lease (renewed "
-                    f"{now - renewed_at:.0f} s ago): two machines cannot share a name",
-                    wait_s=co.heartbeat_interval_s,
-                    hint=f"give each machine its own --name; a restarted worker may lease again in "
-                    f"{live_window:.0f} s; wait_s={co.heartbeat_interval_s:.0f}",
-                )
+    mine = [
+        (lid, old.deadline - co.lease_timeout_s)
+        for lid, old in c.active.items()
+        if (old.worker, old.user) == (worker, user)
+    ]
+    live = [renewed for _, renewed in mine if now - renewed < live_window]
+    if len(live) >= co.leases_per_worker:
+        raise refused(
+            "duplicate_worker",
+            f"worker name {worker!r} already holds {len(live)} live lease(s) (renewed {now - max(live):.0f} s ago; "
+            f"coordinator.leases_per_worker = {co.leases_per_worker}): two machines cannot share a name",
+            wait_s=co.heartbeat_interval_s,
+            hint=f"give each machine its own --name; a restarted worker may lease again in "
+            f"{live_window:.0f} s; wait_s={co.heartbeat_interval_s:.0f}",
+        )
+    for lid, renewed in mine:
+        if now - renewed >= live_window:
             c.drop_lease(lid)  # a restarted worker: its old round is abandoned, the prompts go back first
-    mine = sum(1 for lease in c.active.values() if lease.user == user)
-    if mine >= co.max_leases_per_user:
+    held = sum(1 for lease in c.active.values() if lease.user == user)
+    if held >= co.max_leases_per_user:
         raise refused(
             "lease_cap",
-            f"{user or 'this run'} already holds {mine} live leases "
+            f"{user or 'this run'} already holds {held} live leases "
             f"(coordinator.max_leases_per_user = {co.max_leases_per_user})",
             wait_s=co.heartbeat_interval_s,
         )

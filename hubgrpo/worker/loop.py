@@ -16,8 +16,9 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hubgrpo import layout, runrepo
 from hubgrpo.error_codes import stop_codes
@@ -103,6 +104,20 @@ class Heartbeat:
         self._thread.join(timeout=5)
 
 
+@dataclass
+class Trained:
+    """A round trained and saved, not yet delivered: its heartbeat (holding the latest lease), submission, folder
+    and clock readings."""
+
+    hb: Heartbeat
+    sub: Any
+    out: Path
+    sub_id: str
+    t0: float
+    t_download: float
+    t_trained: float
+
+
 class Worker:
     """Runs rounds until the run finishes or ``max_rounds`` is reached."""
 
@@ -121,13 +136,15 @@ class Worker:
         threads: int | None = None,
         upload_via: str | None = None,
         allow_code: list[str] | None = None,
+        pipeline: bool = False,
     ):
         """``upload_via="coordinator"``: send submissions to the coordinator's ``upload`` endpoint instead of
         committing them (for workers without write access to the run repo; see ``hubgrpo.space.upload``); None:
         the route the run's config implies (``delivery.upload_route``: the coordinator for ``hub.submissions:
         coordinator``, else the store). ``allow_code``: the non-built-in reward functions (``module:function``,
         ``file.py:function``) of the run's config that this worker's owner allows to run; any other one stops
-        the worker before it trains."""
+        the worker before it trains. ``pipeline``: deliver each round while the next one trains
+        (``hubgrpo.worker.pipeline``; ``hubgrpo worker`` does unless ``--no-pipeline``)."""
         from hubgrpo.worker.delivery import upload_route
 
         self.store, self.client, self.name, self.user = store, client, layout.check_name(name), user
@@ -144,6 +161,8 @@ class Worker:
         self.results: list[dict] = []
         self.tracker: Tracker | None = None  # made in run()
         self.steps_done = 0
+        self.pipeline = pipeline
+        self._record_lock = threading.Lock()
 
     def run(self) -> list[dict]:
         """The loop. Returns the coordinator's answer (or the refusal) for every round."""
@@ -158,24 +177,35 @@ class Worker:
         tracker = self.tracker
         if self.upload_via == "store":
             check_inbox_is_ours(self.cfg.hub.submissions, self.store, getattr(self.client, "target", ""))
-        while self.max_rounds is None or len(self.results) < self.max_rounds:
-            t0 = time.time()
-            lease = self._lease()
-            if lease is None:
-                break
-            lease_s = time.time() - t0
-            answer = self._round_or_reason(lease)
-            answer["lease_s"] = lease_s
-            self.results.append(answer)
-            self._record(answer)
-            tracker.log({f"round/{k}": v for k, v in answer.items()}, step=self.steps_done)
+        if self.pipeline and self.cfg.coordinator.leases_per_worker >= 2:
+            from hubgrpo.worker.piped import run_piped
+
+            run_piped(self)
+        else:
+            while self.max_rounds is None or len(self.results) < self.max_rounds:
+                t0 = time.time()
+                lease = self._lease()
+                if lease is None:
+                    break
+                lease_s = time.time() - t0
+                answer = self._guarded(lease, lambda: self.round(lease))
+                answer["lease_s"] = lease_s
+                self.collect(answer)
         tracker.close()
         return self.results
 
-    def _round_or_reason(self, lease: Lease) -> dict:
-        """``round(lease)``, or why the round did not count; raises only what the worker cannot survive."""
+    def collect(self, answer: dict) -> None:
+        """A round's answer (or why it did not count): kept, logged to rounds.jsonl and the tracker."""
+        self.results.append(answer)
+        self._record(answer)
+        if self.tracker is not None:
+            self.tracker.log({f"round/{k}": v for k, v in answer.items()}, step=self.steps_done)
+
+    def _guarded(self, lease: Lease, work) -> Any:
+        """``work()`` for ``lease`` (its round, or a part of it), or why the round did not count; raises only what
+        the worker cannot survive."""
         try:
-            return self.round(lease)
+            return work()
         except KeyboardInterrupt:
             self._release(lease)
             raise
@@ -203,7 +233,7 @@ class Worker:
         import json
 
         self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.workdir / "rounds.jsonl", "a") as f:
+        with self._record_lock, open(self.workdir / "rounds.jsonl", "a") as f:
             f.write(json.dumps({"worker": self.name, "at": time.time(), **answer}, default=str) + "\n")
 
     def _lease(self) -> Lease | None:
@@ -236,13 +266,17 @@ class Worker:
 
     def round(self, lease: Lease) -> dict:
         """Train one leased round and submit it."""
+        return self.finish(self.train(lease))
+
+    def train(self, lease: Lease) -> Trained:
+        """Download the lease's version and train the round; its folder waits for ``finish``."""
         t0 = time.time()
         check_lease_bounds(self.cfg, lease)  # nothing downloaded or trained for a lease past the run's config
         adapter_dir = self.client.adapter(
             lease.base_version, lease.base_sha, self.workdir / "adapters", adapter_limit(self.cfg)
         )  # from the coordinator: no repo read
-        # the version trained on and the one before; never anything outside the worker's own folder
-        runrepo.prune_revisions(adapter_dir.parent, keep=2, root=self.workdir / "adapters")
+        # the versions trained on (a round fetched ahead keeps its own); never anything outside the worker's folder
+        runrepo.prune_revisions(adapter_dir.parent, keep=3, root=self.workdir / "adapters")
         t_download = time.time() - t0
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         out = self.workdir / "rounds" / sub_id
@@ -252,27 +286,35 @@ class Worker:
                 sub = self.engine.run_round(
                     adapter_dir, bare, out, on_step=self._progress(lease, hb), rebase=self._rebase_source()
                 )
-            t1 = time.time()
+        except BaseException:
+            runrepo.remove_tree(out, self.workdir / "rounds")
+            raise
+        return Trained(hb, sub, out, sub_id, t0, t_download, time.time())
+
+    def finish(self, tr: Trained) -> dict:
+        """Deliver a trained round (commit, inbox or upload) and submit it; its answer with the round's seconds."""
+        t1 = time.time()
+        try:
             if self.upload_via == "coordinator":  # the coordinator checks, commits (batched) and submits it
-                answer = self._submit(hb.lease, None, folder=out)
+                answer = self._submit(tr.hb.lease, None, folder=tr.out)
                 t_upload, t2 = time.time() - t1, time.time()
             else:
-                commit = self._deliver(out, hb, sub_id)
+                commit = self._deliver(tr.out, tr.hb, tr.sub_id)
                 t_upload = time.time() - t1
                 t2 = time.time()
-                answer = self._submit(hb.lease, commit)
+                answer = self._submit(tr.hb.lease, commit)
         finally:  # delivered or given up: the round's folder is not needed again (the disk stays bounded)
-            runrepo.remove_tree(out, self.workdir / "rounds")
+            runrepo.remove_tree(tr.out, self.workdir / "rounds")
         answer.update(
-            submission_id=sub_id,
-            reward_mean=sub.reward_mean,
-            download_s=t_download,
-            train_s=t1 - t0 - t_download,
+            submission_id=tr.sub_id,
+            reward_mean=tr.sub.reward_mean,
+            download_s=tr.t_download,
+            train_s=tr.t_trained - tr.t0 - tr.t_download,
             upload_s=t_upload,
             submit_s=time.time() - t2,
-            round_s=time.time() - t0,
+            round_s=time.time() - tr.t0,
         )
-        log.info("round %s: reward %.3f, %s", sub_id, sub.reward_mean, answer.get("status"))
+        log.info("round %s: reward %.3f, %s", tr.sub_id, tr.sub.reward_mean, answer.get("status"))
         return answer
 
     def _rebase_source(self):
