@@ -48,7 +48,7 @@ def run_once(name: str, repo: str, workdir: Path, args, env_extra: dict) -> tupl
     cmd = [sys.executable, "-m", "hubgrpo.cli", "run", str(ROOT / args.config), "--workers",
            str(args.workers), "--repo", repo, "--set", f"params.steps_per_round={args.steps_per_round}", "--set",
            f"params.versions={args.versions}", *(["--set", f"merge.quorum={args.quorum}"] if args.quorum else []),
-           "--set", "coordinator.heartbeat_interval_s=2",
+           "--set", "coordinator.heartbeat_interval_s=2", *[x for o in args.set for x in ("--set", o)],
            "--set", f"project_name=overhead-{name}"]
     t0 = time.time()
     with open(workdir / f"{name}.log", "wb") as log:
@@ -110,7 +110,7 @@ def hub_case(workdir: Path, args, latency_ms: float) -> dict:
 def to_markdown(r: dict) -> str:
     lines = ["# Coordination overhead per round", "",
              f"`{r['config']}`, steps_per_round {r['steps_per_round']}, quorum {r.get('quorum') or 'as configured'}, "
-             f"`hubgrpo run` with {r['workers']} "
+             f"{'; ' + ', '.join(r['overrides']) if r.get('overrides') else ''}; `hubgrpo run` with {r['workers']} "
              f"workers, {r['versions']} versions. On a shared machine train times (and with them the overhead "
              "share) are noisy.", "",
              "| store | rounds | lease | download | train | upload | submit | round wall | overhead | "
@@ -140,6 +140,8 @@ def main() -> None:
     ap.add_argument("--config", default="configs/tiny.yaml", help="run config (relative to the repo root)")
     ap.add_argument("--steps-per-round", type=int, default=2)
     ap.add_argument("--quorum", type=int, default=None, help="merge.quorum (default: the config's)")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for the run (repeatable), e.g. "
+                    "coordinator.leases_per_worker=1: rounds in sequence")
     ap.add_argument("--name", default="overhead", help="results file stem")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
     ap.add_argument("--no-local", action="store_true", help="skip the local-directory case")
@@ -151,7 +153,8 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="hubgrpo-overhead-"))
     cases = ([] if args.no_local else [local_case(workdir, args)]) + [hub_case(workdir, args, ms)
                                                                        for ms in args.latency_ms]
-    r = {"workers": args.workers, "config": args.config, "steps_per_round": args.steps_per_round, "quorum": args.quorum,
+    r = {"workers": args.workers, "config": args.config, "steps_per_round": args.steps_per_round,
+         "quorum": args.quorum, "overrides": args.set,
          "versions": args.versions, "cases": cases}
     said = ", ".join(f"{100 * (c['overhead_fraction'] or 0):.1f} % ({c['store']})" for c in cases)
     write(results_dir(args, __file__), args.name, r, to_markdown(r), meta,

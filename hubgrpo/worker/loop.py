@@ -67,6 +67,13 @@ def check_inbox_is_ours(spec: str | None, store: Store, coordinator: str) -> Non
         )
 
 
+def pipelines(cfg) -> bool:
+    """Whether the run lets a worker deliver a round while it trains the next: two live leases per worker, and a
+    round one version older than its lease's admitted (a staleness limit above 0, or rebased rounds)."""
+    m = cfg.merge
+    return cfg.coordinator.leases_per_worker >= 2 and (m.max_staleness > 0 or m.staleness_per_worker > 0 or m.rebase)
+
+
 def adapter_limit(cfg) -> int:
     """The most bytes one file of a version's adapter may weigh: what a submission of the run may (its config)."""
     return int(cfg.merge.max_submission_mb * 2**20)
@@ -177,7 +184,7 @@ class Worker:
         tracker = self.tracker
         if self.upload_via == "store":
             check_inbox_is_ours(self.cfg.hub.submissions, self.store, getattr(self.client, "target", ""))
-        if self.pipeline and self.cfg.coordinator.leases_per_worker >= 2:
+        if self.pipeline and pipelines(self.cfg):
             from hubgrpo.worker.piped import run_piped
 
             run_piped(self)
@@ -280,16 +287,24 @@ class Worker:
         t_download = time.time() - t0
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         out = self.workdir / "rounds" / sub_id
+        # the heartbeat runs until the round is delivered (``finish``): a round waiting for its delivery stays live
+        hb = Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s).__enter__()
         try:
-            with Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s) as hb:
-                bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
-                sub = self.engine.run_round(
-                    adapter_dir, bare, out, on_step=self._progress(lease, hb), rebase=self._rebase_source()
-                )
+            bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
+            sub = self.engine.run_round(
+                adapter_dir, bare, out, on_step=self._progress(lease, hb), rebase=self._rebase_source()
+            )
         except BaseException:
+            hb.__exit__()
             runrepo.remove_tree(out, self.workdir / "rounds")
             raise
         return Trained(hb, sub, out, sub_id, t0, t_download, time.time())
+
+    def drop(self, tr: Trained) -> None:
+        """A trained round that will not be delivered (the worker stops): its heartbeat, lease and folder go."""
+        tr.hb.__exit__()
+        self._release(tr.hb.lease)
+        runrepo.remove_tree(tr.out, self.workdir / "rounds")
 
     def finish(self, tr: Trained) -> dict:
         """Deliver a trained round (commit, inbox or upload) and submit it; its answer with the round's seconds."""
@@ -304,6 +319,7 @@ class Worker:
                 t2 = time.time()
                 answer = self._submit(tr.hb.lease, commit)
         finally:  # delivered or given up: the round's folder is not needed again (the disk stays bounded)
+            tr.hb.__exit__()
             runrepo.remove_tree(tr.out, self.workdir / "rounds")
         answer.update(
             submission_id=tr.sub_id,

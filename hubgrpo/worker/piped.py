@@ -15,8 +15,10 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from hubgrpo.errors import CoordinatorError, Refused
+from hubgrpo.errors import CoordinatorError, HubGrpoError, RateLimited, Refused
 from hubgrpo.layout import Lease
+from hubgrpo.worker.lease_bounds import check_lease_bounds
+from hubgrpo.worker.loop import STOP_CODES, adapter_limit
 from hubgrpo.worker.pipeline import Handoff, release_quietly
 
 if TYPE_CHECKING:
@@ -28,29 +30,28 @@ JOIN_ON_EXIT_S = 30.0  # on Ctrl-C, how long the round being delivered may take 
 
 
 def fetch_ahead(w: Worker) -> Lease | None | object:
-    """The next lease and its adapter, asked while another round trains; None when the run is finished."""
+    """The next lease and its adapter, asked once while another round trains; None when the run is finished,
+    ``NOT_NOW`` when the coordinator wants a wait or is out of reach (the worker then leases after the delivery,
+    as in sequence: a trained round never waits behind a lease asked ahead)."""
     try:
         lease = w.client.lease(w.name, w.user)
-    except Refused as e:
-        if e.code == "duplicate_worker":
-            return NOT_NOW
+    except (Refused, RateLimited, CoordinatorError) as e:
+        if e.code in STOP_CODES:
+            raise
         if e.code == "finished":
             return None
-        lease = w._lease()  # any other refusal or outage: waited out as always
-    except CoordinatorError:
-        lease = w._lease()
-    if lease is not None:
-        try:  # the download too, off the training's path (the round's own call then finds it cached)
-            from hubgrpo.worker.loop import adapter_limit
-
-            w.client.adapter(lease.base_version, lease.base_sha, w.workdir / "adapters", adapter_limit(w.cfg))
-        except CoordinatorError as e:
-            log.info("could not fetch version %s ahead (%s): the round downloads it", lease.base_version, e.code)
+        log.info("no lease ahead (%s): %s; the next one is asked after this delivery", e.code, e.message)
+        return NOT_NOW
+    try:  # the download too, off the training's path (the round's own call then finds it cached)
+        check_lease_bounds(w.cfg, lease)
+        w.client.adapter(lease.base_version, lease.base_sha, w.workdir / "adapters", adapter_limit(w.cfg))
+    except (HubGrpoError, OSError) as e:  # the round itself downloads it (and says what is wrong)
+        log.info("could not fetch version %s ahead: %s", lease.base_version, e)
     return lease
 
 
 class Piped:
-    """The state of a pipelined loop: the handoff in flight and how many leases were taken."""
+    """The state of a pipelined loop: the handoff in flight, the round on the worker's thread, the leases taken."""
 
     def __init__(self, w: Worker):
         self.w = w
@@ -58,6 +59,8 @@ class Piped:
         self.leases = 0
         self.finished = False
         self.holding: Lease | None = None  # the lease of the round on the worker's thread, until handed off
+        self.trained: Trained | None = None  # that round once trained, until handed off
+        self.in_flight: str | None = None  # the lease id being delivered
 
     def wanted(self) -> bool:
         return not self.finished and (self.w.max_rounds is None or self.leases < self.w.max_rounds)
@@ -73,34 +76,60 @@ class Piped:
         if self.handoff is None:
             return None, 0.0
         t = time.time()
-        out, self.handoff = self.handoff.join(), None
+        handoff, self.handoff = self.handoff, None
+        out = handoff.join()
         waited = time.time() - t
         if out.answer is not None:
             self.w.collect(out.answer | out.extra | {"pipelined": True})
+        lease = out.lease if isinstance(out.lease, Lease) else None
         if out.error is not None:
-            release_quietly(self.w._release, out.lease if isinstance(out.lease, Lease) else None)
+            release_quietly(self.w._release, lease)
             raise out.error
         if out.fetched and out.lease is None:
             self.finished = True
-        return (out.lease if isinstance(out.lease, Lease) else None), waited
+        elif handoff.ahead and lease is None:
+            self.leases -= 1  # asked ahead, not given: the loop asks it
+        return lease, waited
 
     def hand_off(self, trained: Trained, lease_s: float) -> None:
         w = self.w
         ahead = self.wanted() and self.leases + 1 < (w.max_rounds or 10**18)  # the next lease is asked by the loop
         self.leases += ahead
+        self.in_flight = trained.hb.lease.lease_id
         self.handoff = Handoff(
             lambda: w._guarded(trained.hb.lease, lambda: w.finish(trained)),
             (lambda: fetch_ahead(w)) if ahead else None,
             keep=w.client.heartbeat,
-            interval=w.cfg.coordinator.heartbeat_interval_s,
+            interval=max(1.0, w.cfg.coordinator.heartbeat_interval_s),
+            release=w._release,
         )
         self.handoff.outcome.extra["lease_s"] = lease_s  # read at the join, on this thread
+        self.holding = self.trained = None
+
+    def take(self, lease: Lease) -> Lease:
+        """A lease the worker is about to train: never the id of the round being delivered (a coordinator that
+        issues one id twice would make the two rounds share a folder)."""
+        if lease.lease_id == self.in_flight:
+            self.w._release(lease)
+            raise CoordinatorError(
+                f"the coordinator issued lease {lease.lease_id} again while its round is being delivered",
+                code="protocol",
+                hint="a coordinator issues each lease id once; report it to the run's owner",
+            )
+        self.holding = lease
+        return lease
 
     def close(self) -> None:
-        """On the way out: the round in flight is delivered (bounded), a lease fetched ahead is given back."""
+        """On the way out: the round on this thread is dropped, the one in flight delivered (bounded) and kept, a
+        lease fetched ahead given back (also one that arrives after the wait: the handoff releases it)."""
+        if self.trained is not None:
+            self.w.drop(self.trained)
+        else:
+            release_quietly(self.w._release, self.holding)
         if self.handoff is not None:
-            out = self.handoff.join(JOIN_ON_EXIT_S)
-            release_quietly(self.w._release, out.lease if isinstance(out.lease, Lease) else None)
+            out = self.handoff.abandon(JOIN_ON_EXIT_S)
+            if out.answer is not None:
+                self.w.collect(out.answer | out.extra | {"pipelined": True})
 
 
 def run_piped(w: Worker) -> None:
@@ -111,22 +140,21 @@ def run_piped(w: Worker) -> None:
     lease_s = time.time() - t0
     try:
         while lease is not None:
-            current = p.holding = lease
+            current = p.take(lease)
             trained = w._guarded(current, lambda: w.train(current))
+            p.trained = None if isinstance(trained, dict) else trained
             lease, waited = p.join()
             if isinstance(trained, dict):  # the round did not train (refused, an outage): nothing to deliver
                 trained["lease_s"] = lease_s
                 w.collect(trained)
+                p.holding = None
             else:
                 p.hand_off(trained, lease_s)
-            p.holding = None
             t0 = time.time()
             if lease is None and p.wanted():
                 lease = p.lease_now()
             lease_s = time.time() - t0 + waited
         p.join()
-    except BaseException as e:
-        if not isinstance(e, KeyboardInterrupt):  # (Ctrl-C: the round's own handler gave its lease back)
-            release_quietly(w._release, p.holding)  # trained or not, this round will not be delivered
+    except BaseException:
         p.close()
         raise

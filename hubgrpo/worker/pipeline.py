@@ -49,10 +49,14 @@ class Handoff:
         fetch: Callable[[], Any] | None,
         keep: Callable[[Lease], Lease] | None = None,
         interval: float = 30.0,
+        release: Callable[[Lease], Any] | None = None,
     ):
         self._deliver, self._fetch, self._keep, self._interval = deliver, fetch, keep, interval
+        self._release = release
+        self.ahead = fetch is not None
         self.outcome = Outcome()
         self._taken = threading.Event()
+        self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hubgrpo-handoff", daemon=True)
         self._thread.start()
 
@@ -63,6 +67,9 @@ class Handoff:
             if self._fetch is not None:
                 out.fetched = True
                 out.lease = self._fetch()
+                if isinstance(out.lease, Lease) and self._abandoned.is_set():  # the worker left meanwhile
+                    release_quietly(self._release or (lambda lease: None), out.lease)
+                    out.lease = None
                 while isinstance(out.lease, Lease) and self._keep and not self._taken.wait(self._interval):
                     try:
                         out.lease = self._keep(out.lease)
@@ -73,6 +80,16 @@ class Handoff:
                             raise
         except BaseException as e:  # noqa: BLE001  (handed to the worker's thread, which decides)
             out.error = e
+
+    def abandon(self, timeout: float) -> Outcome:
+        """The worker is leaving: wait up to ``timeout`` s for the delivery; a lease fetched ahead (now or later)
+        is given back."""
+        self._abandoned.set()
+        out = self.join(timeout)
+        if isinstance(out.lease, Lease):
+            release_quietly(self._release or (lambda lease: None), out.lease)
+            out.lease = None
+        return out
 
     def join(self, timeout: float | None = None) -> Outcome:
         """Take the outcome: stop keeping the fetched lease alive and wait for the job (``error`` is the
