@@ -39,8 +39,12 @@ for _module in (config_cmd, train_cmd, merge_cmd, run_cmd, eval_cmd, gc_cmd, sim
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the typer app and return its exit code. Usage errors are printed by click (exit 2),
     ``typer.Exit(n)`` returns n, and every ``HubGrpoError`` becomes a message, a hint and its exit code."""
+    import signal
+
     from hubgrpo.errors import HubGrpoError
 
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started with `&` by a shell without job control:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C / SIGINT still stops it cleanly
     try:
         app(args=argv, prog_name="hubgrpo")  # standalone mode: click prints usage errors and raises SystemExit
     except SystemExit as e:

@@ -64,6 +64,16 @@ def prefill(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tenso
     return cache
 
 
+def repeat_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Each row of the cache's batch as ``rows`` orders them (``index_select``: its backward sums a group's
+    gradients in a fixed order, where advanced indexing's ``index_put`` would not on several threads)."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if isinstance(tensor, torch.Tensor) and tensor.numel():
+                setattr(layer, name, tensor.index_select(0, rows))
+
+
 def shared_generate(original, model, *args, **kwargs):
     """``model.generate`` that prefills each distinct prompt once; the original call where that cannot apply."""
     config = kwargs.get("generation_config")
@@ -80,7 +90,7 @@ def shared_generate(original, model, *args, **kwargs):
     positions = (unique_mask.long().cumsum(-1) - 1).masked_fill(unique_mask == 0, 0)  # as generate computes them
     with torch.no_grad():
         cache = prefill(model, unique_ids[:, :-1], unique_mask[:, :-1], positions[:, :-1])
-    cache.batch_select_indices(inverse)
+    repeat_rows(cache, inverse)
     return original(**kwargs, **{_cache_kwarg(type(backbone(model)).forward): cache})
 
 
@@ -162,7 +172,7 @@ class SharingGRPOTrainer(GRPOTrainer):
             else:
                 unique_ids, unique_mask, inverse = rows
                 cache = prefill(model, unique_ids[:, : start - 1], unique_mask[:, : start - 1])
-                cache.batch_select_indices(inverse)
+                repeat_rows(cache, inverse)
             return model(
                 input_ids=tail,
                 attention_mask=mask,
