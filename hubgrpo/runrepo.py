@@ -115,9 +115,12 @@ def remove_tree(path: Path, root: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)  # rmtree never follows the symlinks inside the tree
 
 
-def prune_revisions(parent: Path, keep: int, *, root: Path | None = None) -> None:
+def prune_revisions(
+    parent: Path, keep: int, *, root: Path | None = None, protect: frozenset[str] = frozenset()
+) -> None:
     """Delete all but the ``keep`` most recently used revision folders under ``parent`` (``fetch_dir``'s cache),
-    which must lie inside ``root`` (default ``parent`` itself); symlinks are never followed nor deleted."""
+    which must lie inside ``root`` (default ``parent`` itself), and never those named in ``protect`` (in use);
+    symlinks are never followed nor deleted."""
     root = parent if root is None else root
     if not inside(parent, root):
         raise InvalidPath(
@@ -132,7 +135,8 @@ def prune_revisions(parent: Path, keep: int, *, root: Path | None = None) -> Non
         reverse=True,
     )
     for old in folders[keep:]:
-        remove_tree(old, parent)
+        if old.name not in protect:
+            remove_tree(old, parent)
 
 
 def adapter_at(store: Store, revision: str, cache: Path | None = None) -> Path:

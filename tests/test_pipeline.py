@@ -52,6 +52,8 @@ def test_a_pipelined_worker_delivers_every_round_and_holds_at_most_two_leases(tm
     assert len(merged) >= 6 and all(r.get("pipelined") for r in merged)
     assert max(client.held) == 2, client.held  # it did lease ahead, and never past two
     assert not [x for x in coord.active.values() if x.worker == "w1"]  # nothing left behind
+    assert worker.in_use == []  # every adapter protected from pruning while in use was let go
+    assert len(list((tmp_path / "w1" / "adapters").iterdir())) <= 3  # the cache stays bounded
     for r in merged:
         assert r["upload_s"] >= 0 and r["lease_s"] >= 0 and "round_s" in r
 

@@ -169,6 +169,7 @@ class Worker:
         self.tracker: Tracker | None = None  # made in run()
         self.steps_done = 0
         self.pipeline = pipeline
+        self.in_use: list[str] = []  # adapter ids a round trains from or a lease fetched ahead will: never pruned
         self._record_lock = threading.Lock()
 
     def run(self) -> list[dict]:
@@ -279,11 +280,10 @@ class Worker:
         """Download the lease's version and train the round; its folder waits for ``finish``."""
         t0 = time.time()
         check_lease_bounds(self.cfg, lease)  # nothing downloaded or trained for a lease past the run's config
+        self.in_use.append(lease.base_sha)
         adapter_dir = self.client.adapter(
             lease.base_version, lease.base_sha, self.workdir / "adapters", adapter_limit(self.cfg)
         )  # from the coordinator: no repo read
-        # the versions trained on (a round fetched ahead keeps its own); never anything outside the worker's folder
-        runrepo.prune_revisions(adapter_dir.parent, keep=3, root=self.workdir / "adapters")
         t_download = time.time() - t0
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         out = self.workdir / "rounds" / sub_id
@@ -298,6 +298,8 @@ class Worker:
             hb.__exit__()
             runrepo.remove_tree(out, self.workdir / "rounds")
             raise
+        finally:
+            self.in_use.remove(lease.base_sha)  # loaded into the model (or given up): the folder may go
         return Trained(hb, sub, out, sub_id, t0, t_download, time.time())
 
     def drop(self, tr: Trained) -> None:
@@ -321,6 +323,11 @@ class Worker:
         finally:  # delivered or given up: the round's folder is not needed again (the disk stays bounded)
             tr.hb.__exit__()
             runrepo.remove_tree(tr.out, self.workdir / "rounds")
+            # the newest versions (the next round's, one fetched ahead, a rebase's) stay; never anything outside
+            # the worker's folder; after the delivery, off the training's path
+            runrepo.prune_revisions(
+                self.workdir / "adapters", keep=3, root=self.workdir / "adapters", protect=frozenset(self.in_use)
+            )
         answer.update(
             submission_id=tr.sub_id,
             reward_mean=tr.sub.reward_mean,

@@ -44,6 +44,7 @@ def fetch_ahead(w: Worker) -> Lease | None | object:
         return NOT_NOW
     try:  # the download too, off the training's path (the round's own call then finds it cached)
         check_lease_bounds(w.cfg, lease)
+        w.in_use.append(lease.base_sha)  # kept from pruning until its round has loaded it (``Worker.train``)
         w.client.adapter(lease.base_version, lease.base_sha, w.workdir / "adapters", adapter_limit(w.cfg))
     except (HubGrpoError, OSError) as e:  # the round itself downloads it (and says what is wrong)
         log.info("could not fetch version %s ahead: %s", lease.base_version, e)
@@ -61,6 +62,7 @@ class Piped:
         self.holding: Lease | None = None  # the lease of the round on the worker's thread, until handed off
         self.trained: Trained | None = None  # that round once trained, until handed off
         self.in_flight: str | None = None  # the lease id being delivered
+        self.fetched: set[str] = set()  # lease ids fetched ahead (their adapters are protected: ``Worker.in_use``)
 
     def wanted(self) -> bool:
         return not self.finished and (self.w.max_rounds is None or self.leases < self.w.max_rounds)
@@ -82,7 +84,11 @@ class Piped:
         if out.answer is not None:
             self.w.collect(out.answer | out.extra | {"pipelined": True})
         lease = out.lease if isinstance(out.lease, Lease) else None
+        if lease is not None:
+            self.fetched.add(lease.lease_id)
         if out.error is not None:
+            if lease is not None:
+                self.unprotect(lease)
             release_quietly(self.w._release, lease)
             raise out.error
         if out.fetched and out.lease is None:
@@ -105,6 +111,13 @@ class Piped:
         )
         self.handoff.outcome.extra["lease_s"] = lease_s  # read at the join, on this thread
         self.holding = self.trained = None
+
+    def unprotect(self, lease: Lease) -> None:
+        """A lease fetched ahead has been trained (or given up): its adapter needs no protection from pruning."""
+        if lease.lease_id in self.fetched:
+            self.fetched.discard(lease.lease_id)
+            if lease.base_sha in self.w.in_use:
+                self.w.in_use.remove(lease.base_sha)
 
     def take(self, lease: Lease) -> Lease:
         """A lease the worker is about to train: never the id of the round being delivered (a coordinator that
@@ -142,6 +155,7 @@ def run_piped(w: Worker) -> None:
         while lease is not None:
             current = p.take(lease)
             trained = w._guarded(current, lambda: w.train(current))
+            p.unprotect(current)
             p.trained = None if isinstance(trained, dict) else trained
             lease, waited = p.join()
             if isinstance(trained, dict):  # the round did not train (refused, an outage): nothing to deliver
