@@ -206,8 +206,10 @@ def _rounds(since: float) -> list[dict]:
 
 
 def _overhead(rounds: list[dict]) -> float | None:
-    wall = sum(r.get("lease_s", 0.0) + r.get("round_s", 0.0) for r in rounds)
-    coord = sum(r.get(k, 0.0) for r in rounds for k in ("lease_s", "download_s", "upload_s", "submit_s"))
+    from benchmarks.round.run_breakdown import path_s
+
+    coord = sum(path_s(r) for r in rounds)
+    wall = coord + sum(r.get("train_s", 0.0) for r in rounds)
     return coord / wall if wall else None
 
 

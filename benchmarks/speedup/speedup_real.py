@@ -138,7 +138,8 @@ def run_workers(args, tmp: Path, seed: int, hub: HubQuota | None = None) -> dict
     state = runrepo.read_state(store)
     rounds = [r for f in sorted((runrepo.cache_root() / "worker").glob("*/rounds.jsonl"))
               for r in map(json.loads, f.read_text().splitlines()) if r["at"] >= since]
-    first_lease = min((r["at"] - r.get("round_s", 0) - r.get("lease_s", 0) for r in rounds), default=since)
+    first_lease = min((r.get("started_at", r["at"] - r.get("round_s", 0)) - r.get("lease_s", 0) for r in rounds),
+                      default=since)
     curve = [{"version": v.version, "t": v.created_at - first_lease, "t_process": v.created_at - since,
               "reward": v.reward_mean, "samples": v.samples, "staleness": [m.staleness for m in v.merged]}
              for v in state.versions[1:]]

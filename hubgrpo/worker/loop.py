@@ -336,6 +336,7 @@ class Worker:
             upload_s=t_upload,
             submit_s=time.time() - t2,
             round_s=time.time() - tr.t0,
+            started_at=tr.t0,  # (a pipelined round's answer is kept after the next round trained)
         )
         log.info("round %s: reward %.3f, %s", tr.sub_id, tr.sub.reward_mean, answer.get("status"))
         return answer
