@@ -194,8 +194,8 @@ def summarise(args, train: dict, run: dict) -> dict:
     t_hit = first_at(train["curve"], "reward5", args.target)
     windowed(run["curve"], train_window(args))
     r_hit = first_at(run["curve"], "reward_w", args.target)
-    e_target = train["eval_final"]
-    e_hit = first_at(run["curve"], "eval", e_target)
+    e_target = train.get("eval_final")  # (None with --eval 0: no held-out target)
+    e_hit = first_at(run["curve"], "eval", e_target) if e_target is not None else None
     train_total = train["curve"][-1]["t"] if train["curve"] else None
     # with --train-save-every, train's own first checkpoint at its final score (else: only its end is known)
     train_e_hit = first_at(train.get("eval_curve") or [], "eval", e_target)
@@ -331,12 +331,17 @@ def main() -> None:
                                  **{k: run[k] for k in run if k.startswith("hub_")}})
                     raw.append({"train": train, "run": {k: v for k, v in run.items() if k not in ("shas", "store")}})
                     print(json.dumps(rows[-1]), flush=True)
+                    report(args, rows, raw, meta)  # after every run: a stopped series keeps what it measured
         finally:
             if hub is not None:
                 hub.close()
-    write(results_dir(args, __file__), args.name, {"args": vars(args), "rows": rows, "raw": raw},
-          to_markdown(args, rows), meta, headline(args, rows))
     print(to_markdown(args, rows))
+
+
+def report(args, rows: list[dict], raw: list[dict], meta: dict) -> None:
+    write(results_dir(args, __file__), args.name, {"args": {k: v for k, v in vars(args).items()}, "rows": rows,
+                                                   "raw": raw}, to_markdown(args, rows), dict(meta),
+          headline(args, rows))
 
 
 if __name__ == "__main__":
