@@ -146,7 +146,7 @@ def test_a_process_whose_run_is_gone_stops_at_its_first_failed_call_not_after_th
 
     from hubgrpo.space.api import free_port
     from hubgrpo.worker.client import CoordinatorClient
-    from hubgrpo.worker.loop import orphan_aware_sleep
+    from hubgrpo.worker.orphans import orphan_aware_sleep
 
     client = CoordinatorClient(f"http://127.0.0.1:{free_port()}", timeout=2, sleep=orphan_aware_sleep)
     monkeypatch.setenv("HUBGRPO_PARENT_PID", str(os.getppid()))  # our parent is alive: a plain sleep

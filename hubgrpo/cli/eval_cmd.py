@@ -31,7 +31,7 @@ def evaluate(
     from hubgrpo.errors import ConfigError
     from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.worker.evaluator import Evaluator
-    from hubgrpo.worker.loop import orphan_aware_sleep
+    from hubgrpo.worker.orphans import orphan_aware_sleep
 
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"

@@ -149,7 +149,8 @@ def worker(
             _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose, rest)
         )
     from hubgrpo.worker.client import CoordinatorClient
-    from hubgrpo.worker.loop import Worker, orphan_aware_sleep
+    from hubgrpo.worker.loop import Worker
+    from hubgrpo.worker.orphans import orphan_aware_sleep
 
     client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
     typer.echo(f"{name}: rewards {', '.join(r.function for r in cfg.rewards)}; coordinator {url}", err=True)

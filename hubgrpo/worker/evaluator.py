@@ -170,7 +170,7 @@ class Evaluator:
             except Refused:
                 raise
             except CoordinatorError as e:
-                from hubgrpo.worker.loop import orphaned
+                from hubgrpo.worker.orphans import orphaned
 
                 if e.code != "unreachable" or orphaned():  # stop with the `hubgrpo run` that started it
                     raise

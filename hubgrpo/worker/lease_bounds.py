@@ -45,3 +45,8 @@ def _refuse(what: str, why: str) -> None:
         hint="this coordinator is broken or hostile, or runs another config than the run repo's; "
         "check the URL you were given",
     )
+
+
+def adapter_limit(cfg) -> int:
+    """The most bytes one file of a version's adapter may weigh: what a submission of the run may (its config)."""
+    return int(cfg.merge.max_submission_mb * 2**20)

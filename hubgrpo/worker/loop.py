@@ -13,7 +13,6 @@ It runs only code its owner allowed: built-in reward functions, and those named 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -36,7 +35,9 @@ from hubgrpo.errors import (
 )
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
-from hubgrpo.worker.lease_bounds import check_lease_bounds
+from hubgrpo.worker.heartbeat import Heartbeat
+from hubgrpo.worker.lease_bounds import adapter_limit, check_lease_bounds
+from hubgrpo.worker.orphans import stop_if_orphaned
 
 if TYPE_CHECKING:
     from hubgrpo.tracking import Tracker
@@ -72,43 +73,6 @@ def pipelines(cfg) -> bool:
     round one version older than its lease's admitted (a staleness limit above 0, or rebased rounds)."""
     m = cfg.merge
     return cfg.coordinator.leases_per_worker >= 2 and (m.max_staleness > 0 or m.staleness_per_worker > 0 or m.rebase)
-
-
-def adapter_limit(cfg) -> int:
-    """The most bytes one file of a version's adapter may weigh: what a submission of the run may (its config)."""
-    return int(cfg.merge.max_submission_mb * 2**20)
-
-
-class Heartbeat:
-    """Background heartbeats for one lease; ``lease`` is always the latest re-signed copy."""
-
-    def __init__(self, client, lease: Lease, interval: float):
-        self.client, self.lease, self.interval = client, lease, interval
-        self.lost: Exception | None = None
-        self.orphaned: CoordinatorError | None = None  # set when the `hubgrpo run` that started us is gone
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hubgrpo-heartbeat", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.lease = self.client.heartbeat(self.lease)
-            except LeaseError as e:  # expired or refused: finish the round anyway, the submit will say
-                self.lost = e
-                return
-            except CoordinatorError as e:  # unreachable: keep trying at the next beat ...
-                if e.code == "orphaned":  # ... unless our `hubgrpo run` is gone: the round stops at its next step
-                    self.orphaned = e
-                    return
-                log.warning("heartbeat failed: %s", e.message)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 @dataclass
@@ -267,7 +231,7 @@ class Worker:
             except CoordinatorError as e:
                 if e.code in STOP_CODES:
                     raise
-                _stop_if_orphaned(e)
+                stop_if_orphaned(e)
                 log.warning("coordinator unreachable (%s); retrying in %.0f s", e.message, delay)
                 self.sleep(delay)
                 delay = min(delay * 2, 60.0)
@@ -410,7 +374,7 @@ class Worker:
             except CoordinatorError as e:
                 if e.code in STOP_CODES:
                     raise
-                _stop_if_orphaned(e)  # the commit is in the repo: the restarted run's coordinator finds it
+                stop_if_orphaned(e)  # the commit is in the repo: the restarted run's coordinator finds it
                 log.warning("submit failed (%s); retrying in %.0f s", e.message, delay)
                 self.sleep(delay)
                 delay = min(delay * 2, 60.0)
@@ -442,41 +406,6 @@ class Worker:
                 show(step, metrics)
 
         return on_step
-
-
-def orphaned() -> bool:
-    """True for a worker started by ``hubgrpo run`` or ``worker --gpus`` (``HUBGRPO_PARENT_PID``) whose parent
-    process is gone."""
-    parent = os.environ.get("HUBGRPO_PARENT_PID", "")
-    return parent.isdigit() and os.getppid() != int(parent)
-
-
-def orphan_aware_sleep(seconds: float) -> None:
-    """The coordinator client's backoff sleep for ``hubgrpo worker`` / ``evaluate``: in slices of at most a second,
-    each after checking ``orphaned()``, so that a process whose ``hubgrpo run`` was killed stops within a second of
-    its next failed call (CoordinatorError ``orphaned``) instead of sleeping out the client's retries (~70 s)."""
-    end = time.monotonic() + max(0.0, seconds)
-    while True:
-        if orphaned():
-            raise _orphaned_error()
-        left = end - time.monotonic()
-        if left <= 0:
-            return
-        time.sleep(min(1.0, left))
-
-
-def _orphaned_error() -> CoordinatorError:
-    return CoordinatorError(
-        "the `hubgrpo run` (or `worker --gpus`) that started this process is gone",
-        code="orphaned",
-        hint="start the run again; it resumes from the repo",
-    )
-
-
-def _stop_if_orphaned(err: CoordinatorError) -> None:
-    """Called when the coordinator is unreachable: give up instead of retrying if our ``hubgrpo run`` is gone."""
-    if orphaned():
-        raise _orphaned_error() from err
 
 
 def _wait_hint(err: HubGrpoError, default: float) -> float:

@@ -15,10 +15,10 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from hubgrpo.error_codes import stop_codes
 from hubgrpo.errors import CoordinatorError, HubGrpoError, RateLimited, Refused
 from hubgrpo.layout import Lease
-from hubgrpo.worker.lease_bounds import check_lease_bounds
-from hubgrpo.worker.loop import STOP_CODES, adapter_limit
+from hubgrpo.worker.lease_bounds import adapter_limit, check_lease_bounds
 from hubgrpo.worker.pipeline import Handoff, release_quietly
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def fetch_ahead(w: Worker) -> Lease | None | object:
     try:
         lease = w.client.lease(w.name, w.user)
     except (Refused, RateLimited, CoordinatorError) as e:
-        if e.code in STOP_CODES:
+        if e.code in stop_codes():
             raise
         if e.code == "finished":
             return None
