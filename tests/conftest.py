@@ -31,7 +31,7 @@ TEST_TOKEN = "hf_test_alice_token"
 @pytest.fixture
 def hub_emulator(tmp_path):
     """A fresh local Hub emulator (real HTTP on 127.0.0.1) with user 'alice' owning TEST_TOKEN."""
-    from tests.hub_emulator import HubEmulator
+    from tests.support.hub_emulator import HubEmulator
 
     emu = HubEmulator(users={TEST_TOKEN: "alice"}).start()
     try:
@@ -43,7 +43,7 @@ def hub_emulator(tmp_path):
 @pytest.fixture(scope="session")
 def s3_server():
     """A moto S3 server (real HTTP on 127.0.0.1, conditional writes atomic) for the whole session."""
-    from tests.s3_server import S3Server
+    from tests.support.s3_server import S3Server
 
     server = S3Server().start()
     try:

@@ -18,7 +18,7 @@ from hubgrpo.merge.submission_checks import check_submission
 from hubgrpo.cli.merge_cmd import register
 from hubgrpo.errors import InvalidSubmission
 from hubgrpo.merge import Adapter, dense_delta, load_adapter_dir, save_adapter_dir
-from tests.adapter_factory import drifted, make_adapter, rel_err
+from tests.support.adapter_factory import drifted, make_adapter, rel_err
 
 WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
 KEY = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"

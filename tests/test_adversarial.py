@@ -26,7 +26,7 @@ from hubgrpo.layout import RunState
 from hubgrpo.space.api import serve
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
-from tests.coord_helpers import (FakeClock, make_config, submission_record, trained_adapter, write_adapter,
+from tests.support.coord_helpers import (FakeClock, make_config, submission_record, trained_adapter, write_adapter,
                                  write_rollouts)
 
 SECRET = b"adversarial-test-secret"
@@ -308,7 +308,7 @@ def test_stale_rounds_leave_the_queue_and_refusals_are_saved_without_a_merge(tmp
     store = LocalStore(tmp_path / "repo")
     init_repo(store, make_config(**{"merge.quorum": 2, "merge.max_staleness": 0}), write_adapter(tmp_path / "v0", 0))
     c = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "c")
-    from tests.coord_helpers import push_submission
+    from tests.support.coord_helpers import push_submission
 
     a, b, late = c.lease("a"), c.lease("b"), c.lease("late")
     c.submit(a, push_submission(store, a, tmp_path, seed=1))
@@ -389,7 +389,7 @@ def test_one_participant_flooding_small_rounds_cannot_make_honest_rounds_outlier
     ``norm_outlier`` (the run stalled: seen with 16 such rounds); now they move typical by one vote."""
     import statistics
 
-    from tests.coord_helpers import local_coordinator, push_submission
+    from tests.support.coord_helpers import local_coordinator, push_submission
 
     store, c, _ = local_coordinator(tmp_path, **{"merge.quorum": 1, "params.versions": 100})
 

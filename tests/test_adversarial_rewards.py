@@ -18,7 +18,7 @@ from hubgrpo.errors import InvalidSubmission, Refused
 from hubgrpo.space.api import serve
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient, unwrap
-from tests.coord_helpers import make_config, write_adapter
+from tests.support.coord_helpers import make_config, write_adapter
 from tests.test_adversarial import SECRET, Run, record_edit
 
 

@@ -1,5 +1,5 @@
 """An anonymous visitor against a served Space (issue 35): the Space app on 127.0.0.1 over a run repo on the Hub
-emulator (auth on: alice owns the run, bob is in the allowed org), attacked with raw HTTP (``tests/visitor_attacks``).
+emulator (auth on: alice owns the run, bob is in the allowed org), attacked with raw HTTP (``tests/support/visitor_attacks.py``).
 
 What the Space must do, case by case:
 
@@ -31,8 +31,8 @@ import pytest
 
 from hubgrpo.space.app import serve_space
 from hubgrpo.space.auth import make_auth
-from tests import visitor_attacks as va
-from tests.test_space_support import ALICE, BOB, SimWorker, make_run, new_coordinator, start_emulator
+from tests.support import visitor_attacks as va
+from tests.support.space_support import ALICE, BOB, SimWorker, make_run, new_coordinator, start_emulator
 
 ENDPOINTS = ["lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval", "upload"]
 PLAIN = [f"/hubgrpo/api/{n}" for n in ENDPOINTS]
@@ -274,7 +274,7 @@ def test_the_spaces_memory_stays_within_64_mib_of_idle_whatever_a_visitor_sends(
     import os
     import socket
 
-    from tests.test_space_support import ALICE as OWNER
+    from tests.support.space_support import ALICE as OWNER
 
     emu = start_emulator()
     proc = None

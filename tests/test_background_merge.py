@@ -16,8 +16,8 @@ from hubgrpo.coordinator.merging import MergePlan
 from hubgrpo.space.api import serve
 from hubgrpo.space.endpoints import LEASE_HOLD_S, LEASE_RETRY_S
 from hubgrpo.store.local import LocalStore
-from tests.coord_helpers import make_config, push_submission, write_adapter
-from tests.test_space_support import wait_for, wait_for_checkpoint, wait_for_version
+from tests.support.coord_helpers import make_config, push_submission, write_adapter
+from tests.support.space_support import wait_for, wait_for_checkpoint, wait_for_version
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -357,7 +357,7 @@ def test_rounds_beyond_the_quorum_are_averaged_or_each_add_their_step(tmp_path, 
     import torch
 
     from hubgrpo.merge import load_adapter_dir
-    from tests.coord_helpers import local_coordinator
+    from tests.support.coord_helpers import local_coordinator
 
     store, c, _ = local_coordinator(tmp_path, **{"merge.method": "ffa", "merge.quorum": 1,
                                                  "merge.extra_rounds": extra})
@@ -383,7 +383,7 @@ def test_added_rounds_count_at_most_one_per_worker(tmp_path):
     import torch
 
     from hubgrpo.merge import load_adapter_dir
-    from tests.coord_helpers import local_coordinator
+    from tests.support.coord_helpers import local_coordinator
 
     store, c, _ = local_coordinator(tmp_path, **{"merge.method": "ffa", "merge.quorum": 1,
                                                  "merge.extra_rounds": "add"})

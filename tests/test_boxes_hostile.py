@@ -15,8 +15,8 @@ from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import StoreError
 from hubgrpo.store.local import LocalStore
-from tests.coord_helpers import FakeClock, make_config, submission_record, write_adapter
-from tests.s3_faults import Fault, proxy  # noqa: F401  (a fixture)
+from tests.support.coord_helpers import FakeClock, make_config, submission_record, write_adapter
+from tests.support.s3_faults import Fault, proxy  # noqa: F401  (a fixture)
 
 SECRET = b"test-secret"
 JUNK_MB = 8
@@ -168,7 +168,7 @@ def test_upload_urls_bound_what_a_worker_can_write(tmp_path, s3_bucket_url):
 @pytest.fixture(scope="module")
 def moto_as_is():
     """moto's own S3 server: presigned POST policies are not enforced there."""
-    from tests.s3_server import S3Server
+    from tests.support.s3_server import S3Server
 
     server = S3Server(bounded_posts=False).start()
     try:

@@ -17,7 +17,7 @@ from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.errors import CoordinatorError
 from hubgrpo.space.api import free_port
 from hubgrpo.store.hub import HubStore
-from tests.test_space_support import ALICE, BOB, SECRET, SimWorker, make_run, run_versions, start_emulator
+from tests.support.space_support import ALICE, BOB, SECRET, SimWorker, make_run, run_versions, start_emulator
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"

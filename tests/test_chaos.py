@@ -19,10 +19,10 @@ from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.cli.main import main
 from hubgrpo.errors import InvalidSubmission
-from tests.chaos_helpers import (answered_at, audit, chaos_env, kill, start_coordinator, start_worker, wait_for,
+from tests.support.chaos_helpers import (answered_at, audit, chaos_env, kill, start_coordinator, start_worker, wait_for,
                                  wait_for_line)
 from tests.conftest import TEST_TOKEN
-from tests.test_space_support import wait_for_checkpoint, wait_for_version
+from tests.support.space_support import wait_for_checkpoint, wait_for_version
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -44,7 +44,7 @@ def _setup_run(tmp_path):
     from hubgrpo.config import load_config
     from hubgrpo.cli.embedded import ensure_repo
     from hubgrpo.store.hub import HubStore
-    from tests.hub_emulator import HubEmulator
+    from tests.support.hub_emulator import HubEmulator
 
     emu = HubEmulator(users={TEST_TOKEN: "alice"}).start()
     store = HubStore(REPO, token=TEST_TOKEN, endpoint=emu.url, retry_base_s=0.2)
@@ -198,7 +198,7 @@ def live(tmp_path):
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import serve
     from hubgrpo.store.local import LocalStore
-    from tests.coord_helpers import make_config, write_adapter
+    from tests.support.coord_helpers import make_config, write_adapter
 
     cfg = make_config(**{"params.versions": 100, "merge.quorum": 2, "coordinator.commit_budget_per_hour": 10000})
     store = LocalStore(tmp_path / "repo")
@@ -214,14 +214,14 @@ def live(tmp_path):
 
 
 def _honest(store, client, tmp_path, seed: int) -> dict:
-    from tests.coord_helpers import push_submission
+    from tests.support.coord_helpers import push_submission
 
     lease = client.lease(f"honest{seed % 2}")
     return client.submit(lease, push_submission(store, lease, tmp_path / "honest", seed=seed, b_scale=0.05))
 
 
 def _hostile(store, client, tmp_path, name: str, mutate, seed: int) -> InvalidSubmission:
-    from tests.coord_helpers import push_submission
+    from tests.support.coord_helpers import push_submission
 
     lease = client.lease(f"evil-{name.replace('_', '-')}"[:60])
     commit = push_submission(store, lease, tmp_path / "hostile", seed=seed, b_scale=0.05, mutate=mutate)
@@ -301,8 +301,8 @@ def test_heartbeats_stay_fast_while_the_hub_answers_429_for_a_minute(tmp_path):
     from hubgrpo.space.api import serve
     from hubgrpo.store.hub import HubStore
     from hubgrpo.worker.client import CoordinatorClient
-    from tests.coord_helpers import make_config, push_submission, write_adapter
-    from tests.hub_emulator import HubEmulator
+    from tests.support.coord_helpers import make_config, push_submission, write_adapter
+    from tests.support.hub_emulator import HubEmulator
 
     emu = HubEmulator(users={TEST_TOKEN: "alice"}).start()
     store = HubStore("alice/storm", token=TEST_TOKEN, endpoint=emu.url, retry_base_s=0.05, cache_dir=tmp_path / "hf")
@@ -363,8 +363,8 @@ def test_a_due_merge_goes_live_while_a_checkpoint_waits_out_a_429(tmp_path):
     from hubgrpo.space.api import serve
     from hubgrpo.store.hub import HubStore
     from hubgrpo.worker.client import CoordinatorClient
-    from tests.coord_helpers import make_config, push_submission, write_adapter
-    from tests.hub_emulator import HubEmulator
+    from tests.support.coord_helpers import make_config, push_submission, write_adapter
+    from tests.support.hub_emulator import HubEmulator
 
     emu = HubEmulator(users={TEST_TOKEN: "alice"}).start()
     store = HubStore("alice/stall", token=TEST_TOKEN, endpoint=emu.url, retry_base_s=0.05, cache_dir=tmp_path / "hf")

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from hubgrpo import layout, runrepo
-from tests.chaos_helpers import chaos_env, kill, start_coordinator, wait_for
-from tests.test_space_support import ALICE, SimWorker, make_run, start_emulator
+from tests.support.chaos_helpers import chaos_env, kill, start_coordinator, wait_for
+from tests.support.space_support import ALICE, SimWorker, make_run, start_emulator
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "alice/restarts"

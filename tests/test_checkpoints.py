@@ -18,7 +18,7 @@ from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import InvalidSubmission, NotFound
 from hubgrpo.store.local import LocalStore
-from tests.coord_helpers import FakeClock, make_config, submission_record, trained_adapter, write_adapter, write_rollouts
+from tests.support.coord_helpers import FakeClock, make_config, submission_record, trained_adapter, write_adapter, write_rollouts
 
 pytestmark = pytest.mark.timeout(120)
 SECRET = b"test-secret"

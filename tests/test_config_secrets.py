@@ -109,7 +109,7 @@ PLANTED_CONFIG = {"data.system_prompt": "${HUBGRPO_SECRET}", "hub.repo_id": "${H
 def planted_repo(tmp_path: Path) -> LocalStore:
     """A run repo whose hubgrpo.yaml somebody with write access edited to name the reader's secrets."""
     from hubgrpo.coordinator.repo_init import init_repo
-    from tests.coord_helpers import make_config, write_adapter
+    from tests.support.coord_helpers import make_config, write_adapter
 
     store = LocalStore(tmp_path / "repo")
     init_repo(store, make_config(), write_adapter(tmp_path / "v0", seed=0))
@@ -244,7 +244,7 @@ def test_the_secret_file_is_never_readable_by_others_not_even_for_an_instant(tmp
 @pytest.mark.timeout(120)
 def test_a_coordinator_refuses_a_secret_file_others_can_read(tmp_path):
     from hubgrpo.coordinator.repo_init import init_repo
-    from tests.coord_helpers import make_config, write_adapter
+    from tests.support.coord_helpers import make_config, write_adapter
 
     init_repo(LocalStore(tmp_path / "repo"), make_config(), write_adapter(tmp_path / "v0", seed=0))
     env = {"HUBGRPO_CACHE": str(tmp_path / "cache")}

@@ -13,7 +13,7 @@ from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.errors import InvalidSubmission, LeaseError, Refused
 from hubgrpo.store.local import LocalStore
-from tests.coord_helpers import local_coordinator, push_submission
+from tests.support.coord_helpers import local_coordinator, push_submission
 
 SECRET = b"test-secret"
 pytestmark = pytest.mark.timeout(120)
@@ -458,7 +458,7 @@ def test_a_budget_wait_never_exceeds_an_hour_when_the_store_clock_differs(tmp_pa
     commit stamped later than the coordinator's now counts as made now, so a budget wait is at most an hour (a
     virtual clock at 0 once waited ~1.8e9 s for a commit stamped with the epoch)."""
     from hubgrpo.coordinator.core import Coordinator
-    from tests.coord_helpers import FakeClock
+    from tests.support.coord_helpers import FakeClock
 
     store, _, _ = _setup(tmp_path, **{"coordinator.commit_budget_per_hour": 3})
     c = Coordinator(store, SECRET, clock=FakeClock(1000.0), workdir=tmp_path / "virtual")

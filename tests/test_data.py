@@ -12,7 +12,7 @@ from hubgrpo.config import DataConfig
 from hubgrpo.task.data import PromptSource, format_prompt, truncate_prompt
 from hubgrpo.errors import DataError
 from hubgrpo.task.rewards import countdown
-from tests.models_fixture import tiny_cache  # noqa: F401  (fixture)
+from tests.support.models_fixture import tiny_cache  # noqa: F401  (fixture)
 
 
 def _source(**kw) -> PromptSource:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from hubgrpo.worker.engine import RoundEngine
 from hubgrpo.errors import ModelError, RewardError
 from hubgrpo.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, ROLLOUTS_FILE, SUBMISSION_FILE, Submission
-from tests.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)
+from tests.support.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +298,7 @@ _HEAP_SCRIPT = """
 import gc, json, tempfile, weakref
 from pathlib import Path
 from hubgrpo.worker.engine import RoundEngine
-from tests.models_fixture import make_lease, tiny_config
+from tests.support.models_fixture import make_lease, tiny_config
 
 class Cycle:
     def __init__(self):

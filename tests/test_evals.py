@@ -13,7 +13,7 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.merge import dense_delta, load_adapter_dir
 from hubgrpo.space import view
 from hubgrpo.store.local import LocalStore
-from tests.coord_helpers import FakeClock, make_config, push_submission, write_adapter
+from tests.support.coord_helpers import FakeClock, make_config, push_submission, write_adapter
 
 SECRET = b"evals-secret"
 

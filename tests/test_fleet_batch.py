@@ -7,7 +7,7 @@ import pytest
 from hubgrpo import runrepo
 from hubgrpo.config import loads
 from hubgrpo.errors import ConfigError, LeaseError
-from tests.coord_helpers import local_coordinator, push_submission
+from tests.support.coord_helpers import local_coordinator, push_submission
 
 SECRET = b"s" * 32
 SPLIT = {"params.fleet_batch": "split", "params.per_device_train_batch_size": 8, "merge.quorum": 1,

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from hubgrpo import layout
 from hubgrpo.layout import RunState
-from tests.coord_helpers import submission_record, trained_adapter, write_rollouts
+from tests.support.coord_helpers import submission_record, trained_adapter, write_rollouts
 from tests.test_adversarial import Run
 
 

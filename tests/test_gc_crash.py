@@ -24,8 +24,8 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import HubGrpoError
 from hubgrpo.store.hub import HubStore
 from tests.conftest import TEST_TOKEN
-from tests.coord_helpers import FakeClock, base_adapter_dir, make_config, push_submission, write_adapter
-from tests.hub_emulator_storage import usage
+from tests.support.coord_helpers import FakeClock, base_adapter_dir, make_config, push_submission, write_adapter
+from tests.support.hub_emulator_storage import usage
 from tests.test_storage import run_versions
 
 SECRET = b"gc-crash-secret"
@@ -207,7 +207,7 @@ def test_gc_refuses_beside_a_live_coordinator_and_a_forced_gc_does_not_stall_it(
     and is checkpointed on the rewritten history."""
     from hubgrpo.space.api import serve
     from hubgrpo.worker.client import CoordinatorClient
-    from tests.test_space_support import wait_for_checkpoint
+    from tests.support.space_support import wait_for_checkpoint
 
     emu = hub_emulator
     store = hub_store(emu, "alice/live", tmp_path / "hf")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hubgrpo.launch.jobs import gpu_count, worker_specs
-from tests.chaos_helpers import wait_for
+from tests.support.chaos_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"

@@ -1,7 +1,7 @@
 """A hostile coordinator against a real worker (the mirror of ``test_adversarial``'s hostile participant).
 
 A coordinator is just a URL a participant was given: everything it answers is untrusted. The hostile server
-(``tests/hostile_coordinator.py``, real HTTP on 127.0.0.1) sends path-shaped and over-long shas and names,
+(``tests/support/hostile_coordinator.py``, real HTTP on 127.0.0.1) sends path-shaped and over-long shas and names,
 redirects, huge and slow answers, junk errors, non-numeric and huge waits, and leases naming files outside the
 run; the worker is the installed ``hubgrpo worker`` command (a subprocess, for the path and redirect cases) or the
 ``Worker`` loop and ``CoordinatorClient`` in process, always over real HTTP. Each case states what the worker must
@@ -29,8 +29,8 @@ from hubgrpo.layout import Lease
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.worker.loop import Worker
-from tests.coord_helpers import make_config, write_adapter
-from tests.hostile_coordinator import (SHA, HostileCoordinator, Recorder, answer, gradio_config, huge, lease_dict,
+from tests.support.coord_helpers import make_config, write_adapter
+from tests.support.hostile_coordinator import (SHA, HostileCoordinator, Recorder, answer, gradio_config, huge, lease_dict,
                                        redirect, refusal, refuse, sequence, trickle)
 
 TOKEN = "hf_hostile_suite_fake_token_0123456789"

@@ -16,7 +16,7 @@ import pytest
 
 from hubgrpo.errors import CoordinatorError
 from hubgrpo.worker.client import CoordinatorClient
-from tests.hostile_coordinator import HostileCoordinator, gradio_config, huge, trickle
+from tests.support.hostile_coordinator import HostileCoordinator, gradio_config, huge, trickle
 from tests.test_hostile_coordinator import TOKEN, token_stayed_home
 
 

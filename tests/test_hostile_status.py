@@ -21,8 +21,8 @@ from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.coordinator.status import state_status
 from hubgrpo.store.local import LocalStore
-from tests.coord_helpers import make_config, write_adapter
-from tests.hostile_coordinator import HostileCoordinator, answer
+from tests.support.coord_helpers import make_config, write_adapter
+from tests.support.hostile_coordinator import HostileCoordinator, answer
 
 ESC = "\x1b]52;c;ZWNobyBwd25lZA==\x1b\\\x1b[2J\x1b]0;owned\x1b\\"
 MARKUP = "[blink]m[/blink]"

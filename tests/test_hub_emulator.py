@@ -25,8 +25,8 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils.sha import git_hash
 
 from tests.conftest import TEST_TOKEN
-from tests.hub_emulator import HubEmulator
-from tests.hub_emulator_api import BUSY_MESSAGE
+from tests.support.hub_emulator import HubEmulator
+from tests.support.hub_emulator_api import BUSY_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 STALE = "The branch was updated since you opened this page. Please refresh and try again."
@@ -225,7 +225,7 @@ def test_injected_faults_as_the_client_sees_them(api, hub_emulator):
 @pytest.mark.timeout(60)
 def test_runs_as_a_subprocess_and_keeps_data(tmp_path):
     def serve():
-        proc = subprocess.Popen([sys.executable, "-m", "tests.hub_emulator", "--port", "0", "--data",
+        proc = subprocess.Popen([sys.executable, "-m", "tests.support.hub_emulator", "--port", "0", "--data",
                                  str(tmp_path / "data"), "--user", "tok=carol"], cwd=ROOT, stdout=subprocess.PIPE,
                                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         return proc, proc.stdout.readline().strip()

@@ -17,7 +17,7 @@ import pytest
 from hubgrpo import layout
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import HubGrpoError
-from tests.coord_helpers import make_config, push_submission, write_adapter
+from tests.support.coord_helpers import make_config, push_submission, write_adapter
 
 EXE = Path(sys.executable).with_name("hubgrpo")
 FSIZE = 16 << 20  # the largest file the coordinator process may write
@@ -140,7 +140,7 @@ def test_an_oversized_record_in_the_repo_is_never_downloaded_by_a_scan(tmp_path,
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.store.hub import HubStore
     from tests.conftest import TEST_TOKEN
-    from tests.coord_helpers import FakeClock
+    from tests.support.coord_helpers import FakeClock
 
     served = []
     resolve = hub_emulator.api.resolve

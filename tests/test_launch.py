@@ -15,7 +15,7 @@ import pytest
 
 from hubgrpo import __version__, layout, runrepo
 from hubgrpo.launch.jobs import RUN_LABEL, install_command, run_label
-from tests.chaos_helpers import wait_for
+from tests.support.chaos_helpers import wait_for
 from tests.conftest import TEST_TOKEN
 
 ROOT = Path(__file__).resolve().parents[1]

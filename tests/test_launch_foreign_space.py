@@ -14,8 +14,8 @@ from huggingface_hub import HfApi
 
 from hubgrpo import __version__, layout
 from tests.conftest import TEST_TOKEN
-from tests.hub_emulator import HubEmulator
-from tests.hub_emulator_state import HubError
+from tests.support.hub_emulator import HubEmulator
+from tests.support.hub_emulator_state import HubError
 
 MALLORY = "hf_test_mallory_token"
 

@@ -10,7 +10,7 @@ import torch
 from hubgrpo.errors import InvalidSubmission, MergeError
 from hubgrpo.merge import (Adapter, MergeOptions, dense_delta, load_adapter_dir, merge, parse_modules,
                            save_adapter_dir, staleness_weight)
-from tests.adapter_factory import TINY, drifted, make_adapter, rel_err
+from tests.support.adapter_factory import TINY, drifted, make_adapter, rel_err
 
 TOL = 1e-5
 

@@ -12,7 +12,7 @@ import torch
 from hubgrpo.worker import models
 from hubgrpo.errors import ModelError
 from hubgrpo.worker.models import load_model, resolve_device, resolve_dtype, underlying_model_name
-from tests.models_fixture import tiny_cache  # noqa: F401  (fixture)
+from tests.support.models_fixture import tiny_cache  # noqa: F401  (fixture)
 
 
 def _digest(folder) -> dict[str, str]:

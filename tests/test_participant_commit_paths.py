@@ -13,7 +13,7 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import HubGrpoError
 from hubgrpo.store.inboxes import open_inbox
 from hubgrpo.store.local import LocalStore
-from tests.coord_helpers import FakeClock, make_config, submission_record, write_adapter, write_rollouts
+from tests.support.coord_helpers import FakeClock, make_config, submission_record, write_adapter, write_rollouts
 
 
 @pytest.mark.timeout(60)

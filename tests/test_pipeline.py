@@ -14,7 +14,7 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import RateLimited, Refused
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.loop import Worker
-from tests.coord_helpers import make_config, write_adapter
+from tests.support.coord_helpers import make_config, write_adapter
 from tests.test_worker_loop import FakeEngine, ScriptedClient, refusal
 
 SECRET = b"pipeline-secret"

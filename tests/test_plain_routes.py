@@ -21,9 +21,9 @@ from hubgrpo.space.app import serve_space
 from hubgrpo.space.auth import make_auth
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
-from tests.coord_helpers import make_config, push_submission, write_adapter
-from tests.fake_coordinator import FakeCoordinator, RecordingTransport
-from tests.test_space_support import ALICE, BOB, MALLORY, make_run, new_coordinator, start_emulator
+from tests.support.coord_helpers import make_config, push_submission, write_adapter
+from tests.support.fake_coordinator import FakeCoordinator, RecordingTransport
+from tests.support.space_support import ALICE, BOB, MALLORY, make_run, new_coordinator, start_emulator
 
 SHA = "ab" * 20
 

@@ -11,9 +11,9 @@ from safetensors.torch import load_file, save_file
 
 from hubgrpo import layout, runrepo
 from hubgrpo.errors import ConfigError, InvalidSubmission
-from tests.coord_helpers import (FakeClock, local_coordinator, make_config, submission_record, write_adapter,
+from tests.support.coord_helpers import (FakeClock, local_coordinator, make_config, submission_record, write_adapter,
                                  write_rollouts)
-from tests.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)
+from tests.support.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(240)
 SECRET = b"test-secret"

@@ -14,7 +14,7 @@ from hubgrpo import layout
 from hubgrpo.space.app import serve_space
 from hubgrpo.space.auth import make_auth
 from hubgrpo.worker.client import CoordinatorClient
-from tests.test_space_support import ALICE, BOB, MALLORY, make_run, new_coordinator, start_emulator
+from tests.support.space_support import ALICE, BOB, MALLORY, make_run, new_coordinator, start_emulator
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,7 +21,7 @@ from hubgrpo.errors import InvalidSubmission
 from hubgrpo.space.api import serve
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
-from tests.coord_helpers import make_config, write_adapter
+from tests.support.coord_helpers import make_config, write_adapter
 from tests.test_adversarial import SECRET, Run
 
 REWARD = '''

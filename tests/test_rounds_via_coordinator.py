@@ -15,7 +15,7 @@ import pytest
 
 from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.repo_init import init_repo
-from tests.coord_helpers import make_config, submission_record, trained_adapter, write_adapter, write_rollouts
+from tests.support.coord_helpers import make_config, submission_record, trained_adapter, write_adapter, write_rollouts
 
 ROOT = Path(__file__).resolve().parents[1]
 EXE = Path(sys.executable).with_name("hubgrpo")
@@ -145,9 +145,9 @@ def test_workers_without_write_access_run_a_hub_run_under_the_commit_quota(tmp_p
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import serve
     from hubgrpo.store.hub import HubStore
-    from tests.chaos_helpers import wait_for
+    from tests.support.chaos_helpers import wait_for
     from tests.conftest import TEST_TOKEN
-    from tests.hub_emulator import HubEmulator
+    from tests.support.hub_emulator import HubEmulator
 
     versions = 3
     cfg = load_config(ROOT / "configs" / "tiny.yaml", overrides=[

@@ -13,7 +13,7 @@ import pytest
 from hubgrpo import runrepo
 from hubgrpo.cli.main import main
 from hubgrpo.store.local import LocalStore
-from tests.chaos_helpers import submitted_ids, wait_for, wait_for_line
+from tests.support.chaos_helpers import submitted_ids, wait_for, wait_for_line
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"

@@ -15,8 +15,8 @@ from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.gc import collect
 from hubgrpo.errors import HubGrpoError
-from tests.coord_helpers import FakeClock
-from tests.s3_faults import Fault, proxy  # noqa: F401  (a fixture)
+from tests.support.coord_helpers import FakeClock
+from tests.support.s3_faults import Fault, proxy  # noqa: F401  (a fixture)
 from tests.test_storage import SECRET, run_versions
 
 EXE = Path(sys.executable).with_name("hubgrpo")

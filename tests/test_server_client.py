@@ -17,7 +17,7 @@ from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.errors import CoordinatorError, InvalidSubmission, LeaseError, Refused
 from hubgrpo.layout import Lease
 from hubgrpo.space.api import build_app, free_port, serve
-from tests.fake_coordinator import FakeCoordinator, RecordingTransport
+from tests.support.fake_coordinator import FakeCoordinator, RecordingTransport
 
 SHA = "ab" * 20
 # (transport, http route): the plain routes (submit checked in the background), raw HTTP one-shot /run, raw HTTP
@@ -375,8 +375,8 @@ def test_a_served_coordinator_scans_at_once_for_rounds_committed_while_it_starte
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.coordinator.repo_init import init_repo
     from hubgrpo.store.local import LocalStore
-    from tests.chaos_helpers import wait_for
-    from tests.coord_helpers import make_config, push_submission, write_adapter
+    from tests.support.chaos_helpers import wait_for
+    from tests.support.coord_helpers import make_config, push_submission, write_adapter
 
     cfg = make_config(**{"merge.quorum": 2, "coordinator.scan_interval_s": 3600})
     store = LocalStore(tmp_path / "repo")

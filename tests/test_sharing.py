@@ -8,7 +8,7 @@ from trl import GRPOTrainer
 
 from hubgrpo.worker.engine import RoundEngine
 from hubgrpo.worker.sharing import SharingGRPOTrainer, distinct_rows
-from tests.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)
+from tests.support.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)
 
 GROUP = 4
 

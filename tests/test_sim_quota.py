@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hubgrpo.sim.loop import SimOptions, Simulation
-from tests.coord_helpers import make_config
+from tests.support.coord_helpers import make_config
 from tests.test_simulate import FakeEngine
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from hubgrpo import layout
 from hubgrpo.errors import ConfigError
 from hubgrpo.sim.fleet import parse_speeds, parse_starts
 from hubgrpo.sim.loop import SimOptions, Simulation
-from tests.coord_helpers import make_config, submission_record, write_adapter, write_rollouts
+from tests.support.coord_helpers import make_config, submission_record, write_adapter, write_rollouts
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,8 +23,8 @@ from hubgrpo.space.view import SMOOTHED, TRAINING, snapshot
 from hubgrpo.store.hub import HubStore
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.loop import Worker
-from tests.coord_helpers import FakeClock, make_config, submission_record, write_rollouts
-from tests.test_space_support import (ALICE, BOB, MALLORY, SimWorker, make_run, new_coordinator, run_versions,
+from tests.support.coord_helpers import FakeClock, make_config, submission_record, write_rollouts
+from tests.support.space_support import (ALICE, BOB, MALLORY, SimWorker, make_run, new_coordinator, run_versions,
                                       start_emulator, submission_folder, wait_for_checkpoint, wait_for_version,
                                       write_adapter)
 

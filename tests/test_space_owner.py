@@ -19,8 +19,8 @@ from hubgrpo.space.app import serve_space
 from hubgrpo.space.auth import make_auth
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
-from tests.coord_helpers import make_config
-from tests.test_space_support import ALICE, BOB, SECRET, start_emulator, write_adapter
+from tests.support.coord_helpers import make_config
+from tests.support.space_support import ALICE, BOB, SECRET, start_emulator, write_adapter
 
 
 def s3_run(url: str, tmp_path, **overrides):
@@ -93,7 +93,7 @@ def test_hubgrpo_coordinator_beyond_loopback_authenticates_for_the_repo_owner(tm
     import os
     import socket
 
-    from tests.test_space_support import make_run
+    from tests.support.space_support import make_run
 
     emu = start_emulator()
     make_run(emu, tmp_path, "exposed")
@@ -115,7 +115,7 @@ def test_hubgrpo_coordinator_beyond_loopback_authenticates_for_the_repo_owner(tm
             CoordinatorClient(url, retries=0).lease("anonymous")
         assert CoordinatorClient(url, token=ALICE).lease("alice-box").user == "alice"
     finally:
-        from tests.visitor_attacks import stop
+        from tests.support.visitor_attacks import stop
 
         stop(proc)
         emu.stop()

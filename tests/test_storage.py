@@ -18,8 +18,8 @@ from hubgrpo.merge import load_adapter_dir
 from hubgrpo.store.hub import HubStore
 from hubgrpo.store.local import LocalStore
 from tests.conftest import TEST_TOKEN
-from tests.coord_helpers import FakeClock, make_config, push_submission, write_adapter
-from tests.hub_emulator_storage import usage
+from tests.support.coord_helpers import FakeClock, make_config, push_submission, write_adapter
+from tests.support.hub_emulator_storage import usage
 
 SECRET = b"storage-secret"
 EXE = Path(sys.executable).with_name("hubgrpo")
@@ -108,7 +108,7 @@ def test_the_python_api_resolves_main_tags_and_shas_and_names_an_unknown_revisio
     before it names a cache folder); a name the repo does not have is a clear NotFound, not a path."""
     from hubgrpo.errors import NotFound
     from hubgrpo.python_api import _commit_for
-    from tests.coord_helpers import local_coordinator
+    from tests.support.coord_helpers import local_coordinator
 
     store, _, _ = local_coordinator(tmp_path)
     head, v0 = store.head(), store.tags()["v000000"]

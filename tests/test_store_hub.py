@@ -24,7 +24,7 @@ from hubgrpo.errors import (
 )
 from hubgrpo.store.hub import HubStore, retry_delay
 from tests.conftest import TEST_TOKEN
-from tests.hub_emulator import HubEmulator
+from tests.support.hub_emulator import HubEmulator
 
 
 @pytest.fixture
@@ -306,7 +306,7 @@ def test_the_emulators_hourly_commit_quota_is_the_hubs_429_and_rolls(make, hub_e
     """Past ``set_commit_quota`` commits in a rolling hour the emulator answers the Hub's 429 for commits; the store
     maps it to ``RateLimited`` (nothing applied) and commits again once the oldest commit left the hour."""
     from hubgrpo.errors import RateLimited
-    from tests.hub_emulator_api import QUOTA_MESSAGE
+    from tests.support.hub_emulator_api import QUOTA_MESSAGE
 
     now = [1000.0]
     hub_emulator.set_commit_quota(2, clock=lambda: now[0])

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hubgrpo.errors import CommitConflict, ConfigError, InvalidPath, StoreError
-from tests.s3_faults import Fault, proxy  # noqa: F401  (a fixture)
+from tests.support.s3_faults import Fault, proxy  # noqa: F401  (a fixture)
 
 REF = r"/\.hubgrpo/refs/heads/main$"
 

@@ -19,7 +19,7 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import InvalidSubmission, Refused
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.delivery import deliver
-from tests.coord_helpers import (FakeClock, make_config, submission_record, trained_adapter, write_adapter,
+from tests.support.coord_helpers import (FakeClock, make_config, submission_record, trained_adapter, write_adapter,
                                  write_rollouts)
 
 SECRET = b"test-secret"
@@ -168,7 +168,7 @@ def test_a_run_with_submissions_on_s3_and_workers_without_credentials(tmp_path, 
     from hubgrpo.space.api import serve
     from hubgrpo.store.inboxes import open_inbox
     from hubgrpo.store.hub import HubStore
-    from tests.chaos_helpers import wait_for
+    from tests.support.chaos_helpers import wait_for
     from tests.conftest import TEST_TOKEN
 
     inbox = f"{s3_bucket_url}/subs"

@@ -11,7 +11,7 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.store.local import LocalStore
 from hubgrpo.tracking import Tracker, make_tracker
-from tests.coord_helpers import FakeClock, make_config, push_submission, write_adapter
+from tests.support.coord_helpers import FakeClock, make_config, push_submission, write_adapter
 
 pytestmark = pytest.mark.timeout(120)
 

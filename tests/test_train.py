@@ -17,7 +17,7 @@ from hubgrpo.cli.main import main
 from hubgrpo.config import loads
 from hubgrpo.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG_FILE, MODEL_CARD, StepMetrics
 from hubgrpo.worker.train import METRICS_FILE, reward_windows
-from tests.models_fixture import tiny_cache  # noqa: F401  (fixture)
+from tests.support.models_fixture import tiny_cache  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,7 +27,7 @@ from hubgrpo.layout import Rollouts
 from hubgrpo.space.api import serve
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
-from tests.models_fixture import tiny_cache, tiny_config  # noqa: F401 (fixture)
+from tests.support.models_fixture import tiny_cache, tiny_config  # noqa: F401 (fixture)
 
 EXE = Path(sys.executable).with_name("hubgrpo")
 SECRET = b"verified-secret"

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from tests import visitor_attacks as va
-from tests.test_space_support import ALICE, make_run, start_emulator
+from tests.support import visitor_attacks as va
+from tests.support.space_support import ALICE, make_run, start_emulator
 
 MiB = 1 << 20
 

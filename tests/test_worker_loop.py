@@ -16,7 +16,7 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import ConfigError, CoordinatorError, Refused, StoreUnavailable
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.loop import Worker
-from tests.coord_helpers import make_config, submission_record, write_adapter, write_rollouts
+from tests.support.coord_helpers import make_config, submission_record, write_adapter, write_rollouts
 
 SECRET = b"loop-secret"
 

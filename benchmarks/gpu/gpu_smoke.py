@@ -171,7 +171,7 @@ def merge_part(device: str, quick: bool) -> dict:
     import torch
 
     from hubgrpo.merge import Adapter, MergeOptions, merge
-    from tests.adapter_factory import QWEN_05B, TINY, drifted, make_adapter
+    from tests.support.adapter_factory import QWEN_05B, TINY, drifted, make_adapter
 
     shapes, n = (TINY, 4) if quick else (QWEN_05B, 32)
     global_ = make_adapter(shapes, r=16, seed=0, alpha=32)

@@ -2,7 +2,7 @@
 
 Serves ``hubgrpo space`` in a subprocess over a run repo on the Hub emulator (so auth is on: alice owns the run),
 samples its RSS (``/proc/<pid>/status``: VmRSS every 10 ms, and VmHWM reset before each attack), and sends what an
-anonymous visitor can send (``tests/visitor_attacks.py``):
+anonymous visitor can send (``tests/support/visitor_attacks.py``):
 
 - oversized bodies, one at a time: 600 MiB on the upload route (declared and chunked), 400 MiB on Gradio's
   ``/gradio_api/run/upload``, ``/call/upload``, ``/queue/join`` and ``/upload`` (files), and on other plain routes;
@@ -39,7 +39,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 
 from benchmarks import common  # noqa: E402
-from tests import visitor_attacks as va  # noqa: E402
+from tests.support import visitor_attacks as va  # noqa: E402
 
 SECRET = "anonymous-memory-secret"
 
@@ -130,7 +130,7 @@ def token_flood(url: str, pid: int, baseline: int, emu, n: int = 200) -> tuple[d
 
 def run(scale: float, slow_s: float) -> dict:
     from hubgrpo.worker.client import CoordinatorClient
-    from tests.test_space_support import ALICE, make_run, start_emulator, submission_folder
+    from tests.support.space_support import ALICE, make_run, start_emulator, submission_folder
 
     tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-anon-mem-"))
     emu = start_emulator()

@@ -1,6 +1,6 @@
 """Latency of the coordinator API: ``lease`` and ``submit`` through each client transport.
 
-Serves ``tests.fake_coordinator.FakeCoordinator`` with ``hubgrpo.space.api.serve`` on 127.0.0.1, once with the
+Serves ``tests.support.fake_coordinator.FakeCoordinator`` with ``hubgrpo.space.api.serve`` on 127.0.0.1, once with the
 endpoints off Gradio's queue (``queue=False``, the default) and once on it, and times N sequential calls per
 (transport, endpoint) plus 40 concurrent leases from 8 threads. Writes ``results/api_latency.{md,json}``.
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import options, results_dir, start, write  # noqa: E402
 from hubgrpo.space.api import serve  # noqa: E402
 from hubgrpo.worker.client import CoordinatorClient  # noqa: E402
-from tests.fake_coordinator import FakeCoordinator  # noqa: E402
+from tests.support.fake_coordinator import FakeCoordinator  # noqa: E402
 
 TRANSPORTS = {"gradio_client": ("gradio", "run"), "http /run": ("http", "run"), "http /call+SSE": ("http", "call")}
 SHA = "cd" * 20

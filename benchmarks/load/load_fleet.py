@@ -224,7 +224,7 @@ class Fleet:
         from hubgrpo import runrepo
         from hubgrpo.layout import Lease
         from hubgrpo.task.rollouts import dumps
-        from tests.coord_helpers import honest_rollouts, submission_record
+        from tests.support.coord_helpers import honest_rollouts, submission_record
 
         self.cfg = self.cfg or runrepo.read_config(self.store)
         bare = Lease.model_validate({**lease, "uploads": {}})

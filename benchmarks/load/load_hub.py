@@ -1,6 +1,6 @@
 """Mode ``hub`` of ``coordinator_load.py``: a Hub-only run (no S3) under the Hub's commit quota.
 
-Three processes besides the driver: the Hub emulator (``tests/hub_emulator.py``) with its per-repo commit quota on
+Three processes besides the driver: the Hub emulator (``tests/support/hub_emulator.py``) with its per-repo commit quota on
 (``--commit-quota``, 128 commits per rolling hour: the Hub's), the coordinator app on a run repo there
 (``hub.submissions: coordinator``: rounds go through its upload route into a folder on its disk; versions are served
 by its adapter route; the repo gets checkpoints), and the open-loop fleet (``load_fleet.py``, mode ``hub``). The
@@ -33,7 +33,7 @@ TOKEN = "hf_test_load_token"  # the emulator's test user (travels only in HF_TOK
 def emulate(port: int, quota: int, stats: Path) -> None:
     """``--emulate``: the Hub emulator in this process with the commit quota on; its counters appended to ``stats``
     (one JSON line every 5 s and at the end) until SIGTERM."""
-    from tests.hub_emulator import HubEmulator
+    from tests.support.hub_emulator import HubEmulator
 
     emu = HubEmulator({os.environ["HF_TOKEN"]: "load"}, port=port)
     emu.set_commit_quota(quota)

@@ -134,7 +134,7 @@ def run_section(r: dict, a: dict) -> list[str]:
     lines += [f"## {r['workers']} workers: target {'MET' if met else 'NOT MET'}" + ("" if met else
               f" ({'; '.join(why)})"), "",
               f"Measured over {span / 60:.1f} min after one round of warm-up. {load_summary(r)}.", "",
-              "Setup: the Hub emulator (`tests/hub_emulator.py`, its own process) with the commit quota on: "
+              "Setup: the Hub emulator (`tests/support/hub_emulator.py`, its own process) with the commit quota on: "
               f"**{a['commit_quota']} commits per repo per rolling hour**; the run repo there; "
               "`hub.submissions: coordinator` (no S3); the coordinator app (`hubgrpo.space.api.serve`, plain "
               "routes) in its own process; the open-loop fleet in another (asyncio, raw HTTP). Config as "

@@ -58,7 +58,7 @@ MB = 1e6
 
 
 def shapes(name: str) -> dict:
-    from tests.adapter_factory import qwen_shapes
+    from tests.support.adapter_factory import qwen_shapes
 
     layers, hidden, inter, heads, kv, hd, _ = MODELS[name]
     return qwen_shapes(layers=layers, hidden=hidden, inter=inter, heads=heads, kv_heads=kv, head_dim=hd)
@@ -89,7 +89,7 @@ def init_run(folder: Path, name: str) -> tuple[Path, bytes, bytes]:
     from hubgrpo.coordinator.repo_init import init_repo
     from hubgrpo.merge.adapter import Adapter, adapter_bytes, save_adapter_dir
     from hubgrpo.store.local import LocalStore
-    from tests.adapter_factory import make_adapter
+    from tests.support.adapter_factory import make_adapter
 
     base = make_adapter(shapes(name), r=RANK, seed=0, scale=0.02, alpha=2 * RANK, base_model_name_or_path="builtin:tiny")
     gen = torch.Generator().manual_seed(1)
@@ -140,7 +140,7 @@ class Rounds:
         """The upload's JSON body, as ``CoordinatorClient.upload`` sends it."""
         from hubgrpo.layout import Lease
         from hubgrpo.task.rollouts import dumps
-        from tests.coord_helpers import honest_rollouts, submission_record
+        from tests.support.coord_helpers import honest_rollouts, submission_record
 
         bare = Lease.model_validate({**lease, "uploads": {}})
         files = {**self.files, "rollouts.json.gz": base64.b64encode(dumps(honest_rollouts(bare, self.cfg))).decode(),

@@ -47,7 +47,7 @@ METHODS = ("svd", "svd-exact", "stack", "ffa", "naive")
 
 def _shapes(name: str) -> dict:
     """All LoRA modules of the model, or of its first 4 layers for "0.5B-4L"."""
-    from tests.adapter_factory import QWEN_05B, QWEN_15B
+    from tests.support.adapter_factory import QWEN_05B, QWEN_15B
 
     if name == "0.5B-4L":
         return {k: v for k, v in QWEN_05B.items() if int(k.split(".layers.")[1].split(".")[0]) < 4}
@@ -57,7 +57,7 @@ def _shapes(name: str) -> dict:
 def _inputs(shape: str, n: int, method: str):
     """(global, items): the global and N submissions drawn from a pool of POOL drifted adapters."""
     from hubgrpo.merge import Adapter
-    from tests.adapter_factory import drifted, make_adapter
+    from tests.support.adapter_factory import drifted, make_adapter
 
     global_ = make_adapter(_shapes(shape), r=RANK, seed=0, alpha=32)
     pool = [drifted(global_, 0.5, seed=i + 1) for i in range(min(n, POOL))]
@@ -148,7 +148,7 @@ def run_drift(case: dict) -> dict:
 
     torch.set_num_threads(case["threads"])
     from hubgrpo.merge import MergeOptions, merge
-    from tests.adapter_factory import drifted, make_adapter
+    from tests.support.adapter_factory import drifted, make_adapter
 
     global_ = make_adapter(_shapes(case["shape"]), r=RANK, seed=0, alpha=32)
     items = [(drifted(global_, case["drift"], seed=i + 1), global_, 1.0) for i in range(8)]

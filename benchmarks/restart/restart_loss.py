@@ -27,7 +27,7 @@ from benchmarks.common import options, results_dir, start, write  # noqa: E402
 
 def measure(kills: int, interval: float, tmp: Path) -> dict:
     from tests import test_checkpoint_restart as chaos
-    from tests.test_space_support import make_run, start_emulator
+    from tests.support.space_support import make_run, start_emulator
 
     emu = start_emulator()
     emu.set_commit_quota(128)

@@ -90,7 +90,7 @@ def local_case(workdir: Path, args) -> dict:
 
 def hub_case(workdir: Path, args, latency_ms: float) -> dict:
     from hubgrpo.store.hub import HubStore
-    from tests.hub_emulator import HubEmulator
+    from tests.support.hub_emulator import HubEmulator
 
     name = f"hub{int(latency_ms)}ms"
     emu = HubEmulator(users={TOKEN: "alice"}, latency_s=latency_ms / 1000).start()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # for tests.hub_emulator
+sys.path.insert(0, str(ROOT))  # for tests.support.hub_emulator
 
 from benchmarks.common import local_hub, options, results_dir, start, write  # noqa: E402
 
@@ -70,7 +70,7 @@ def bench_hub(n: int, size: int, work: Path) -> dict | str:
     try:
         from hubgrpo.store.hub import HubStore
         from tests.conftest import TEST_TOKEN
-        from tests.hub_emulator import HubEmulator
+        from tests.support.hub_emulator import HubEmulator
     except ImportError as e:
         return f"skipped: {e}"
     emu = HubEmulator(users={TEST_TOKEN: "alice"}).start()

@@ -66,7 +66,7 @@ def spawn(args: list[str], home: Path, env: dict, log: Path) -> subprocess.Popen
 
 
 def snapshot(emu, repo_id: str, homes: dict[str, Path], status: dict) -> dict:
-    from tests.hub_emulator_storage import usage
+    from tests.support.hub_emulator_storage import usage
 
     repo = usage(emu.state, emu.state.repos[("model", repo_id)])
     scored = sum(v.get("eval_reward") is not None for v in status["versions"])
@@ -129,7 +129,7 @@ def soak(args) -> dict:
     from hubgrpo import runrepo
     from hubgrpo.store.hub import HubStore
     from hubgrpo.worker.client import CoordinatorClient
-    from tests.hub_emulator import HubEmulator
+    from tests.support.hub_emulator import HubEmulator
 
     work = Path(args.workdir).absolute()
     work.mkdir(parents=True, exist_ok=True)

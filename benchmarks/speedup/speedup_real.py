@@ -99,11 +99,11 @@ HUB_TOKEN = "hf_test_alice_token"  # the emulator's default user (alice)
 
 
 class HubQuota:
-    """``--hub-quota N``: the run repo on the Hub emulator (``tests/hub_emulator.py``, its own process) with N commits
+    """``--hub-quota N``: the run repo on the Hub emulator (``tests/support/hub_emulator.py``, its own process) with N commits
     per repo per rolling hour, as the Hub allows; ``hubgrpo run`` talks to it through ``HF_ENDPOINT``."""
 
     def __init__(self, quota: int):
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.hub_emulator", "--commit-quota", str(quota)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.hub_emulator", "--commit-quota", str(quota)],
                                      cwd=ROOT, stdout=subprocess.PIPE, text=True)
         self.url = self.proc.stdout.readline().strip()
         if not self.url.startswith("http://"):

@@ -6,7 +6,7 @@
   jumped by the wall-clock epoch at the first wait, or, clamped to now, every commit of the history counted as
   made this very second. Here every commit is stamped with the virtual time at which it was made, and
   ``history()`` answers those stamps.
-- **The quota** (``quota_per_hour``; None: none). Like the Hub (``tests/hub_emulator_api.py``), every commit
+- **The quota** (``quota_per_hour``; None: none). Like the Hub (``tests/support/hub_emulator_api.py``), every commit
   request spends one of the repo's commits of the rolling hour, and past the quota a commit is refused with the
   Hub's 429 as ``HubStore`` maps it: ``RateLimited`` (the Hub names no wait: ``QUOTA_WAIT_S``, the wait
   ``HubStore`` assumes then). Tags cost nothing, as on the Hub. The store says so as ``HubStore`` does

@@ -24,7 +24,7 @@ import hashlib
 import time
 from typing import Callable
 
-from tests.hub_emulator_state import GITATTRIBUTES, HubError, HubState, Repo, iso
+from tests.support.hub_emulator_state import GITATTRIBUTES, HubError, HubState, Repo, iso
 
 LFS_PATTERNS = [line.split()[0] for line in GITATTRIBUTES.decode().splitlines() if line.strip()]
 
@@ -121,7 +121,7 @@ def route(api, req, t: str, rid: str, rest: list[str]) -> tuple[str, Callable] |
 
 def squash(api, req, t: str, rid: str, branch: str):
     """The branch → one parentless commit with its head's tree; then what no ref reaches is collected."""
-    from tests.hub_emulator_api import json_resp
+    from tests.support.hub_emulator_api import json_resp
 
     message = req.json().get("message") or f"Super-squash branch '{branch}'"
     state = api.state
@@ -147,7 +147,7 @@ def list_lfs(api, req, t: str, rid: str):
 
 
 def delete_lfs(api, req, t: str, rid: str):
-    from tests.hub_emulator_api import json_resp
+    from tests.support.hub_emulator_api import json_resp
 
     shas = (req.json().get("deletions") or {}).get("sha") or []
     if not isinstance(shas, list):

@@ -1,7 +1,7 @@
 """Helpers for the model/engine tests: a tiny model built once per test module into a temporary hubgrpo cache,
 a small config around it, and lease construction.
 
-Import the fixture into a test module (``from tests.models_fixture import tiny_cache``) to use it there.
+Import the fixture into a test module (``from tests.support.models_fixture import tiny_cache``) to use it there.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hubgrpo import layout, runrepo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "chaos-secret"
 _SUB_MSG = re.compile(r"^hubgrpo: submission (\S+)")
 _VER_MSG = re.compile(r"^hubgrpo: version (\d+) ")

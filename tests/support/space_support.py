@@ -15,8 +15,8 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.store.hub import HubStore
-from tests.chaos_helpers import wait_for
-from tests.coord_helpers import (D_IN, D_OUT, MODULES, R, make_config, submission_record, trained_adapter,
+from tests.support.chaos_helpers import wait_for
+from tests.support.coord_helpers import (D_IN, D_OUT, MODULES, R, make_config, submission_record, trained_adapter,
                                  write_rollouts)
 
 SECRET = b"space-test-secret"
@@ -56,7 +56,7 @@ def push_submission(store, lease, tmp: Path, *, seed: int, reward: float, reader
 
 def start_emulator():
     """A Hub emulator with alice (run owner), bob (member of the allowed org 'friends') and mallory."""
-    from tests.hub_emulator import HubEmulator
+    from tests.support.hub_emulator import HubEmulator
 
     emu = HubEmulator(users=USERS).start()
     emu.api.orgs.update(ORGS)

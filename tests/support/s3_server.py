@@ -12,7 +12,7 @@ refuse a file outside the range with 400 ``EntityTooLarge`` / ``EntityTooSmall``
 check in front of moto (only that one: the policy's signature and expiry are still not checked), so that the
 coordinator's probe finds a backend that bounds uploads; ``S3Server(bounded_posts=False)`` serves moto as it is.
 
-Run as ``python tests/s3_server.py PORT [--moto-posts]``.
+Run as ``python tests/support/s3_server.py PORT [--moto-posts]``.
 """
 
 from __future__ import annotations

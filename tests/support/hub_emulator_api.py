@@ -17,10 +17,10 @@ from urllib.parse import parse_qs, quote, unquote, urlencode
 
 import yaml
 
-from tests import hub_emulator_storage as storage
-from tests.hub_emulator_jobs import JobsEmulator
-from tests.hub_emulator_spaces import SpaceSettings
-from tests.hub_emulator_state import HubError, HubState, Repo, iso, tree_items
+from tests.support import hub_emulator_storage as storage
+from tests.support.hub_emulator_jobs import JobsEmulator
+from tests.support.hub_emulator_spaces import SpaceSettings
+from tests.support.hub_emulator_state import HubError, HubState, Repo, iso, tree_items
 
 # the Hub's answer past its hourly commit quota per repo (../shared/HUB_PROTOCOL.md); ~128 an hour, unpublished
 QUOTA_MESSAGE = "You have exceeded our hourly quotas for action: commit. We invite you to retry later."

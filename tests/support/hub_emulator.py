@@ -8,7 +8,7 @@ variables/secrets (``hub_emulator_spaces``) and HF Jobs run as local processes (
 ``hub_emulator_api``, the data model in ``hub_emulator_state``; this module is the server, the fault injector and
 the command line::
 
-    python -m tests.hub_emulator --port 8123 --data /tmp/bucket --user hf_test_alice_token=alice
+    python -m tests.support.hub_emulator --port 8123 --data /tmp/bucket --user hf_test_alice_token=alice
 
 Faults (``set_faults`` for a random rate, ``fail_next`` for exact sequences, ``fail_at`` for the Nth request of
 any endpoint, optionally with the server down from there on: a client that crashed at that call), per endpoint name:
@@ -35,8 +35,8 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
-from tests.hub_emulator_api import BUSY_MESSAGE, HubApi, Request, Resp, error_resp, json_resp
-from tests.hub_emulator_state import HubError, HubState
+from tests.support.hub_emulator_api import BUSY_MESSAGE, HubApi, Request, Resp, error_resp, json_resp
+from tests.support.hub_emulator_state import HubError, HubState
 
 ALL_FAULTS = ("429", "409", "500", "timeout", "lost")
 _LOST = ("lost", "lost-500", "lost-reset")
@@ -314,7 +314,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def main(argv: list[str] | None = None) -> None:
     """Run the emulator in the foreground, print its URL, serve until SIGINT/SIGTERM."""
-    ap = argparse.ArgumentParser(prog="python -m tests.hub_emulator", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.support.hub_emulator", description=__doc__.split("\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--data", default=None, help="directory that keeps the repos across restarts")

@@ -192,7 +192,7 @@ class HubState:
         for op in ops:
             _apply_op(self, tree, op)
         title, message = header.get("summary") or "", header.get("description") or ""
-        from tests.hub_emulator_storage import register_lfs
+        from tests.support.hub_emulator_storage import register_lfs
 
         register_lfs(self, repo, old, tree)
         return self._add_commit(repo, branch, tree, title, message, author)

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tests.hub_emulator_state import HubError, iso
+from tests.support.hub_emulator_state import HubError, iso
 
 PASS_ENV = ("HOME", "LANG", "TMPDIR", "HUBGRPO_CACHE", "HF_HOME", "HF_HUB_CACHE", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_XET", "PYTHONPATH")
@@ -83,7 +83,7 @@ class JobsEmulator:
 
     @staticmethod
     def _json(obj):
-        from tests.hub_emulator_api import json_resp
+        from tests.support.hub_emulator_api import json_resp
 
         return json_resp(obj)
 
@@ -159,7 +159,7 @@ class JobsEmulator:
         return self._json(out)
 
     def logs(self, req, ns: str, job_id: str):
-        from tests.hub_emulator_api import Resp
+        from tests.support.hub_emulator_api import Resp
 
         job = self._job(req, ns, job_id)
         events = [{"timestamp": iso(job.created), "data": "===== Job started ====="}]

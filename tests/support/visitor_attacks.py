@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 
@@ -259,7 +259,7 @@ def start_space(repo_id: str, port: int, env: dict, log: Path, extra: tuple[str,
 
 def stop(proc: subprocess.Popen) -> None:
     """End the server process we started (its process group), and reap it."""
-    from tests.chaos_helpers import kill
+    from tests.support.chaos_helpers import kill
 
     kill(proc)
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from tests.hub_emulator_state import HubError, iso
+from tests.support.hub_emulator_state import HubError, iso
 
 
 class SpaceSettings:
@@ -36,7 +36,7 @@ class SpaceSettings:
 
     def handle(self, api, req, rid: str, kind: str):
         """Read, set or delete one variable/secret of an owned Space; answers like the Hub."""
-        from tests.hub_emulator_api import json_resp
+        from tests.support.hub_emulator_api import json_resp
 
         api._repo(req, "space", rid, write=True)  # 401/403/404 exactly like a write to the repo
         with self._lock:

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: emulators, local servers, fakes, fixtures. No tests here."""
