@@ -1,7 +1,7 @@
 """Every code an error on the wire can carry, in one registry: what it means and what a worker does about it.
 
 An error crosses the wire as ``{"error": <class>, "code": <code>, "message", "hint"}`` (``errors.HubGrpoError``).
-``CODES`` lists each (class, code) pair the code base raises; ``tests/test_error_codes.py`` scans ``hubgrpo/`` and
+``CODES`` lists each (class, code) pair the code base raises; ``tests/unit/test_error_codes.py`` scans ``hubgrpo/`` and
 fails on a code raised but not listed here, or listed but never raised. The worker's reactions come from here
 (``stop_codes``), and ``docs/architecture.md``'s error table is generated from it (``markdown``;
 ``python -m hubgrpo.error_codes`` prints it; the test checks the document holds it).

@@ -35,7 +35,7 @@ SETTINGS = [  # speeds, jitter, starts
 def fresh_share(speeds: str, seed: int, jitter: float, versions: int, starts: str = "0") -> float:
     from hubgrpo.sim.loop import SimOptions, Simulation
     from tests.support.coord_helpers import make_config
-    from tests.test_simulate import FakeEngine
+    from tests.unit.test_simulate import FakeEngine
 
     cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.steps_per_round": 1,
                          "params.versions": versions})

@@ -1,6 +1,6 @@
 """docs/config.md: every config key with its default and meaning, generated from the field descriptions (the one
-place fields are documented) by ``hubgrpo config fields --markdown``; tests/test_config_reference.py keeps the file
-current."""
+place fields are documented) by ``hubgrpo config fields --markdown``; tests/system/test_config_reference.py keeps the
+file current."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The Store interface: a run repo with atomic commits, history, tags and compare-and-swap.
 
-Three backends share one contract (tests/test_store_contract.py): ``LocalStore`` (a directory; the embedded default),
-``HubStore`` (a Hugging Face Hub model repo through ``HfApi``) and ``S3Store`` (``s3://bucket/prefix`` through boto3). A
-revision is an opaque string (a 40-hex commit sha on every backend). Paths are POSIX, relative, without ``..``,
-backslashes or empty segments.
+Three backends share one contract (tests/integration/test_store_contract.py): ``LocalStore`` (a directory; the
+embedded default), ``HubStore`` (a Hugging Face Hub model repo through ``HfApi``) and ``S3Store``
+(``s3://bucket/prefix`` through boto3). A revision is an opaque string (a 40-hex commit sha on every backend). Paths
+are POSIX, relative, without ``..``, backslashes or empty segments.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from hubgrpo.errors import ConfigError, DataError
 from hubgrpo.task.procedural import BUILTIN_TASKS
 from hubgrpo.task.rewards import BUILTIN_REWARDS
 
-# transformers.SchedulerType's values (tests/test_recipe.py keeps this list equal to the installed enum)
+# transformers.SchedulerType's values (tests/system/test_recipe.py keeps this list equal to the installed enum)
 SCHEDULERS = (
     "linear",
     "cosine",

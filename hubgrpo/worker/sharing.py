@@ -16,7 +16,7 @@ the log-probabilities for the loss (forward and backward). With short completion
   log-probability head with that cache. The gradient reaches the prompt's tokens through the repeated cache, so it
   sums over the group as in the repeated computation.
 
-Both give the numbers TRL's own path gives, up to float rounding (``tests/test_sharing.py``). Anything else
+Both give the numbers TRL's own path gives, up to float rounding (``tests/unit/test_sharing.py``). Anything else
 (vision inputs, MoE auxiliary losses, vLLM or continuous batching, a static cache, prompts without duplicates, a
 TRL without the fused head) takes TRL's own path unchanged. ``params.share_prompts: false`` turns it off.
 """

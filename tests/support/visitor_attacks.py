@@ -1,7 +1,7 @@
 """What an anonymous visitor can send a served Space, as raw HTTP on a socket (no tests here): oversized bodies,
 declared or chunked, sent as fast as the server reads them; slow bodies; and the server's memory while it happens.
 
-Used by ``tests/test_anonymous_visitor.py`` and ``benchmarks/load/anonymous_memory.py``. A body is never held whole on
+Used by ``tests/system/test_anonymous_visitor.py`` and ``benchmarks/load/anonymous_memory.py``. A body is never held whole on
 this side: one chunk is sent again and again, so a 600 MiB attack costs the sender a megabyte.
 """
 

@@ -1,0 +1,343 @@
+"""The benchmark suite kept runnable: every script's quick mode runs (as ``python benchmarks/<question>/<script>.py``)
+and writes a result in the shared shape with the numbers it should; the kept results carry that shape; the README's
+figures table is the one the results give; no script imports another question's.
+
+The quick modes check the scripts, not the figures: tiny model, a few steps. Those that start several processes
+or train for tens of seconds are ``slow`` (run them with ``-m slow``)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+QUESTIONS = sorted(p.name for p in BENCH.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def run(script: str, out: Path, *args: str, quick: bool = True, timeout: float = 240) -> str:
+    """``python benchmarks/SCRIPT [--quick] --results OUT ARGS`` from the repository root; its output."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "QUIET": "1"}
+    cmd = [sys.executable, f"benchmarks/{script}", *(["--quick"] if quick else []), "--results", str(out), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def shaped(path: Path, quick: bool | None = True) -> dict:
+    """A result JSON in the shared shape (its markdown beside it, ending with the meta); its data."""
+    result = json.loads(path.read_text())
+    meta = result["meta"]
+    for key in ("script", "command", "commit", "date", "machine", "load", "quick"):
+        assert key in meta, f"{path.name}: meta has no {key}"
+    for key in ("cpu", "cores", "python", "torch"):
+        assert key in meta["machine"], f"{path.name}: meta.machine has no {key}"
+    assert set(meta["load"]) >= {"start", "end"}
+    assert meta["commit"] and meta["date"], path.name
+    assert "headline" in result
+    if quick is not None:
+        assert meta["quick"] is quick
+        assert Path(ROOT / meta["script"]).is_file(), meta["script"]
+    if not meta.get("recovered"):
+        assert len(meta["load"]["start"]) == 3 and len(meta["load"]["end"]) == 3
+        assert meta["machine"]["cores"] and meta["machine"]["python"]
+    assert "Measured at commit" in path.with_suffix(".md").read_text().rsplit("\n\n", 1)[-1]
+    return result
+
+
+# --- the suite itself ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_the_figures_table_is_current():
+    proc = subprocess.run([sys.executable, "benchmarks/figures.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_every_question_has_a_row_and_every_kept_result_the_shared_shape():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.figures import QUESTIONS as ROWS
+
+    assert sorted(folder for folder, _, _ in ROWS) == QUESTIONS
+    for folder, _, names in ROWS:
+        for name in names:
+            assert shaped(BENCH / folder / "results" / f"{name}.json", quick=None)["headline"], name
+    for path in BENCH.glob("*/results/*.json"):
+        assert shaped(path, quick=False)["meta"]["script"].startswith(f"benchmarks/{path.parent.parent.name}/")
+    assert not (BENCH / "results").exists(), "results live in their question's folder"
+
+
+@pytest.mark.timeout(60)
+def test_no_script_imports_another_questions_script():
+    """A script may import ``benchmarks.common`` and scripts of its own question, nothing else of benchmarks/."""
+    for path in BENCH.glob("*/*.py"):
+        mine = path.parent.name
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                if name.startswith("benchmarks.") and name != "benchmarks.common":
+                    assert name.split(".")[1] == mine, f"{path.relative_to(ROOT)} imports {name}"
+                assert name.split(".")[0] not in {p.stem for p in BENCH.glob("*/*.py")} - {"benchmarks"}, \
+                    f"{path.relative_to(ROOT)} imports {name} by its bare name"
+
+
+# --- quick modes -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_merge_quick(tmp_path):
+    run("merge/merge.py", tmp_path)
+    r = shaped(tmp_path / "merge.json")
+    assert {c["method"] for c in r["cases"]} == {"svd", "ffa"} and all("error" not in c for c in r["cases"])
+    assert all(c["best_s"] > 0 and c["residual"] < 1 for c in r["cases"])
+    assert 0 < r["drift"][0]["svd"] < 1
+
+
+@pytest.mark.timeout(120)
+def test_merge_latency_quick(tmp_path):
+    run("merge/merge_latency.py", tmp_path)
+    rows = shaped(tmp_path / "merge_latency.json")["rows"]
+    assert len(rows) == 3 and all(r["quorum"] == 2 and r["latency_s"] > 0 for r in rows)
+    assert rows[2]["total_cpu_s"] >= rows[2]["latency_cpu_s"]
+
+
+@pytest.mark.timeout(120)
+def test_round_agreement_quick(tmp_path):
+    run("merge/round_agreement.py", tmp_path)
+    r = shaped(tmp_path / "round-agreement.json")
+    base = r["result"]["bases"]["0"]
+    assert -1 <= base["pairwise_cos_mean"] <= 1 and base["orthogonal_ratio"] == pytest.approx(2 ** -0.5)
+
+
+@pytest.mark.timeout(120)
+def test_staleness_phase_quick(tmp_path):
+    run("simulator/staleness_phase.py", tmp_path)
+    rows = shaped(tmp_path / "staleness_phase.json")["rows"]
+    assert len(rows) == 2 and all(0 <= r["mean"] <= 1 and len(r["fresh_shares"]) == 2 for r in rows)
+
+
+@pytest.mark.timeout(60)
+def test_phase_walk_on_the_kept_real_runs(tmp_path):
+    real = sorted(str(p) for p in (BENCH / "speedup" / "results").glob("speedup-real-decay-s*.json"))
+    run("simulator/phase_walk.py", tmp_path, *real)
+    r = shaped(tmp_path / "phase-walk.json")
+    assert len(r["seeds"]) == 6 and sum(s["crossings"] for s in r["seeds"]) == 0
+
+
+@pytest.mark.timeout(60)
+def test_learning_pool_of_a_pooled_result_gives_its_table(tmp_path):
+    kept = BENCH / "learning" / "results" / "learning-b4-tiny-pooled.json"
+    run("learning/learning_pool.py", tmp_path, str(kept), "--name", "pooled")
+    mine = {r["name"]: r["ratio"] for r in shaped(tmp_path / "pooled.json")["summary"]}
+    theirs = {r["name"]: r["ratio"] for r in json.loads(kept.read_text())["summary"]}
+    assert mine == pytest.approx(theirs)
+
+
+@pytest.mark.timeout(60)
+def test_store_commit_quick(tmp_path):
+    run("round/store_commit.py", tmp_path)
+    results = shaped(tmp_path / "store_commit.json")["results"]
+    assert len(results) == 3 and all(isinstance(r, str) or r["commit_p50_ms"] > 0 for r in results.values())
+
+
+@pytest.mark.timeout(120)
+def test_api_latency_quick(tmp_path):
+    run("load/api_latency.py", tmp_path)
+    rows = shaped(tmp_path / "api_latency.json")["rows"]
+    assert len(rows) == 6 and all(r["lease"]["p50_ms"] > 0 and r["submit"]["p50_ms"] > 0 for r in rows)
+
+
+@pytest.mark.timeout(240)
+def test_scaleout_quick_then_rescore_and_sim_quota_on_it(tmp_path):
+    run("scaleout/scaleout.py", tmp_path, "--work", str(tmp_path / "work"))
+    r = shaped(tmp_path / "scaleout-tiny.json")
+    assert [(x["fleet"], x["workers"]) for x in r["summary"]] == [("homog", 1), ("homog", 2)]
+    assert r["seeds"][0]["target"] > 0 and (tmp_path / "scaleout-tiny.png").is_file()
+    run("scaleout/rescore.py", tmp_path, "--reference", str(tmp_path / "scaleout-tiny.json"), "--runs",
+        str(tmp_path / "scaleout-tiny.json"), "--name", "rescored")
+    again = shaped(tmp_path / "rescored.json")
+    assert [(t["fleet"], t["workers"]) for t in again["summary"]] == [("homog", 1), ("homog", 2)]
+    mine, theirs = again["rows"][0]["speedup"], r["seeds"][0]["rows"][1]["speedup"]
+    assert (mine is None) == (theirs is None) and (mine is None or mine == pytest.approx(theirs))
+    run("scaleout/sim_quota.py", tmp_path, "--runs", str(tmp_path / "scaleout-tiny.json"), "--name", "combined")
+    assert shaped(tmp_path / "combined.json")["summary"] == r["summary"]
+
+
+@pytest.mark.timeout(120)
+def test_round_quick(tmp_path):
+    run("round/round.py", tmp_path)
+    parts = shaped(tmp_path / "round.json")["parts"]
+    assert list(parts) == ["tiny"] and parts["tiny"]["rounds"]["s_per_step"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_round_overhead_quick(tmp_path):
+    run("round/round_overhead.py", tmp_path)
+    r = shaped(tmp_path / "round_overhead.json")
+    assert len(r["rows"]) == 2 and r["objects"] > 0 and all(x["one_round_s"] > 0 for x in r["rows"])
+
+
+@pytest.mark.timeout(120)
+def test_profile_step_quick(tmp_path):
+    """Every phase of a step is timed, the timed phases fit inside the wall clock they are part of (what is left
+    over is not negative: nothing is counted twice), and the FLOP rates are below the peak."""
+    run("round/profile_step.py", tmp_path)
+    r = shaped(tmp_path / "profile-step.json")
+    per = r["per_step_s"]
+    assert all(per[k] > 0 for k in ("prefill", "decode", "forward", "backward", "optimizer", "load", "save"))
+    assert min(per["generate_other"], per["step_other"], per["round_other"]) > -0.005, per
+    assert r["raw"]["counts"]["completion_tokens"] > 0 and r["raw"]["counts"]["steps"] == 2 * 4
+    assert all(0 < r["rates"][k]["of_peak"] < 1.5 for k in ("prefill", "decode", "training"))
+
+
+@pytest.mark.timeout(180)
+def test_gpu_smoke_on_the_cpu(tmp_path):
+    run("gpu/gpu_smoke.py", tmp_path, "--device", "cpu", "--models", "smollm2-135m")
+    r = shaped(tmp_path / "gpu_smoke.json")
+    assert r["merge"]["ok"] and all(x["ok"] for x in r["rounds"]), r
+
+
+@pytest.mark.timeout(180)
+def test_gpu_bench_on_the_cpu(tmp_path):
+    """A worker's rounds and a bare GRPOTrainer on one tiny shape: both measured, every completion run to the
+    length limit on both sides, and the two trainers' GRPOConfigs differ only in logging and reward weights."""
+    run("gpu/gpu_bench.py", tmp_path, "--device", "cpu", "--shapes", "smollm2")
+    row = shaped(tmp_path / "gpu_bench.json")["shapes"][0]
+    assert row["hubgrpo"]["ok"] and row["trl"]["ok"], row
+    assert row["hubgrpo"]["full_length"] and row["trl"]["full_length"]
+    assert row["hubgrpo"]["measured_steps"] == row["trl"]["measured_steps"] == 1
+    assert row["ratio"] > 0 and row["hubgrpo"]["tokens_per_s"] > 0 and row["trl"]["tokens_per_s"] > 0
+    assert set(row["settings_differ"]) <= {"logging_steps", "reward_weights"}, row["settings_differ"]
+
+
+@pytest.mark.timeout(180)
+def test_restart_loss_quick(tmp_path):
+    run("restart/restart_loss.py", tmp_path)
+    r = shaped(tmp_path / "restart-loss.json")
+    assert len(r["restarts"]) == 1 and r["merged_twice"] == 0
+    assert all(x["lost_versions"] <= x["bound"] for x in r["restarts"])
+
+
+@pytest.mark.timeout(180)
+def test_upload_route_quick(tmp_path):
+    run("load/upload_route.py", tmp_path)
+    small = shaped(tmp_path / "upload_route.json")["models"]["small"]
+    assert small["sequential"]["mb_per_s"] > 0 and small["concurrent"]["rounds_per_s"] > 0
+
+
+@pytest.mark.timeout(180)
+def test_anonymous_memory_quick(tmp_path):
+    run("load/anonymous_memory.py", tmp_path)
+    r = shaped(tmp_path / "anonymous_memory.json")
+    assert r["scale"] == 0.01 and r["peak_over_baseline_mib"] < 64
+
+
+# --- slow quick modes: several processes, or training for tens of seconds ---------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_learning_quick_then_pooled(tmp_path):
+    run("learning/learning.py", tmp_path)
+    r = shaped(tmp_path / "learning.json")
+    assert [x["name"] for x in r["summary"]] == ["baseline", "async-1w"] and r["summary"][1]["gain_ratio"] is not None
+    run("learning/learning_pool.py", tmp_path, str(tmp_path / "learning.json"), "--name", "pooled")
+    assert len(shaped(tmp_path / "pooled.json")["gains"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_speedup_real_quick_then_the_simulator_replays_it(tmp_path):
+    run("speedup/speedup_real.py", tmp_path, timeout=360)
+    r = shaped(tmp_path / "speedup-real.json")
+    row = r["rows"][0]
+    assert row["speedup_train_reward"] and row["run_version_at_target"] >= 1 and r["raw"][0]["run"]["rounds"]
+    run("simulator/validate.py", tmp_path, str(tmp_path / "speedup-real.json"), "--work", str(tmp_path / "work"),
+        "--timing", "median")
+    v = shaped(tmp_path / "validate.json")
+    assert len(v["seeds"]) == 1 and v["seeds"][0]["versions"] == 6 and (tmp_path / "validate.png").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_speedup_quota_quick(tmp_path):
+    run("speedup/speedup_quota.py", tmp_path, timeout=540)
+    r = shaped(tmp_path / "speedup-real-quota.json")
+    seed = r["seeds"][0]
+    assert seed["quota"]["hub_peak_commits_per_hour"] >= 1 and seed["free"]["versions"] == 12
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sim_quota_versions_quick(tmp_path):
+    run("scaleout/sim_quota_versions.py", tmp_path, "--work", str(tmp_path / "work"))
+    rows = shaped(tmp_path / "sim_quota_versions.json")["rows"]
+    assert len(rows) == 3 and all(r["versions"] == 6 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_merge_choice_quick(tmp_path):
+    run("merge/merge_choice.py", tmp_path)
+    r = shaped(tmp_path / "merge-choice.json")
+    assert [s["variant"] for s in r["sims"]] == ["svd"] and r["train"][0]["eval_after"] is not None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_coordinator_load_quick(tmp_path):
+    run("load/coordinator_load.py", tmp_path)
+    run_ = shaped(tmp_path / "coordinator_load.json")["runs"][0]
+    assert run_["mode"] == "s3" and run_["lost"] == 0 and run_["duplicates_merged"] == 0 and run_["delivered"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_coordinator_load_hub_quick(tmp_path):
+    run("load/coordinator_load.py", tmp_path, "--modes", "hub")
+    run_ = shaped(tmp_path / "coordinator_load-hub.json")["runs"][0]
+    assert run_["mode"] == "hub" and run_["lost"] == 0 and run_["commits"]["emulator_at_end"].get("quota_429", 0) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_overhead_quick(tmp_path):
+    run("round/overhead.py", tmp_path)
+    cases = shaped(tmp_path / "overhead.json")["cases"]
+    assert [c["store"] for c in cases] == ["local directory"] and cases[0]["rounds"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_run_breakdown_quick(tmp_path):
+    run("round/run_breakdown.py", tmp_path)
+    r = shaped(tmp_path / "run_breakdown-tiny.json")
+    assert r["versions"] == 1 and r["breakdown"]["rounds"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_soak_quick(tmp_path):
+    run("soak/soak.py", tmp_path)
+    r = shaped(tmp_path / "soak.json")
+    assert r["final"]["version"] == 3 and r["gc"]["rc"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_task_headroom_smallest_run(tmp_path):
+    """task_headroom.py has no quick mode of its own (its logic stays as measured): its smallest run."""
+    run("task/task_headroom.py", tmp_path, "--candidates", "addition1", "--steps", "2", "--save-every", "1",
+        "--mid", "1", "--eval", "2", "--threads", "1", quick=False, timeout=540)
+    rows = shaped(tmp_path / "task-headroom.json", quick=False)["rows"]
+    assert [c["step"] for c in rows["addition1"]["curve"]] == [0, 1, 2]

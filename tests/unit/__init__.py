@@ -1,0 +1,1 @@
+"""Unit tests: in one process, nothing listening, no child processes (see tests/README.md)."""
