@@ -189,3 +189,11 @@ def results_dir(args: argparse.Namespace, script: str) -> Path:
 def read(path: Path) -> dict:
     """A result JSON."""
     return json.loads(Path(path).read_text())
+
+
+def path_s(r: dict) -> float:
+    """A round's seconds on its worker's path that are not training: the wait for its lease and its download,
+    and (in sequence) its upload and submit; a pipelined worker (``"pipelined"`` rows) delivers while it trains
+    the next round, and its lease wait includes any wait for that delivery."""
+    s = r.get("lease_s", 0.0) + r.get("download_s", 0.0)
+    return s if r.get("pipelined") else s + r.get("upload_s", 0.0) + r.get("submit_s", 0.0)

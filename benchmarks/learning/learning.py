@@ -206,7 +206,7 @@ def _rounds(since: float) -> list[dict]:
 
 
 def _overhead(rounds: list[dict]) -> float | None:
-    from benchmarks.round.run_breakdown import path_s
+    from benchmarks.common import path_s
 
     coord = sum(path_s(r) for r in rounds)
     wall = coord + sum(r.get("train_s", 0.0) for r in rounds)

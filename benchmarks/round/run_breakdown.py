@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import options, results_dir, start, write  # noqa: E402
+from benchmarks.common import options, path_s, results_dir, start, write  # noqa: E402
 
 
 def run_cli(config: Path, repo: Path, workers: int, overrides: list[str]) -> float:
@@ -46,14 +46,6 @@ def round_rows(cache: Path, since: float) -> list[dict]:
             if r["at"] >= since:
                 rows.append(r)
     return rows
-
-
-def path_s(r: dict) -> float:
-    """A round's seconds on its worker's path that are not training: the wait for its lease and its download,
-    and (in sequence) its upload and submit; a pipelined worker (``"pipelined"`` rows) delivers while it trains
-    the next round, and its lease wait includes any wait for that delivery."""
-    s = r.get("lease_s", 0.0) + r.get("download_s", 0.0)
-    return s if r.get("pipelined") else s + r.get("upload_s", 0.0) + r.get("submit_s", 0.0)
 
 
 def breakdown(rows: list[dict]) -> dict:
