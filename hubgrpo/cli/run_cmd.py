@@ -117,10 +117,11 @@ def worker(
     allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
     gpus: str = typer.Option(None, "--gpus", help=GPUS_HELP),
     pipeline: bool = typer.Option(
-        True,
+        False,
         "--pipeline/--no-pipeline",
         help="Deliver each round while the next one trains, and ask the next lease ahead (the run allows it with "
-        "coordinator.leases_per_worker ≥ 2); --no-pipeline: lease, train, deliver, submit in sequence.",
+        "coordinator.leases_per_worker ≥ 2). Off by default: its rounds arrive older (benchmarks/LOG.md, "
+        "2026-12-05); --no-pipeline: lease, train, deliver, submit in sequence.",
     ),
     verbose: bool = typer.Option(True, "--verbose/--quiet"),
 ) -> None:
@@ -144,7 +145,7 @@ def worker(
         host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40].strip("-.")
         name = f"{host or 'worker'}-{secrets.token_hex(2)}"
     if chosen is not None:
-        rest = [] if pipeline else ["--no-pipeline"]
+        rest = ["--pipeline"] if pipeline else []
         raise typer.Exit(
             _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose, rest)
         )

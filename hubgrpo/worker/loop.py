@@ -115,7 +115,7 @@ class Worker:
         coordinator``, else the store). ``allow_code``: the non-built-in reward functions (``module:function``,
         ``file.py:function``) of the run's config that this worker's owner allows to run; any other one stops
         the worker before it trains. ``pipeline``: deliver each round while the next one trains
-        (``hubgrpo.worker.pipeline``; ``hubgrpo worker`` does unless ``--no-pipeline``)."""
+        (``hubgrpo.worker.pipeline``; ``hubgrpo worker --pipeline``)."""
         from hubgrpo.worker.delivery import upload_route
 
         self.store, self.client, self.name, self.user = store, client, layout.check_name(name), user
