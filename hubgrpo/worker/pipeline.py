@@ -47,9 +47,10 @@ class Handoff:
         self,
         deliver: Callable[[], dict],
         fetch: Callable[[], Any] | None,
+        *,
+        release: Callable[[Lease], Any],
         keep: Callable[[Lease], Lease] | None = None,
         interval: float = 30.0,
-        release: Callable[[Lease], Any] | None = None,
     ):
         self._deliver, self._fetch, self._keep, self._interval = deliver, fetch, keep, interval
         self._release = release
@@ -68,7 +69,7 @@ class Handoff:
                 out.fetched = True
                 out.lease = self._fetch()
                 if isinstance(out.lease, Lease) and self._abandoned.is_set():  # the worker left meanwhile
-                    release_quietly(self._release or (lambda lease: None), out.lease)
+                    self._release(out.lease)
                     out.lease = None
                 while isinstance(out.lease, Lease) and self._keep and not self._taken.wait(self._interval):
                     try:
@@ -87,7 +88,7 @@ class Handoff:
         self._abandoned.set()
         out = self.join(timeout)
         if isinstance(out.lease, Lease):
-            release_quietly(self._release or (lambda lease: None), out.lease)
+            self._release(out.lease)
             out.lease = None
         return out
 
