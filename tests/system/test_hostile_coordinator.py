@@ -455,7 +455,7 @@ def test_a_remote_run_repo_never_picks_a_folder_of_the_workers_machine_as_its_in
     a local folder there is refused before anything is leased or written; on this machine it stays allowed."""
     from hubgrpo.errors import ConfigError
     from hubgrpo.store.hub import HubStore
-    from hubgrpo.worker.loop import check_inbox_is_ours
+    from hubgrpo.worker.delivery import check_inbox_is_ours
     from tests.conftest import TEST_TOKEN
 
     target = tmp_path / "users-folder"
