@@ -35,6 +35,7 @@ from hubgrpo import layout
 from hubgrpo.coordinator import admission, checkpoint, evals, lease_signing, leasing, merging, reconcile
 from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.coordinator.repo_state import RepoStateMixin
+from hubgrpo.coordinator.scan import prepare_unseen
 from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMixin
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError
 from hubgrpo.layout import Lease, Refusal, WorkerStats
@@ -99,7 +100,7 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         from hubgrpo.tracking import make_tracker
 
         self.tracker = make_tracker(self.cfg.log, project=self.cfg.project_name, name="coordinator")
-        for prepared in admission.scan(self, check_deadline=False):  # submissions committed before a restart
+        for prepared in prepare_unseen(self, check_deadline=False):  # submissions committed before a restart
             self.accept_quietly(prepared)
 
     @property
@@ -223,7 +224,7 @@ class Coordinator(RepoStateMixin, VersionsMixin):
     def scan(self) -> list[admission.Prepared]:
         """Committed submissions nobody submitted (store reads, no lock; ``scan_pass`` then accepts each)."""
         self.last_scan_at = self.clock()
-        return admission.scan(self)
+        return prepare_unseen(self)
 
     def upload_precheck(self, lease: Lease) -> bool:
         """For uploads through the coordinator: verify the lease; False when this submission is already in."""
