@@ -1,4 +1,5 @@
-"""Hostile submission folders: each mutation of an honest adapter folder and the refusal code it must earn (``HOSTILE``).
+"""Hostile submission folders: each mutation of an honest adapter folder and the refusal code it must earn
+(``HOSTILE``).
 
 A pickle payload (``Payload``) creates ``MARKER`` when unpickled: proof that a file was deserialised with pickle.
 """
@@ -20,8 +21,7 @@ MARKER = Path("/tmp/hubgrpo-admission-pwned")
 
 
 class Payload:
-    """Unpickling this creates MARKER: proof that a file was deserialised with pickle.
-"""
+    """Unpickling this creates MARKER: proof that a file was deserialised with pickle."""
 
     def __reduce__(self):
         return (os.system, (f"touch {MARKER}",))
