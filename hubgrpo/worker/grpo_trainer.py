@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -147,7 +147,7 @@ class GenerationMeter:
         """Count every ``trainer._generate`` call; ``after()`` runs once each has returned."""
         generate = trainer._generate
 
-        def timed_generate(prompts: Sequence) -> Any:
+        def timed_generate(prompts: list) -> Any:
             t = time.perf_counter()
             out = generate(prompts)
             self.seconds += time.perf_counter() - t
