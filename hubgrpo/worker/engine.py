@@ -152,13 +152,12 @@ class RoundEngine:
         model.peft_config["default"].base_model_name_or_path = adapter_base_name(self.cfg.base_model)
         if self.cfg.merge.merge_method.frozen_a:
             freeze_lora_a(model)
-        after = None
-        if self.cfg.merge.rebase_after_generation:  # the gradient at the newest model (worker/rebase.py)
 
-            def after() -> None:
+        def after_generation() -> None:
+            if self.cfg.merge.rebase_after_generation:  # the gradient at the newest model (worker/rebase.py)
                 self._rebaser.after_generation(trainer.state.global_step)
 
-        self._meter.wrap(trainer, after)
+        self._meter.wrap(trainer, after_generation)
         return trainer
 
     def _ensure_trainer(self, params: dict) -> float:

@@ -46,7 +46,7 @@ def build_submission(
         samples=result.samples,
         prompts=result.prompts,
         tokens=result.tokens,
-        reward_mean=reward_mean if rewards else 0.0,
+        reward_mean=reward_mean,
         reward_first=rewards[0] if rewards else 0.0,
         reward_last=rewards[-1] if rewards else 0.0,
         step_metrics=result.step_metrics,
