@@ -323,68 +323,13 @@ def admitted(c: Coordinator, prepared: Prepared, *, merged: bool) -> dict:
     }
 
 
-def unseen_submissions(c: Coordinator, revision: str | None = None) -> list[tuple[int, str]]:
-    """(base version, submission id) of rounds in the inbox that are neither merged, refused nor pending (in a
-    inbox: only those on base versions still young enough to be merged)."""
-    done = (
-        set(c.state.merged_ids)
-        | {r.submission_id for r in c.state.refused}
-        | set(c.pending)
-        | {r.submission_id for r in c.new_refusals}
-        | set(c.in_flight())
-    )
-    bases = range(max(0, c.state.version - c.cfg.merge.lease_age_limit()), c.state.version + 1)
-    return c.inbox.unseen(done, revision, bases)
-
-
-def scan(c: Coordinator, *, check_deadline: bool = True) -> list[Prepared]:
-    """Prepare every submitted round the coordinator has not seen (a worker that crashed after its commit or
-    upload, a lost submit answer, a restart). Reads the store; call without the lock, then ``accept`` each under it.
-    A record refused or ignored here is remembered by the inbox and not read again while it is unchanged."""
-    head = c.inbox.revision()
-    _prune_inbox(c)
-    out = []
-    for base, sub_id in unseen_submissions(c, head):
-        try:
-            lease = Submission.from_json(c.inbox.read_record(base, sub_id, head)).lease
-        except (HubGrpoError, ValueError, RecursionError) as e:  # not even a readable record: skip it, say so
-            out.append(
-                Prepared(
-                    lease=None,
-                    sub_id=sub_id,
-                    commit=head or "",
-                    error=InvalidSubmission("bad_record", f"unreadable submission {sub_id}: {str(e)[:200]}"),
-                )
-            )
-            c.inbox.judged(base, sub_id)
-            continue
-        if layout.submission_id(lease.worker, lease.lease_id) != sub_id:
-            c.inbox.judged(base, sub_id)
-            continue  # a folder that claims another submission's lease: ignored (its lease is someone else's)
-        prepared = prepare(c, lease, head or "scan", check_deadline=check_deadline)
-        if prepared.error is not None and prepared.error.code != "not_found":  # not_found: an upload under way
-            c.inbox.judged(base, sub_id)
-        out.append(prepared)
-    return out
-
-
-def _prune_inbox(c: Coordinator) -> None:
-    """An inbox's finished rounds go as a merge commit's deletes take the repo's (``inbox.ObjectInbox.prune``)."""
-    try:
-        c.inbox.prune(c.state, c.cfg.coordinator.keep_submissions, c.cfg.merge.lease_age_limit())
-    except HubGrpoError as e:  # the next scan tries again
-        import logging
-
-        logging.getLogger("hubgrpo.coordinator").warning("could not delete finished rounds: %s", e.message)
-
-
 def warm_up(c: Coordinator) -> None:
     """Load now what the first admission loads lazily: torch and safetensors (the adapter checks), the merge code,
     the run's reward functions and prompt data, the current global adapter. A served coordinator calls it once,
     before its app launches (so that the tick thread's first ``gc.freeze`` covers these modules too), rather than
-    in an admission thread while the first rounds' requests are in flight, competing with them for the GIL (here:
-    ``import torch`` 1.5 s in a fresh process, ``import datasets`` 0.4 s after gradio and torch). A failure (say, a
-    Hub dataset that cannot be reached now) is logged and left to the first admission, which retries the load."""
+    in an admission thread while the first rounds' requests are in flight, competing with them for the GIL. A
+    failure (say, a Hub dataset that cannot be reached now) is logged and left to the first admission, which
+    retries the load."""
     import logging
 
     import safetensors.torch  # noqa: F401

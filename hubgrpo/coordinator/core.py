@@ -31,12 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hubgrpo import layout, runrepo
-from hubgrpo.coordinator import admission, checkpoint, evals, lease_signing, leasing, merging, norms, reconcile
+from hubgrpo import layout
+from hubgrpo.coordinator import admission, checkpoint, evals, lease_signing, leasing, merging, reconcile
 from hubgrpo.coordinator.inflight import InFlight
-from hubgrpo.coordinator.prompt_pool import PromptPool
+from hubgrpo.coordinator.repo_state import RepoStateMixin
+from hubgrpo.coordinator.scan import prepare_unseen
 from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMixin
-from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
+from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError
 from hubgrpo.layout import Lease, Refusal, WorkerStats
 from hubgrpo.store.base import Store
 
@@ -48,7 +49,7 @@ log = logging.getLogger("hubgrpo.coordinator")
 Pending = admission.Pending
 
 
-class Coordinator(VersionsMixin):
+class Coordinator(RepoStateMixin, VersionsMixin):
     """Leases, admission, staleness, merging and run state for one run repo."""
 
     def __init__(
@@ -99,53 +100,8 @@ class Coordinator(VersionsMixin):
         from hubgrpo.tracking import make_tracker
 
         self.tracker = make_tracker(self.cfg.log, project=self.cfg.project_name, name="coordinator")
-        for prepared in admission.scan(self, check_deadline=False):  # submissions committed before a restart
+        for prepared in prepare_unseen(self, check_deadline=False):  # submissions committed before a restart
             self.accept_quietly(prepared)
-
-    # ------------------------------------------------------------------------------------------ loading state
-
-    def read_repo(self) -> dict:
-        """Everything the coordinator loads from the repo (store reads only; no state changes)."""
-        head = self.store.head()
-        if head is None:
-            raise NotFound(f"{self.store.location} is empty", hint="create the run with `hubgrpo init`")
-        state = runrepo.read_state(self.store, head)
-        shas = reconcile.version_shas(self.store, state.version)  # tags a crashed gc or merge left missing
-        history = self.store.history(limit=200)
-        adapter = runrepo.adapter_at(self.store, shas[state.version], self.workdir / "checkpoint")
-        return {
-            "head": head,
-            "cfg": runrepo.read_config(self.store, head),
-            "state": state,
-            "shas": shas,
-            "history": [c.created_at for c in history],
-            "adapter": adapter,
-            "head_at": next((c.created_at for c in history if c.sha == head), None),
-        }
-
-    def apply_repo(self, repo: dict) -> None:
-        """Adopt what ``read_repo`` read: config, state, tags, commit log; outer momentum is re-read at the next
-        merge; the prompt pool never goes back below a live lease's prompts."""
-        self.head, self.cfg, self.state, self.shas = repo["head"], repo["cfg"], repo["state"], repo["shas"]
-        old_ids = dict(self.ids)
-        self._adopt_lineage(repo)
-        old = getattr(self, "pool", None)
-        self.pool = PromptPool(self.state.next_prompt) if old is None else old
-        live = [i for lease in self.active.values() for i in lease.prompt_indices]
-        self.pool.next_index = max(self.pool.next_index, self.state.next_prompt, max(live, default=-1) + 1)
-        self.momentum = None
-        self.last_merge_at = self.state.versions[-1].created_at if self.state.versions else self.clock()
-        now = self.clock()  # a commit stamped after now (the Hub's clock ahead, a virtual clock) counts as now
-        self.commit_times = sorted(min(t, now) for t in repo["history"] if t > now - 3600)
-        # only adapters of this lineage: a number merged again by another is another adapter
-        self.adapters.retain(lambda v: v in self.ids and old_ids.get(v) == self.ids[v])
-        if self.fold is not None and old_ids.get(self.fold.version) != self.ids.get(self.fold.version):
-            self.fold = None
-        self.pending = {k: p for k, p in self.pending.items() if k not in set(self.state.merged_ids)}
-        self.norm_history = norms.rebuild(self.state.versions, self.cfg.merge.max_norm_factor)
-
-    def reload(self) -> None:
-        self.apply_repo(self.read_repo())
 
     @property
     def restart_margin(self) -> int:
@@ -268,7 +224,7 @@ class Coordinator(VersionsMixin):
     def scan(self) -> list[admission.Prepared]:
         """Committed submissions nobody submitted (store reads, no lock; ``scan_pass`` then accepts each)."""
         self.last_scan_at = self.clock()
-        return admission.scan(self)
+        return prepare_unseen(self)
 
     def upload_precheck(self, lease: Lease) -> bool:
         """For uploads through the coordinator: verify the lease; False when this submission is already in."""

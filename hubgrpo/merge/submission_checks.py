@@ -2,8 +2,8 @@
 
 ``check_submission(sub_dir, global_, max_bytes=…)`` returns the loaded ``Adapter`` or raises
 ``InvalidSubmission(code, sentence, hint=…)``. Nothing is ever unpickled: weights are read only as safetensors,
-whose header is bounds-checked by hand before the bytes reach ``safetensors.torch.load``. Checks run cheapest
-first; the stable codes are:
+whose header is bounds-checked by hand (``hubgrpo.merge.untrusted_files``). Checks run cheapest first; the stable
+codes are:
 
 =====================  ================================================================================
 ``missing_file``       the folder, adapter_model.safetensors or adapter_config.json is missing
@@ -34,38 +34,16 @@ first; the stable codes are:
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
-import struct
 from pathlib import Path
-from typing import NoReturn
 
-from hubgrpo.errors import InvalidSubmission
+from hubgrpo.merge.untrusted_files import WEIGHTS_NAME, read_plain, read_safetensors, refuse
 
-WEIGHTS_NAME = "adapter_model.safetensors"
 CONFIG_NAME = "adapter_config.json"
 ALLOWED_FILES = {WEIGHTS_NAME, CONFIG_NAME, "submission.json", "rollouts.json.gz", "README.md"}
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz", ".h5", ".msgpack"}
 MAX_CONFIG_BYTES = 1 << 20
-MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
-SAFETENSORS_DTYPES = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I64": 8,
-    "I32": 4,
-    "I16": 2,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "U16": 2,
-    "U32": 4,
-    "U64": 8,
-}
 # adapter_config.json fields that change what the weights mean; compared with the global adapter's
 CONFIG_FIELDS = (
     "peft_type",
@@ -98,7 +76,6 @@ CONFIG_FIELDS = (
     "monteclora_config",
     "arrow_config",
 )
-_HINT_RETRAIN = "train from the global adapter (download it at your lease's base version) and submit what PEFT saves"
 
 
 def check_submission(
@@ -132,66 +109,62 @@ def check_submission(
     return adapter
 
 
-def _refuse(code: str, message: str, hint: str | None = _HINT_RETRAIN) -> NoReturn:
-    raise InvalidSubmission(code, message, hint=hint)
-
-
 def _check_folder(folder: Path, max_bytes: int) -> dict[str, int]:
     """File-level checks with ``lstat`` only (nothing is opened); returns {file name: size}."""
     try:
         st = os.lstat(folder)
     except FileNotFoundError:
-        _refuse("missing_file", f"the submission folder {folder} does not exist")
+        refuse("missing_file", f"the submission folder {folder} does not exist")
     if stat.S_ISLNK(st.st_mode):
-        _refuse("symlink", f"the submission folder {folder.name} is a symbolic link", hint="upload plain files")
+        refuse("symlink", f"the submission folder {folder.name} is a symbolic link", hint="upload plain files")
     if not stat.S_ISDIR(st.st_mode):
-        _refuse("missing_file", f"the submission {folder.name} is not a folder")
+        refuse("missing_file", f"the submission {folder.name} is not a folder")
     sizes, total = {}, 0
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         est = entry.stat(follow_symlinks=False)
         if stat.S_ISLNK(est.st_mode):
-            _refuse(
+            refuse(
                 "symlink",
                 f"{entry.name} is a symbolic link; submissions must hold plain files",
                 hint="upload the files themselves, not links",
             )
         if stat.S_ISDIR(est.st_mode):
-            _refuse(
+            refuse(
                 "nested_dir",
                 f"{entry.name}/ is a folder; a submission holds only {sorted(ALLOWED_FILES)}",
                 hint="save with save_pretrained(dir, selected_adapters=['default']) and upload only its files",
             )
         if Path(entry.name).suffix.lower() in PICKLE_SUFFIXES:
-            _refuse(
+            refuse(
                 "not_safetensors",
                 f"{entry.name} is a pickle-based weight file, which is never loaded",
                 hint="save the adapter as adapter_model.safetensors (save_pretrained's default)",
             )
         if entry.name not in ALLOWED_FILES or not stat.S_ISREG(est.st_mode):
-            _refuse(
+            refuse(
                 "unexpected_file",
                 f"{entry.name} is not allowed in a submission (allowed: {', '.join(sorted(ALLOWED_FILES))})",
                 hint="upload only the adapter files and submission.json",
             )
         if est.st_size == 0:
-            _refuse("empty_file", f"{entry.name} is empty (0 bytes)", hint="the upload was probably interrupted")
+            refuse("empty_file", f"{entry.name} is empty (0 bytes)", hint="the upload was probably interrupted")
         sizes[entry.name] = est.st_size
         total += est.st_size
     if total > max_bytes:
-        _refuse(
+        refuse(
             "too_large",
             f"the submission holds {total:,} bytes, more than the limit of {max_bytes:,}",
             hint="submit only the LoRA adapter at the run's rank",
         )
     for name in (WEIGHTS_NAME, CONFIG_NAME):
         if name not in sizes:
-            _refuse("missing_file", f"the submission has no {name}")
+            refuse("missing_file", f"the submission has no {name}")
     return sizes
 
 
 def _check_base(known_versions, base_version, current_version, max_staleness) -> None:
     if known_versions is not None and (base_version is None or base_version not in known_versions):
-        _refuse(
+        refuse(
             "unknown_base",
             f"base version {base_version!r} is not a version of this run",
             hint="train from a version you leased",
@@ -199,7 +172,7 @@ def _check_base(known_versions, base_version, current_version, max_staleness) ->
     if None not in (current_version, max_staleness, base_version):
         tau = int(current_version) - int(base_version)
         if tau > max_staleness:
-            _refuse(
+            refuse(
                 "stale",
                 f"the submission is {tau} versions behind the current version {current_version}; at "
                 f"most {max_staleness} are accepted",
@@ -207,31 +180,17 @@ def _check_base(known_versions, base_version, current_version, max_staleness) ->
             )
 
 
-def _read_bytes(path: Path, size: int, limit: int) -> bytes:
-    """Read a regular file without following a symlink swapped in after the listing, at most ``limit`` bytes."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        _refuse("symlink", f"{path.name} could not be opened as a plain file ({exc.strerror})")
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read(min(size, limit) + 1)
-    if len(data) != size:
-        _refuse("corrupt", f"{path.name} changed size while it was read")
-    return data
-
-
 def _read_config(path: Path, size: int) -> dict:
     if size > MAX_CONFIG_BYTES:
-        _refuse("bad_config", f"{CONFIG_NAME} is {size:,} bytes; more than {MAX_CONFIG_BYTES:,} is not a config")
+        refuse("bad_config", f"{CONFIG_NAME} is {size:,} bytes; more than {MAX_CONFIG_BYTES:,} is not a config")
     try:
-        config = json.loads(_read_bytes(path, size, MAX_CONFIG_BYTES).decode("utf-8"))
+        config = json.loads(read_plain(path, size, MAX_CONFIG_BYTES).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        _refuse("bad_config", f"{CONFIG_NAME} is not valid JSON ({str(exc)[:200]})")
+        refuse("bad_config", f"{CONFIG_NAME} is not valid JSON ({str(exc)[:200]})")
     except RecursionError:
-        _refuse("nested_json", f"{CONFIG_NAME} is nested too deeply to be an adapter config")
+        refuse("nested_json", f"{CONFIG_NAME} is nested too deeply to be an adapter config")
     if not isinstance(config, dict):
-        _refuse("bad_config", f"{CONFIG_NAME} is a JSON {type(config).__name__}, not an object")
+        refuse("bad_config", f"{CONFIG_NAME} is a JSON {type(config).__name__}, not an object")
     return config
 
 
@@ -257,7 +216,7 @@ def compare_configs(config: dict, reference: dict) -> None:
     for name in CONFIG_FIELDS:
         got, want = _norm_field(name, config.get(name)), _norm_field(name, reference.get(name))
         if got != want:
-            _refuse(
+            refuse(
                 "config_mismatch",
                 f"{CONFIG_NAME} has {name}={_short(config.get(name))} but the run's adapter "
                 f"has {name}={_short(reference.get(name))}",
@@ -278,83 +237,25 @@ def max_submission_bytes(global_) -> int:
     return data + 256 * len(global_.weights) + (64 << 10) + (64 << 10) + (4 << 20)
 
 
-def _parse_header(data: bytes) -> dict:
-    """Validate the safetensors layout: u64 header length, JSON header, dtype/shape/offsets tiling the data."""
-    if len(data) < 8:
-        _refuse("corrupt", f"{WEIGHTS_NAME} is {len(data)} bytes, shorter than a safetensors header")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > min(len(data) - 8, MAX_HEADER_BYTES):
-        _refuse(
-            "corrupt",
-            f"{WEIGHTS_NAME} claims a {n:,}-byte header in a {len(data):,}-byte file (truncated, or "
-            "not a safetensors file)",
-        )
-    try:
-        header = json.loads(data[8 : 8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        _refuse("corrupt", f"the header of {WEIGHTS_NAME} is not JSON; the file is not a safetensors file")
-    except RecursionError:
-        _refuse("nested_json", f"the header of {WEIGHTS_NAME} is nested too deeply to be a safetensors header")
-    if not isinstance(header, dict):
-        _refuse("corrupt", f"the header of {WEIGHTS_NAME} is not a JSON object")
-    header.pop("__metadata__", None)
-    spans = []
-    for key, info in header.items():
-        try:
-            width = SAFETENSORS_DTYPES[info["dtype"]]
-            numel = math.prod(int(d) for d in info["shape"])
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            _refuse("corrupt", f"tensor {key!r} has an invalid entry in the header of {WEIGHTS_NAME}")
-        if end - begin != numel * width or begin < 0:
-            _refuse("corrupt", f"tensor {key!r} declares {end - begin} bytes for {numel} {info['dtype']} values")
-        spans.append((begin, end))
-    spans.sort()
-    pos = 0
-    for begin, end in spans:
-        if begin != pos:
-            _refuse("corrupt", f"the tensors of {WEIGHTS_NAME} overlap or leave gaps")
-        pos = end
-    if 8 + n + pos != len(data):
-        _refuse(
-            "corrupt",
-            f"{WEIGHTS_NAME} holds {len(data) - 8 - n:,} data bytes but its header describes {pos:,} "
-            "(truncated or padded)",
-        )
-    return header
-
-
-def read_safetensors(path: Path, size: int) -> dict:
-    """Tensors of an untrusted safetensors file (bounds-checked header, then ``safetensors.torch.load``)."""
-    data = _read_bytes(path, size, size)
-    _parse_header(data)
-    from safetensors.torch import load
-
-    try:
-        return load(data)
-    except Exception as exc:  # any parser failure of untrusted bytes is a refusal, not a crash
-        _refuse("corrupt", f"{WEIGHTS_NAME} does not parse as safetensors ({type(exc).__name__}: {exc})")
-
-
 def check_tensors(weights: dict, reference: dict) -> None:
     """Exact key set, shapes, dtypes; all values finite; frozen base weights equal to the global's."""
     import torch
 
     missing, extra = sorted(reference.keys() - weights.keys()), sorted(weights.keys() - reference.keys())
     if missing:
-        _refuse("missing_keys", f"{len(missing)} tensor(s) of the run's adapter are missing, e.g. {missing[0]}")
+        refuse("missing_keys", f"{len(missing)} tensor(s) of the run's adapter are missing, e.g. {missing[0]}")
     if extra:
-        _refuse("extra_keys", f"{len(extra)} tensor(s) are not in the run's adapter, e.g. {extra[0]}")
+        refuse("extra_keys", f"{len(extra)} tensor(s) are not in the run's adapter, e.g. {extra[0]}")
     for key, want in reference.items():
         got = weights[key]
         if tuple(got.shape) != tuple(want.shape):
-            _refuse("shape", f"{key} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+            refuse("shape", f"{key} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
         if got.dtype != want.dtype:
-            _refuse("dtype", f"{key} is {got.dtype}, expected {want.dtype}")
+            refuse("dtype", f"{key} is {got.dtype}, expected {want.dtype}")
         if got.is_floating_point() and not bool(torch.isfinite(got).all()):
-            _refuse("nonfinite", f"{key} contains NaN or infinite values", hint="the training run diverged")
+            refuse("nonfinite", f"{key} contains NaN or infinite values", hint="the training run diverged")
         if key.endswith(".base_layer.weight") and not torch.equal(got, want):
-            _refuse("modified_base_weight", f"{key} is a frozen base weight but differs from the run's")
+            refuse("modified_base_weight", f"{key} is a frozen base weight but differs from the run's")
 
 
 def _check_norm(adapter, base, norm_limit: float) -> None:
@@ -364,9 +265,9 @@ def _check_norm(adapter, base, norm_limit: float) -> None:
     try:
         norm = update_norm(adapter, parse_modules(adapter)[0], base, parse_modules(base)[0])
     except MergeError as exc:
-        _refuse("config_mismatch", f"the adapter cannot be merged: {exc.message}")
+        refuse("config_mismatch", f"the adapter cannot be merged: {exc.message}")
     if not norm <= norm_limit:
-        _refuse(
+        refuse(
             "norm_outlier",
             f"the update norm ‖ΔW − ΔW_base‖ = {norm:.4g} exceeds the limit {norm_limit:.4g}",
             hint="lower the learning rate or the number of steps per round",
@@ -402,7 +303,7 @@ def check_step_bound(adapter, base, bound: float, why: str = "") -> float:
             worst, where = diff, key
     if not worst <= bound:
         limit = why or f"at most {bound:.4g} is possible"
-        _refuse(
+        refuse(
             "out_of_bounds",
             f"{where} moved by {worst:.4g} from the version it was trained on; {limit}",
             hint="submit what the round's training produced",

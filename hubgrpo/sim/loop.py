@@ -33,7 +33,6 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,33 +49,9 @@ from hubgrpo.sim.fleet import (
     parse_starts,
 )
 from hubgrpo.sim.options import SimOptions, sim_config
+from hubgrpo.sim.records import Event, RoundRecord
 
 STALL_ROUNDS = 200  # rounds without a new version after which a simulation gives up (reported as stalled)
-
-
-@dataclass(order=True)
-class Event:
-    t: float
-    seq: int
-    kind: str = field(compare=False)
-    worker: int = field(compare=False, default=-1)
-    data: Any = field(compare=False, default=None)
-
-
-@dataclass
-class RoundRecord:
-    """One leased round: when it was leased, trained and delivered (virtual seconds), and what became of it."""
-
-    worker: str
-    lease_id: str
-    base_version: int
-    t_lease: float
-    t_deliver: float | None = None
-    status: str = "training"  # admitted | merged | refused | dropped
-    code: str | None = None
-    staleness_at_delivery: int | None = None
-    train_reward: float | None = None
-    rebased_version: int | None = None  # merge.rebase: the version the round moved onto mid-round
 
 
 class Simulation:
@@ -361,44 +336,7 @@ class Simulation:
     # ------------------------------------------------------------------------------------------ results
 
     def result(self) -> dict:
-        """Everything ``hubgrpo.sim.report`` writes; ``compute`` (real seconds) is the only non-deterministic part."""
-        from hubgrpo.sim.store import quota_report
+        """Everything ``hubgrpo.sim.report`` writes (``simulation_result``)."""
+        from hubgrpo.sim.report import simulation_result
 
-        merged = [s for v in self.versions for s in v["staleness"]]
-        return {
-            "workers": len(self.fleet),
-            "speeds": [w.speed for w in self.fleet],
-            "starts": self.starts,
-            "seed": self.opts.seed,
-            "dropout": self.opts.dropout,
-            "latency_s": self.opts.latency_s,
-            "step_s": self.cost.step_s,
-            "jitter": self.opts.jitter,
-            "eval": "greedy" if self.opts.eval_sampled <= 0 else f"sampled x{self.opts.eval_sampled}",
-            "eval_samples": self.opts.eval_samples,
-            "rejoin_s": self.rejoin_s,
-            "virtual_wall_s": round(self.now, 6),
-            "versions": self.versions,
-            "staleness_histogram": {str(k): merged.count(k) for k in sorted(set(merged))},
-            "rounds": [r.__dict__ for r in self.rounds],
-            "rounds_total": len(self.rounds),
-            "stalled": self.stalled,
-            "rounds_by_status": {
-                s: sum(r.status == s for r in self.rounds) for s in sorted({r.status for r in self.rounds})
-            },
-            "refusal_codes": sorted({r.code for r in self.rounds if r.code}),
-            "config": {
-                "base_model": self.cfg.base_model,
-                "steps_per_round": self.cfg.params.steps_per_round,
-                "completions_per_step": self.cfg.params.per_device_train_batch_size,
-                "fleet_batch": self.cfg.params.fleet_batch,
-                "merge": self.cfg.merge.model_dump(),
-                "quorum": self.cfg.merge.quorum,
-            },
-            "quota": {
-                **quota_report(self.store, self.now, self.cfg.coordinator.commit_budget_per_hour),
-                "waits": dict(self.quota_waits),
-            },
-            "rounds_via": "inbox" if self.cfg.hub.submissions else "repo",
-            "compute": {k: round(v, 2) for k, v in self.compute.items()},
-        }
+        return simulation_result(self)

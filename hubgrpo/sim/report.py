@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hubgrpo.sim.loop import Simulation
 
 
 def time_to_target(versions: list[dict], target: float, key: str = "eval_reward") -> dict | None:
@@ -112,3 +116,46 @@ def _moved(result: dict) -> str:
         if result["config"]["merge"].get("rebase")
         else ""
     )
+
+
+def simulation_result(sim: Simulation) -> dict:
+    """Everything ``finish`` writes of a simulation that ran; ``compute`` (real seconds) is its only
+    non-deterministic part."""
+    from hubgrpo.sim.store import quota_report
+
+    merged = [s for v in sim.versions for s in v["staleness"]]
+    return {
+        "workers": len(sim.fleet),
+        "speeds": [w.speed for w in sim.fleet],
+        "starts": sim.starts,
+        "seed": sim.opts.seed,
+        "dropout": sim.opts.dropout,
+        "latency_s": sim.opts.latency_s,
+        "step_s": sim.cost.step_s,
+        "jitter": sim.opts.jitter,
+        "eval": "greedy" if sim.opts.eval_sampled <= 0 else f"sampled x{sim.opts.eval_sampled}",
+        "eval_samples": sim.opts.eval_samples,
+        "rejoin_s": sim.rejoin_s,
+        "virtual_wall_s": round(sim.now, 6),
+        "versions": sim.versions,
+        "staleness_histogram": {str(k): merged.count(k) for k in sorted(set(merged))},
+        "rounds": [r.__dict__ for r in sim.rounds],
+        "rounds_total": len(sim.rounds),
+        "stalled": sim.stalled,
+        "rounds_by_status": {s: sum(r.status == s for r in sim.rounds) for s in sorted({r.status for r in sim.rounds})},
+        "refusal_codes": sorted({r.code for r in sim.rounds if r.code}),
+        "config": {
+            "base_model": sim.cfg.base_model,
+            "steps_per_round": sim.cfg.params.steps_per_round,
+            "completions_per_step": sim.cfg.params.per_device_train_batch_size,
+            "fleet_batch": sim.cfg.params.fleet_batch,
+            "merge": sim.cfg.merge.model_dump(),
+            "quorum": sim.cfg.merge.quorum,
+        },
+        "quota": {
+            **quota_report(sim.store, sim.now, sim.cfg.coordinator.commit_budget_per_hour),
+            "waits": dict(sim.quota_waits),
+        },
+        "rounds_via": "inbox" if sim.cfg.hub.submissions else "repo",
+        "compute": {k: round(v, 2) for k, v in sim.compute.items()},
+    }

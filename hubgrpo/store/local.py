@@ -11,10 +11,11 @@ Everything the store API reads lives under ``<root>/.hubgrpo/``::
     lock                      ``flock``-ed around every read-check-write of HEAD or tags
     tmp/                      temp files, renamed into place (same filesystem)
 
-A tree is a JSON blob ``{path: blob sha256}``. A commit writes its blobs outside the lock, then under the lock
-reads HEAD, checks ``parent`` (compare-and-swap), writes tree and commit files and replaces HEAD. Readers read
-HEAD once and then only immutable files, so they see a whole commit or none, across threads and processes; a
-writer killed at any point leaves orphan objects at worst. Old revisions stay readable forever.
+A tree is a JSON blob ``{path: blob sha256}`` (objects, atomic writes and the lock: ``hubgrpo.store.local_files``).
+A commit writes its blobs outside the lock, then under the lock reads HEAD, checks ``parent`` (compare-and-swap),
+writes tree and commit files and replaces HEAD. Readers read HEAD once and then only immutable files, so they see a
+whole commit or none, across threads and processes; a writer killed at any point leaves orphan objects at worst.
+Old revisions stay readable forever.
 
 The files at ``<root>`` itself are a **convenience checkout** of the head (``PeftModel.from_pretrained(root)``
 works on a local run), updated under the lock after each commit with atomic per-file replaces. It may lag after
@@ -27,9 +28,7 @@ Differences from the Hub: no initial commit (``head()`` is None until the first 
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -40,11 +39,12 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hubgrpo.errors import CommitConflict, NotFound, StoreError
 from hubgrpo.store.base import MARKER_PREFIX, CommitInfo, Store, check_path, check_tag_name
+from hubgrpo.store.local_files import LocalFiles
 from hubgrpo.store.tree import apply_changes, checked_delete, files_under, first_parents, same_commit
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,10 @@ log = logging.getLogger(__name__)
 META = ".hubgrpo"
 FORMAT = 1
 BRANCH = "main"
-_CHUNK = 1 << 20
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 
 
-class LocalStore(Store):
+class LocalStore(LocalFiles, Store):
     """A run repo in a local directory. Safe for many threads and processes at once; holds no global state.
 
     ``fsync``: flush blobs, commits and HEAD to disk before they become visible (durable across power loss as
@@ -232,16 +231,6 @@ class LocalStore(Store):
         if not self.exists():
             raise NotFound(f"no run repo at {self.location}", hint="create it first (Store.create / hubgrpo init)")
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Exclusive lock for read-check-write of HEAD and tags. One fd per call, so threads exclude each other too."""
-        fd = os.open(self.meta / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock (also released by the kernel if the process dies)
-
     def _resolve(self, revision: str | None) -> str | None:
         """A commit sha for a revision (None/'main' → head, a sha, or a tag); None for an empty repo's head."""
         if revision is None or revision == BRANCH:
@@ -294,57 +283,6 @@ class LocalStore(Store):
             at = "the empty repo" if sha is None else f"revision {revision or BRANCH} ({sha})"
             raise NotFound(f"{path!r} not found at {at} of {self.location}")
         return sha, self._object(blob)
-
-    def _object(self, digest: str) -> Path:
-        return self.meta / "objects" / digest[:2] / digest
-
-    def _tmp_name(self) -> Path:
-        return self.meta / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex}"
-
-    def _put_object(self, value: bytes | Path) -> str:
-        """Store a blob (bytes, or a local file streamed once: hashed while copied); return its sha256."""
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            data = bytes(value)
-            digest = hashlib.sha256(data).hexdigest()
-            if not self._object(digest).is_file():
-                self._atomic_write(self._object(digest), data, mode=0o444)
-            return digest
-        if not isinstance(value, os.PathLike):
-            raise StoreError(
-                f"commit values must be bytes or a Path, not {type(value).__name__}",
-                hint="wrap file names in pathlib.Path; encode text with .encode()",
-            )
-        tmp, h = self._tmp_name(), hashlib.sha256()
-        try:
-            with open(value, "rb") as src, open(tmp, "wb") as dst:
-                for chunk in iter(lambda: src.read(_CHUNK), b""):
-                    h.update(chunk)
-                    dst.write(chunk)
-                self._flush(dst)
-        except FileNotFoundError as e:
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"cannot upload {value}: no such local file") from e
-        digest = h.hexdigest()
-        self._install(tmp, self._object(digest), mode=0o444)
-        return digest
-
-    def _atomic_write(self, dest: Path, data: bytes, mode: int | None = None) -> None:
-        tmp = self._tmp_name()
-        with open(tmp, "wb") as f:
-            f.write(data)
-            self._flush(f)
-        self._install(tmp, dest, mode)
-
-    def _install(self, tmp: Path, dest: Path, mode: int | None) -> None:
-        if mode is not None:
-            os.chmod(tmp, mode)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, dest)
-
-    def _flush(self, f) -> None:
-        if self.fsync:
-            f.flush()
-            os.fsync(f.fileno())
 
     def _write_commit(self, tree: dict[str, str], parent: str | None, message: str) -> str:
         tree_id = self._put_object(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode())

@@ -1,6 +1,7 @@
-"""Putting a round where the run wants it, when ``hub.submissions`` names an inbox instead of the run repo.
+"""Putting a round where the run wants it: a commit of the run repo (``commit_round``), or the inbox
+``hub.submissions`` names (``deliver``), which a worker writes only when it may (``check_inbox_is_ours``).
 
-The four files go in the order the coordinator relies on (the adapter, its config, the rollouts, then
+Into an inbox the four files go in the order the coordinator relies on (the adapter, its config, the rollouts, then
 ``submission.json``: a round is present once its record is) and the worker then submits
 ``sha256:<hex of submission.json>``:
 
@@ -32,8 +33,9 @@ from urllib.parse import parse_qsl
 import httpx
 
 from hubgrpo import layout
-from hubgrpo.errors import AuthError, StoreError, StoreUnavailable, wire_text
+from hubgrpo.errors import AuthError, RateLimited, StoreError, StoreUnavailable, wait_seconds, wire_text
 from hubgrpo.layout import Lease
+from hubgrpo.store.base import Store
 from hubgrpo.worker.bounded_http import MIN_BODY_RATE, Deadline, TooLarge, bounded_client, origin, read_capped
 
 log = logging.getLogger("hubgrpo.worker")
@@ -62,6 +64,47 @@ def upload_route(spec: str | None, asked: str | None = None) -> str:
             )
         return "coordinator"
     return asked or "store"
+
+
+def check_inbox_is_ours(spec: str | None, store: Store, coordinator: str) -> None:
+    """A submissions inbox that is a local folder is this machine's disk: the worker writes there only for a run on
+    this machine (its repo a local folder, or its coordinator on loopback). A remote run repo's config is data
+    written by others: it never picks a folder here."""
+    from hubgrpo.store.local import LocalStore
+    from hubgrpo.worker.bounded_http import on_this_machine
+
+    here = "://" in coordinator and on_this_machine(coordinator)
+    if spec and not spec.startswith("s3://") and not isinstance(store, LocalStore) and not here:
+        from hubgrpo.errors import ConfigError
+
+        raise ConfigError(
+            f"the run repo {store.location} names a folder of this machine as its submissions inbox "
+            f"({wire_text(spec, 120)}); a worker writes there only for a run on this machine",
+            hint="a remote run's rounds go to its repo, an s3:// inbox, or the coordinator "
+            "(--upload-via coordinator); ask the run's owner to fix hub.submissions",
+        )
+
+
+def commit_round(
+    store: Store, out: Path, lease: Lease, sub_id: str, *, sleep: Callable[[float], None] = time.sleep
+) -> str:
+    """Push the submission folder ``out`` in one commit of the run repo (no parent: workers write disjoint paths),
+    waiting out rate limits and outages; the commit."""
+    adds = {layout.submission_path(lease.base_version, sub_id, f): out / f for f in layout.SUBMISSION_FILES}
+    msg = f"hubgrpo: submission {sub_id} (base v{lease.base_version})"
+    delay = 2.0
+    for attempt in range(10):
+        try:
+            return store.commit(adds, message=msg)
+        except RateLimited as e:
+            wait = wait_seconds(e.wait_s, 60.0)
+            log.warning("store rate-limited; waiting %.0f s", wait)
+            sleep(wait)
+        except StoreUnavailable as e:
+            log.warning("store unavailable (%s); retrying in %.0f s", e.message, delay)
+            sleep(delay)
+            delay = min(delay * 2, 120.0)
+    return store.commit(adds, message=msg)
 
 
 def deliver(

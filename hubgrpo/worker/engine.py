@@ -16,108 +16,48 @@ Timing breakdown of a round (``Submission.timings``, seconds): ``load`` (adapter
 the reward functions), ``train`` (the rest of ``trainer.train()``: log-prob forward passes, backward, optimizer),
 ``save`` (adapter + submission.json), ``setup`` (trainer (re)build, when it happened this round), ``total``.
 
-Every ``Trainer.train()`` starts with accelerate's ``free_memory()``, a full ``gc.collect()``: with a model and its
-libraries loaded that walks ~0.5 M objects (``benchmarks/round/results/round_overhead-smollm2.md``), once per
-round, and Python's own full
-collections walk them again during training. ``train_steps`` therefore freezes the heap around ``train()``
-(``frozen_heap``): what existed before the round is left out of the collections, what the round allocates is
-collected as usual, and the freeze is undone after the round, so nothing that dies later is kept.
+``train_steps`` runs ``trainer.train()`` inside ``frozen_heap`` (``hubgrpo.worker.grpo_trainer``).
 """
 
 from __future__ import annotations
 
-import gc
-import os
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
-from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
-from transformers import GenerationConfig, PrinterCallback, set_seed
-from trl import GRPOConfig, GRPOTrainer
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from transformers import PrinterCallback, set_seed
+from trl import GRPOTrainer
 
 from hubgrpo.card import adapter_base_name
 from hubgrpo.config import Config, ParamsConfig
-from hubgrpo.errors import ConfigError, DataError, LeaseError, ModelError
-from hubgrpo.layout import ROLLOUTS_FILE, SUBMISSION_FILE, Lease, StepMetrics, Submission, check_name, submission_id
+from hubgrpo.errors import DataError, LeaseError, ModelError
+from hubgrpo.layout import ROLLOUTS_FILE, Lease, Submission, check_name
 from hubgrpo.task.data import PromptSource, truncate_prompt
-from hubgrpo.task.rewards import load_rewards, weighted_rewards
+from hubgrpo.task.rewards import load_rewards
 from hubgrpo.task.rollouts import weighted_mean
 from hubgrpo.worker.adapter_io import check_adapter, save_adapter
+from hubgrpo.worker.grpo_trainer import (
+    ROUND_PARAMS,
+    SCHEDULE_ARGS,
+    WORKER_PARAMS,
+    GenerationMeter,
+    freeze_lora_a,
+    frozen_heap,
+    grpo_config,
+    lora_config,
+)
 from hubgrpo.worker.models import load_model, resolve_device
 from hubgrpo.worker.rebase import Rebaser, Source
 from hubgrpo.worker.rollouts import INDEX_COLUMN, RolloutRecorder
+from hubgrpo.worker.round_result import TrainResult, build_submission, write_submission
+from hubgrpo.worker.scoring import mean_reward
 from hubgrpo.worker.sharing import SharingGRPOTrainer
-from hubgrpo.worker.steplog import StepCallback, StepRecorder, library_versions
-
-# params a running trainer picks up at the next train() call; any other change rebuilds the trainer
-ROUND_PARAMS = {
-    "learning_rate",
-    "lr_scheduler_type",
-    "warmup_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "steps_per_round",
-    "versions",
-    "reset_optimizer",
-    "seed",
-    "num_threads",
-    "max_prompt_length",
-}
-# worker-local settings: a lease cannot change them (the worker's own config wins)
-WORKER_PARAMS = {"device", "dtype", "num_threads", "share_prompts"}
-# ParamsConfig fields passed to GRPOConfig as they are
-_GRPO_FIELDS = (
-    "learning_rate",
-    "lr_scheduler_type",
-    "warmup_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "num_generations",
-    "max_completion_length",
-    "temperature",
-    "top_p",
-    "beta",
-    "epsilon",
-    "epsilon_high",
-    "loss_type",
-    "scale_rewards",
-    "num_iterations",
-    "mask_truncated_completions",
-)
-
-
-@contextmanager
-def frozen_heap():
-    """Keep the objects that exist now out of the garbage collector's passes until the block ends
-    (``gc.freeze``); a no-op when something else froze the heap already (its freeze is left as it is)."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-@dataclass
-class TrainResult:
-    """What ``RoundEngine.train_steps`` did: per-step metrics, counts and seconds."""
-
-    step_metrics: list[StepMetrics]
-    samples: int = 0  # completions generated
-    prompts: int = 0  # prompt rows sampled (samples / num_generations)
-    tokens: int = 0  # prompt + completion tokens of the generated samples
-    timings: dict[str, float] = field(default_factory=dict)
+from hubgrpo.worker.steplog import StepCallback, StepRecorder
 
 
 class RoundEngine:
@@ -146,7 +86,7 @@ class RoundEngine:
         self._recorder = StepRecorder()
         self._rebaser = Rebaser()  # merge.rebase: moves a round onto newer versions between steps
         self._workdir = tempfile.TemporaryDirectory(prefix="hubgrpo-trainer-")
-        self._counts = {"generate": 0.0, "samples": 0, "tokens": 0}
+        self._meter = GenerationMeter()  # TRL's generation: seconds, completions, tokens
         self._params = self._merge_params({})
         self.trainer = self._build_trainer(self._params)
         self._init_state = {k: v.detach().clone() for k, v in self._adapter_state().items()}
@@ -186,76 +126,38 @@ class RoundEngine:
                 hint="the coordinator's params must be fields of the config's params section",
             ) from None
 
-    def _grpo_args(self, params: dict, max_steps: int) -> GRPOConfig:
-        dtype = self.model.dtype
-        cuda = self.device.startswith("cuda")
-        try:
-            return GRPOConfig(
-                output_dir=self._workdir.name,
-                use_cpu=self.device == "cpu",
-                bf16=cuda and dtype == torch.bfloat16,
-                fp16=cuda and dtype == torch.float16,
-                activation_checkpointing=False,
-                report_to="none",
-                save_strategy="no",
-                disable_tqdm=True,
-                logging_steps=1,
-                log_completions=False,
-                max_steps=max(1, max_steps),
-                seed=params["seed"],
-                reward_weights=[r.weight for r in self.rewards],
-                dataloader_num_workers=0,
-                **{k: params[k] for k in _GRPO_FIELDS},
-            )
-        except ValueError as e:
-            raise ConfigError(
-                f"TRL refused the GRPO parameters: {e}",
-                hint="per_device_train_batch_size × gradient_accumulation_steps must be a multiple of num_generations",
-            ) from None
-
     def _build_trainer(self, params: dict) -> GRPOTrainer:
-        lc = self.cfg.lora
-        lora = LoraConfig(
-            r=lc.r,
-            lora_alpha=lc.alpha,  # type: ignore[arg-type]  # peft annotates int; any number works (alpha / r)
-            lora_dropout=lc.dropout,
-            target_modules=lc.target_modules,
-            use_rslora=lc.use_rslora,
-            task_type="CAUSAL_LM",
-        )
         torch.manual_seed(params["seed"])  # LoRA A is drawn inside get_peft_model: version 0 follows params.seed
         placeholder = Dataset.from_list(self.prompt_rows([0]))
         trainer_class = SharingGRPOTrainer if params["share_prompts"] else GRPOTrainer
+        args = grpo_config(
+            params,
+            1,
+            output_dir=self._workdir.name,
+            device=self.device,
+            dtype=self.model.dtype,
+            reward_weights=[r.weight for r in self.rewards],
+        )
         trainer = trainer_class(
             model=self.model,
             reward_funcs=self.rollouts.wrap(self.rewards),
-            args=self._grpo_args(params, 1),
+            args=args,
             train_dataset=placeholder,
             processing_class=self.tokenizer,
-            peft_config=lora,
+            peft_config=lora_config(self.cfg.lora),
             callbacks=[self._recorder, self._rebaser],
         )
         trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
         model: Any = trainer.model  # a PeftModel (given peft_config); transformers types it Module | None
         model.peft_config["default"].base_model_name_or_path = adapter_base_name(self.cfg.base_model)
-        if self.cfg.merge.merge_method.frozen_a:  # FFA-LoRA: A stays the version-0 draw everywhere, only B trains
-            for name, param in model.named_parameters():
-                if "lora_A" in name:
-                    param.requires_grad_(False)
-        generate = trainer._generate
+        if self.cfg.merge.merge_method.frozen_a:
+            freeze_lora_a(model)
 
-        def timed_generate(prompts):
-            t = time.perf_counter()
-            out = generate(prompts)
-            self._counts["generate"] += time.perf_counter() - t
-            prompt_ids, completion_ids = out[0], out[1]
-            self._counts["samples"] += len(completion_ids)
-            self._counts["tokens"] += sum(map(len, prompt_ids)) + sum(map(len, completion_ids))
+        def after_generation() -> None:
             if self.cfg.merge.rebase_after_generation:  # the gradient at the newest model (worker/rebase.py)
                 self._rebaser.after_generation(trainer.state.global_step)
-            return out
 
-        setattr(trainer, "_generate", timed_generate)  # an instance attribute: TRL calls self._generate(prompts)
+        self._meter.wrap(trainer, after_generation)
         return trainer
 
     def _ensure_trainer(self, params: dict) -> float:
@@ -347,7 +249,7 @@ class RoundEngine:
         if steps > 0 and not rows:
             raise DataError("a round with steps > 0 got no prompts", hint="lease.prompt_indices must not be empty")
         tr = self.trainer
-        for key in ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm"):
+        for key in SCHEDULE_ARGS:
             setattr(tr.args, key, params[key])
         tr.args.max_steps, tr.args.seed = max(1, steps), seed
         tr.train_dataset = Dataset.from_list(rows) if rows else tr.train_dataset
@@ -355,24 +257,24 @@ class RoundEngine:
         tr._step, tr._buffered_inputs = 0, None  # GRPO's generation buffer must not leak across rounds
         for metrics in tr._metrics.values():
             metrics.clear()
-        self._counts.update(generate=0.0, samples=0, tokens=0)
+        self._meter.reset()
         reward_before = sum(r.seconds for r in self.rewards)
         self._recorder.steps, self._recorder.on_step = [], on_step
         self.rollouts.reset()
         start = time.perf_counter()
         if steps > 0:
             set_seed(seed)
-            with frozen_heap():  # see the module docstring
+            with frozen_heap():  # see hubgrpo.worker.grpo_trainer
                 tr.train()
         wall = time.perf_counter() - start
         reward_s = sum(r.seconds for r in self.rewards) - reward_before
-        gen_s = self._counts["generate"]
-        samples = int(self._counts["samples"])
+        gen_s = self._meter.seconds
+        samples = self._meter.samples
         return TrainResult(
             step_metrics=list(self._recorder.steps),
             samples=samples,
             prompts=samples // params["num_generations"],
-            tokens=int(self._counts["tokens"]),
+            tokens=self._meter.tokens,
             timings={"generate": gen_s, "reward": reward_s, "train": max(0.0, wall - gen_s - reward_s)},
         )
 
@@ -417,9 +319,7 @@ class RoundEngine:
         sub.timings.update(setup=setup, load=t2 - t1)
         sub.timings["save"] = time.perf_counter() - t3  # the JSON write below is part of it too (≈ ms)
         sub.timings["total"] = time.perf_counter() - t0
-        tmp = out_dir / f".{SUBMISSION_FILE}.tmp"
-        tmp.write_bytes(sub.to_json())
-        os.replace(tmp, out_dir / SUBMISSION_FILE)
+        write_submission(out_dir, sub)
         rewards = [m.reward for m in result.step_metrics]
         self.log(
             f"round {lease.round_id}: {len(rewards)} steps, reward {sub.reward_first:.3f} → "
@@ -428,27 +328,13 @@ class RoundEngine:
         return sub
 
     def _submission(self, lease: Lease, result: TrainResult) -> Submission:
-        rewards = [m.reward for m in result.step_metrics]
-        return Submission(
-            submission_id=submission_id(lease.worker, lease.lease_id),
-            worker=lease.worker,
-            user=lease.user,
-            lease=lease,
-            base_version=lease.base_version,
-            base_sha=lease.base_sha,
+        weights = [r.weight for r in self.rewards]
+        return build_submission(
+            lease,
+            result,
             base_model=self.cfg.base_model,
-            steps=len(result.step_metrics),
-            samples=result.samples,
-            prompts=result.prompts,
-            tokens=result.tokens,
-            reward_mean=weighted_mean([r.weight for r in self.rewards], self.rollouts.batches) if rewards else 0.0,
-            reward_first=rewards[0] if rewards else 0.0,
-            reward_last=rewards[-1] if rewards else 0.0,
-            step_metrics=result.step_metrics,
-            timings=dict(result.timings),
-            versions=library_versions(),
+            reward_mean=weighted_mean(weights, self.rollouts.batches) if result.step_metrics else 0.0,
             device=self.device_name,
-            created_at=time.time(),
             rebased_version=self._rebaser.rebased_version,
             rebased_sha=self._rebaser.rebased_sha,
         )
@@ -483,40 +369,15 @@ class RoundEngine:
             )
         model = self.trainer.model
         assert model is not None, "the trainer holds the model from its start"
-        was_training = model.training
-        model.eval()
-        try:
-            totals = []
-            if not greedy:
-                torch.manual_seed(seed)
-            for i in range(0, len(rows), batch_size):
-                totals += self._score(model, rows[i : i + batch_size], greedy)
-        finally:
-            model.train(was_training)
-        return sum(totals) / len(totals)
-
-    def _score(self, model, rows: list[dict], greedy: bool = True) -> list[float]:
-        tok = self.tokenizer
-        prompts = [r["prompt"] for r in rows]
-        chat = isinstance(prompts[0], list)
-        texts = (
-            [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
-            if chat
-            else prompts
-        )
-        enc = tok(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not chat).to(
-            model.device
-        )
-        sampling = {} if greedy else {"temperature": self.cfg.params.temperature, "top_p": 1.0, "top_k": 0}
-        gen = GenerationConfig(
+        return mean_reward(
+            model,
+            self.tokenizer,
+            rows,
+            self.rewards,
+            batch_size=batch_size,
+            greedy=greedy,
+            seed=seed,
             max_new_tokens=self._params["max_completion_length"],
-            do_sample=not greedy,
-            eos_token_id=self.trainer.eos_token_ids,
-            pad_token_id=tok.pad_token_id,
-            **sampling,
+            eos_token_ids=self.trainer.eos_token_ids,
+            temperature=self.cfg.params.temperature,
         )
-        out = model.generate(**enc, generation_config=gen)
-        texts_out = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-        completions = [[{"role": "assistant", "content": t}] for t in texts_out] if chat else texts_out
-        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
-        return weighted_rewards(self.rewards, prompts, completions, **columns)

@@ -29,15 +29,15 @@ from hubgrpo.errors import (
     RateLimited,
     Refused,
     StoreError,
-    StoreUnavailable,
     wait_seconds,
-    wire_text,
 )
 from hubgrpo.layout import Lease
 from hubgrpo.store.base import Store
+from hubgrpo.worker.delivery import check_inbox_is_ours, commit_round, deliver
 from hubgrpo.worker.heartbeat import Heartbeat
 from hubgrpo.worker.lease_bounds import adapter_limit, check_lease_bounds
 from hubgrpo.worker.orphans import stop_if_orphaned
+from hubgrpo.worker.piped import pipelines, run_piped
 
 if TYPE_CHECKING:
     from hubgrpo.tracking import Tracker
@@ -47,32 +47,6 @@ log = logging.getLogger("hubgrpo.worker")
 # paths or revisions that are not names and commit ids, a redirect, an oversized answer: hubgrpo.worker.client)
 STOP_CODES = stop_codes()  # hubgrpo/error_codes.py: the answers after which a worker stops
 MIN_REFUSAL_WAIT_S = 0.1  # a refusal asking for no wait (or a negative one) does not make the worker spin
-
-
-def check_inbox_is_ours(spec: str | None, store: Store, coordinator: str) -> None:
-    """A submissions inbox that is a local folder is this machine's disk: the worker writes there only for a run on
-    this machine (its repo a local folder, or its coordinator on loopback). A remote run repo's config is data
-    written by others: it never picks a folder here."""
-    from hubgrpo.store.local import LocalStore
-    from hubgrpo.worker.bounded_http import on_this_machine
-
-    here = "://" in coordinator and on_this_machine(coordinator)
-    if spec and not spec.startswith("s3://") and not isinstance(store, LocalStore) and not here:
-        from hubgrpo.errors import ConfigError
-
-        raise ConfigError(
-            f"the run repo {store.location} names a folder of this machine as its submissions inbox "
-            f"({wire_text(spec, 120)}); a worker writes there only for a run on this machine",
-            hint="a remote run's rounds go to its repo, an s3:// inbox, or the coordinator "
-            "(--upload-via coordinator); ask the run's owner to fix hub.submissions",
-        )
-
-
-def pipelines(cfg) -> bool:
-    """Whether the run lets a worker deliver a round while it trains the next: two live leases per worker, and a
-    round one version older than its lease's admitted (a staleness limit above 0, or rebased rounds)."""
-    m = cfg.merge
-    return cfg.coordinator.leases_per_worker >= 2 and (m.max_staleness > 0 or m.staleness_per_worker > 0 or m.rebase)
 
 
 @dataclass
@@ -150,8 +124,6 @@ class Worker:
         if self.upload_via == "store":
             check_inbox_is_ours(self.cfg.hub.submissions, self.store, getattr(self.client, "target", ""))
         if self.pipeline and pipelines(self.cfg):
-            from hubgrpo.worker.piped import run_piped
-
             run_piped(self)
         else:
             while self.max_rounds is None or len(self.results) < self.max_rounds:
@@ -323,9 +295,8 @@ class Worker:
         upload URLs; expired ones are renewed with one heartbeat); what to submit."""
         spec = self.cfg.hub.submissions
         if not spec:
-            return self._commit(out, hb.lease, sub_id)
+            return commit_round(self.store, out, hb.lease, sub_id, sleep=self.sleep)
         from hubgrpo.errors import AuthError
-        from hubgrpo.worker.delivery import deliver
 
         try:
             return deliver(spec, hb.lease, out, sleep=self.sleep)
@@ -334,24 +305,6 @@ class Worker:
                 raise
             hb.lease = self.client.heartbeat(hb.lease)
             return deliver(spec, hb.lease, out, sleep=self.sleep)
-
-    def _commit(self, out: Path, lease: Lease, sub_id: str) -> str:
-        """Push the submission folder in one commit (no parent: workers write disjoint paths)."""
-        adds = {layout.submission_path(lease.base_version, sub_id, f): out / f for f in layout.SUBMISSION_FILES}
-        msg = f"hubgrpo: submission {sub_id} (base v{lease.base_version})"
-        delay = 2.0
-        for attempt in range(10):
-            try:
-                return self.store.commit(adds, message=msg)
-            except RateLimited as e:
-                wait = wait_seconds(e.wait_s, 60.0)
-                log.warning("store rate-limited; waiting %.0f s", wait)
-                self.sleep(wait)
-            except StoreUnavailable as e:
-                log.warning("store unavailable (%s); retrying in %.0f s", e.message, delay)
-                self.sleep(delay)
-                delay = min(delay * 2, 120.0)
-        return self.store.commit(adds, message=msg)
 
     def _submit(self, lease: Lease, commit: str | None, folder: Path | None = None) -> dict:
         """``submit(lease, commit)``, or ``upload(lease, folder)`` when a folder is given; refusals with a wait

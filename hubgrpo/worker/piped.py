@@ -29,6 +29,13 @@ NOT_NOW = object()  # a lease fetched ahead was refused as a second live lease: 
 JOIN_ON_EXIT_S = 30.0  # on Ctrl-C, how long the round being delivered may take to finish
 
 
+def pipelines(cfg) -> bool:
+    """Whether the run lets a worker deliver a round while it trains the next: two live leases per worker, and a
+    round one version older than its lease's admitted (a staleness limit above 0, or rebased rounds)."""
+    m = cfg.merge
+    return cfg.coordinator.leases_per_worker >= 2 and (m.max_staleness > 0 or m.staleness_per_worker > 0 or m.rebase)
+
+
 def fetch_ahead(w: Worker) -> Lease | None | object:
     """The next lease and its adapter, asked once while another round trains; None when the run is finished,
     ``NOT_NOW`` when the coordinator wants a wait or is out of reach (the worker then leases after the delivery,

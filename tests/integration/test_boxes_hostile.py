@@ -131,7 +131,7 @@ def test_upload_urls_bound_what_a_worker_can_write(tmp_path, s3_bucket_url):
     from hubgrpo.store.inboxes import open_inbox
     from hubgrpo.worker.client import CoordinatorClient
     from hubgrpo.worker.delivery import deliver
-    from tests.system.test_submissions import _round
+    from tests.support.coord_helpers import round_folder
 
     inbox = f"{s3_bucket_url}/subs"
     c = _coordinator(tmp_path, inbox)
@@ -153,13 +153,13 @@ def test_upload_urls_bound_what_a_worker_can_write(tmp_path, s3_bucket_url):
         over = httpx.post(base, data=fields, files={"file": ("x", b"\0" * (limit + 1))})
         assert over.status_code == 400 and "EntityTooLarge" in over.text
         assert open_inbox(inbox).list(layout.SUBMISSIONS) == []  # nothing written
-        big = _round(c.store, lease, tmp_path, seed=1, mutate=lambda f: (f / layout.ROLLOUTS_FILE).write_bytes(
+        big = round_folder(c.store, lease, tmp_path, seed=1, mutate=lambda f: (f / layout.ROLLOUTS_FILE).write_bytes(
             b"\0" * (limit + 1)))
         with pytest.raises(DeliveryError) as err:
             deliver(inbox, lease, big)
         assert "larger than" in err.value.message and layout.ROLLOUTS_FILE in err.value.message
         lease = client.lease("w1")
-        token = deliver(inbox, lease, _round(c.store, lease, tmp_path, seed=2))
+        token = deliver(inbox, lease, round_folder(c.store, lease, tmp_path, seed=2))
         assert client.submit(lease, token)["status"] == "admitted"
     finally:
         app.close()
@@ -218,7 +218,7 @@ def test_inbox_objects_of_finished_rounds_are_deleted_like_repo_folders(tmp_path
     from hubgrpo.store.inboxes import open_inbox
     from hubgrpo.errors import InvalidSubmission
     from hubgrpo.worker.delivery import deliver
-    from tests.system.test_submissions import _round
+    from tests.support.coord_helpers import round_folder
 
     inbox = str(tmp_path / "inbox") if kind == "folder" else f"{request.getfixturevalue('s3_bucket_url')}/subs"
     c = _coordinator(tmp_path, inbox, **{"merge.quorum": 1, "coordinator.keep_submissions": 1,
@@ -229,12 +229,12 @@ def test_inbox_objects_of_finished_rounds_are_deleted_like_repo_folders(tmp_path
     for i in range(4):
         lease = c.lease(f"w{i}")
         if i == 1:  # a refused round: its adapter is not the run's
-            bad = deliver(inbox, lease, _round(c.store, lease, tmp_path, seed=9, mutate=lambda f: (
+            bad = deliver(inbox, lease, round_folder(c.store, lease, tmp_path, seed=9, mutate=lambda f: (
                 f / layout.ADAPTER_CONFIG).write_text(json.dumps({"r": 99}))))
             with pytest.raises(InvalidSubmission):
                 c.submit(lease, bad)
             lease = c.lease(f"w{i}b")
-        token = deliver(inbox, lease, _round(c.store, lease, tmp_path, seed=i + 1))
+        token = deliver(inbox, lease, round_folder(c.store, lease, tmp_path, seed=i + 1))
         assert c.submit(lease, token)["status"] == "merged"
         merged.append(layout.submission_id(lease.worker, lease.lease_id))
     assert c.state.version == 4

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from hubgrpo import layout
 from hubgrpo.layout import RunState
+from tests.support.adversarial_run import Run
 from tests.support.coord_helpers import submission_record, trained_adapter, write_rollouts
-from tests.system.test_adversarial import Run
 
 
 def free_ride(run: Run, name: str = "mallory", noise: float = 0.0) -> dict:

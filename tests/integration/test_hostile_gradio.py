@@ -16,8 +16,7 @@ import pytest
 
 from hubgrpo.errors import CoordinatorError
 from hubgrpo.worker.client import CoordinatorClient
-from tests.support.hostile_coordinator import HostileCoordinator, gradio_config, huge, trickle
-from tests.system.test_hostile_coordinator import TOKEN, token_stayed_home
+from tests.support.hostile_coordinator import TOKEN, HostileCoordinator, gradio_config, huge, token_stayed_home, trickle
 
 
 @pytest.mark.timeout(60)

@@ -180,11 +180,11 @@ def test_hostile_bodies_get_a_400_or_413_that_names_the_problem(served):
 
 @pytest.mark.timeout(30)
 def test_the_client_falls_back_to_gradio_routes_on_a_coordinator_without_plain_routes(served, monkeypatch):
-    import hubgrpo.worker.client as client_mod
+    import hubgrpo.worker.http_transport as transport_mod
 
     coord, url = served()
     # an older coordinator has no plain routes: Gradio answers their path with its own 404 (not an envelope)
-    monkeypatch.setattr(client_mod, "PLAIN_PREFIX", "/not-served")
+    monkeypatch.setattr(transport_mod, "PLAIN_PREFIX", "/not-served")
     assert httpx.post(f"{url}/not-served/lease", json={"data": []}).status_code == 404
     sent = RecordingTransport()
     c = CoordinatorClient(url, http_transport=sent)

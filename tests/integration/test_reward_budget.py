@@ -21,8 +21,8 @@ from hubgrpo.errors import InvalidSubmission
 from hubgrpo.space.api import serve
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
+from tests.support.adversarial_run import SECRET, Run
 from tests.support.coord_helpers import make_config, write_adapter
-from tests.system.test_adversarial import SECRET, Run
 
 REWARD = '''
 import re

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from hubgrpo import layout
+from hubgrpo import layout, runrepo
 from hubgrpo.config import loads
 from hubgrpo.layout import Lease, StepMetrics, Submission
 
@@ -166,3 +166,13 @@ def local_coordinator(tmp_path: Path, secret: bytes = b"test-secret", **override
     clock = FakeClock()
     init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0), clock=clock)
     return store, Coordinator(store, secret, clock=clock, workdir=tmp_path / "work"), clock
+
+
+def round_folder(store, lease, tmp_path, seed: int, mutate=None) -> Path:
+    """A trained round's folder, as the worker engine leaves it."""
+    folder = trained_adapter(store, lease, tmp_path / "rounds" / f"{lease.lease_id}", seed, 0.1)
+    write_rollouts(folder, lease, runrepo.read_config(store))
+    (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease).to_json())
+    if mutate:
+        mutate(folder)
+    return folder

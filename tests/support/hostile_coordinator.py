@@ -5,7 +5,8 @@ nothing useful and records every request that reaches it (what a redirect or an 
 
 Every request either server receives is kept (method, path, headers, the first MiB of the body), so a test can
 check where a token went. A behaviour is a function ``(handler, args) -> None`` that writes the whole answer;
-``answer``, ``refuse``, ``redirect``, ``huge``, ``trickle`` and ``gradio_config`` make the usual ones.
+``answer``, ``refuse``, ``redirect``, ``huge``, ``trickle`` and ``gradio_config`` make the usual ones;
+``token_stayed_home`` checks that ``TOKEN`` went nowhere else.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Callable
 
 Behaviour = Callable[["_Handler", list], None]
 SHA = "ab" * 20
+TOKEN = "hf_hostile_suite_fake_token_0123456789"  # the participant's token the suites watch for
 RECORDED_BODY = 1 << 20  # bytes of each request body kept for the assertions
 
 
@@ -239,3 +241,13 @@ def refusal(code: str = "budget", wait_s=None, hint: str | None = None, error: s
     if wait_s is not None:
         out["wait_s"] = wait_s
     return out
+
+
+def token_stayed_home(coord: HostileCoordinator, *others: Recorder) -> None:
+    """The token reached only the coordinator it was given, only in its Authorization header; nothing else was
+    asked anything."""
+    for req in coord.requests:
+        assert TOKEN.encode() not in req.body, f"the token travelled in the body of {req.method} {req.path}"
+        assert req.headers.get("authorization") in (f"Bearer {TOKEN}", None), req.headers
+    for other in others:
+        assert other.requests == [], f"a request reached {other.url}: {other.requests[0].path}"

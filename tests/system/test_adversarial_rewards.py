@@ -18,8 +18,8 @@ from hubgrpo.errors import InvalidSubmission, Refused
 from hubgrpo.space.api import serve
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient, unwrap
+from tests.support.adversarial_run import SECRET, Run, record_edit
 from tests.support.coord_helpers import make_config, write_adapter
-from tests.system.test_adversarial import SECRET, Run, record_edit
 
 
 def rewards_in(tree) -> list[float]:

@@ -261,7 +261,7 @@ def test_worker_on_wrong_base_model_is_refused_run_unaffected(live, tmp_path, va
 
 @pytest.mark.timeout(180)
 def test_flood_of_hostile_submissions_interleaved_with_honest_ones(live, tmp_path):
-    from tests.unit.test_admission import HOSTILE
+    from tests.support.hostile_folders import HOSTILE
 
     store, client = live
     hostile = {k: v for k, v in sorted(HOSTILE.items()) if k not in SKIP_HOSTILE}

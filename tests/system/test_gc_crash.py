@@ -26,7 +26,7 @@ from hubgrpo.store.hub import HubStore
 from tests.conftest import TEST_TOKEN
 from tests.support.coord_helpers import FakeClock, base_adapter_dir, make_config, push_submission, write_adapter
 from tests.support.hub_emulator_storage import usage
-from tests.system.test_storage import run_versions
+from tests.support.merged_versions import run_versions
 
 SECRET = b"gc-crash-secret"
 EXE = str(Path(sys.executable).with_name("hubgrpo"))

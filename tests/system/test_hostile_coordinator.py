@@ -30,10 +30,10 @@ from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.worker.loop import Worker
 from tests.support.coord_helpers import make_config, write_adapter
-from tests.support.hostile_coordinator import (SHA, HostileCoordinator, Recorder, answer, gradio_config, huge, lease_dict,
-                                       redirect, refusal, refuse, sequence, trickle)
+from tests.support.hostile_coordinator import (SHA, TOKEN, HostileCoordinator, Recorder, answer, gradio_config, huge,
+                                               lease_dict, redirect, refusal, refuse, sequence, trickle,
+                                               token_stayed_home)
 
-TOKEN = "hf_hostile_suite_fake_token_0123456789"
 USERS_FOLDERS = ("some_dir", "photos", "thesis", "backups")
 
 
@@ -56,16 +56,6 @@ def victim(tmp_path) -> Path:
 def intact(victim: Path) -> bool:
     return sorted(p.name for p in victim.iterdir()) == sorted(USERS_FOLDERS) and all(
         (victim / n / "keep.txt").read_text() == n for n in USERS_FOLDERS)
-
-
-def token_stayed_home(coord: HostileCoordinator, *others: Recorder) -> None:
-    """The token reached only the coordinator it was given, only in its Authorization header; nothing else was
-    asked anything."""
-    for req in coord.requests:
-        assert TOKEN.encode() not in req.body, f"the token travelled in the body of {req.method} {req.path}"
-        assert req.headers.get("authorization") in (f"Bearer {TOKEN}", None), req.headers
-    for other in others:
-        assert other.requests == [], f"a request reached {other.url}: {other.requests[0].path}"
 
 
 class NoEngine:
@@ -455,7 +445,7 @@ def test_a_remote_run_repo_never_picks_a_folder_of_the_workers_machine_as_its_in
     a local folder there is refused before anything is leased or written; on this machine it stays allowed."""
     from hubgrpo.errors import ConfigError
     from hubgrpo.store.hub import HubStore
-    from hubgrpo.worker.loop import check_inbox_is_ours
+    from hubgrpo.worker.delivery import check_inbox_is_ours
     from tests.conftest import TEST_TOKEN
 
     target = tmp_path / "users-folder"

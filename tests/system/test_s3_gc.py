@@ -16,8 +16,8 @@ from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.gc import collect
 from hubgrpo.errors import HubGrpoError
 from tests.support.coord_helpers import FakeClock
+from tests.support.merged_versions import SECRET, run_versions
 from tests.support.s3_faults import Fault, proxy  # noqa: F401  (a fixture)
-from tests.system.test_storage import SECRET, run_versions
 
 EXE = Path(sys.executable).with_name("hubgrpo")
 

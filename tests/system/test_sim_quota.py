@@ -13,7 +13,7 @@ import pytest
 
 from hubgrpo.sim.loop import SimOptions, Simulation
 from tests.support.coord_helpers import make_config
-from tests.unit.test_simulate import FakeEngine
+from tests.support.sim_support import FakeSimEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 HOUR = 3600.0
@@ -22,7 +22,7 @@ HOUR = 3600.0
 def run_sim(tmp: Path, name: str, settings: dict, **opts) -> Simulation:
     cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.steps_per_round": 1, **settings})
     defaults = dict(workers=2, step_s=4.0, jitter=0.0, eval_every=1000)
-    sim = Simulation(cfg, SimOptions(**{**defaults, **opts}), tmp / name, engine=FakeEngine(cfg))
+    sim = Simulation(cfg, SimOptions(**{**defaults, **opts}), tmp / name, engine=FakeSimEngine(cfg))
     sim.run()
     return sim
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_simulate import deterministic_part
+from tests.support.sim_support import deterministic_part
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,30 +13,15 @@ import torch
 
 from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.core import Coordinator
-from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.merge import load_adapter_dir
 from hubgrpo.store.hub import HubStore
 from hubgrpo.store.local import LocalStore
 from tests.conftest import TEST_TOKEN
-from tests.support.coord_helpers import FakeClock, make_config, push_submission, write_adapter
+from tests.support.coord_helpers import FakeClock
 from tests.support.hub_emulator_storage import usage
+from tests.support.merged_versions import SECRET, run_versions
 
-SECRET = b"storage-secret"
 EXE = Path(sys.executable).with_name("hubgrpo")
-
-
-def run_versions(store, tmp: Path, n: int, c: Coordinator | None = None, **settings) -> Coordinator:
-    """A coordinator (quorum 1) that merges ``n`` versions from synthetic rounds, each version a checkpoint (tagged)
-    on any store unless ``coordinator.checkpoint_every_s`` is given."""
-    if c is None:
-        init_repo(store, make_config(**{"merge.quorum": 1, "params.versions": 100,
-                                        "coordinator.checkpoint_every_s": 0, **settings}),
-                  write_adapter(tmp / "v0", seed=0))
-        c = Coordinator(store, SECRET, clock=FakeClock(1_000_000.0), workdir=tmp / "coord")
-    for i in range(n):
-        lease = c.lease(f"w{i % 3}")
-        assert c.submit(lease, push_submission(store, lease, tmp / "rounds", seed=i + 1))["status"] == "merged"
-    return c
 
 
 def submission_folders(store, revision=None) -> set[str]:

@@ -19,8 +19,7 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import InvalidSubmission, Refused
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.delivery import deliver
-from tests.support.coord_helpers import (FakeClock, make_config, submission_record, trained_adapter, write_adapter,
-                                 write_rollouts)
+from tests.support.coord_helpers import FakeClock, make_config, round_folder, write_adapter
 
 SECRET = b"test-secret"
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,22 +33,12 @@ def _setup(tmp_path, inbox: str, **overrides):
     return store, Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work"), clock
 
 
-def _round(store, lease, tmp_path, seed: int, mutate=None) -> Path:
-    """A trained round's folder, as the worker engine leaves it."""
-    folder = trained_adapter(store, lease, tmp_path / "rounds" / f"{lease.lease_id}", seed, 0.1)
-    write_rollouts(folder, lease, runrepo.read_config(store))
-    (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease).to_json())
-    if mutate:
-        mutate(folder)
-    return folder
-
-
 @pytest.mark.timeout(120)
 def test_rounds_in_a_folder_inbox_cost_no_commit(tmp_path):
     inbox = str(tmp_path / "inbox")
     store, c, clock = _setup(tmp_path, inbox, **{"coordinator.commit_budget_per_hour": 3, "merge.quorum": 2})
     leases = [c.lease(f"w{i}") for i in range(3)]  # in the repo, the 2nd lease would be over this budget
-    tokens = [deliver(inbox, lease, _round(store, lease, tmp_path, seed=i + 1)) for i, lease in enumerate(leases)]
+    tokens = [deliver(inbox, lease, round_folder(store, lease, tmp_path, seed=i + 1)) for i, lease in enumerate(leases)]
     assert all(t.startswith("sha256:") for t in tokens)
     assert c.submit(leases[0], tokens[0])["status"] == "admitted"
     assert c.submit(leases[1], tokens[1])["status"] == "merged"
@@ -70,26 +59,26 @@ def test_hostile_inbox_folders_are_refused(tmp_path):
     inbox = str(tmp_path / "inbox")
     store, c, _ = _setup(tmp_path, inbox)
     lease = c.lease("extra")  # a worker that writes more than its files
-    token = deliver(inbox, lease, _round(store, lease, tmp_path, seed=2))
+    token = deliver(inbox, lease, round_folder(store, lease, tmp_path, seed=2))
     sub_dir = layout.submission_dir(lease.base_version, layout.submission_id("extra", lease.lease_id))
     open_inbox(inbox).put(f"{sub_dir}/notes.txt", b"hi")
     with pytest.raises(InvalidSubmission) as err:
         c.submit(lease, token)
     assert err.value.code == "unexpected_file"
     lease = c.lease("huge")
-    token = deliver(inbox, lease, _round(store, lease, tmp_path, seed=3, mutate=lambda f: (
+    token = deliver(inbox, lease, round_folder(store, lease, tmp_path, seed=3, mutate=lambda f: (
         f / layout.ADAPTER_WEIGHTS).write_bytes(b"\0" * (12 << 20))))
     with pytest.raises(InvalidSubmission) as err:
         c.submit(lease, token)
     assert err.value.code == "too_large" and "nothing was read" in err.value.message
     lease = c.lease("liar")
-    deliver(inbox, lease, _round(store, lease, tmp_path, seed=4))
+    deliver(inbox, lease, round_folder(store, lease, tmp_path, seed=4))
     with pytest.raises(InvalidSubmission) as err:
         c.submit(lease, "sha256:" + "0" * 64)  # not the record it uploaded
     assert err.value.code == "bad_commit"
     lease = c.lease("linker")
     sub_dir = Path(inbox) / layout.submission_dir(lease.base_version, layout.submission_id("linker", lease.lease_id))
-    folder = _round(store, lease, tmp_path, seed=5)
+    folder = round_folder(store, lease, tmp_path, seed=5)
     sub_dir.mkdir(parents=True)
     for name in layout.SUBMISSION_FILES:
         os.symlink(folder / name, sub_dir / name)  # a link is never followed: the folder looks empty
@@ -113,7 +102,7 @@ def test_uploads_through_the_space_go_to_the_inbox(tmp_path):
     uploads = Uploads(c, batch_size=1, batch_wait_s=0.0, workdir=tmp_path / "uploads")
     try:
         lease = c.lease("bob")
-        folder = _round(store, lease, tmp_path, seed=1)
+        folder = round_folder(store, lease, tmp_path, seed=1)
         files = {n: base64.b64encode((folder / n).read_bytes()).decode() for n in layout.SUBMISSION_FILES}
         answer = uploads.handle(lease, files)
     finally:
@@ -145,7 +134,7 @@ def test_s3_inbox_presigned_uploads_through_the_api(tmp_path, s3_bucket_url):
         assert renewed.uploads and renewed.deadline >= leases[0].deadline
         answers = []
         for i, lease in enumerate(leases):
-            folder = _round(store, lease, tmp_path, seed=i + 1)
+            folder = round_folder(store, lease, tmp_path, seed=i + 1)
             token = deliver(inbox, lease, folder)
             answers.append(client.submit(lease, token)["status"])
         assert answers == ["admitted", "admitted"]

@@ -5,7 +5,8 @@ Roles (the folder tree): the light core (``config``, ``errors``, ``layout``, ``r
 other and never importing each other; ``space`` (HTTP API + UI) over the coordinator; ``cli`` over everything.
 Every import counts, including the ones inside function bodies; imports for type checking only (under ``if
 TYPE_CHECKING:``) count for the roles but not for cycles (they never run). Outside ``coordinator/`` nobody takes
-the coordinator untyped or touches its private attributes.
+the coordinator untyped or touches its private attributes. The tests follow one rule of their own: a test module
+imports helpers only from ``tests/support``, never from another test module.
 """
 
 from __future__ import annotations
@@ -226,3 +227,44 @@ def test_merge_methods_are_objects_not_string_branches(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f(cfg, o):\n    return cfg.merge.method == 'ffa' or 'stack' != o.method\n")
     assert len(method_name_branches(bad)) == 2  # the checker itself: either side, == or !=
+
+
+TESTS = PKG.parent / "tests"
+TEST_LEVELS = ("unit", "integration", "system")
+
+
+def cross_test_imports(path: Path, root: Path = TESTS.parent) -> list[str]:
+    """Imports in ``path`` (anywhere in the file, ``from`` or plain) of a test module of any level, each as
+    ``<path relative to root>:<line> <the import>``."""
+    def a_test_module(name: str) -> bool:
+        parts = name.split(".")
+        return len(parts) > 2 and parts[0] == "tests" and parts[1] in TEST_LEVELS
+
+    out = []
+    nodes = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    for node in sorted(nodes, key=lambda n: n.lineno):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            names = [module] + [f"{module}.{a.name}" for a in node.names]
+        else:
+            names = [a.name for a in node.names]
+        if any(a_test_module(n) for n in names):
+            out.append(f"{path.relative_to(root).as_posix()}:{node.lineno} {ast.unparse(node)}")
+    return out
+
+
+def test_tests_import_helpers_only_from_support():
+    """Helpers shared by test modules live in ``tests/support`` (tests/README.md): no test module imports another."""
+    found = [i for path in sorted(TESTS.rglob("*.py")) for i in cross_test_imports(path)]
+    assert not found, "imports of another test module (move the helper to tests/support):\n  " + "\n  ".join(found)
+
+
+def test_the_test_import_checker_catches_one(tmp_path):
+    """The checker itself: a top-level and an indented import of another test module are reported, support not."""
+    bad = tmp_path / "tests" / "unit" / "test_bad.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("from tests.support.coord_helpers import FakeClock\nfrom tests.unit.test_checkpoints import x\n"
+                   "def f():\n    import tests.system.test_storage as s\n    from tests.unit import test_simulate\n")
+    found = [line.split(" ", 1)[1] for line in cross_test_imports(bad, tmp_path)]
+    assert found == ["from tests.unit.test_checkpoints import x", "import tests.system.test_storage as s",
+                     "from tests.unit import test_simulate"], found

@@ -7,68 +7,32 @@ served route and the chaos of kills are in tests/integration/test_checkpoint_res
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
+import torch
 
 from hubgrpo import layout, runrepo
 from hubgrpo.coordinator import checkpoint
+from hubgrpo.coordinator.admission import staleness_limit
 from hubgrpo.coordinator.core import Coordinator
-from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import InvalidSubmission, NotFound
-from hubgrpo.store.local import LocalStore
-from tests.support.coord_helpers import FakeClock, make_config, submission_record, trained_adapter, write_adapter, write_rollouts
+from hubgrpo.merge import load_adapter_dir
+from tests.support.checkpoint_run import SECRET, committed_round, setup_run
 
 pytestmark = pytest.mark.timeout(120)
-SECRET = b"test-secret"
-
-
-class QuotaStore(LocalStore):
-    """A local folder whose commits count against an hourly quota (the Hub's), so checkpoints follow the budget."""
-
-    hourly_commit_quota = 128
-
-
-class InProcess:
-    """What the adapter route serves, in process (``CoordinatorClient.adapter``'s contract)."""
-
-    def __init__(self, c):
-        self.c = c
-
-    def adapter(self, version, adapter_id, cache, max_bytes):
-        dest = Path(cache) / adapter_id
-        if not dest.is_dir():
-            shutil.copytree(self.c.version_dir(version, adapter_id), dest)
-        return dest
-
-
-def _setup(tmp_path, **overrides):
-    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.versions": 50, **overrides})
-    store, clock = QuotaStore(tmp_path / "repo"), FakeClock()
-    init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0), clock=clock)
-    return store, Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work"), clock
-
-
-def _round(store, c, lease, tmp: Path, seed: int) -> str:
-    """A trained round of ``lease`` (its base from the coordinator, as a worker gets it), committed; the commit."""
-    sub_id = layout.submission_id(lease.worker, lease.lease_id)
-    folder = trained_adapter(InProcess(c), lease, tmp / "rounds" / sub_id, seed, 0.1)
-    (folder / layout.SUBMISSION_FILE).write_bytes(submission_record(lease).to_json())
-    write_rollouts(folder, lease, c.cfg)
-    if c.cfg.hub.submissions:  # a folder inbox: the round costs no commit
-        from hubgrpo.worker.delivery import deliver
-
-        return deliver(c.cfg.hub.submissions, lease, folder)
-    adds = {layout.submission_path(lease.base_version, sub_id, f.name): f for f in folder.iterdir()}
-    return store.commit(adds, message=f"hubgrpo: submission {sub_id}")
 
 
 def _versions(store, c, tmp, n: int, clock, step_s: float = 1.0) -> None:
     for i in range(n):
         lease = c.lease(f"w{i % 3}")
         clock.advance(step_s)
-        c.submit(lease, _round(store, c, lease, tmp, seed=100 + c.state.version))
+        c.submit(lease, committed_round(store, c, lease, tmp, seed=100 + c.state.version))
+
+
+def _merge(store, c, tmp, clock, seed: int, worker: str | None = None) -> None:
+    """One round of ``worker`` (default: one of three by ``seed``) a second after the last, submitted."""
+    lease = c.lease(worker or f"w{seed % 3}")
+    clock.advance(1.0)
+    c.submit(lease, committed_round(store, c, lease, tmp, seed=seed))
 
 
 def _merges(store) -> list[str]:
@@ -77,7 +41,7 @@ def _merges(store) -> list[str]:
 
 
 def test_versions_live_between_checkpoints_which_come_at_the_budgets_interval(tmp_path):
-    store, c, clock = _setup(tmp_path)  # budget 60 → a checkpoint every 7200 / 60 = 120 s
+    store, c, clock = setup_run(tmp_path)  # budget 60 → a checkpoint every 7200 / 60 = 120 s
     assert checkpoint.interval_s(c) == 120.0
     clock.advance(200)  # the first checkpoint is due as soon as a version comes
     _versions(store, c, tmp_path, 1, clock)
@@ -103,8 +67,9 @@ def test_versions_live_between_checkpoints_which_come_at_the_budgets_interval(tm
 
 
 def test_checkpoints_wait_for_room_in_the_budget_even_the_finished_runs(tmp_path):
-    store, c, clock = _setup(tmp_path, **{"coordinator.commit_budget_per_hour": 3, "hub.submissions": tmp_path / "inbox",
-                                          "coordinator.checkpoint_every_s": 10, "params.versions": 8})
+    store, c, clock = setup_run(tmp_path, **{"coordinator.commit_budget_per_hour": 3,
+                                             "hub.submissions": tmp_path / "inbox",
+                                             "coordinator.checkpoint_every_s": 10, "params.versions": 8})
     for _ in range(3):  # init made 1 commit: two checkpoints fit, the third waits for the hour to pass
         clock.advance(11)
         _versions(store, c, tmp_path, 1, clock)
@@ -120,7 +85,7 @@ def test_checkpoints_wait_for_room_in_the_budget_even_the_finished_runs(tmp_path
 
 
 def test_a_restart_resumes_from_the_checkpoint_and_refuses_rounds_on_the_versions_it_lost(tmp_path):
-    store, c, clock = _setup(tmp_path)
+    store, c, clock = setup_run(tmp_path)
     clock.advance(200)
     _versions(store, c, tmp_path, 1, clock)  # checkpoint v1
     _versions(store, c, tmp_path, 3, clock)  # v2..v4 live
@@ -129,11 +94,60 @@ def test_a_restart_resumes_from_the_checkpoint_and_refuses_rounds_on_the_version
     c2 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work2")  # the first one died
     assert c2.state.version == 1 and c2.checkpoint.version == 1 and c2.ids[1] == c.ids[1]
     with pytest.raises(InvalidSubmission) as err:
-        c2.submit(on_lost, _round(store, c, on_lost, tmp_path, seed=7))
+        c2.submit(on_lost, committed_round(store, c, on_lost, tmp_path, seed=7))
     assert err.value.code == "stale" and "restarted" in err.value.message
     _versions(store, c2, tmp_path, 3, clock)  # v2..v4 again: other adapters, other ids
     assert c2.state.version == 4 and c2.ids[4] != c.ids[4]
     on_kept = c2.lease("fresh")
-    assert c2.submit(on_kept, _round(store, c2, on_kept, tmp_path, seed=8))["status"] == "merged"
+    assert c2.submit(on_kept, committed_round(store, c2, on_kept, tmp_path, seed=8))["status"] == "merged"
     with pytest.raises(NotFound):  # the lost version's id is served by nobody
         c2.version_dir(4, c.ids[4])
+
+
+@pytest.mark.timeout(180)
+def test_the_eval_gate_never_starts_a_merge_from_a_version_the_coordinator_no_longer_has(tmp_path):
+    """With ``merge.eval_gate`` a merge starts from the best-scored version after a bad score; that version may be a
+    live one that was never checkpointed and has left the version cache since: the merge must still go through."""
+    store, c, clock = setup_run(tmp_path, **{"merge.eval_gate": 0.05, "coordinator.checkpoint_every_s": 86400})
+    _merge(store, c, tmp_path, clock, seed=1)
+    c.record_eval(1, 0.9, 8)  # v1 scored well; it is live only (the checkpoint is still v0)
+    keep = c.cfg.merge.lease_age_limit() + 2
+    for i in range(keep + 2):
+        _merge(store, c, tmp_path, clock, seed=10 + i)
+    assert c.versions.path(1) is None and 1 not in c.shas  # evicted, never checkpointed
+    latest = c.state.version
+    c.record_eval(latest, 0.1, 8)  # the newest scored badly: the gate wants to start from v1
+    assert c.flush()  # a checkpoint holds both scores
+    c = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "restarted")  # a restart: nothing cached
+    _merge(store, c, tmp_path, clock, seed=99)  # version 1 is not available any more
+    assert c.state.version == latest + 1
+
+
+@pytest.mark.timeout(180)
+def test_the_in_memory_adapters_stay_bounded_when_every_read_is_a_hit(tmp_path):
+    store, c, clock = setup_run(tmp_path, **{"coordinator.checkpoint_every_s": 86400})
+    limit = staleness_limit(c)
+    for i in range(limit + 6):
+        _merge(store, c, tmp_path, clock, seed=10 + i)
+    assert len(c.adapters) <= limit + 2, (f"{len(c.adapters)} adapters in memory after {c.state.version} "
+                                           f"versions (staleness limit {limit}): one more per version, for ever")
+
+
+def test_after_a_lost_checkpoint_cas_the_next_merge_starts_from_the_winners_adapter(tmp_path):
+    """A coordinator that loses a checkpoint's compare-and-swap to another one reloads the other's state; its next
+    merge starts from the other's adapter of that version, never from its own lost one (same version number,
+    another adapter id). Two coordinators on one folder."""
+    store, a, clock = setup_run(tmp_path, **{"coordinator.checkpoint_every_s": 86400})
+    b = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work-b")  # a second coordinator (split brain)
+    _merge(store, a, tmp_path / "a", clock, seed=101, worker="w0")
+    _merge(store, a, tmp_path / "a", clock, seed=102, worker="w0")  # A: live v1, v2; its checkpoint is still v0
+    _merge(store, b, tmp_path / "b", clock, seed=501, worker="w0")  # B: live v1' (another adapter)
+    assert a.state.version == 2 and b.state.version == 1 and a.ids[1] != b.ids[1]
+    assert b.flush()  # B checkpoints v1' first
+    assert not a.flush()  # A loses the CAS and reloads B's checkpoint
+    assert a.state.version == 1 and a.ids[1] == b.ids[1]
+    winner = load_adapter_dir(b.version_dir(1, b.ids[1])).weights
+    used = a.global_adapter().weights  # what A's next merge starts from (and measures rounds on v1' against)
+    differ = [k for k in winner if not torch.equal(winner[k], used[k])]
+    assert not differ, (f"A merges on top of its own lost v1, not the checkpointed v1' it reloaded "
+                        f"({len(differ)} tensors differ, e.g. {differ[:2]})")

@@ -15,7 +15,7 @@ from hubgrpo.errors import RateLimited, Refused
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.loop import Worker
 from tests.support.coord_helpers import make_config, write_adapter
-from tests.unit.test_worker_loop import FakeEngine, ScriptedClient, refusal
+from tests.support.scripted_worker import FakeEngine, ScriptedClient, refusal
 
 SECRET = b"pipeline-secret"
 

@@ -1,7 +1,8 @@
-"""Review of issue 36: the coordinator's ``GET /hubgrpo/api/adapter/<version>/<adapter id>/<file>`` route on a
-served Space with the Hub's auth (a real app on 127.0.0.1, the Hub emulator, raw HTTP and the worker's client):
-only the run's users get a byte, a path never names anything but a version's two files, the bytes hash to the id
-the status and the leases name, and no token reaches the log."""
+"""The coordinator's ``GET /hubgrpo/api/adapter/<version>/<adapter id>/<file>`` route (a real app on 127.0.0.1, raw
+HTTP and the worker's client): on a served Space with the Hub's auth (the Hub emulator) only the run's users get a
+byte, a path never names anything but a version's two files, the bytes hash to the id the status and the leases
+name, and no token reaches the log; an auth hook of the documented shape guards it too; a version that is not a
+number is a 404."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import httpx
 import pytest
 
 from hubgrpo import layout
+from hubgrpo.errors import Refused
+from hubgrpo.space.api import serve
 from hubgrpo.space.app import serve_space
 from hubgrpo.space.auth import make_auth
 from hubgrpo.worker.client import CoordinatorClient
+from tests.support.checkpoint_run import setup_run
 from tests.support.space_support import ALICE, BOB, MALLORY, make_run, new_coordinator, start_emulator
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,3 +78,41 @@ def test_the_adapter_route_serves_only_the_runs_users_and_only_a_versions_two_fi
         if app is not None:
             app.close(verbose=False)
         emu.stop()
+
+
+def only_alice(token, request=None):
+    """An auth hook of the documented shape ``auth(token, request) -> user`` (no ``identify``)."""
+    from hubgrpo.space.auth import request_token
+
+    if (token or request_token(request)) != "hf_alice_token":
+        raise Refused("auth", "only alice may work on this run", hint="send alice's token")
+    return "alice"
+
+
+def _served(tmp_path, auth):
+    store, c, _clock = setup_run(tmp_path)
+    app, url = serve(c, auth=auth, tick_interval=0.2)
+    return app, url, c
+
+
+def test_an_auth_hook_without_identify_still_guards_the_adapter_route(tmp_path):
+    app, url, c = _served(tmp_path, only_alice)
+    try:
+        path = f"{url}/hubgrpo/api/adapter/0/{c.ids[0]}/{layout.ADAPTER_WEIGHTS}"
+        lease = httpx.post(f"{url}/hubgrpo/api/lease", json={"data": ["w", None, None, layout.PROTOCOL_VERSION]},
+                           timeout=20).json()
+        assert lease["ok"] is False and lease["error"]["code"] == "auth"  # the POST routes refuse the anonymous
+        r = httpx.get(path, timeout=20)
+        assert r.status_code == 401, f"an anonymous GET got HTTP {r.status_code} ({len(r.content)} bytes of weights)"
+    finally:
+        app.close(verbose=False)
+
+
+def test_a_version_in_unicode_digits_is_a_404_not_a_server_error(tmp_path):
+    app, url, c = _served(tmp_path, None)  # loopback without auth: anyone who reaches it
+    try:
+        for version in ("%C2%B2", "%E2%91%A0"):  # '²' and '①': str.isdigit() says yes, int() says no
+            r = httpx.get(f"{url}/hubgrpo/api/adapter/{version}/{c.ids[0]}/{layout.ADAPTER_CONFIG}", timeout=20)
+            assert r.status_code == 404, (version, r.status_code, r.text[:200])
+    finally:
+        app.close(verbose=False)
