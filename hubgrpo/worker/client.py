@@ -57,6 +57,7 @@ from hubgrpo.worker.bounded_http import (
     redirect_error,
     token_may_go_to,
 )
+from hubgrpo.worker.json_body import Base64Text, json_body
 
 if TYPE_CHECKING:
     from hubgrpo.worker.downloads import Downloader
@@ -144,7 +145,7 @@ class HttpTransport:
 
     def call(self, name: str, args: list) -> Any:
         """POST ``args`` to endpoint ``name`` and return its (enveloped) answer."""
-        body = json.dumps({"data": args}, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        body = json_body({"data": args})  # a round's files (``Base64Text``) go in without being scanned
         try:
             with self._deadline.within(self._timeout + len(body) / MIN_BODY_RATE):
                 return self._call(name, body)
@@ -398,11 +399,10 @@ class CoordinatorClient:
         The coordinator checks it, commits it together with other uploads, submits it, and answers like ``submit``
         (plus ``commit`` and ``batch``). Retrying is safe: a repeated upload joins its batch or answers duplicate.
         """
-        import base64
         from pathlib import Path
 
         files = {
-            name: base64.b64encode((Path(folder) / name).read_bytes()).decode("ascii")
+            name: Base64Text.of((Path(folder) / name).read_bytes())
             for name in layout.SUBMISSION_FILES
             if (Path(folder) / name).is_file()
         }
