@@ -42,6 +42,7 @@ from hubgrpo.errors import CoordinatorError, wire_text
 from hubgrpo.layout import PROTOCOL_VERSION, Lease
 from hubgrpo.worker.bounded_http import OriginToken, Unavailable, token_may_go_to
 from hubgrpo.worker.http_transport import HttpTransport
+from hubgrpo.worker.json_body import Base64Text
 
 if TYPE_CHECKING:
     from hubgrpo.worker.downloads import Downloader
@@ -238,11 +239,10 @@ class CoordinatorClient:
         The coordinator checks it, commits it together with other uploads, submits it, and answers like ``submit``
         (plus ``commit`` and ``batch``). Retrying is safe: a repeated upload joins its batch or answers duplicate.
         """
-        import base64
         from pathlib import Path
 
         files = {
-            name: base64.b64encode((Path(folder) / name).read_bytes()).decode("ascii")
+            name: Base64Text.of((Path(folder) / name).read_bytes())
             for name in layout.SUBMISSION_FILES
             if (Path(folder) / name).is_file()
         }

@@ -31,6 +31,7 @@ from hubgrpo.worker.bounded_http import (
     read_capped,
     redirect_error,
 )
+from hubgrpo.worker.json_body import json_body
 
 API_PREFIX = "/gradio_api"
 PLAIN_PREFIX = "/hubgrpo/api"  # the coordinator's plain routes (hubgrpo.space.routes)
@@ -107,7 +108,7 @@ class HttpTransport:
 
     def call(self, name: str, args: list) -> Any:
         """POST ``args`` to endpoint ``name`` and return its (enveloped) answer."""
-        body = json.dumps({"data": args}, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        body = json_body({"data": args})  # a round's files (``Base64Text``) go in without being scanned
         try:
             with self._deadline.within(self._timeout + len(body) / MIN_BODY_RATE):
                 return self._call(name, body)
