@@ -37,7 +37,7 @@ class Run:
     """A served coordinator over a local run repo, an honest worker and a hostile one (HTTP + repo commits)."""
 
     def __init__(self, tmp: Path, **settings):
-        cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 4, "params.versions": 1000,
+        cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 4, "rounds.versions": 1000,
                              "coordinator.commit_budget_per_hour": 1000, **settings})
         self.tmp, self.store = tmp, LocalStore(tmp / "repo")
         init_repo(self.store, cfg, write_adapter(tmp / "v0", seed=0, b_scale=0.0))
@@ -391,7 +391,7 @@ def test_one_participant_flooding_small_rounds_cannot_make_honest_rounds_outlier
 
     from tests.support.coord_helpers import local_coordinator, push_submission
 
-    store, c, _ = local_coordinator(tmp_path, **{"merge.quorum": 1, "params.versions": 100})
+    store, c, _ = local_coordinator(tmp_path, **{"merge.quorum": 1, "rounds.versions": 100})
 
     def round_of(worker: str, b_scale: float, seed: int) -> dict:
         lease = c.lease(worker)

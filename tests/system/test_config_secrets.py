@@ -37,7 +37,8 @@ rewards:
   - function: builtin:exact_answer
   - function: builtin:answer_format
     kwargs: {api_key: "${JUDGE_API_KEY}", header: "Bearer ${JUDGE_API_KEY}", plain: "keep me"}
-params: {steps_per_round: 1, per_device_train_batch_size: 4, num_generations: 2, versions: 2}
+params: {per_device_train_batch_size: 4, num_generations: 2}
+rounds: {steps: 1, versions: 2}
 lora: {r: 2, alpha: 4}
 coordinator: {secret: "${HUBGRPO_SECRET}", url: "${HUBGRPO_COORDINATOR:-}"}
 hub: {repo_id: "${HF_USER:-me}/secrets-run", token: "${HF_TOKEN}"}

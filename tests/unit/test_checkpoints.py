@@ -44,7 +44,7 @@ class InProcess:
 
 
 def _setup(tmp_path, **overrides):
-    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.versions": 50, **overrides})
+    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "rounds.versions": 50, **overrides})
     store, clock = QuotaStore(tmp_path / "repo"), FakeClock()
     init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0), clock=clock)
     return store, Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work"), clock
@@ -104,7 +104,7 @@ def test_versions_live_between_checkpoints_which_come_at_the_budgets_interval(tm
 
 def test_checkpoints_wait_for_room_in_the_budget_even_the_finished_runs(tmp_path):
     store, c, clock = _setup(tmp_path, **{"coordinator.commit_budget_per_hour": 3, "hub.submissions": tmp_path / "inbox",
-                                          "coordinator.checkpoint_every_s": 10, "params.versions": 8})
+                                          "coordinator.checkpoint_every_s": 10, "rounds.versions": 8})
     for _ in range(3):  # init made 1 commit: two checkpoints fit, the third waits for the hour to pass
         clock.advance(11)
         _versions(store, c, tmp_path, 1, clock)
