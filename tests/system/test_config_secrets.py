@@ -97,7 +97,7 @@ def test_init_stores_placeholders_and_refuses_environment_values_where_readers_n
     assert cfg.coordinator.secret is None and cfg.hub.token is None
 
     lr = tmp_path / "lr.yaml"
-    lr.write_text(USER_CONFIG.replace("versions: 2}", "versions: 2, learning_rate: \"${LR}\"}"))
+    lr.write_text(USER_CONFIG.replace("num_generations: 2}", "num_generations: 2, learning_rate: \"${LR}\"}"))
     refused = cli("init", str(lr), "--repo", str(tmp_path / "repo2"), env={**USER_ENV, "LR": "0.02"})
     assert refused.returncode == 2, refused.stderr
     assert "params.learning_rate" in refused.stderr and "${LR}" in refused.stderr and "--set" in refused.stderr
