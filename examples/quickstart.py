@@ -19,7 +19,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 
 
 def main(workdir: Path) -> dict:
-    cfg = load_config(CONFIG, overrides=["params.versions=3", "params.steps_per_round=2"])
+    cfg = load_config(CONFIG, overrides=["rounds.versions=3", "rounds.steps=2"])
     repo = str(workdir / "run")                      # or "you/run1" on the Hub
     init_run(cfg, repo)
     status = run_local(cfg, repo, workers=2)         # returns when version 3 is merged

@@ -62,10 +62,10 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _wsd_curve(p) -> str:
+def _wsd_curve(cfg: Config) -> str:
     """The card's words for a warmup-stable-decay rate over the run's versions."""
-    warmup, decay = p.wsd_steps(p.versions)
-    low = p.run_lr(p.versions)
+    warmup, decay = cfg.rounds.wsd_steps(cfg.rounds.versions)
+    low = cfg.run_lr(cfg.rounds.versions)
     rise = f"up from {low:g} over the first {warmup} versions, then " if warmup else ""
     return f" ({rise}constant, down to {low:g} over the last {decay} versions)"
 
@@ -81,8 +81,9 @@ def _settings(cfg: Config) -> list[dict]:
         f"`{_v(cfg, f'rewards.{i}.function', r.function)}` × {_v(cfg, f'rewards.{i}.weight', r.weight, 'g')}"
         for i, r in enumerate(cfg.rewards)
     )
-    lr_curve = {"constant": "", "cosine": f" (cosine to {p.run_lr(p.versions):g} over the run)", "wsd": _wsd_curve(p)}[
-        p.run_lr_schedule
+    last = cfg.run_lr(cfg.rounds.versions)
+    lr_curve = {"constant": "", "cosine": f" (cosine to {last:g} over the run)", "wsd": _wsd_curve(cfg)}[
+        cfg.rounds.lr_schedule
     ]
     base = f"`{_v(cfg, 'base_model', cfg.base_model)}`"
     base += f" (GGUF `{_v(cfg, 'gguf_file', cfg.gguf_file)}`)" if cfg.gguf_file else ""
@@ -97,7 +98,7 @@ def _settings(cfg: Config) -> list[dict]:
         {
             "setting": "GRPO",
             "value": f"lr {lr}{lr_curve}, {p.per_device_train_batch_size} "
-            f"completions/step{' of the fleet' if p.fleet_batch == 'split' else ''} "
+            f"completions/step{' of the fleet' if cfg.rounds.fleet_batch == 'split' else ''} "
             f"({p.num_generations} per prompt), "
             f"≤{p.max_completion_length} tokens, temperature {p.temperature:g}, "
             f"beta {p.beta:g}, loss {p.loss_type}",

@@ -2,7 +2,7 @@
 
     from hubgrpo import load_config, init_run, run_local, leaderboard, versions, push_adapter, load_adapter
 
-    cfg = load_config("configs/tiny.yaml", overrides=["params.versions=3"])
+    cfg = load_config("configs/tiny.yaml", overrides=["rounds.versions=3"])
     repo = init_run(cfg, "runs/my-run")            # a local folder, or user/name on the Hub (HF_TOKEN)
     status = run_local(cfg, repo, workers=2)        # coordinator + 2 worker processes on this machine
     print(leaderboard(repo))                        # [{"worker", "user", "accepted", "mean_reward", ...}, ...]
@@ -70,7 +70,7 @@ def run_local(
     config: Config | str | Path, repo: str | Path | Store, *, workers: int = 2, max_wall_s: float | None = None
 ) -> dict:
     """``hubgrpo run``: a coordinator in this process and ``workers`` worker processes, until
-    ``params.versions`` versions exist (or ``max_wall_s``). Returns the final status (versions, leaderboard,
+    ``rounds.versions`` versions exist (or ``max_wall_s``). Returns the final status (versions, leaderboard,
     ``wall_s``). ``repo`` must be a string (a local path or ``user/name``): the workers open it themselves."""
     from hubgrpo.cli.embedded import run
 

@@ -62,10 +62,10 @@ def bench_config(base_model: str, device: str, quick: bool, steps_per_round: int
     """configs/demo.yaml on ``base_model``: 16 completions per step of 128 tokens (16 tokens with ``quick``)."""
     from hubgrpo.config import load_config
 
-    sets = [f"base_model={base_model}", f"params.device={device}", "params.per_device_train_batch_size=16",
+    sets = [f"base_model={base_model}", f"worker.device={device}", "params.per_device_train_batch_size=16",
             f"params.max_completion_length={16 if quick else 128}"]
     if steps_per_round:
-        sets.append(f"params.steps_per_round={steps_per_round}")
+        sets.append(f"rounds.steps={steps_per_round}")
     return load_config(ROOT / "configs" / "demo.yaml", overrides=sets)
 
 
@@ -151,7 +151,7 @@ def hubgrpo_side(cfg, run: argparse.Namespace, tmp: Path, out: dict) -> dict:
     m = meter(cuda)  # the budget is checked between rounds: a round is never cut short
     m.attach(engine.trainer, cfg.params.max_completion_length)
     out["grpo_args"] = engine.trainer.args.to_dict()
-    spr = cfg.params.steps_per_round
+    spr = cfg.rounds.steps
     per_round = cfg.params.per_device_train_batch_size // cfg.params.num_generations * spr
     warm, measured = -(-run.warmup // spr), -(-run.steps // spr)  # whole rounds
     adapter, walls = engine.init_adapter(tmp / "v0"), []
@@ -204,7 +204,7 @@ def trl_side(cfg, run: argparse.Namespace, tmp: Path, out: dict) -> dict:
     cuda = run.device.startswith("cuda")
     _fresh(cuda)
     t0 = time.perf_counter()
-    dtype = resolve_dtype(cfg.params.dtype, run.device)
+    dtype = resolve_dtype(cfg.worker.dtype, run.device)
     model = AutoModelForCausalLM.from_pretrained(cfg.base_model, dtype=dtype).to(run.device)
     tok = PreTrainedTokenizerFast.from_pretrained(cfg.base_model)
     prompts = cfg.params.per_device_train_batch_size // cfg.params.num_generations * (run.warmup + run.steps)
@@ -347,7 +347,7 @@ def main() -> int:
     report: dict = {"environment": environment(run.device), "settings": {
         "config": "configs/demo.yaml", "completions_per_step": cfg.params.per_device_train_batch_size,
         "num_generations": cfg.params.num_generations, "max_completion_length": cfg.params.max_completion_length,
-        "warmup": run.warmup, "steps": run.steps, "steps_per_round": cfg.params.steps_per_round,
+        "warmup": run.warmup, "steps": run.steps, "steps_per_round": cfg.rounds.steps,
         "budget_s": run.budget_s, "lora": cfg.lora.model_dump(), "loss_type": cfg.params.loss_type,
         "beta": cfg.params.beta, "temperature": cfg.params.temperature,
         "full_length": "min_new_tokens = max_completion_length on both sides"}, "shapes": []}

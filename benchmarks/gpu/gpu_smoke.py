@@ -104,7 +104,9 @@ project_name: gpu-smoke
 data: {{path: "builtin:addition", options: {{digits: 2, size: 2000}}, eval_fraction: 0.05}}
 rewards: [{{function: "builtin:exact_answer"}}, {{function: "builtin:answer_format", weight: 0.5}}]
 params: {{learning_rate: 1.0e-4, per_device_train_batch_size: 16, num_generations: 4,
-          max_completion_length: {16 if quick else 128}, steps_per_round: {steps}, device: {device}, dtype: auto}}
+          max_completion_length: {16 if quick else 128}}}
+rounds: {{steps: {steps}}}
+worker: {{device: {device}, dtype: auto}}
 lora: {{r: 16, alpha: 32, target_modules: all-linear}}
 """)
 

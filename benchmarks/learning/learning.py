@@ -21,7 +21,7 @@ Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local director
                  merged exactly — no truncation whatever the staleness); not in the default set
     ffa-rebase-4w  ffa-4w with mid-round rebase (``merge.rebase``)
     keep[-sprK]-4w ffa-rebase-4w, outer lr 1, each worker keeping its AdamW moments across rounds
-                 (``params.reset_optimizer: false``), rounds of the mode's / K steps; not in the default set
+                 (``rounds.reset_optimizer: false``), rounds of the mode's / K steps; not in the default set
     demo-4w      the merge and rounds of configs/demo.yaml as shipped: keep-spr1-4w with 2 versions of staleness
                  per live worker; not in the default set (demo-gen-4w: also moving between a step's generation and
                  its backward, ``merge.rebase_after_generation``; demo-4w-b4: 4 completions, one prompt's
@@ -29,7 +29,7 @@ Variants (every hubgrpo one is an embedded ``hubgrpo run`` over a local director
                  -add: ``merge.extra_rounds: add``, rounds merged together each move the version by their step;
                  demo-4w-b4-lrMx: demo-4w-b4 at M x the config's learning rate, M = 0.5, 0.7)
 
-Equal samples: every hubgrpo run stops after T·batch / (its batch·steps_per_round) versions (quorum4: a
+Equal samples: every hubgrpo run stops after T·batch / (its batch·rounds.steps) versions (quorum4: a
 quarter of that, versions of 4 rounds), and the adapter evaluated is the last version whose merged samples are
 within the baseline's T·batch completions (a merge takes every pending round, so with 4 workers the last
 versions can hold 2 rounds and overshoot; "samples merged" is the evaluated version's). Rounds trained but
@@ -60,9 +60,9 @@ from benchmarks.common import hubgrpo, options, results_dir, sets, start, write 
 
 MODES = {  # config, total GRPO steps T, eval prompts, greedy eval
     "quick": {"config": "configs/tiny.yaml", "steps": 48, "eval": 100, "greedy": False, "repeats": 8,
-              "set": ["params.steps_per_round=4"]},
+              "set": ["rounds.steps=4"]},
     "full": {"config": "configs/demo.yaml", "steps": 40, "eval": 100, "greedy": True, "repeats": 1,
-             "set": ["params.steps_per_round=5"]},
+             "set": ["rounds.steps=5"]},
 }
 VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
     "async-1w": (1, []),
@@ -75,11 +75,11 @@ VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
     "ffa-4w": (4, ["merge.method=ffa", "merge.rebase=false"]),
     "ffa-rebase-4w": (4, ["merge.method=ffa", "merge.rebase=true"]),  # rounds move onto newer versions mid-round
     # the demo's merge with each worker keeping its AdamW moments across rounds, rounds of 4 / 2 / 1 steps
-    "keep-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false"]),
-    "keep-spr2-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
-                         "params.steps_per_round=2"]),
-    "keep-spr1-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "params.reset_optimizer=false",
-                         "params.steps_per_round=1"]),
+    "keep-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "rounds.reset_optimizer=false"]),
+    "keep-spr2-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "rounds.reset_optimizer=false",
+                         "rounds.steps=2"]),
+    "keep-spr1-4w": (4, ["merge.method=ffa", "merge.rebase=true", "merge.outer_lr=1", "rounds.reset_optimizer=false",
+                         "rounds.steps=1"]),
 }
 # configs/demo.yaml's merge and rounds as shipped (the learning-rate schedule is the mode config's, as for the
 # baseline: wsd in full mode, constant on the tiny model); demo-gen: each step's gradient at the newest version
@@ -138,12 +138,12 @@ def run_baseline(mode: dict, tmp: Path, seed: int, name: str = "baseline") -> di
             "samples_merged": m["samples"], "samples_generated": m["samples"], "curve": curve, "rounds_refused": 0}
 
 
-def variant_params(name: str, mode: dict):
-    """A variant's params section: the mode's config with the mode's, ``--set``'s and the variant's overrides."""
+def variant_config(name: str, mode: dict):
+    """A variant's config: the mode's config with the mode's, ``--set``'s and the variant's overrides."""
     from hubgrpo.config import load_config
 
     return load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", []),
-                                                         *variant_overrides(name, mode)]).params
+                                                         *variant_overrides(name, mode)])
 
 
 def variant_overrides(name: str, mode: dict) -> list[str]:
@@ -163,11 +163,11 @@ def run_variant(name: str, mode: dict, tmp: Path, seed: int) -> dict:
 
     workers, extra = VARIANTS[name][0], variant_overrides(name, mode)
     quorum = 4 if "merge.quorum=4" in extra else 1
-    p = variant_params(name, mode)  # as many rounds as the baseline's samples (mode["samples"]) allow
-    versions = mode["samples"] // (p.per_device_train_batch_size * p.steps_per_round * quorum)
+    cfg = variant_config(name, mode)  # as many rounds as the baseline's samples (mode["samples"]) allow
+    versions = mode["samples"] // (cfg.params.per_device_train_batch_size * cfg.rounds.steps * quorum)
     repo = tmp / f"{name}-s{seed}"
     overrides = [*mode["set"], "merge.quorum=1", "merge.max_staleness=4", *mode.get("extra", []), *extra,
-                 f"params.versions={versions}", f"params.seed={seed}",
+                 f"rounds.versions={versions}", f"params.seed={seed}",
                  f"project_name=learning-{name}-s{seed}", "coordinator.round_timeout_s=3600"]
     since = time.time()
     wall = hubgrpo("run", mode["config"], "--workers", str(workers), "--repo", str(repo), *sets(overrides))
@@ -360,8 +360,8 @@ def main() -> None:
     initial = evaluate(results, mode, tmp)
     for r in results:
         if r.get("rounds_submitted"):
-            p = variant_params(r["name"], mode)
-            r["samples_generated"] = r["rounds_submitted"] * p.steps_per_round * p.per_device_train_batch_size
+            cfg = variant_config(r["name"], mode)
+            r["samples_generated"] = r["rounds_submitted"] * cfg.rounds.steps * cfg.params.per_device_train_batch_size
     out = results_dir(args, __file__)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or ("learning" if mode_name == "quick" else "learning-full")

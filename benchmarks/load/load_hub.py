@@ -54,8 +54,8 @@ def hub_config(args):
     from hubgrpo.config.quota import fit_hub_quota
 
     cfg = loads("base_model: builtin:tiny\nproject_name: load\n"
-                "params: {steps_per_round: 2, per_device_train_batch_size: 4, num_generations: 2, versions: 100000,"
-                " learning_rate: 0.1, run_lr_schedule: constant, reset_optimizer: true}\n"
+                "params: {per_device_train_batch_size: 4, num_generations: 2, learning_rate: 0.1}\n"
+                "rounds: {steps: 2, versions: 100000, lr_schedule: constant, reset_optimizer: true}\n"
                 f"lora: {{r: {RANK}, alpha: {2 * RANK}, target_modules: [q_proj, v_proj]}}\n"
                 f"merge: {{method: ffa, quorum: {args.hub_quorum}, max_staleness: 8, max_norm_factor: null,"
                 " rebase: false, staleness_per_worker: 0}\n"

@@ -97,8 +97,8 @@ def init_run(folder: Path, name: str) -> tuple[Path, bytes, bytes]:
     save_adapter_dir(Adapter(weights=v0, config=base.config), folder / "v0")
     moved = {k: v + 0.01 * torch.randn(v.shape, generator=gen) if ".lora_B" in k else v for k, v in v0.items()}
     cfg = loads("base_model: builtin:tiny\nproject_name: upload-route\n"
-                "params: {steps_per_round: 2, per_device_train_batch_size: 4, num_generations: 2, versions: 100000,"
-                " learning_rate: 0.1, run_lr_schedule: constant, reset_optimizer: true}\n"
+                "params: {per_device_train_batch_size: 4, num_generations: 2, learning_rate: 0.1}\n"
+                "rounds: {steps: 2, versions: 100000, lr_schedule: constant, reset_optimizer: true}\n"
                 f"lora: {{r: {RANK}, alpha: {2 * RANK}, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj,"
                 " up_proj, down_proj]}\n"
                 "merge: {method: ffa, quorum: 10000, max_norm_factor: null, rebase: false, staleness_per_worker: 0}\n"

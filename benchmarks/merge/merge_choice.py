@@ -10,7 +10,7 @@ every knob the variants differ in set explicitly (so the figures do not depend o
 
 - ``svd``: the earlier demo — svd merge, outer_lr 1, balanced factor split, a fresh AdamW every round;
 - ``keep_a``: + ``merge.factor_split=keep_a``;
-- ``keep_a_adam``: + each worker keeps its AdamW moments (``params.reset_optimizer=false``);
+- ``keep_a_adam``: + each worker keeps its AdamW moments (``rounds.reset_optimizer=false``);
 - ``nesterov``: + outer Nesterov momentum 0.9 with outer_lr 0.3 (DiLoCo-style outer optimizer; the shipped demo);
 - ``nesterov_k2`` / ``nesterov_k2_lr05``: the same with 2-step rounds (outer_lr 0.3 / 0.5), until version 30, held-out
   scored every 5th version (fresher rounds: less drift between the two workers' bases);
@@ -39,22 +39,22 @@ from benchmarks.common import TINY, cached_run, options, results_dir, sets, star
 CONFIG = "configs/demo.yaml"
 STEP_S = 8.0
 TRAIN_STEPS = 40
-BASE = ["params.reset_optimizer=true", "merge.method=svd", "merge.factor_split=balanced", "merge.outer_lr=1.0",
-        "merge.outer_momentum=0.0", "merge.nesterov=false", "merge.quorum=1", "params.num_threads=1"]
+BASE = ["rounds.reset_optimizer=true", "merge.method=svd", "merge.factor_split=balanced", "merge.outer_lr=1.0",
+        "merge.outer_momentum=0.0", "merge.nesterov=false", "merge.quorum=1", "worker.threads=1"]
 
 VARIANTS = {
     "svd": [],
     "keep_a": ["merge.factor_split=keep_a"],
-    "keep_a_adam": ["merge.factor_split=keep_a", "params.reset_optimizer=false"],
-    "nesterov": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=0.3",
+    "keep_a_adam": ["merge.factor_split=keep_a", "rounds.reset_optimizer=false"],
+    "nesterov": ["merge.factor_split=keep_a", "rounds.reset_optimizer=false", "merge.outer_lr=0.3",
                  "merge.outer_momentum=0.9", "merge.nesterov=true"],
-    "nesterov_k2": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=0.3",
-                    "merge.outer_momentum=0.9", "merge.nesterov=true", "params.steps_per_round=2"],
-    "nesterov_k2_lr05": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=0.5",
-                         "merge.outer_momentum=0.9", "merge.nesterov=true", "params.steps_per_round=2"],
-    "sync_nesterov": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=0.7",
+    "nesterov_k2": ["merge.factor_split=keep_a", "rounds.reset_optimizer=false", "merge.outer_lr=0.3",
+                    "merge.outer_momentum=0.9", "merge.nesterov=true", "rounds.steps=2"],
+    "nesterov_k2_lr05": ["merge.factor_split=keep_a", "rounds.reset_optimizer=false", "merge.outer_lr=0.5",
+                         "merge.outer_momentum=0.9", "merge.nesterov=true", "rounds.steps=2"],
+    "sync_nesterov": ["merge.factor_split=keep_a", "rounds.reset_optimizer=false", "merge.outer_lr=0.7",
                       "merge.outer_momentum=0.9", "merge.nesterov=true", "merge.quorum=2"],
-    "sync_sqrt": ["merge.factor_split=keep_a", "params.reset_optimizer=false", "merge.outer_lr=1.414",
+    "sync_sqrt": ["merge.factor_split=keep_a", "rounds.reset_optimizer=false", "merge.outer_lr=1.414",
                   "merge.quorum=2"],  # both rounds averaged, the step √2 larger (round_agreement: they are ~orthogonal)
 }
 # Variants with shorter rounds run more versions for the same samples and score held-out less often.
@@ -98,7 +98,7 @@ def simulate(work: Path, variant: str, seed: int) -> dict:
 
 
 def train(work: Path, seed: int) -> dict:
-    cmd = ["train", CONFIG, "--steps", str(TRAIN_STEPS), "--eval-samples", "32", "--set", "params.num_threads=1",
+    cmd = ["train", CONFIG, "--steps", str(TRAIN_STEPS), "--eval-samples", "32", "--set", "worker.threads=1",
            "--set", f"params.seed={seed}"]
     res = cached_run(work / f"train-s{seed}", cmd, "metrics.json")
     r = [m["reward"] for m in res["step_metrics"]]

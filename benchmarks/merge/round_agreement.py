@@ -65,7 +65,7 @@ class Trainer:
         self.engine = RoundEngine(cfg, worker="agreement")
         self.scale = cfg.lora.alpha / (cfg.lora.r ** 0.5 if cfg.lora.use_rslora else cfg.lora.r)
         p = cfg.params
-        self.per_round = p.steps_per_round * p.per_device_train_batch_size // p.num_generations  # prompts
+        self.per_round = cfg.rounds.steps * p.per_device_train_batch_size // p.num_generations  # prompts
         self.shard = 0
 
     def state(self) -> dict:
@@ -78,7 +78,7 @@ class Trainer:
         rows = self.engine.prompt_rows(range(self.shard * self.per_round, (self.shard + 1) * self.per_round))
         self.shard += 1
         self.engine._fresh_optimizer = True  # every round: a fresh AdamW
-        self.engine.train_steps(rows, self.cfg.params.steps_per_round, seed=seed)
+        self.engine.train_steps(rows, self.cfg.rounds.steps, seed=seed)
         return self.state()
 
     def save(self, name: str) -> Path:
@@ -149,7 +149,7 @@ def main() -> None:
     options(ap, __file__)
     args = ap.parse_args()
     if args.quick:  # a check of the script: two one-step rounds of the tiny model, from version 0
-        args.config, args.rounds, args.bases, args.set = "configs/tiny.yaml", 2, "0", ["params.steps_per_round=1"]
+        args.config, args.rounds, args.bases, args.set = "configs/tiny.yaml", 2, "0", ["rounds.steps=1"]
     if args.rounds < 2:
         ap.error("--rounds must be at least 2")
     meta = start(args.quick)
@@ -160,7 +160,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hubgrpo-agreement-") as tmp:
         result = measure(cfg, args.rounds, [int(b) for b in args.bases.split(",")], Path(tmp))
     res = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "result": result,
-           "steps_per_round": cfg.params.steps_per_round, "wall_s": time.time() - t0}
+           "steps_per_round": cfg.rounds.steps, "wall_s": time.time() - t0}
     write(results_dir(args, __file__), args.name, res, markdown(res), meta, headline(res))
     print(markdown(res))
 

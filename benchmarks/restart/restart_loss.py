@@ -32,7 +32,7 @@ def measure(kills: int, interval: float, tmp: Path) -> dict:
     emu = start_emulator()
     emu.set_commit_quota(128)
     store = make_run(emu, tmp, chaos.REPO.split("/")[1], **{
-        "merge.quorum": 1, "params.versions": 100000, "coordinator.checkpoint_every_s": interval,
+        "merge.quorum": 1, "rounds.versions": 100000, "coordinator.checkpoint_every_s": interval,
         "hub.submissions": "coordinator", "coordinator.lease_timeout_s": 30, "merge.max_staleness": 4,
         "coordinator.rate_limit_per_minute": 6000})
     try:

@@ -1,7 +1,7 @@
 """Two settings of a worker against each other, in one run: seconds per step (the rounds of ``round.py``), and
 what ``hubgrpo train`` learns with each (its reward curve, per seed).
 
-    python benchmarks/round/compare.py --base params.share_prompts=false --new params.share_prompts=true
+    python benchmarks/round/compare.py --base worker.share_prompts=false --new worker.share_prompts=true
         [--config configs/demo.yaml] [--threads 1] [--rounds 6] [--repeats 2] [--train-steps 30] [--seeds 0,1,2]
         [--jobs 1] [--name sharing]
     python benchmarks/round/compare.py --quick   # the script checked: tiny model, one round, 3 train steps
@@ -69,7 +69,7 @@ def train_curve(args, overrides: list[str], seed: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "hubgrpo.cli", "train", args.config, "--steps", str(args.train_steps),
                "--output", tmp, "--eval-samples", "0",
-               *sets([*overrides, "params.num_threads=1", f"params.seed={seed}", "params.device=cpu"])]
+               *sets([*overrides, "worker.threads=1", f"params.seed={seed}", "worker.device=cpu"])]
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
         metrics = json.loads((Path(tmp) / "metrics.json").read_text())
@@ -159,7 +159,7 @@ def main() -> None:
         return
     if args.quick:
         args.config, args.rounds, args.repeats, args.train_steps, args.seeds = TINY, 1, 1, 3, [0]
-        args.base, args.new = args.base or ["params.share_prompts=false"], args.new or ["params.share_prompts=true"]
+        args.base, args.new = args.base or ["worker.share_prompts=false"], args.new or ["worker.share_prompts=true"]
     arms = {"base": args.base, "new": args.new}
     meta = start(args.quick)
     rows = speed(args, arms)

@@ -46,8 +46,8 @@ def run_once(name: str, repo: str, workdir: Path, args, env_extra: dict) -> tupl
         (cache / "models").symlink_to(cache_dir() / "models")
     env = dict(os.environ, HUBGRPO_CACHE=str(cache), HF_HOME=str(workdir / f"hf-{name}"), **env_extra)
     cmd = [sys.executable, "-m", "hubgrpo.cli", "run", str(ROOT / args.config), "--workers",
-           str(args.workers), "--repo", repo, "--set", f"params.steps_per_round={args.steps_per_round}", "--set",
-           f"params.versions={args.versions}", *(["--set", f"merge.quorum={args.quorum}"] if args.quorum else []),
+           str(args.workers), "--repo", repo, "--set", f"rounds.steps={args.steps_per_round}", "--set",
+           f"rounds.versions={args.versions}", *(["--set", f"merge.quorum={args.quorum}"] if args.quorum else []),
            "--set", "coordinator.heartbeat_interval_s=2", *[x for o in args.set for x in ("--set", o)],
            "--set", f"project_name=overhead-{name}"]
     t0 = time.time()

@@ -5,7 +5,7 @@ uses.
         [--set KEY=VALUE …] [--name profile-step] [--quick] [--results DIR]
 
 A ``RoundEngine`` (what ``hubgrpo worker`` trains with) runs one warm-up round and ``--rounds`` measured rounds of
-the config's ``steps_per_round`` steps, on leases made here, with hooks that time each phase:
+the config's ``rounds.steps`` steps, on leases made here, with hooks that time each phase:
 
 - **prefill** / **decode**: the model's forward calls during generation (no grad), told apart by their input
   length (the first call of a ``generate`` reads the prompts; each later call one token per sequence);
@@ -160,12 +160,12 @@ def measure(args) -> dict:
     from hubgrpo.config import load_config
     from hubgrpo.worker.engine import RoundEngine
 
-    cfg = load_config(ROOT / args.config, overrides=[*args.set, f"params.num_threads={args.threads}",
-                                                     "params.device=cpu"])
+    cfg = load_config(ROOT / args.config, overrides=[*args.set, f"worker.threads={args.threads}",
+                                                     "worker.device=cpu"])
     t0 = time.perf_counter()
     engine = RoundEngine(cfg, worker="profile")
     setup_s = time.perf_counter() - t0
-    steps = cfg.params.steps_per_round
+    steps = cfg.rounds.steps
     prompts = max(1, cfg.params.per_device_train_batch_size // cfg.params.num_generations) * steps
     clock = Clock()
     with tempfile.TemporaryDirectory() as tmp:

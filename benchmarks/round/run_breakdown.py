@@ -91,7 +91,7 @@ def main() -> None:
     options(ap, __file__)
     args = ap.parse_args()
     if args.quick:
-        args.config, args.eval, args.set = str(ROOT / "configs" / "tiny.yaml"), 4, [*args.set, "params.versions=1"]
+        args.config, args.eval, args.set = str(ROOT / "configs" / "tiny.yaml"), 4, [*args.set, "rounds.versions=1"]
     meta = start(args.quick)
     out = results_dir(args, __file__)
     tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-bench-"))

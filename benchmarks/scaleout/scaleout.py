@@ -43,14 +43,14 @@ from benchmarks.common import cached_run, options, results_dir, sets, simulate, 
 MODES = {
     # config, virtual budget of the single worker (GRPO steps), held-out eval flags, extra overrides
     "tiny": {"config": "configs/tiny.yaml", "budget_steps": 48,
-             "eval": ["--eval-sampled", "2", "--eval-samples", "64"], "set": ["params.steps_per_round=4"]},
+             "eval": ["--eval-sampled", "2", "--eval-samples", "64"], "set": ["rounds.steps=4"]},
     "smollm2": {"config": "configs/demo.yaml", "budget_steps": 40, "eval": ["--eval-samples", "32"],
-                "set": ["params.steps_per_round=5"]},
+                "set": ["rounds.steps=5"]},
     # greedy held-out on 1-digit addition saturates after one round (0.56 -> ~0.94 for every N), so it cannot
     # separate fleet sizes; the sampled held-out reward (temperature 1, like training) rises over ~20 steps
     "smollm2-sampled": {"config": "configs/demo.yaml", "budget_steps": 40,
                         "eval": ["--eval-sampled", "1", "--eval-samples", "64"],
-                        "set": ["params.steps_per_round=5", "params.num_threads=1"]},
+                        "set": ["rounds.steps=5", "worker.threads=1"]},
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
 PLAIN = ["merge.outer_lr=1", "merge.outer_momentum=0", "merge.nesterov=false"]
@@ -67,9 +67,9 @@ RULES = {
     # of configs/demo.yaml (lr 0.3, μ 0.9): lr/(1−μ) per version there, lr·(1 + μ/((1−μ)·N)) with delayed Nesterov
     "dn_lr": lambda n: [f"merge.momentum_every={n}", f"merge.outer_lr={0.3 * n / (n * 0.1 + 0.9):.4g}"],
     # dynamic local steps (their DyLU): faster workers get more steps per lease, so rounds arrive evenly
-    "balance": lambda n: ["params.balance_rounds=true"],
+    "balance": lambda n: ["rounds.balance=true"],
     "stale_2n": lambda n: [f"merge.max_staleness={2 * n}"],  # no round refused as stale at quorum 1
-    "dn_balance": lambda n: [f"merge.momentum_every={n}", "params.balance_rounds=true"],
+    "dn_balance": lambda n: [f"merge.momentum_every={n}", "rounds.balance=true"],
     # FFA-LoRA (A frozen), and FFA with mid-round rebase: a round moves onto each newer version between steps
     "ffa": lambda n: ["merge.method=ffa", "merge.rebase=false"],
     "ffa_rebase": lambda n: ["merge.method=ffa", "merge.rebase=true"],
@@ -77,18 +77,18 @@ RULES = {
     "ffa_plain": lambda n: ["merge.method=ffa", "merge.rebase=false", *PLAIN],
     "ffa_rebase_plain": lambda n: ["merge.method=ffa", "merge.rebase=true", *PLAIN],
     # the config's merge, and first rounds staggered (1, 1/2, 1/4, 3/4, ... of a round) so that rounds arrive spread
-    "stagger": lambda n: ["params.stagger_rounds=true"],
+    "stagger": lambda n: ["rounds.stagger=true"],
     # the config's merge with the outer lr falling as 4/N beyond 4 machines (each version moves less when more
     # rounds arrive per unit of time)
     "lr_4_over_n": lambda n: [f"merge.outer_lr={min(1.0, 4 / n):.4g}"],
     # the config's merge with shorter rounds: a round sees the other machines' steps sooner (rebase) and versions
     # flow from the first seconds on
-    "spr2": lambda n: ["params.steps_per_round=2"],
-    "spr1": lambda n: ["params.steps_per_round=1"],
+    "spr2": lambda n: ["rounds.steps=2"],
+    "spr1": lambda n: ["rounds.steps=1"],
     # ... and no round refused as stale at quorum 1 (a 1-step round has no step boundary to rebase at)
-    "spr1_stale_2n": lambda n: ["params.steps_per_round=1", f"merge.max_staleness={2 * n}"],
+    "spr1_stale_2n": lambda n: ["rounds.steps=1", f"merge.max_staleness={2 * n}"],
     # ... the same through the coordinator's own count of live workers (merge.staleness_per_worker)
-    "spr1_spw2": lambda n: ["params.steps_per_round=1", "merge.staleness_per_worker=2"],
+    "spr1_spw2": lambda n: ["rounds.steps=1", "merge.staleness_per_worker=2"],
 }
 
 
@@ -372,7 +372,7 @@ def main() -> None:
     ap.add_argument("--target-fraction", type=float, default=0.9)
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--single-set", action="append", default=[],
-                    help="overrides for the N = 1 reference only, e.g. params.steps_per_round=1: one worker scored "
+                    help="overrides for the N = 1 reference only, e.g. rounds.steps=1: one worker scored "
                     "after every step, so its time to target is not rounded up to a 5-step round")
     ap.add_argument("--rule", choices=sorted(RULES), default="fixed", help="how the merge follows N (RULES)")
     ap.add_argument("--no-train", action="store_true", help="skip the hubgrpo train reference")

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import options, results_dir, sets, simulate, start, write  # noqa: E402
 
-RECIPE = ["merge.method=ffa", "merge.rebase=true", "merge.quorum=1", "params.steps_per_round=1",
+RECIPE = ["merge.method=ffa", "merge.rebase=true", "merge.quorum=1", "rounds.steps=1",
           "merge.staleness_per_worker=2"]
 VARIANTS = {"free": ("off", []), "quota, rounds via the coordinator": ("128", ["hub.submissions=coordinator"]),
             "quota, a commit per round": ("128", [])}

@@ -37,8 +37,8 @@ def fresh_share(speeds: str, seed: int, jitter: float, versions: int, starts: st
     from tests.support.coord_helpers import make_config
     from tests.unit.test_simulate import FakeEngine
 
-    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.steps_per_round": 1,
-                         "params.versions": versions})
+    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "rounds.steps": 1,
+                         "rounds.versions": versions})
     with tempfile.TemporaryDirectory() as d:
         sim = Simulation(cfg, SimOptions(workers=2, step_s=8.0, jitter=jitter, until_version=versions,
                                          speeds=speeds, seed=seed, starts=starts), Path(d), engine=FakeEngine(cfg))

@@ -98,8 +98,8 @@ def _validate_seed(real: dict, run: dict, out: Path, timing: str = "replay") -> 
     from hubgrpo.config import load_config
 
     # the run's own config; one torch thread, as each of the run's two workers had on the 2 cores
-    settings = [*real["args"]["set"], *real["args"].get("run_set", []), "params.num_threads=1"]
-    steps = load_config(ROOT / real["args"]["config"], overrides=settings).params.steps_per_round
+    settings = [*real["args"]["set"], *real["args"].get("run_set", []), "worker.threads=1"]
+    steps = load_config(ROOT / real["args"]["config"], overrides=settings).rounds.steps
     rounds = [r for r in run["rounds"] if "train_s" in r]
     step_s = statistics.median(r["train_s"] for r in rounds) / steps
     overhead = statistics.median(r.get("lease_s", 0) + r.get("download_s", 0) + r.get("upload_s", 0)

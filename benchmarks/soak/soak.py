@@ -81,7 +81,7 @@ def start(args, work: Path, emu) -> tuple[dict, dict, str, dict]:
     from hubgrpo.space.api import free_port
 
     env = dict(os.environ, HF_ENDPOINT=emu.url, HF_TOKEN=TOKEN, HUBGRPO_SECRET="soak-secret")
-    overrides = [f"params.versions={args.versions}", "merge.quorum=1", f"params.steps_per_round={args.steps}",
+    overrides = [f"rounds.versions={args.versions}", "merge.quorum=1", f"rounds.steps={args.steps}",
                  "coordinator.commit_budget_per_hour=128", "coordinator.refusal_flush_s=5",
                  "coordinator.heartbeat_interval_s=5", *args.set]
     (work / "config.yaml").write_text(to_yaml(load_config(ROOT / args.config, overrides=overrides), drop_secrets=True))

@@ -10,10 +10,10 @@ Both runs are the real CLI in subprocesses, one after the other (never at the sa
 the run's repo on the Hub emulator (its own process) with the Hub's commit quota on, as a run on the Hub has it;
 without it the repo is a local folder, where commits are free (the report names which). For each seed:
 
-- **train**: ``hubgrpo train CONFIG --steps T --set params.num_threads=1``. Its clock is the sum of TRL's
+- **train**: ``hubgrpo train CONFIG --steps T --set worker.threads=1``. Its clock is the sum of TRL's
   per-step ``step_time`` from the first step (model load excluded), plus, separately, the process wall time.
   Training reward: the mean of the last 5 steps' sampled reward (one 5-step round's worth).
-- **run**: ``hubgrpo run CONFIG --workers 2 --no-eval --set params.versions=V`` (no evaluator process beside the
+- **run**: ``hubgrpo run CONFIG --workers 2 --no-eval --set rounds.versions=V`` (no evaluator process beside the
   two workers: the held-out scores are computed afterwards, as for train). Its clock starts at the first lease
   (workers loaded their models before; the same exclusion as train's) and is also given from the process start.
   Training reward per version: the samples-weighted mean reward of the rounds merged into it and the versions just
@@ -81,7 +81,7 @@ def run_train(args, tmp: Path, seed: int) -> dict:
     every = ["--save-every", str(args.train_save_every)] if args.train_save_every else []
     since = time.time()
     wall = hubgrpo("train", args.config, "--steps", str(args.train_steps), "--output", str(out), "--eval-samples",
-                   "0", *every, *sets([*args.set, "params.num_threads=1", f"params.seed={seed}"]))
+                   "0", *every, *sets([*args.set, "worker.threads=1", f"params.seed={seed}"]))
     m = json.loads((out / "metrics.json").read_text())
     t, curve, rewards = 0.0, [], []
     ended = m.get("step_ended_at") or [None] * len(m["step_metrics"])
@@ -132,7 +132,7 @@ def run_workers(args, tmp: Path, seed: int, hub: HubQuota | None = None) -> dict
     repo = f"alice/speedup-s{seed}-{int(time.time())}" if hub else str(tmp / f"run-s{seed}")
     since = time.time()
     wall = hubgrpo("run", args.config, "--workers", "2", "--repo", repo, "--no-eval", *sets(
-        [*args.set, *args.run_set, f"params.versions={args.versions}", f"params.seed={seed}",
+        [*args.set, *args.run_set, f"rounds.versions={args.versions}", f"params.seed={seed}",
          f"project_name=speedup-s{seed}"]), env=hub.env() if hub else None)
     store = hub.store(repo) if hub else LocalStore(repo)
     state = runrepo.read_state(store)
@@ -165,7 +165,7 @@ def evaluate_all(args, train: dict, run: dict, tmp: Path) -> None:
     from hubgrpo.store.local import LocalStore
     from hubgrpo.worker.engine import RoundEngine
 
-    cfg = load_config(ROOT / args.config, overrides=[*args.set, f"params.seed={train['seed']}", "params.device=cpu"])
+    cfg = load_config(ROOT / args.config, overrides=[*args.set, f"params.seed={train['seed']}", "worker.device=cpu"])
     engine = RoundEngine(cfg, worker="eval")
 
     def score(folder) -> float:

@@ -48,7 +48,7 @@ CANDIDATES = {  # name -> overrides of configs/demo.yaml
 
 
 def train(args, name: str, out: Path) -> dict:
-    overrides = [*CANDIDATES[name], f"params.num_threads={args.threads}", f"params.seed={args.seed}", "params.device=cpu"]
+    overrides = [*CANDIDATES[name], f"worker.threads={args.threads}", f"params.seed={args.seed}", "worker.device=cpu"]
     wall = hubgrpo("train", args.config, "--steps", str(args.steps), "--output", str(out), "--eval-samples", "0",
                    "--save-every", str(args.save_every), *sets(overrides))
     metrics = json.loads((out / "metrics.json").read_text())
@@ -64,7 +64,7 @@ def score(args, name: str, out: Path) -> tuple[list[dict], float]:
     from hubgrpo.worker.engine import RoundEngine
 
     cfg = load_config(ROOT / args.config, overrides=[*CANDIDATES[name], f"params.seed={args.seed}",
-                                                       "params.device=cpu", f"params.num_threads={args.threads}"])
+                                                       "worker.device=cpu", f"worker.threads={args.threads}"])
     engine = RoundEngine(cfg, worker="eval")
     curve = [{"step": 0, "eval": engine.evaluate(n=args.eval, greedy=False, seed=1000)}]
     for folder in sorted(out.glob("checkpoints/step-*")):

@@ -11,13 +11,14 @@ config_app = typer.Typer(help="Validate and show config files.", no_args_is_help
 SET_HELP = "Override a field, e.g. --set params.learning_rate=1e-4 (repeatable; value parsed as YAML)."
 
 
-def load_checked(file: Path, overrides: list[str]):
+def load_checked(file: Path, overrides: list[str], *, warn: bool = True):
     """The config in ``file`` with ``overrides``, refused (``ConfigError``) when its task would fail on every
-    worker (``hubgrpo.task.preflight``): what ``validate``, ``init``, ``run``, ``train`` and ``simulate`` load."""
+    worker (``hubgrpo.task.preflight``): what ``validate``, ``init``, ``run``, ``train`` and ``simulate`` load.
+    ``warn``: log a warning for each key given at a place it moved from."""
     from hubgrpo.config import load_config
     from hubgrpo.task.preflight import check_task
 
-    cfg = load_config(file, overrides=overrides)
+    cfg = load_config(file, overrides=overrides, warn=warn)
     check_task(cfg, str(file))
     return cfg
 
@@ -35,11 +36,13 @@ def validate(
 ) -> None:
     """Exit 0 when FILE is a valid config; otherwise print every problem with its key path and line. For a run
     repo on the Hub, a config `hubgrpo init` would refuse there fails too, and what init would change is printed
-    as warnings."""
-    from hubgrpo.config import shown
+    as warnings, and so is each key written at a place it moved from (still accepted)."""
+    from hubgrpo.config import deprecations, shown
     from hubgrpo.config.recipe import describe
 
-    cfg = load_checked(file, set_)
+    cfg = load_checked(file, set_, warn=False)
+    for note in deprecations(cfg):
+        typer.echo(f"warning: deprecated: {note}", err=True)
     what = {
         k: shown(cfg, k, v)
         for k, v in (("project_name", cfg.project_name), ("base_model", cfg.base_model), ("data.path", cfg.data.path))

@@ -179,7 +179,7 @@ def run(
     evaluate: bool = True,
     eval_samples: int = 16,
 ) -> dict:
-    """Run until ``params.versions`` versions exist (or Ctrl-C / max_wall_s), then let the evaluator score the
+    """Run until ``rounds.versions`` versions exist (or Ctrl-C / max_wall_s), then let the evaluator score the
     last versions (``evaluate``); return the final status."""
     import torch
 

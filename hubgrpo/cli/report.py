@@ -113,7 +113,7 @@ def print_status(store: Store, coordinator: str | None, as_json: bool) -> None:
         status = CoordinatorClient(coordinator).status()
     else:
         cfg = runrepo.read_config(store)
-        status = state_status(runrepo.read_state(store), cfg.params.versions)
+        status = state_status(runrepo.read_state(store), cfg.rounds.versions)
         hour_ago = time.time() - 3600
         status["commits_last_hour"] = sum(c.created_at > hour_ago for c in store.history(limit=500))
         status["commit_budget_per_hour"] = cfg.coordinator.commit_budget_per_hour

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-SET_HELP = "Override a config field, e.g. --set params.versions=5 (repeatable)."
+SET_HELP = "Override a config field, e.g. --set rounds.versions=5 (repeatable)."
 REPO_HELP = "Run repo: user/name on the Hub (honours HF_ENDPOINT, HF_TOKEN), or a local path / file://path."
 ALLOW_HELP = (
     "A non-built-in reward function of the run's config (module:function or file.py:function) that this "
@@ -205,7 +205,7 @@ def run(
     ),
     eval_samples: int = typer.Option(16, "--eval-samples", min=1, help="Held-out prompts per version."),
 ) -> None:
-    """A whole run: coordinator on 127.0.0.1 + N local workers (+ an evaluator) until params.versions versions;
+    """A whole run: coordinator on 127.0.0.1 + N local workers (+ an evaluator) until rounds.versions versions;
     with `backend: hf-jobs` the coordinator on a Space and backend_options.workers HF Jobs instead."""
     from hubgrpo.cli.config_cmd import load_checked
     from hubgrpo.cli.embedded import run as run_all
@@ -227,7 +227,7 @@ def run(
         opts = cfg.backend_options
         typer.echo(
             f"hubgrpo run {cfg.project_name}: {opts.workers} HF Jobs ({opts.flavor}), bucket {repo}, "
-            f"coordinator {opts.coordinator}, target {cfg.params.versions} versions"
+            f"coordinator {opts.coordinator}, target {cfg.rounds.versions} versions"
         )
         status = run_on_jobs(cfg, repo, on_status=_live_printer(), max_wall_s=max_wall_s)
         print_run_report(status, _store(repo), cfg)
@@ -236,7 +236,7 @@ def run(
     store = _store(repo)
     typer.echo(
         f"hubgrpo run {cfg.project_name}: {workers} workers, bucket {store.location}, "
-        f"target {cfg.params.versions} versions"
+        f"target {cfg.rounds.versions} versions"
     )
     status = run_all(
         cfg,

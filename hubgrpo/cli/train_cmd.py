@@ -13,7 +13,7 @@ SET_HELP = "Override a field, e.g. --set params.learning_rate=1e-4 (repeatable; 
 def train(
     config: Path = typer.Argument(..., help="YAML config file."),
     steps: int | None = typer.Option(
-        None, "--steps", min=0, help="GRPO steps (default: params.steps_per_round × params.versions)."
+        None, "--steps", min=0, help="GRPO steps (default: rounds.steps × rounds.versions)."
     ),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Adapter folder (default: runs/<project_name>/train)."

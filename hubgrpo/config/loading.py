@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -12,9 +13,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from hubgrpo.config.legacy import MovedKeyConflict, migrate, new_key
 from hubgrpo.config.sections import Config
 from hubgrpo.errors import ConfigError
 
+log = logging.getLogger("hubgrpo.config")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
@@ -65,6 +68,12 @@ def from_env(cfg: Config) -> dict[tuple, str]:
     return dict(cfg._from_env)
 
 
+def deprecations(cfg: Config) -> list[str]:
+    """One note per key ``cfg`` was given at a place it moved from (``legacy``), e.g. "params.versions is now
+    rounds.versions; write it there"."""
+    return list(cfg._deprecations)
+
+
 def shown(cfg: Config, path: str, value: Any) -> Any:
     """``value`` (the field at dotted ``path``) as it may be shown: its placeholder if it came from the
     environment."""
@@ -108,8 +117,9 @@ def _dotted(path: tuple) -> str:
     return ".".join(str(k) for k in path)
 
 
-def apply_overrides(raw: dict, overrides: list[str] | None) -> dict:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a raw config dict."""
+def apply_overrides(raw: dict, overrides: list[str] | None, notes: list[str] | None = None) -> dict:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a raw config dict; a key that moved
+    (``legacy.MOVED``) is set at its new place, its deprecation note appended to ``notes``."""
     for item in overrides or []:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
@@ -117,7 +127,7 @@ def apply_overrides(raw: dict, overrides: list[str] | None) -> dict:
                 f"override {item!r} is not of the form key.path=value", hint="e.g. --set params.learning_rate=1e-4"
             )
         node = raw
-        parts = key.strip().split(".")
+        parts = _override_key(key, notes).split(".")
         for p in parts[:-1]:
             if not isinstance(node.setdefault(p, {}), dict):
                 raise ConfigError(f"override {item!r}: {p} is not a section")
@@ -127,6 +137,14 @@ def apply_overrides(raw: dict, overrides: list[str] | None) -> dict:
         except yaml.YAMLError as e:
             raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
     return raw
+
+
+def _override_key(key: str, notes: list[str] | None = None) -> str:
+    """An override's dotted key at its current place (``legacy.new_key``)."""
+    current, note = new_key(key.strip())
+    if note and notes is not None and note not in notes:
+        notes.append(note)
+    return current
 
 
 def _line_index(text: str) -> dict[tuple, int]:
@@ -185,14 +203,23 @@ def validate(raw: Any, *, source: str | None = None, text: str | None = None) ->
         ) from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None, env: dict[str, str] | None = None) -> Config:
+def _conflict(e: MovedKeyConflict, source: str | None, text: str | None) -> ConfigError:
+    lines = _line_index(text) if text else {}
+    at = " and ".join(f"line {lines[k]}" for k in (tuple(e.old.split(".")), tuple(e.new.split("."))) if k in lines)
+    where = ", ".join(w for w in (source, at) if w)
+    return ConfigError(f"{e}{f' ({where})' if where else ''}", hint=f"delete {e.old}")
+
+
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, env: dict[str, str] | None = None, *, warn: bool = True
+) -> Config:
     """Load, expand, override and validate a YAML config file."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read config {p}: {e.strerror}", hint="check the path") from None
-    return loads(text, overrides=overrides, env=env, source=str(p))
+    return loads(text, overrides=overrides, env=env, source=str(p), warn=warn)
 
 
 def loads(
@@ -202,9 +229,11 @@ def loads(
     env: dict[str, str] | None = None,
     source: str | None = None,
     expand: bool = True,
+    warn: bool = True,
 ) -> Config:
     """Parse a YAML config from a string (see ``load_config``). ``expand=False`` for a config read from a run repo:
-    a ``${...}`` there stays that text (someone else wrote it; expanding it would read the reader's environment)."""
+    a ``${...}`` there stays that text (someone else wrote it; expanding it would read the reader's environment).
+    Each key given at a place it moved from is logged as a warning (``warn``; ``deprecations`` lists them)."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -213,13 +242,21 @@ def loads(
         raise ConfigError(f"{source or 'config'}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     raw = {} if raw is None else raw
     found: dict[tuple, str] = {}
+    notes: list[str] = []
     if isinstance(raw, dict):
-        raw = apply_overrides(expand_env(raw, env=env, found=found) if expand else raw, overrides)
+        try:  # the file's keys that moved first: an override then wins over the file wherever either wrote it
+            raw, notes = migrate(raw)
+        except MovedKeyConflict as e:
+            raise _conflict(e, source, text) from None
+        raw = apply_overrides(expand_env(raw, env=env, found=found) if expand else raw, overrides, notes)
         for item in overrides or []:  # a value set on the command line is the user's own text
-            key = tuple(item.partition("=")[0].strip().split("."))
+            key = tuple(_override_key(item.partition("=")[0]).split("."))
             found = {p: t for p, t in found.items() if tuple(map(str, p[: len(key)])) != key}
     cfg = validate(raw, source=source, text=text)
     cfg._from_env = found
+    cfg._deprecations = notes + [n for n in cfg._deprecations if n not in notes]
+    for note in cfg._deprecations if warn else ():  # once per load
+        log.warning("%sdeprecated: %s", f"{source}: " if source else "", note)
     return cfg
 
 

@@ -17,11 +17,11 @@ RECIPE_KEYS = (
     "merge.outer_momentum",
     "merge.max_staleness",
     "merge.staleness_per_worker",
-    "params.steps_per_round",
-    "params.reset_optimizer",
-    "params.run_lr_schedule",
-    "params.run_lr_warmup",
-    "params.run_lr_decay",
+    "rounds.steps",
+    "rounds.reset_optimizer",
+    "rounds.lr_schedule",
+    "rounds.lr_warmup",
+    "rounds.lr_decay",
 )
 
 
@@ -46,15 +46,15 @@ def differences(cfg: Config) -> dict[str, tuple[Any, Any]]:
 def describe(cfg: Config) -> str:
     """One line: the recipe ``cfg`` trains with (ffa + rebase, quorum 1, 1-step rounds, ...), and whether it is
     the default."""
-    m, p = cfg.merge, cfg.params
+    m, r = cfg.merge, cfg.rounds
     words = [
         f"{m.method}{' + rebase' if m.rebase else ''}",
         f"quorum {m.quorum}",
-        f"{p.steps_per_round}-step rounds",
+        f"{r.steps}-step rounds",
         f"staleness {m.max_staleness}"
         + (f" (or {m.staleness_per_worker:g} per live worker)" if m.staleness_per_worker else ""),
-        "AdamW kept across rounds" if not p.reset_optimizer else "fresh AdamW each round",
-        f"{p.run_lr_schedule} learning rate over the run",
+        "AdamW kept across rounds" if not r.reset_optimizer else "fresh AdamW each round",
+        f"{r.lr_schedule} learning rate over the run",
     ]
     if m.outer_lr != 1 or m.outer_momentum:
         words.append(f"outer lr {m.outer_lr:g}, momentum {m.outer_momentum:g}{' (Nesterov)' if m.nesterov else ''}")

@@ -1,11 +1,12 @@
 """docs/config.md: every config key with its default and meaning, generated from the field descriptions (the one
-place fields are documented) by ``hubgrpo config fields --markdown``; tests/system/test_config_reference.py keeps the
-file current."""
+place fields are documented) by ``hubgrpo config fields --markdown``, and the keys that moved (``legacy.MOVED``);
+tests/system/test_config_reference.py keeps the file current."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
+from hubgrpo.config.legacy import MOVED
 from hubgrpo.config.loading import field_docs
 from hubgrpo.config.sections import Config
 
@@ -34,4 +35,6 @@ def markdown() -> str:
         doc = (f.annotation.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         out += ["", f"## `{name}`\n", doc, "", "| key | default | meaning |", "|---|---|---|"]
         out += [f"| `{k}` | `{_cell(d)}` | {_cell(text)} |" for k, d, text in rows if k.startswith(name + ".")]
+    out += ["", "## Moved keys\n", "Still read at their old place (file or `--set`), with a deprecation warning.", ""]
+    out += [f"- `{old}` → `{new}`" for old, new in MOVED.items()]
     return "\n".join(out) + "\n"

@@ -1,18 +1,22 @@
 """The sections of a hubgrpo config (pydantic models): what each field means, its default and its bounds.
 
-The two large sections live beside this module (``params_section``, ``merge_section``) and are re-exported here
-with the rest, the whole tree (``Config``)."""
+The larger sections live beside this module (``params_section``, ``rounds_section``, ``worker_section``,
+``merge_section``) and are re-exported here with the rest, the whole tree (``Config``). Keys that moved are still
+accepted at their old place, with a deprecation note (``legacy``)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
+from hubgrpo.config.legacy import migrate
 from hubgrpo.config.merge_section import MergeSection
 from hubgrpo.config.params_section import ParamsConfig
+from hubgrpo.config.rounds_section import RoundsSection
 from hubgrpo.config.section_base import _Section
+from hubgrpo.config.worker_section import WorkerSection
 
 FREE_COMMITS = 1_000_000  # a commit budget this high is lifted (a local folder: commits cost nothing)
 
@@ -196,6 +200,8 @@ class Config(_Section):
 
     # key path → the text as written, for each value that came from the environment (``loading.from_env``)
     _from_env: dict[tuple, str] = PrivateAttr(default_factory=dict)
+    # deprecation notes for the keys it was given at their old place (``legacy``), in the order found
+    _deprecations: list[str] = PrivateAttr(default_factory=list)
 
     task: Literal["llm-grpo"] = Field("llm-grpo", description="Always llm-grpo.")
     base_model: str = Field(
@@ -209,16 +215,53 @@ class Config(_Section):
         default_factory=lambda: [RewardConfig(function="builtin:exact_answer")],
         description="Reward functions, summed with their weights.",
     )
-    params: ParamsConfig = Field(default_factory=ParamsConfig, description="GRPO and round parameters.")
+    params: ParamsConfig = Field(default_factory=ParamsConfig, description="GRPO's hyper-parameters.")
+    rounds: RoundsSection = Field(default_factory=RoundsSection, description="The run's schedule.")
     lora: LoraSection = Field(default_factory=LoraSection, description="The LoRA adapter.")
     merge: MergeSection = Field(default_factory=MergeSection, description="Merging submissions.")
     coordinator: CoordinatorSection = Field(default_factory=CoordinatorSection, description="The coordinator.")
     hub: HubSection = Field(default_factory=HubSection, description="The run repo.")
+    worker: WorkerSection = Field(default_factory=WorkerSection, description="The worker's machine.")
     backend: Literal["local", "hf-jobs"] = Field(
         "local",
         description="hubgrpo run: workers as local processes, or as Hugging Face Jobs with the coordinator on a Space.",
     )
     backend_options: BackendOptions = Field(default_factory=BackendOptions, description="For backend hf-jobs.")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _moved_keys(cls, data: Any, handler):
+        """Keys given at their old place move to their new one (``legacy.migrate``), with a deprecation note."""
+        data, notes = migrate(data)
+        cfg = handler(data)
+        if notes:
+            cfg._deprecations = notes
+        return cfg
+
+    @model_validator(mode="after")
+    def _split_fits(self):
+        p = self.params
+        if self.rounds.fleet_batch == "split" and p.per_device_train_batch_size % p.num_generations:
+            raise ValueError(
+                f"rounds.fleet_batch split shares params.per_device_train_batch_size "
+                f"({p.per_device_train_batch_size}) out in prompt groups of params.num_generations "
+                f"({p.num_generations}): make the batch a multiple of num_generations"
+            )
+        return self
+
+    def worker_batch(self, live_workers: int) -> int:
+        """Completions per step of one worker's round while ``live_workers`` workers are live
+        (``rounds.fleet_batch``)."""
+        p = self.params
+        if self.rounds.fleet_batch != "split" or live_workers <= 1:
+            return p.per_device_train_batch_size
+        groups = p.per_device_train_batch_size // p.num_generations
+        return max(1, -(-groups // live_workers)) * p.num_generations
+
+    def run_lr(self, version: int) -> float:
+        """The learning rate of a round leased on ``version``: params.learning_rate on the run's schedule
+        (``rounds.lr_schedule``, ``RoundsSection.lr_scale``)."""
+        return self.params.learning_rate * self.rounds.lr_scale(version)
 
     @field_validator("project_name")
     @classmethod

@@ -82,7 +82,7 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         self.in_flight = InFlight()  # rounds queued for their check: the server's admission queue reports them
         self.new_lease_id = new_lease_id
         self.momentum: merging.Momentum = None  # outer momentum tensors, or a reader of the repo's (re-read lazily)
-        self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (balance_rounds)
+        self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (rounds.balance)
         self.versions = VersionCache(self.workdir / "versions")  # live and recent versions (the adapter route)
         self.checkpointing: int | None = None  # the version a checkpoint commit is reading from the cache now
         self.ids: dict[int, str] = {}  # version → adapter id (what leases carry as base_sha), this lineage only
@@ -117,7 +117,7 @@ class Coordinator(RepoStateMixin, VersionsMixin):
     def prompts_per_round(self) -> int:
         p = self.cfg.params
         per_step = max(1, p.per_device_train_batch_size * p.gradient_accumulation_steps // p.num_generations)
-        return per_step * p.steps_per_round
+        return per_step * self.cfg.rounds.steps
 
     def lease(self, worker: str, user: str | None = None) -> Lease:
         """A signed lease on the current version (``leasing.issue``)."""

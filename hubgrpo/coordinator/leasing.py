@@ -86,13 +86,12 @@ def issue(c: Coordinator, worker: str, user: str | None) -> Lease:
 
 def lease_params(c: Coordinator, key: str) -> dict:
     """The hyper-parameters a lease for worker ``key`` sets for its round: the learning rate of the run's schedule
-    (``scheduled_params``) and, with ``params.fleet_batch`` split, the worker's share of the fleet's batch (the
+    (``scheduled_params``) and, with ``rounds.fleet_batch`` split, the worker's share of the fleet's batch (the
     coordinator's own count of live workers, this one included); nothing the worker's config already says."""
-    p = c.cfg.params
-    params = scheduled_params(p, c.state.version)
-    if p.fleet_batch == "split":
-        batch = p.worker_batch(live_workers(c, key=key))
-        if batch != p.per_device_train_batch_size:
+    params = scheduled_params(c.cfg, c.state.version)
+    if c.cfg.rounds.fleet_batch == "split":
+        batch = c.cfg.worker_batch(live_workers(c, key=key))
+        if batch != c.cfg.params.per_device_train_batch_size:
             params["per_device_train_batch_size"] = batch
     return params
 
@@ -114,10 +113,10 @@ def live_workers(c: Coordinator, lease: Lease | None = None, key: str | None = N
     return len(keys)
 
 
-def scheduled_params(p, version: int) -> dict:
+def scheduled_params(cfg, version: int) -> dict:
     """The hyper-parameters a lease on ``version`` sets for its round: the run's learning rate schedule
-    (``params.run_lr_schedule``); none with a constant rate (the worker's config then applies)."""
-    return {} if p.run_lr_schedule == "constant" else {"learning_rate": p.run_lr(version)}
+    (``rounds.lr_schedule``); none with a constant rate (the worker's config then applies)."""
+    return {} if cfg.rounds.lr_schedule == "constant" else {"learning_rate": cfg.run_lr(version)}
 
 
 def stagger_fraction(k: int) -> float:
@@ -134,21 +133,21 @@ def stagger_fraction(k: int) -> float:
 
 
 def round_steps(c: Coordinator, key: str, first_round: bool = False) -> int:
-    """``params.steps_per_round``; with ``params.stagger_rounds``, a worker's first round while k other leases
+    """``rounds.steps``; with ``rounds.stagger``, a worker's first round while k other leases
     are live gets ``stagger_fraction(k)`` of it (at least 1 step), so that machines that start together do not
     deliver together (every round after theirs would start from one base and overlap fully); with
-    ``params.balance_rounds`` the steps that make this worker's round last about as long as the median worker's
+    ``rounds.balance`` the steps that make this worker's round last about as long as the median worker's
     (its seconds per step measured by the coordinator)."""
-    p = c.cfg.params
-    if p.stagger_rounds and first_round:
+    r = c.cfg.rounds
+    if r.stagger and first_round:
         live = sum(1 for lease in c.active.values() if c.worker_key(lease.worker, lease.user) != key)
         if live:
-            return max(1, round(p.steps_per_round * stagger_fraction(live)))
+            return max(1, round(r.steps * stagger_fraction(live)))
     mine = c.step_seconds.get(key)
-    if not p.balance_rounds or mine is None or len(c.step_seconds) < 2:
-        return p.steps_per_round
+    if not r.balance or mine is None or len(c.step_seconds) < 2:
+        return r.steps
     median = sorted(c.step_seconds.values())[len(c.step_seconds) // 2]
-    return max(1, min(4 * p.steps_per_round, round(p.steps_per_round * median / mine)))
+    return max(1, min(4 * r.steps, round(r.steps * median / mine)))
 
 
 def measure(c: Coordinator, lease: Lease, now: float) -> None:

@@ -55,7 +55,7 @@ def next_state(c: Coordinator, entries: list[MergedEntry], report: dict) -> RunS
     st.samples_total += samples
     st.next_prompt = c.pool.next_index
     st.commit_times = [t for t in c.commit_times if t > now - 3600]  # a merge commits nothing (checkpoint)
-    st.finished = st.version >= c.cfg.params.versions
+    st.finished = st.version >= c.cfg.rounds.versions
     return st
 
 

@@ -84,7 +84,7 @@ def state_status(state: RunState, target_versions: int | None = None) -> dict:
 def run_status(c: Coordinator) -> dict:
     """Live status of a Coordinator: state plus leases, pending submissions and the commit budget."""
     now = c.clock()
-    out = state_status(c.state, c.cfg.params.versions)
+    out = state_status(c.state, c.cfg.rounds.versions)
     out["versions"] = versions_table(c.state, dict(c.new_evals))  # with the held-out scores not saved yet
     # the last 50 saved refusals, plus every refusal not yet in state.json (saved with the next merge), so that
     # none is out of sight — e.g. a round refused as stale when a merge was planned, after which no merge came

@@ -10,7 +10,7 @@ simulation gives the same answer on a busy laptop and on a quiet server.
   the adapter download, the upload and the submit. ``step_s`` is seconds per GRPO step of one worker at speed 1
   (``STEP_S`` for the built-in models, measured on one core of a 2-core x86 VM; pass your own for other models or
   hardware).
-- **Batch**: a lease for a smaller batch than the config's (``params.fleet_batch`` split) costs ``fixed_share +
+- **Batch**: a lease for a smaller batch than the config's (``rounds.fleet_batch`` split) costs ``fixed_share +
   (1 − fixed_share) × batch ratio`` of a step (``FIXED_SHARE``: the part of a step a smaller batch does not
   shorten).
 - **Generation** takes ``GENERATE_SHARE`` of each step (0.5 for other models): with
@@ -39,7 +39,7 @@ from hubgrpo.errors import ConfigError
 STEP_S = {"builtin:tiny": 0.45, "builtin:smollm2-135m-instruct": 10.5}
 # the share of a step spent sampling (where merge.rebase_after_generation moves a round),
 GENERATE_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.33}
-# and the share of a step that a smaller batch does not shorten (params.fleet_batch: split).
+# and the share of a step that a smaller batch does not shorten (rounds.fleet_batch: split).
 FIXED_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.31}
 
 
@@ -117,7 +117,7 @@ class CostModel:
 
     step_s: float
     latency_s: float = 0.0
-    fixed_share: float = 0.0  # of step_s, what a smaller batch (params.fleet_batch split) does not shorten
+    fixed_share: float = 0.0  # of step_s, what a smaller batch (rounds.fleet_batch split) does not shorten
 
     def train_s(self, steps: int, speed: float, batch_ratio: float = 1.0) -> float:
         """``steps`` steps at ``speed``, each of ``batch_ratio`` × the config's completions."""

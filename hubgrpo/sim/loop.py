@@ -22,7 +22,7 @@ the evaluator's own machines).
 Differences from a deployment, on purpose: without a quota (``commit_quota`` None) the commit budget is lifted
 (``keep_budget`` keeps the config's); under one, a commit the quota refuses (429) is retried after the Hub's wait
 and the coordinator's budget is the quota's figure unless the config sets one; lease ids are numbered
-(deterministic). With ``params.reset_optimizer``
+(deterministic). With ``rounds.reset_optimizer``
 off, each simulated machine keeps its own AdamW moments across its rounds, as a real worker does (one engine
 trains for all of them and swaps their optimizers); a machine that rejoins after a dropout starts fresh.
 """
@@ -79,9 +79,7 @@ class Simulation:
         )
         self.fleet: list[SimWorker] = make_fleet(opts.workers, opts.speeds, opts.seed)
         self.starts = parse_starts(opts.starts, opts.workers, opts.seed)
-        self.rejoin_s = (
-            opts.rejoin_s if opts.rejoin_s is not None else self.cost.train_s(self.cfg.params.steps_per_round, 1.0)
-        )
+        self.rejoin_s = opts.rejoin_s if opts.rejoin_s is not None else self.cost.train_s(self.cfg.rounds.steps, 1.0)
         self.now, self._seq = 0.0, itertools.count()
         self._events: list[Event] = []
         self.rounds: list[RoundRecord] = []
@@ -185,7 +183,7 @@ class Simulation:
         full = self.cfg.params.per_device_train_batch_size
         batch = lease.params.get("per_device_train_batch_size", full)
         assert isinstance(batch, int | float), "the coordinator's own lease sets a number"
-        ratio = batch / full  # params.fleet_batch split
+        ratio = batch / full  # rounds.fleet_batch split
         train_s = self.cost.train_s(lease.steps, w.speed, ratio) * w.jitter(self.opts.jitter)
         w.rounds += 1
         crash = w.drops_this_round(self.opts.dropout)

@@ -146,9 +146,9 @@ def simulation_result(sim: Simulation) -> dict:
         "refusal_codes": sorted({r.code for r in sim.rounds if r.code}),
         "config": {
             "base_model": sim.cfg.base_model,
-            "steps_per_round": sim.cfg.params.steps_per_round,
+            "steps_per_round": sim.cfg.rounds.steps,
             "completions_per_step": sim.cfg.params.per_device_train_batch_size,
-            "fleet_batch": sim.cfg.params.fleet_batch,
+            "fleet_batch": sim.cfg.rounds.fleet_batch,
             "merge": sim.cfg.merge.model_dump(),
             "quorum": sim.cfg.merge.quorum,
         },

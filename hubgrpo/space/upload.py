@@ -227,8 +227,8 @@ def decode_files(files, limit_bytes: int, dest: Path) -> Path:
 
 def round_bytes(coord: Coordinator) -> int:
     """The most a round of this run can weigh: a submission of the global adapter's size (at most
-    ``merge.max_submission_mb``) plus the largest rollouts file a lease can ask for (``params.balance_rounds``
-    leases up to 4 × ``steps_per_round`` steps), with 1 % for gzip's overhead on what does not compress."""
+    ``merge.max_submission_mb``) plus the largest rollouts file a lease can ask for (``rounds.balance``
+    leases up to 4 × ``rounds.steps`` steps), with 1 % for gzip's overhead on what does not compress."""
     from types import SimpleNamespace
 
     from hubgrpo.merge.submission_checks import max_submission_bytes
@@ -236,7 +236,7 @@ def round_bytes(coord: Coordinator) -> int:
 
     cfg = coord.cfg
     files = min(int(cfg.merge.max_submission_mb * 2**20), max_submission_bytes(coord.global_adapter()))
-    longest = SimpleNamespace(steps=4 * cfg.params.steps_per_round, params={})
+    longest = SimpleNamespace(steps=4 * cfg.rounds.steps, params={})
     return files + size_limit(cfg, longest) * 101 // 100
 
 

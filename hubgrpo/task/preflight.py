@@ -81,18 +81,18 @@ def problems(cfg: Config) -> list[str]:
     out = [f"rewards[{i}].function: {p}" for i, rc in enumerate(cfg.rewards) if (p := reward_problem(rc.function))]
     if p := data_problem(cfg.data.path, cfg.data.options):
         out.append(f"data: {p}")
-    params = cfg.params
+    params, rounds = cfg.params, cfg.rounds
     if params.lr_scheduler_type not in SCHEDULERS:
         out.append(
             f"params.lr_scheduler_type: {params.lr_scheduler_type!r} is not a transformers scheduler: "
             f"use one of {', '.join(SCHEDULERS)}"
         )
-    elif params.warmup_steps >= params.steps_per_round and params.lr_scheduler_type != "constant":
+    elif params.warmup_steps >= rounds.steps and params.lr_scheduler_type != "constant":
         out.append(
-            f"params.warmup_steps ({params.warmup_steps}) >= params.steps_per_round ({params.steps_per_round}): the "
+            f"params.warmup_steps ({params.warmup_steps}) >= rounds.steps ({rounds.steps}): the "
             f"{params.lr_scheduler_type} schedule starts again every round, so its steps would all train at a "
-            "warm-up rate; for a warm-up over the whole run use params.run_lr_schedule: wsd with "
-            "params.run_lr_warmup, and warmup_steps: 0"
+            "warm-up rate; for a warm-up over the whole run use rounds.lr_schedule: wsd with "
+            "rounds.lr_warmup, and warmup_steps: 0"
         )
     return out
 

@@ -2,7 +2,7 @@
 
 ``RoundEngine`` keeps ONE GRPOTrainer across rounds (one trainer, many rounds): each
 round loads the round's adapter into the trainer's PeftModel with ``set_peft_model_state_dict`` (after a strict
-key/shape check), swaps in the round's prompts and step count, resets AdamW unless ``params.reset_optimizer`` is
+key/shape check), swaps in the round's prompts and step count, resets AdamW unless ``rounds.reset_optimizer`` is
 false, trains, and saves only the "default" adapter. A lease whose ``params`` change something fixed at trainer
 construction (batch shape, sampling, loss, KL…) rebuilds the trainer on a freshly loaded base model.
 
@@ -44,7 +44,6 @@ from hubgrpo.worker.adapter_io import check_adapter, save_adapter
 from hubgrpo.worker.grpo_trainer import (
     ROUND_PARAMS,
     SCHEDULE_ARGS,
-    WORKER_PARAMS,
     GenerationMeter,
     freeze_lora_a,
     frozen_heap,
@@ -69,11 +68,11 @@ class RoundEngine:
         self.cfg = cfg
         self.worker = check_name(worker)
         self.log = log or (lambda msg: None)
-        self.device = resolve_device(device or cfg.params.device)
+        self.device = resolve_device(device or cfg.worker.device)
         start = time.perf_counter()
-        self._set_threads(cfg.params.num_threads)
+        self._set_threads(cfg.worker.threads)
         self.model, self.tokenizer = load_model(
-            cfg.base_model, gguf_file=cfg.gguf_file, device=self.device, dtype=cfg.params.dtype
+            cfg.base_model, gguf_file=cfg.gguf_file, device=self.device, dtype=cfg.worker.dtype
         )
         if cfg.data.chat_template and self.tokenizer.chat_template is None:
             raise ModelError(
@@ -116,8 +115,8 @@ class RoundEngine:
         return self._params
 
     def _merge_params(self, overrides: dict) -> dict:
-        """cfg.params with a lease's overrides (except WORKER_PARAMS), validated like the config itself."""
-        overrides = {k: v for k, v in overrides.items() if k not in WORKER_PARAMS}
+        """cfg.params with a lease's overrides, validated like the config itself (the worker's own settings,
+        cfg.worker, are no params: a lease cannot change them)."""
         try:
             return ParamsConfig.model_validate({**self.cfg.params.model_dump(), **overrides}).model_dump()
         except ValueError as e:  # pydantic ValidationError
@@ -129,7 +128,7 @@ class RoundEngine:
     def _build_trainer(self, params: dict) -> GRPOTrainer:
         torch.manual_seed(params["seed"])  # LoRA A is drawn inside get_peft_model: version 0 follows params.seed
         placeholder = Dataset.from_list(self.prompt_rows([0]))
-        trainer_class = SharingGRPOTrainer if params["share_prompts"] else GRPOTrainer
+        trainer_class = SharingGRPOTrainer if self.cfg.worker.share_prompts else GRPOTrainer
         args = grpo_config(
             params,
             1,
@@ -163,7 +162,7 @@ class RoundEngine:
     def _ensure_trainer(self, params: dict) -> float:
         """Rebuild the trainer (fresh base model) when a structural param changed; returns seconds spent."""
         changed = {k for k in params if k not in ROUND_PARAMS and params[k] != self._params[k]}
-        self._set_threads(params["num_threads"])
+        self._set_threads(self.cfg.worker.threads)
         if not changed:
             self._params = params
             return 0.0
@@ -171,7 +170,7 @@ class RoundEngine:
         self.log(f"rebuilding the trainer: lease changes {sorted(changed)}")
         state = {k: v.detach().clone() for k, v in self._adapter_state().items()}
         self.model, self.tokenizer = load_model(
-            self.cfg.base_model, gguf_file=self.cfg.gguf_file, device=self.device, dtype=params["dtype"]
+            self.cfg.base_model, gguf_file=self.cfg.gguf_file, device=self.device, dtype=self.cfg.worker.dtype
         )
         self._params = params
         self.trainer = self._build_trainer(params)
@@ -216,16 +215,16 @@ class RoundEngine:
         return rows
 
     def _prepare_optimizer(self, params: dict, key: str | None = None) -> None:
-        """Fresh AdamW (``reset_optimizer``), or the moments kept from the previous round — of the machine named
+        """Fresh AdamW (``rounds.reset_optimizer``), or the moments kept from the previous round — of the machine named
         ``key`` when one engine trains for several (the simulator): each keeps its own AdamW object, parked here
         while another trains (they all reference the one model's parameters)."""
         tr = self.trainer
-        if key is not None and key != self._optimizer_owner and not params["reset_optimizer"]:
+        if key is not None and key != self._optimizer_owner and not self.cfg.rounds.reset_optimizer:
             if self._optimizer_owner is not None and tr.optimizer is not None:
                 self._optimizers[self._optimizer_owner] = tr.optimizer
             tr.optimizer = self._optimizers.pop(key, None)
             self._optimizer_owner = key
-        if params["reset_optimizer"] or self._fresh_optimizer or tr.optimizer is None:
+        if self.cfg.rounds.reset_optimizer or self._fresh_optimizer or tr.optimizer is None:
             tr.optimizer = None
         else:  # keep Adam moments; the new round's learning rate still applies
             for group in tr.optimizer.param_groups:

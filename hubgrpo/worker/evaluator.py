@@ -47,7 +47,7 @@ class Evaluator:
         self.cfg = runrepo.read_config(store)
         check_allowed(self.cfg.rewards, allow_code or [])
         if threads:
-            self.cfg.params.num_threads = threads
+            self.cfg.worker.threads = threads
         self.engine, self.poll_s, self.sleep = engine, float(poll_s), sleep
         self.workdir = Path(workdir or runrepo.cache_root() / "evaluator" / self.cfg.project_name)
         self.seconds: list[float] = []  # seconds per scored version (download + greedy generation + rewards)

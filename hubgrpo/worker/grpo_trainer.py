@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer as a round engine builds it: its arguments, its LoRA, and the counters around its generation.
 
 A lease's ``params`` split in two: ``ROUND_PARAMS`` a running trainer picks up at its next ``train()``, the rest are
-fixed when the trainer is built (a change rebuilds it). ``WORKER_PARAMS`` belong to the worker, not to a lease.
+fixed when the trainer is built (a change rebuilds it). The worker's own settings (``cfg.worker``) are no params.
 
 ``GenerationMeter`` wraps the trainer's ``_generate`` (tokenising, sampling, decoding) to count its seconds, the
 completions and their tokens.
@@ -35,15 +35,9 @@ ROUND_PARAMS = {
     "warmup_steps",
     "weight_decay",
     "max_grad_norm",
-    "steps_per_round",
-    "versions",
-    "reset_optimizer",
     "seed",
-    "num_threads",
     "max_prompt_length",
 }
-# worker-local settings: a lease cannot change them (the worker's own config wins)
-WORKER_PARAMS = {"device", "dtype", "num_threads", "share_prompts"}
 # ParamsConfig fields passed to GRPOConfig as they are
 GRPO_FIELDS = (
     "learning_rate",

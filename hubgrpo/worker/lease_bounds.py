@@ -3,8 +3,8 @@
 A coordinator is only a URL a participant was given. ``layout.Lease`` checks the form of a lease (commit ids,
 names, upload URLs); this checks its size against the run's own config: a lease sets only what a coordinator
 legitimately sets (``coordinator.leasing.lease_params``: the learning rate of the run's schedule, a worker's share
-of the fleet's batch), never above the config's own values, and at most the steps ``params.balance_rounds`` can
-give a round (4 × ``steps_per_round``) and the prompts those steps consume. Anything else is the error
+of the fleet's batch), never above the config's own values, and at most the steps ``rounds.balance`` can
+give a round (4 × ``rounds.steps``) and the prompts those steps consume. Anything else is the error
 ``bad_lease``, which stops the worker: a hostile coordinator cannot make it generate for ever or fill its memory.
 No torch here.
 """
@@ -16,7 +16,7 @@ from hubgrpo.errors import CoordinatorError
 from hubgrpo.layout import Lease
 
 LEASE_PARAMS = ("learning_rate", "per_device_train_batch_size")  # what lease_params ever sets
-MAX_STEPS_FACTOR = 4  # balance_rounds gives a slow machine's round at most 4 × steps_per_round
+MAX_STEPS_FACTOR = 4  # rounds.balance gives a slow machine's round at most 4 × rounds.steps
 
 
 def check_lease_bounds(cfg: Config, lease: Lease) -> None:
@@ -28,7 +28,7 @@ def check_lease_bounds(cfg: Config, lease: Lease) -> None:
         limit = getattr(p, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= limit * (1 + 1e-9):
             _refuse(f"params.{key} = {str(value)[:40]}", f"it must be above 0 and at most the run's {limit}")
-    max_steps = MAX_STEPS_FACTOR * p.steps_per_round
+    max_steps = MAX_STEPS_FACTOR * cfg.rounds.steps
     if lease.steps > max_steps:
         _refuse(f"steps = {lease.steps}", f"a round of this run has at most {max_steps} steps")
     max_prompts = max_steps * max(1, p.per_device_train_batch_size * p.gradient_accumulation_steps // p.num_generations)

@@ -99,7 +99,7 @@ class Worker:
 
         check_allowed(self.cfg.rewards, allow_code or [])
         if threads:  # this machine's share of cores wins over the run config
-            self.cfg.params.num_threads = threads
+            self.cfg.worker.threads = threads
         self.engine = engine
         self.max_rounds, self.sleep, self.progress = max_rounds, sleep, progress
         self.workdir = Path(workdir or runrepo.cache_root() / "worker" / name)

@@ -61,10 +61,10 @@ def resolve_device(device: str = "auto") -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError(
-            f"device {device!r} requested but CUDA is not available", hint="set params.device: cpu (or auto)"
+            f"device {device!r} requested but CUDA is not available", hint="set worker.device: cpu (or auto)"
         )
     if device == "mps" and not torch.backends.mps.is_available():
-        raise ModelError("device 'mps' requested but MPS is not available", hint="set params.device: cpu (or auto)")
+        raise ModelError("device 'mps' requested but MPS is not available", hint="set worker.device: cpu (or auto)")
     return device
 
 

@@ -18,7 +18,7 @@ the log-probabilities for the loss (forward and backward). With short completion
 
 Both give the numbers TRL's own path gives, up to float rounding (``tests/unit/test_sharing.py``). Anything else
 (vision inputs, MoE auxiliary losses, vLLM or continuous batching, a static cache, prompts without duplicates, a
-TRL without the fused head) takes TRL's own path unchanged. ``params.share_prompts: false`` turns it off.
+TRL without the fused head) takes TRL's own path unchanged. ``worker.share_prompts: false`` turns it off.
 """
 
 from __future__ import annotations

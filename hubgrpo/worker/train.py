@@ -118,22 +118,22 @@ def checkpoint_path(output: Path, step: int) -> Path:
 
 
 def run_params(engine, steps: int) -> dict | None:
-    """The engine's params with ``params.run_lr_schedule`` as the scheduler of ``steps`` steps: cosine →
-    transformers' cosine_with_min_lr down to ``run_lr_final``, wsd → its warmup_stable_decay (the curves a run
+    """The engine's params with ``rounds.lr_schedule`` as the scheduler of ``steps`` steps: cosine →
+    transformers' cosine_with_min_lr down to ``rounds.lr_final``, wsd → its warmup_stable_decay (the curves a run
     follows over its versions); None: as they are."""
-    p = engine.cfg.params
-    if p.run_lr_schedule == "constant":
+    r = engine.cfg.rounds
+    if r.lr_schedule == "constant":
         return None
-    if p.run_lr_schedule == "wsd":
-        warmup, decay = p.wsd_steps(steps)
+    if r.lr_schedule == "wsd":
+        warmup, decay = r.wsd_steps(steps)
         engine.trainer.args.lr_scheduler_kwargs = {
             "num_decay_steps": decay,
-            "min_lr_ratio": p.run_lr_final,
+            "min_lr_ratio": r.lr_final,
             "warmup_type": "linear",
             "decay_type": "cosine",
         }
         return {**engine.params, "lr_scheduler_type": "warmup_stable_decay", "warmup_steps": warmup}
-    engine.trainer.args.lr_scheduler_kwargs = {"min_lr_rate": p.run_lr_final}
+    engine.trainer.args.lr_scheduler_kwargs = {"min_lr_rate": r.lr_final}
     return {**engine.params, "lr_scheduler_type": "cosine_with_min_lr"}
 
 
@@ -147,11 +147,11 @@ def train(
     log: Callable[[str], None] | None = None,
     save_every: int = 0,
 ) -> TrainOutcome:
-    """Train ``steps`` GRPO steps (default: steps_per_round × versions) and write the adapter folder (and, with
+    """Train ``steps`` GRPO steps (default: rounds.steps × rounds.versions) and write the adapter folder (and, with
     ``save_every=K``, the adapter after every K steps under ``checkpoints/``)."""
     from hubgrpo.worker.engine import RoundEngine
 
-    steps = steps if steps is not None else cfg.params.steps_per_round * cfg.params.versions
+    steps = steps if steps is not None else cfg.rounds.steps * cfg.rounds.versions
     out = Path(output) if output else Path("runs") / cfg.project_name / "train"
     t0 = time.perf_counter()
     engine = RoundEngine(cfg, worker="train", log=log)  # holds the version-0 adapter after construction

@@ -286,7 +286,7 @@ def test_ffa_rounds_are_folded_in_before_the_quorum_and_the_merge_equals_the_ful
     from hubgrpo import layout
     from hubgrpo.merge import MergeOptions, load_adapter_dir, merge
 
-    cfg = make_config(**{"merge.method": "ffa", "merge.quorum": 3, "params.versions": 10})
+    cfg = make_config(**{"merge.method": "ffa", "merge.quorum": 3, "rounds.versions": 10})
     store = LocalStore(tmp_path / "repo")
     init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0))
     coord = Coordinator(store, b"fold-secret", workdir=tmp_path / "coord")

@@ -31,7 +31,7 @@ def _setup(tmp_path):
     emu = start_emulator()
     emu.set_commit_quota(128)
     store = make_run(emu, tmp_path, REPO.split("/")[1], **{
-        "merge.quorum": 1, "params.versions": 100000, "coordinator.checkpoint_every_s": 3,
+        "merge.quorum": 1, "rounds.versions": 100000, "coordinator.checkpoint_every_s": 3,
         "hub.submissions": "coordinator", "coordinator.lease_timeout_s": 30, "merge.max_staleness": 4,
         "coordinator.rate_limit_per_minute": 6000})
     return emu, store

@@ -44,7 +44,7 @@ class RegexRun(Run):
     def __init__(self, tmp: Path):
         (tmp / "patterned.py").write_text(REWARD)
         spec = f"{tmp / 'patterned.py'}:patterned"
-        cfg = make_config(**{"merge.quorum": 1, "params.versions": 1000, "coordinator.commit_budget_per_hour": 1000,
+        cfg = make_config(**{"merge.quorum": 1, "rounds.versions": 1000, "coordinator.commit_budget_per_hour": 1000,
                              "rewards": f"[{{function: '{spec}'}}]", "coordinator.reward_timeout_s": BUDGET_S})
         self.tmp, self.store = tmp, LocalStore(tmp / "repo")
         init_repo(self.store, cfg, write_adapter(tmp / "v0", seed=0, b_scale=0.0))

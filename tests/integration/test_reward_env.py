@@ -41,7 +41,7 @@ class NosyRun(Run):
         self.seen = tmp / "seen.jsonl"
         (tmp / "nosy.py").write_text(REWARD.format(seen=str(self.seen)))
         spec = f"{tmp / 'nosy.py'}:nosy"
-        cfg = make_config(**{"merge.quorum": 1, "params.versions": 1000, "coordinator.commit_budget_per_hour": 1000,
+        cfg = make_config(**{"merge.quorum": 1, "rounds.versions": 1000, "coordinator.commit_budget_per_hour": 1000,
                              "rewards": f"[{{function: '{spec}'}}]"})
         self.tmp, self.store = tmp, LocalStore(tmp / "repo")
         init_repo(self.store, cfg, write_adapter(tmp / "v0", seed=0, b_scale=0.0))

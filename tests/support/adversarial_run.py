@@ -35,7 +35,7 @@ class Run:
             **{
                 "merge.quorum": 1,
                 "merge.max_staleness": 4,
-                "params.versions": 1000,
+                "rounds.versions": 1000,
                 "coordinator.commit_budget_per_hour": 1000,
                 **settings,
             }

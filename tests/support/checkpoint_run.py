@@ -44,7 +44,7 @@ class InProcess:
 
 def setup_run(tmp_path, **overrides):
     """A run (quorum 1, ``overrides`` on top) on a ``QuotaStore``: (store, its coordinator, the fake clock)."""
-    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.versions": 50, **overrides})
+    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "rounds.versions": 50, **overrides})
     store, clock = QuotaStore(tmp_path / "repo"), FakeClock()
     init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0), clock=clock)
     return store, Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work"), clock

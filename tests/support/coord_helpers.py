@@ -30,8 +30,8 @@ class FakeClock:
 
 def make_config(**overrides):
     text = ("base_model: builtin:tiny\nproject_name: coordtest\n"
-            "params: {steps_per_round: 2, per_device_train_batch_size: 4, num_generations: 2, versions: 5,\n"
-            "         learning_rate: 0.1, reset_optimizer: true, run_lr_schedule: constant}\n"  # synthetic updates
+            "params: {per_device_train_batch_size: 4, num_generations: 2, learning_rate: 0.1}\n"
+            "rounds: {steps: 2, versions: 5, reset_optimizer: true, lr_schedule: constant}\n"  # synthetic updates
             # (B ~ 0.1·N(0,1)) fit 2 AdamW steps at lr 0.1; the merge the coordinator tests were written for:
             "merge: {method: svd, quorum: 2, rebase: false, staleness_per_worker: 0}\n"
             f"lora: {{r: {R}, alpha: 8, target_modules: [q_proj, v_proj]}}\n")

@@ -17,7 +17,7 @@ def run_versions(store, tmp: Path, n: int, c: Coordinator | None = None, **setti
     if c is None:
         init_repo(
             store,
-            make_config(**{"merge.quorum": 1, "params.versions": 100, "coordinator.checkpoint_every_s": 0, **settings}),
+            make_config(**{"merge.quorum": 1, "rounds.versions": 100, "coordinator.checkpoint_every_s": 0, **settings}),
             write_adapter(tmp / "v0", seed=0),
         )
         c = Coordinator(store, SECRET, clock=FakeClock(1_000_000.0), workdir=tmp / "coord")

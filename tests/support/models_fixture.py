@@ -19,8 +19,9 @@ project_name: tiny-test
 data: {path: "builtin:addition", options: {size: 300}}
 rewards: [{function: "builtin:char_fraction", kwargs: {char: "a"}}]
 params: {learning_rate: 2.0e-2, per_device_train_batch_size: 8, num_generations: 4, max_completion_length: 8,
-         max_prompt_length: 64, device: cpu, num_threads: 2, seed: 0, steps_per_round: 8, reset_optimizer: true,
-         run_lr_schedule: constant}
+         max_prompt_length: 64, seed: 0}
+rounds: {steps: 8, reset_optimizer: true, lr_schedule: constant}
+worker: {device: cpu, threads: 2}
 lora: {r: 4, alpha: 8}
 merge: {method: svd, quorum: 2, rebase: false, staleness_per_worker: 0}
 """

@@ -66,7 +66,7 @@ def start_emulator():
 def make_run(emu, tmp_path: Path, name: str = "run", **overrides) -> HubStore:
     """alice/<name> on the emulator: version 0 with a synthetic adapter; alice and the org 'friends' allowed; every
     version a checkpoint (tagged) unless ``coordinator.checkpoint_every_s`` is given."""
-    settings = {"coordinator.allowed_users": "[alice, friends]", "params.versions": 2, "merge.quorum": 2,
+    settings = {"coordinator.allowed_users": "[alice, friends]", "rounds.versions": 2, "merge.quorum": 2,
                 "coordinator.rate_limit_per_minute": 600, "coordinator.checkpoint_every_s": 0, **overrides}
     cfg = make_config(**settings)
     store = HubStore(f"alice/{name}", token=ALICE, endpoint=emu.url, cache_dir=tmp_path / "hf-cache",

@@ -282,7 +282,7 @@ def test_one_participant_flooding_small_rounds_cannot_make_honest_rounds_outlier
 
     from tests.support.coord_helpers import local_coordinator, push_submission
 
-    store, c, _ = local_coordinator(tmp_path, **{"merge.quorum": 1, "params.versions": 100})
+    store, c, _ = local_coordinator(tmp_path, **{"merge.quorum": 1, "rounds.versions": 100})
 
     def round_of(worker: str, b_scale: float, seed: int) -> dict:
         lease = c.lease(worker)

@@ -43,7 +43,7 @@ PRE_AUTH = 64 << 10
 
 def start(tmp_path, name: str) -> SimpleNamespace:
     emu = start_emulator()
-    store = make_run(emu, tmp_path, name, **{"params.versions": 1000})
+    store = make_run(emu, tmp_path, name, **{"rounds.versions": 1000})
     coord = new_coordinator(store, tmp_path)
     app, url = serve_space(coord, auth=make_auth(coord), batch_wait_s=0.1, tick_interval=0.2)
     return SimpleNamespace(emu=emu, store=store, coord=coord, app=app, url=url, tmp=tmp_path,
@@ -279,7 +279,7 @@ def test_the_spaces_memory_stays_within_64_mib_of_idle_whatever_a_visitor_sends(
     emu = start_emulator()
     proc = None
     try:
-        make_run(emu, tmp_path, "memory", **{"params.versions": 1000})
+        make_run(emu, tmp_path, "memory", **{"rounds.versions": 1000})
         env = dict(os.environ, HF_ENDPOINT=emu.url, HF_TOKEN=OWNER, HUBGRPO_SECRET="memory-test-secret",
                    OMP_NUM_THREADS="1")
         with socket.socket() as s:

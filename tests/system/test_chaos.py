@@ -27,7 +27,7 @@ from tests.support.space_support import wait_for_checkpoint, wait_for_version
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
 REPO = "alice/chaos"
-CHAOS_CFG = ["params.steps_per_round=2", "params.versions=3", "merge.quorum=2", "params.per_device_train_batch_size=8",
+CHAOS_CFG = ["rounds.steps=2", "rounds.versions=3", "merge.quorum=2", "params.per_device_train_batch_size=8",
              "coordinator.lease_timeout_s=8", "coordinator.heartbeat_interval_s=1", "coordinator.round_timeout_s=60",
              "coordinator.checkpoint_every_s=0"]
 FAULT_KINDS = ("429", "409", "500", "timeout", "lost")
@@ -161,8 +161,8 @@ def _check_run(store, stats: dict, counts: dict, logs: Path) -> None:
 
 
 BAD_CONFIGS = {
-    "unknown_key": "base_model: builtin:tiny\nparams: {steps_per_round: 2, no_such_field: 1}\n",
-    "bad_type": "base_model: builtin:tiny\nparams: {steps_per_round: many}\n",
+    "unknown_key": "base_model: builtin:tiny\nrounds: {steps: 2, no_such_field: 1}\n",
+    "bad_type": "base_model: builtin:tiny\nrounds: {steps: many}\n",
     "negative": "base_model: builtin:tiny\ncoordinator: {lease_timeout_s: -5}\n",
     "bad_method": "base_model: builtin:tiny\nmerge: {method: average_everything}\n",
     "not_a_mapping": "- just\n- a list\n",
@@ -200,7 +200,7 @@ def live(tmp_path):
     from hubgrpo.store.local import LocalStore
     from tests.support.coord_helpers import make_config, write_adapter
 
-    cfg = make_config(**{"params.versions": 100, "merge.quorum": 2, "coordinator.commit_budget_per_hour": 10000})
+    cfg = make_config(**{"rounds.versions": 100, "merge.quorum": 2, "coordinator.commit_budget_per_hour": 10000})
     store = LocalStore(tmp_path / "repo")
     init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0))
     coord = Coordinator(store, b"chaos", workdir=tmp_path / "work")

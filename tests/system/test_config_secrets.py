@@ -37,7 +37,8 @@ rewards:
   - function: builtin:exact_answer
   - function: builtin:answer_format
     kwargs: {api_key: "${JUDGE_API_KEY}", header: "Bearer ${JUDGE_API_KEY}", plain: "keep me"}
-params: {steps_per_round: 1, per_device_train_batch_size: 4, num_generations: 2, versions: 2}
+params: {per_device_train_batch_size: 4, num_generations: 2}
+rounds: {steps: 1, versions: 2}
 lora: {r: 2, alpha: 4}
 coordinator: {secret: "${HUBGRPO_SECRET}", url: "${HUBGRPO_COORDINATOR:-}"}
 hub: {repo_id: "${HF_USER:-me}/secrets-run", token: "${HF_TOKEN}"}
@@ -96,7 +97,7 @@ def test_init_stores_placeholders_and_refuses_environment_values_where_readers_n
     assert cfg.coordinator.secret is None and cfg.hub.token is None
 
     lr = tmp_path / "lr.yaml"
-    lr.write_text(USER_CONFIG.replace("versions: 2}", "versions: 2, learning_rate: \"${LR}\"}"))
+    lr.write_text(USER_CONFIG.replace("num_generations: 2}", "num_generations: 2, learning_rate: \"${LR}\"}"))
     refused = cli("init", str(lr), "--repo", str(tmp_path / "repo2"), env={**USER_ENV, "LR": "0.02"})
     assert refused.returncode == 2, refused.stderr
     assert "params.learning_rate" in refused.stderr and "${LR}" in refused.stderr and "--set" in refused.stderr

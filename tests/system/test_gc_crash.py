@@ -211,7 +211,7 @@ def test_gc_refuses_beside_a_live_coordinator_and_a_forced_gc_does_not_stall_it(
 
     emu = hub_emulator
     store = hub_store(emu, "alice/live", tmp_path / "hf")
-    init_repo(store, make_config(**{"merge.quorum": 1, "params.versions": 100, "coordinator.scan_interval_s": 0.5,
+    init_repo(store, make_config(**{"merge.quorum": 1, "rounds.versions": 100, "coordinator.scan_interval_s": 0.5,
                                     "coordinator.checkpoint_every_s": 0}),  # a tag per version: gc has some to drop
               write_adapter(tmp_path / "v0", seed=0))
     app, url = serve(Coordinator(store, SECRET, workdir=tmp_path / "coord"), tick_interval=0.2)

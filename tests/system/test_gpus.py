@@ -23,7 +23,7 @@ from tests.support.chaos_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
-RUN_CFG = ["params.steps_per_round=1", "params.versions=1000", "merge.quorum=1", "params.per_device_train_batch_size=8"]
+RUN_CFG = ["rounds.steps=1", "rounds.versions=1000", "merge.quorum=1", "params.per_device_train_batch_size=8"]
 
 # GPUS_TEST_MODE: record (then run the real worker), fail1 (the GPU-1 child exits 3 at once, the other exits 0
 # after a second), wait (record every forwarded signal, exit 128 + N on it)

@@ -21,7 +21,7 @@ from tests.conftest import TEST_TOKEN
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
 EXE = Path(sys.executable).with_name("hubgrpo")
-RUN_CFG = ["params.steps_per_round=2", "params.versions=1000", "merge.quorum=1", "params.per_device_train_batch_size=8",
+RUN_CFG = ["rounds.steps=2", "rounds.versions=1000", "merge.quorum=1", "params.per_device_train_batch_size=8",
            "coordinator.heartbeat_interval_s=2"]
 
 
@@ -202,12 +202,12 @@ def test_run_with_the_hf_jobs_backend_runs_its_workers_as_jobs(hub_emulator, tmp
     from hubgrpo.space.api import serve
 
     emu, repo = hub_emulator, "alice/backendrun"
-    store = _tiny_run(emu, repo, [*RUN_CFG, "params.versions=2"])  # the coordinator below needs the repo first
+    store = _tiny_run(emu, repo, [*RUN_CFG, "rounds.versions=2"])  # the coordinator below needs the repo first
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     app, url = serve(Coordinator(store, b"backend-secret", workdir=tmp_path / "coord"), tick_interval=0.2)
     try:
         sets = ["backend=hf-jobs", "backend_options.workers=2", "backend_options.flavor=cpu-basic",
-                "backend_options.install=none", f"backend_options.coordinator={url}", *RUN_CFG, "params.versions=2"]
+                "backend_options.install=none", f"backend_options.coordinator={url}", *RUN_CFG, "rounds.versions=2"]
         r = _cli("run", str(TINY), "--repo", repo, *[x for s in sets for x in ("--set", s)], timeout=400,
                  env={"HF_TOKEN": TEST_TOKEN, "HF_ENDPOINT": emu.url})
         assert r.returncode == 0, r.stderr[-3000:]

@@ -20,8 +20,8 @@ MINIMAL = "base_model: builtin:tiny\nproject_name: t\n"
 # default means measuring the new recipe first, then this line
 MEASURED = {"merge.method": "ffa", "merge.rebase": True, "merge.quorum": 1, "merge.outer_lr": 1.0,
             "merge.outer_momentum": 0.0, "merge.max_staleness": 4, "merge.staleness_per_worker": 2.0,
-            "params.steps_per_round": 1, "params.reset_optimizer": False, "params.run_lr_schedule": "wsd",
-            "params.run_lr_warmup": 0.0, "params.run_lr_decay": 0.3}
+            "rounds.steps": 1, "rounds.reset_optimizer": False, "rounds.lr_schedule": "wsd",
+            "rounds.lr_warmup": 0.0, "rounds.lr_decay": 0.3}
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -62,8 +62,8 @@ def test_a_batch_without_whole_groups_is_refused_with_the_sizes_that_fit():
 
 def test_describe_names_the_recipe_and_what_differs():
     assert describe(loads(MINIMAL)).endswith("the default, measured best")
-    line = describe(loads(MINIMAL + "params: {steps_per_round: 5}\n"))
-    assert "5-step rounds" in line and "params.steps_per_round (5; default 1)" in line
+    line = describe(loads(MINIMAL + "rounds: {steps: 5}\n"))
+    assert "5-step rounds" in line and "rounds.steps (5; default 1)" in line
 
 
 def test_scheduler_names_are_transformers_own():
@@ -84,7 +84,7 @@ BAD = {
     "scheduler": ("params: {lr_scheduler_type: cosin}\n", "'cosin' is not a transformers scheduler"),
     "size": ('data: {path: "builtin:addition", options: {size: lots}}\n', "size must be whole numbers >= 0"),
     "warmup": ("params: {lr_scheduler_type: linear, warmup_steps: 3}\n",
-               "params.warmup_steps (3) >= params.steps_per_round (1)"),
+               "params.warmup_steps (3) >= rounds.steps (1)"),
 }
 
 

@@ -151,7 +151,7 @@ def test_workers_without_write_access_run_a_hub_run_under_the_commit_quota(tmp_p
 
     versions = 3
     cfg = load_config(ROOT / "configs" / "tiny.yaml", overrides=[
-        "params.steps_per_round=1", f"params.versions={versions}", "merge.quorum=2",
+        "rounds.steps=1", f"rounds.versions={versions}", "merge.quorum=2",
         "coordinator.heartbeat_interval_s=1", "hub.submissions=coordinator"])
     with HubEmulator(users={TEST_TOKEN: "alice", BOB: "bob"}) as hub:
         store = HubStore("alice/viacoord", token=TEST_TOKEN, endpoint=hub.url)

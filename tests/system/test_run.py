@@ -17,7 +17,7 @@ from tests.support.chaos_helpers import submitted_ids, wait_for, wait_for_line
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
-FAST = ["--set", "params.steps_per_round=2", "--set", "params.versions=3", "--set", "merge.quorum=2",
+FAST = ["--set", "rounds.steps=2", "--set", "rounds.versions=3", "--set", "merge.quorum=2",
         "--set", "coordinator.heartbeat_interval_s=1"]
 
 
@@ -79,7 +79,7 @@ def test_killed_worker_and_restarted_coordinator_lose_nothing(tmp_path):
     from hubgrpo.space.api import free_port
 
     repo = tmp_path / "run"
-    cfg = load_config(TINY, overrides=["params.steps_per_round=3", "params.versions=3", "merge.quorum=2",
+    cfg = load_config(TINY, overrides=["rounds.steps=3", "rounds.versions=3", "merge.quorum=2",
                                        "coordinator.lease_timeout_s=4", "coordinator.heartbeat_interval_s=1"])
     store = LocalStore(repo)
     ensure_repo(store, cfg)
@@ -177,7 +177,7 @@ def test_a_stopped_run_leaves_no_worker_behind(tmp_path, how):
     """SIGTERM unwinds `hubgrpo run` like Ctrl-C (its workers and evaluator are stopped); after a SIGKILL of the run,
     its orphaned workers and evaluator notice at their next call to the dead coordinator and exit."""
     cmd = [sys.executable, "-m", "hubgrpo.cli", "run", str(TINY), "--workers", "2", "--repo", str(tmp_path / "run"),
-           "--set", "params.steps_per_round=2", "--set", "params.versions=50"]
+           "--set", "rounds.steps=2", "--set", "rounds.versions=50"]
     run = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     workers: list[int] = []
@@ -243,7 +243,7 @@ def test_an_ffa_run_with_rebase_runs_through_the_installed_command(tmp_path):
     repo = tmp_path / "run"
     exe = Path(sys.executable).with_name("hubgrpo")
     r = subprocess.run([str(exe), "run", str(TINY), "--workers", "2", "--repo", str(repo), "--no-eval",
-                        "--set", "params.steps_per_round=6", "--set", "params.versions=4", "--set", "merge.quorum=1",
+                        "--set", "rounds.steps=6", "--set", "rounds.versions=4", "--set", "merge.quorum=1",
                         "--set", "coordinator.heartbeat_interval_s=1", "--set", "merge.method=ffa",
                         "--set", "merge.rebase=true"], capture_output=True, text=True, timeout=560)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

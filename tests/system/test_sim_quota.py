@@ -20,7 +20,7 @@ HOUR = 3600.0
 
 
 def run_sim(tmp: Path, name: str, settings: dict, **opts) -> Simulation:
-    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.steps_per_round": 1, **settings})
+    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "rounds.steps": 1, **settings})
     defaults = dict(workers=2, step_s=4.0, jitter=0.0, eval_every=1000)
     sim = Simulation(cfg, SimOptions(**{**defaults, **opts}), tmp / name, engine=FakeSimEngine(cfg))
     sim.run()
@@ -92,7 +92,7 @@ def simulate_cmd(tmp: Path, *args: str, timeout: float = 240) -> subprocess.Comp
     exe = Path(sys.executable).with_name("hubgrpo")
     return subprocess.run([str(exe), "simulate", str(ROOT / "configs" / "tiny.yaml"), "--workers", "2",
                            "--until-version", "2", "--eval-samples", "2", "--no-progress", "--set",
-                           "params.steps_per_round=1", *args], capture_output=True, text=True, timeout=timeout)
+                           "rounds.steps=1", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.timeout(300)

@@ -39,7 +39,7 @@ def test_simulate_command_is_deterministic_with_real_rounds(tmp_path):
         out = tmp_path / name
         r = subprocess.run([str(exe), "simulate", str(ROOT / "configs" / "tiny.yaml"), "--workers", "4",
                             "--until-version", "5", "--eval-samples", "4", "--seed", "1", "--no-progress",
-                            "--output", str(out), "--set", "params.steps_per_round=2"],
+                            "--output", str(out), "--set", "rounds.steps=2"],
                            capture_output=True, text=True, timeout=280)
         assert r.returncode == 0, r.stderr[-2000:]
         assert "held-out reward" in r.stdout and (out / "simulation.png").stat().st_size > 1000

@@ -162,7 +162,7 @@ def test_a_run_with_submissions_on_s3_and_workers_without_credentials(tmp_path, 
 
     inbox = f"{s3_bucket_url}/subs"
     cfg = load_config(ROOT / "configs" / "tiny.yaml", overrides=[
-        "params.steps_per_round=2", "params.versions=2", "merge.quorum=2", "coordinator.heartbeat_interval_s=1",
+        "rounds.steps=2", "rounds.versions=2", "merge.quorum=2", "coordinator.heartbeat_interval_s=1",
         f"hub.submissions={inbox}"])
     store = HubStore("alice/s3subs", token=TEST_TOKEN, endpoint=hub_emulator.url)
     store.create()

@@ -31,7 +31,7 @@ from tests.support.models_fixture import tiny_cache, tiny_config  # noqa: F401 (
 
 EXE = Path(sys.executable).with_name("hubgrpo")
 SECRET = b"verified-secret"
-SETTINGS = ["merge.quorum=1", "params.versions=50", "params.steps_per_round=2", "coordinator.heartbeat_interval_s=1"]
+SETTINGS = ["merge.quorum=1", "rounds.versions=50", "rounds.steps=2", "coordinator.heartbeat_interval_s=1"]
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ def served(tmp_path_factory):
     emu = start_emulator()
     proc = None
     try:
-        make_run(emu, tmp, "heads", **{"params.versions": 1000})
+        make_run(emu, tmp, "heads", **{"rounds.versions": 1000})
         files = tmp / "gradio-files"
         env = dict(os.environ, HF_ENDPOINT=emu.url, HF_TOKEN=ALICE, HUBGRPO_SECRET="heads-test-secret",
                    OMP_NUM_THREADS="1", GRADIO_TEMP_DIR=str(files))

@@ -19,7 +19,8 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[2] / "hubgrpo"
 CORE = {"hubgrpo", "hubgrpo.config", "hubgrpo.config.sections", "hubgrpo.config.loading", "hubgrpo.config.quota",
         "hubgrpo.config.recipe", "hubgrpo.config.reference", "hubgrpo.config.methods", "hubgrpo.config.section_base",
-        "hubgrpo.config.params_section", "hubgrpo.config.merge_section",
+        "hubgrpo.config.params_section", "hubgrpo.config.merge_section", "hubgrpo.config.rounds_section",
+        "hubgrpo.config.worker_section", "hubgrpo.config.legacy",
         "hubgrpo.errors", "hubgrpo.error_codes", "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card",
         "hubgrpo.tracking"}
 BELOW = {"core", "store", "task", "merge"}

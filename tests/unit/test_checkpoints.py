@@ -69,7 +69,7 @@ def test_versions_live_between_checkpoints_which_come_at_the_budgets_interval(tm
 def test_checkpoints_wait_for_room_in_the_budget_even_the_finished_runs(tmp_path):
     store, c, clock = setup_run(tmp_path, **{"coordinator.commit_budget_per_hour": 3,
                                              "hub.submissions": tmp_path / "inbox",
-                                             "coordinator.checkpoint_every_s": 10, "params.versions": 8})
+                                             "coordinator.checkpoint_every_s": 10, "rounds.versions": 8})
     for _ in range(3):  # init made 1 commit: two checkpoints fit, the third waits for the hour to pass
         clock.advance(11)
         _versions(store, c, tmp_path, 1, clock)

@@ -107,10 +107,8 @@ def test_cli_validate_and_show(tmp_path, capsys):
     assert "lora.rank" in err and "line 4" in err and "hint:" in err
 
 
-def test_run_lr_schedule_is_transformers_cosine_over_the_versions():
-    cfg = loads(MINIMAL + "params: {learning_rate: 0.2, versions: 10, run_lr_schedule: cosine, "
-                "run_lr_final: 0.1}")
-    p = cfg.params
+def test_lr_schedule_is_transformers_cosine_over_the_versions():
+    p = loads(MINIMAL + "params: {learning_rate: 0.2}\nrounds: {versions: 10, lr_schedule: cosine, lr_final: 0.1}")
     assert p.run_lr(0) == pytest.approx(0.2) and p.run_lr(10) == pytest.approx(0.02)
     assert p.run_lr(5) == pytest.approx(0.2 * (0.1 + 0.9 * 0.5)) and p.run_lr(10**6) == pytest.approx(0.02)
     assert all(p.run_lr(v) > p.run_lr(v + 1) for v in range(10))
@@ -118,16 +116,16 @@ def test_run_lr_schedule_is_transformers_cosine_over_the_versions():
 
     assert all(p.run_lr(v) == pytest.approx(0.2 * hf(v, num_warmup_steps=0, num_training_steps=10, num_cycles=0.5,
                                                      min_lr_rate=0.1)) for v in range(11))
-    constant = loads(MINIMAL + "params: {learning_rate: 0.2, run_lr_schedule: constant}").params
+    constant = loads(MINIMAL + "params: {learning_rate: 0.2}\nrounds: {lr_schedule: constant}")
     assert [constant.run_lr(v) for v in (0, 7, 10)] == [0.2, 0.2, 0.2]
-    with pytest.raises(ConfigError, match="run_lr_final"):
-        loads(MINIMAL + "params: {run_lr_schedule: cosine, run_lr_final: 1.5}")
+    with pytest.raises(ConfigError, match="rounds.lr_final"):
+        loads(MINIMAL + "rounds: {lr_schedule: cosine, lr_final: 1.5}")
 
 
-def test_run_lr_schedule_wsd_is_transformers_warmup_stable_decay_over_the_versions():
-    p = loads(MINIMAL + "params: {learning_rate: 0.2, versions: 10, run_lr_schedule: wsd, run_lr_final: 0.1, "
-              "run_lr_warmup: 0.2, run_lr_decay: 0.3}").params
-    assert p.wsd_steps(10) == (2, 3)
+def test_lr_schedule_wsd_is_transformers_warmup_stable_decay_over_the_versions():
+    p = loads(MINIMAL + "params: {learning_rate: 0.2}\nrounds: {versions: 10, lr_schedule: wsd, lr_final: 0.1, "
+              "lr_warmup: 0.2, lr_decay: 0.3}")
+    assert p.rounds.wsd_steps(10) == (2, 3)
     assert p.run_lr(0) == pytest.approx(0.02) and p.run_lr(1) == pytest.approx(0.11)  # rising from 10 %
     assert [p.run_lr(v) for v in range(2, 8)] == [pytest.approx(0.2)] * 6  # stable up to the decay's start
     assert p.run_lr(10) == pytest.approx(0.02) and p.run_lr(10**6) == pytest.approx(0.02)
@@ -137,5 +135,5 @@ def test_run_lr_schedule_wsd_is_transformers_warmup_stable_decay_over_the_versio
     assert all(p.run_lr(v) == pytest.approx(0.2 * hf(v, num_warmup_steps=2, num_stable_steps=5, num_decay_steps=3,
                                                      warmup_type="linear", decay_type="cosine", min_lr_ratio=0.1,
                                                      num_cycles=0.5)) for v in range(13))
-    with pytest.raises(ConfigError, match="run_lr_warmup .* exceed 1"):
-        loads(MINIMAL + "params: {run_lr_schedule: wsd, run_lr_warmup: 0.6, run_lr_decay: 0.5}")
+    with pytest.raises(ConfigError, match=r"rounds.lr_warmup .* exceed 1"):
+        loads(MINIMAL + "rounds: {lr_schedule: wsd, lr_warmup: 0.6, lr_decay: 0.5}")

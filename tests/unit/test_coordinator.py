@@ -81,7 +81,7 @@ def test_staleness_limit_grows_with_live_workers(tmp_path):
     """merge.staleness_per_worker: the limit is that many versions per distinct worker that leased or renewed
     within lease_timeout_s (the coordinator's count), never below max_staleness, never above max_lease_age."""
     store, c, clock = _setup(tmp_path, **{"merge.max_staleness": 0, "merge.staleness_per_worker": 1,
-                                          "merge.quorum": 1, "params.versions": 20})
+                                          "merge.quorum": 1, "rounds.versions": 20})
     old = c.lease("slow")
     for w, seed in (("w1", 1), ("w2", 2)):
         lease = c.lease(w)
@@ -165,20 +165,20 @@ def test_staleness_limit_bounds():
 
 
 def test_leases_carry_the_run_learning_rate_schedule(tmp_path):
-    """params.run_lr_schedule: a lease on version v trains at run_lr(v) — signed into the lease, and the bound on
+    """rounds.lr_schedule: a lease on version v trains at run_lr(v) — signed into the lease, and the bound on
     how far its steps may move an entry uses it."""
     from hubgrpo.coordinator.admission import step_bound
 
-    store, c, _ = _setup(tmp_path, **{"params.run_lr_schedule": "cosine", "params.run_lr_final": 0.1,
-                                      "params.versions": 4, "merge.quorum": 1})
+    store, c, _ = _setup(tmp_path, **{"rounds.lr_schedule": "cosine", "rounds.lr_final": 0.1,
+                                      "rounds.versions": 4, "merge.quorum": 1})
     first = c.lease("w1")
     assert first.params == {"learning_rate": pytest.approx(0.1)}
     c.submit(first, push_submission(store, first, tmp_path, seed=1))
     second = c.lease("w1")
-    assert second.base_version == 1 and second.params["learning_rate"] == pytest.approx(c.cfg.params.run_lr(1))
+    assert second.base_version == 1 and second.params["learning_rate"] == pytest.approx(c.cfg.run_lr(1))
     assert 0.01 < second.params["learning_rate"] < 0.1
     bound, why = step_bound(c.cfg, second, c.adapter(1))
-    assert f"learning rate {c.cfg.params.run_lr(1):g}" in why
+    assert f"learning rate {c.cfg.run_lr(1):g}" in why
     forged = second.model_copy(update={"params": {"learning_rate": 1.0}})
     with pytest.raises(LeaseError, match="signature"):
         c.submit(forged, push_submission(store, forged, tmp_path, seed=2))
@@ -299,7 +299,7 @@ def test_hostile_submission_refused_and_recorded(tmp_path):
 
 
 def test_run_finishes_at_target_versions(tmp_path):
-    store, c, _ = _setup(tmp_path, **{"params.versions": 2, "merge.quorum": 1})
+    store, c, _ = _setup(tmp_path, **{"rounds.versions": 2, "merge.quorum": 1})
     for i in range(2):
         lease = c.lease(f"w{i}")
         c.submit(lease, push_submission(store, lease, tmp_path, seed=i + 1))

@@ -85,26 +85,26 @@ def test_round_starts_from_exactly_the_given_adapter(engine, v0, tmp_path):
     assert all(torch.equal(copied[k], on_disk[k]) for k in on_disk)
 
 
-def test_rounds_are_deterministic_and_reset_adam(engine, v0, tmp_path):
+def test_rounds_are_deterministic_and_reset_adam(engine, v0, tmp_path, monkeypatch):
     for name in ("x", "y"):
         engine.run_round(v0, make_lease(steps=2, lease_id=name, seed=5), tmp_path / name)
     x, y = load_file(tmp_path / "x" / ADAPTER_WEIGHTS), load_file(tmp_path / "y" / ADAPTER_WEIGHTS)
     assert all(torch.equal(x[k], y[k]) for k in x)  # same adapter + lease → same result (fresh AdamW each round)
-    keep = {"reset_optimizer": False}
-    engine.run_round(v0, make_lease(steps=2, lease_id="z", seed=5, params=keep), tmp_path / "z")
+    monkeypatch.setattr(engine.cfg.rounds, "reset_optimizer", False)
+    engine.run_round(v0, make_lease(steps=2, lease_id="z", seed=5), tmp_path / "z")
     z = load_file(tmp_path / "z" / ADAPTER_WEIGHTS)
     assert any(not torch.equal(x[k], z[k]) for k in x)  # Adam moments carried over from the previous round
 
 
 def test_each_simulated_machine_keeps_its_own_adam_moments(v0, tmp_path):
-    keep = {"reset_optimizer": False}
-    alone = RoundEngine(tiny_config(), worker="w1")  # machine a alone: round 1, then round 2 with its moments
+    keep = ["rounds.reset_optimizer=false"]
+    alone = RoundEngine(tiny_config(keep), worker="w1")  # machine a alone: round 1, then round 2 with its moments
     alone.run_round(v0, make_lease(steps=2, lease_id="a1", seed=5), tmp_path / "a1")
-    alone.run_round(v0, make_lease(steps=2, lease_id="a2", seed=6, params=keep), tmp_path / "a2")
-    shared = RoundEngine(tiny_config(), worker="w1")  # the same two rounds with machine b's round between them
-    shared.run_round(v0, make_lease(steps=2, lease_id="a1", seed=5, params=keep), tmp_path / "s1", optimizer_key="a")
-    shared.run_round(v0, make_lease(steps=2, lease_id="b1", seed=9, params=keep), tmp_path / "b1", optimizer_key="b")
-    shared.run_round(v0, make_lease(steps=2, lease_id="a2", seed=6, params=keep), tmp_path / "s2", optimizer_key="a")
+    alone.run_round(v0, make_lease(steps=2, lease_id="a2", seed=6), tmp_path / "a2")
+    shared = RoundEngine(tiny_config(keep), worker="w1")  # the same two rounds with machine b's round between them
+    shared.run_round(v0, make_lease(steps=2, lease_id="a1", seed=5), tmp_path / "s1", optimizer_key="a")
+    shared.run_round(v0, make_lease(steps=2, lease_id="b1", seed=9), tmp_path / "b1", optimizer_key="b")
+    shared.run_round(v0, make_lease(steps=2, lease_id="a2", seed=6), tmp_path / "s2", optimizer_key="a")
     want, got = load_file(tmp_path / "a2" / ADAPTER_WEIGHTS), load_file(tmp_path / "s2" / ADAPTER_WEIGHTS)
     assert all(torch.equal(want[k], got[k]) for k in want)  # b's round left a's AdamW state alone
     fresh = load_file(tmp_path / "b1" / ADAPTER_WEIGHTS)
@@ -127,7 +127,7 @@ def test_lease_params_override_and_beta_rebuilds_without_saving_ref(engine, v0, 
 
 
 def test_a_leased_share_of_the_fleet_batch_is_what_the_round_samples(engine, v0, tmp_path):
-    """params.fleet_batch split: the lease carries the worker's batch (one prompt group of 4 here); the round
+    """rounds.fleet_batch split: the lease carries the worker's batch (one prompt group of 4 here); the round
     samples exactly that per step, its rollouts say so, and the next lease at the config's batch rebuilds back."""
     from hubgrpo.task import rollouts
 
@@ -142,11 +142,11 @@ def test_a_leased_share_of_the_fleet_batch_is_what_the_round_samples(engine, v0,
 
 
 def test_train_follows_the_run_learning_rate_schedule(tiny_cache):
-    """`hubgrpo train` with params.run_lr_schedule cosine: the steps follow the curve a run follows over its
-    versions, down to run_lr_final × learning_rate after the last one."""
+    """`hubgrpo train` with rounds.lr_schedule cosine: the steps follow the curve a run follows over its
+    versions, down to rounds.lr_final × learning_rate after the last one."""
     from hubgrpo.worker.train import prompts_per_step, run_params
 
-    cfg = tiny_config(["params.run_lr_schedule=cosine", "params.run_lr_final=0.25", "params.learning_rate=0.01"])
+    cfg = tiny_config(["rounds.lr_schedule=cosine", "rounds.lr_final=0.25", "params.learning_rate=0.01"])
     eng = RoundEngine(cfg, worker="train")
     eng.train_steps(eng.prompt_rows(range(3 * prompts_per_step(cfg))), 3, seed=0, params=run_params(eng, 3))
     assert eng.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.25)
@@ -154,20 +154,20 @@ def test_train_follows_the_run_learning_rate_schedule(tiny_cache):
 
 
 def test_train_follows_the_run_wsd_schedule_step_by_step(tiny_cache):
-    """params.run_lr_schedule wsd: `hubgrpo train`'s step k trains at the rate a run's lease on version k gets
+    """rounds.lr_schedule wsd: `hubgrpo train`'s step k trains at the rate a run's lease on version k gets
     (the same warmup, plateau and decay, counted in steps instead of versions)."""
     from hubgrpo.worker.train import prompts_per_step, run_params
 
     steps = 8
-    cfg = tiny_config(["params.run_lr_schedule=wsd", "params.run_lr_warmup=0.25", "params.run_lr_decay=0.25",
-                       "params.learning_rate=0.01", "params.run_lr_final=0.2", f"params.versions={steps}"])
+    cfg = tiny_config(["rounds.lr_schedule=wsd", "rounds.lr_warmup=0.25", "rounds.lr_decay=0.25",
+                       "params.learning_rate=0.01", "rounds.lr_final=0.2", f"rounds.versions={steps}"])
     eng = RoundEngine(cfg, worker="train")
     seen: list[float] = []  # the rate of the next step, after each step's scheduler update
     lr0 = eng.trainer.args.learning_rate
     eng.train_steps(eng.prompt_rows(range(steps * prompts_per_step(cfg))), steps, seed=0,
                     params=run_params(eng, steps),
                     on_step=lambda step, m: seen.append(eng.trainer.optimizer.param_groups[0]["lr"]))
-    assert lr0 == 0.01 and seen == [pytest.approx(cfg.params.run_lr(k)) for k in range(1, steps + 1)]
+    assert lr0 == 0.01 and seen == [pytest.approx(cfg.run_lr(k)) for k in range(1, steps + 1)]
     assert seen[0] == pytest.approx(0.006) and seen[1:6] == [pytest.approx(0.01)] * 5  # warmup 2, plateau
     assert seen[6] == pytest.approx(0.006) and seen[7] == pytest.approx(0.002)  # decay 2, down to 20 %
 
@@ -228,7 +228,7 @@ def test_smollm2_round(tmp_path):
 
     from hubgrpo.config import load_config
 
-    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml", overrides=["params.device=cpu"])
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml", overrides=["worker.device=cpu"])
     eng = RoundEngine(cfg)
     sub = eng.run_round(eng.init_adapter(tmp_path / "v0"), make_lease(steps=2), tmp_path / "r1")
     assert sub.steps == 2 and sub.samples == 2 * cfg.params.per_device_train_batch_size
@@ -247,7 +247,7 @@ def test_auto_peft_finds_smollm2_under_its_hub_name(tmp_path):
     from hubgrpo.config import load_config
     from hubgrpo.worker.models import smollm2_dir
 
-    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml", overrides=["params.device=cpu"])
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml", overrides=["worker.device=cpu"])
     adapter = RoundEngine(cfg).init_adapter(tmp_path / "v0")
     assert json.loads((adapter / ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == \
         "HuggingFaceTB/SmolLM2-135M-Instruct"

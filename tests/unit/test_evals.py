@@ -20,7 +20,7 @@ SECRET = b"evals-secret"
 
 def _coordinator(tmp: Path, **settings) -> tuple[LocalStore, Coordinator, FakeClock]:
     store, clock = LocalStore(tmp / "repo"), FakeClock(1_000_000.0)
-    cfg = make_config(**{"merge.quorum": 1, "params.versions": 20, **settings})
+    cfg = make_config(**{"merge.quorum": 1, "rounds.versions": 20, **settings})
     init_repo(store, cfg, write_adapter(tmp / "v0", 0))
     return store, Coordinator(store, SECRET, clock=clock, workdir=tmp / "coord"), clock
 

@@ -43,7 +43,7 @@ def _run(tmp_path, script=None, **config):
 
 @pytest.mark.timeout(60)
 def test_a_pipelined_worker_delivers_every_round_and_holds_at_most_two_leases(tmp_path):
-    store, coord, client = _run(tmp_path, **{"params.versions": 6})
+    store, coord, client = _run(tmp_path, **{"rounds.versions": 6})
     worker = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
                     workdir=tmp_path / "w1", pipeline=True)
     results = worker.run()
@@ -60,7 +60,7 @@ def test_a_pipelined_worker_delivers_every_round_and_holds_at_most_two_leases(tm
 
 @pytest.mark.timeout(60)
 def test_max_rounds_counts_leases_and_a_lease_fetched_ahead_is_not_left_behind(tmp_path):
-    store, coord, client = _run(tmp_path, **{"params.versions": 50})
+    store, coord, client = _run(tmp_path, **{"rounds.versions": 50})
     worker = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
                     workdir=tmp_path / "w1", pipeline=True, max_rounds=3)
     results = worker.run()
@@ -70,7 +70,7 @@ def test_max_rounds_counts_leases_and_a_lease_fetched_ahead_is_not_left_behind(t
 
 @pytest.mark.timeout(60)
 def test_a_stop_raised_while_delivering_in_the_background_stops_the_worker(tmp_path):
-    store, coord, client = _run(tmp_path, {"submit": [None, refusal("auth", None)]}, **{"params.versions": 50})
+    store, coord, client = _run(tmp_path, {"submit": [None, refusal("auth", None)]}, **{"rounds.versions": 50})
     worker = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
                     workdir=tmp_path / "w1", pipeline=True)
     with pytest.raises(Refused) as ei:
@@ -83,7 +83,7 @@ def test_a_stop_raised_while_delivering_in_the_background_stops_the_worker(tmp_p
 
 @pytest.mark.timeout(60)
 def test_one_lease_per_worker_runs_the_rounds_in_sequence(tmp_path):
-    store, coord, client = _run(tmp_path, **{"params.versions": 3, "coordinator.leases_per_worker": 1})
+    store, coord, client = _run(tmp_path, **{"rounds.versions": 3, "coordinator.leases_per_worker": 1})
     worker = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
                     workdir=tmp_path / "w1", pipeline=True)
     results = worker.run()
@@ -112,7 +112,7 @@ class SlowSubmitClient(CountingClient):
 
 @pytest.mark.timeout(60)
 def test_a_round_waiting_for_a_slow_delivery_stays_live_and_its_prompts_are_not_leased_again(tmp_path):
-    store, coord, _ = _run(tmp_path, **{"params.versions": 5, "coordinator.heartbeat_interval_s": 0.2})
+    store, coord, _ = _run(tmp_path, **{"rounds.versions": 5, "coordinator.heartbeat_interval_s": 0.2})
     client = SlowSubmitClient(coord, {}, delay=2.0)  # ten heartbeat intervals: the live window is two
     worker = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
                     workdir=tmp_path / "w1", pipeline=True)
@@ -137,7 +137,7 @@ class AheadRefusingClient(CountingClient):
 
 @pytest.mark.timeout(60)
 def test_a_lease_asked_ahead_and_refused_is_not_waited_for_and_max_rounds_still_holds(tmp_path):
-    store, coord, _ = _run(tmp_path, **{"params.versions": 50})
+    store, coord, _ = _run(tmp_path, **{"rounds.versions": 50})
     client = AheadRefusingClient(coord, [refusal("rate", 50.0), RateLimited("429", wait_s=50.0)])
     slept: list[float] = []
     worker = Worker(store, client, name="w1", engine=FakeEngine(), sleep=slept.append, progress=False,
@@ -150,7 +150,7 @@ def test_a_lease_asked_ahead_and_refused_is_not_waited_for_and_max_rounds_still_
 
 @pytest.mark.timeout(60)
 def test_a_run_that_admits_no_stale_round_runs_in_sequence(tmp_path):
-    store, coord, client = _run(tmp_path, **{"params.versions": 4, "merge.max_staleness": 0,
+    store, coord, client = _run(tmp_path, **{"rounds.versions": 4, "merge.max_staleness": 0,
                                              "merge.staleness_per_worker": 0})
     worker = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
                     workdir=tmp_path / "w1", pipeline=True)

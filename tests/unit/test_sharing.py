@@ -14,7 +14,7 @@ GROUP = 4
 
 
 def _engine(share: bool = True) -> RoundEngine:
-    engine = RoundEngine(tiny_config([f"params.share_prompts={str(share).lower()}", "params.num_threads=1"]))
+    engine = RoundEngine(tiny_config([f"worker.share_prompts={str(share).lower()}", "worker.threads=1"]))
     torch.manual_seed(1)
     for name, p in engine.trainer.model.named_parameters():
         if "lora_B" in name:  # B = 0 at version 0: make the adapter matter

@@ -15,7 +15,7 @@ from tests.support.sim_support import FakeSimEngine, deterministic_part
 
 
 def simulate(tmp: Path, name: str, settings: dict | None = None, **opts):
-    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "params.steps_per_round": 2, **(settings or {})})
+    cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "rounds.steps": 2, **(settings or {})})
     defaults = dict(workers=4, step_s=1.0, jitter=0.0, until_version=8)
     sim = Simulation(cfg, SimOptions(**{**defaults, **opts}), tmp / name, engine=FakeSimEngine(cfg))
     sim.run()
@@ -93,22 +93,22 @@ def test_machines_that_start_apart_stay_out_of_phase(tmp_path):
 
 
 def test_balanced_rounds_give_faster_workers_more_steps(tmp_path):
-    sim = simulate(tmp_path, "a", {"params.balance_rounds": "true", "params.steps_per_round": 4}, workers=3,
+    sim = simulate(tmp_path, "a", {"rounds.balance": "true", "rounds.steps": 4}, workers=3,
                    speeds="1,1,3", until_version=30)
     steps = {name: [len(sim.prompts[r.lease_id]) for r in sim.rounds if r.worker == name][-3:]
              for name in ("sim00", "sim02")}
     per_step = len(sim.prompts[sim.rounds[0].lease_id]) // 4
-    assert all(s == 4 * per_step for s in steps["sim00"])  # the median speed keeps steps_per_round
+    assert all(s == 4 * per_step for s in steps["sim00"])  # the median speed keeps rounds.steps
     assert all(s >= 3 * 4 * per_step * 0.75 for s in steps["sim02"]), steps  # 3× as fast: ~3× the steps
 
 
 def test_staggered_first_rounds_spread_equal_machines_over_one_round(tmp_path):
-    """params.stagger_rounds: 4 equal machines that start together get 4, 2, 1, 3 steps in their first rounds
-    (1, 1/2, 1/4, 3/4 of steps_per_round), full rounds after; their deliveries stay one step apart, where without
+    """rounds.stagger: 4 equal machines that start together get 4, 2, 1, 3 steps in their first rounds
+    (1, 1/2, 1/4, 3/4 of rounds.steps), full rounds after; their deliveries stay one step apart, where without
     it all four arrive at once."""
-    settings = {"params.steps_per_round": 4}
+    settings = {"rounds.steps": 4}
     together = simulate(tmp_path, "together", settings, until_version=8)
-    sim = simulate(tmp_path, "stagger", {**settings, "params.stagger_rounds": "true"}, until_version=8)
+    sim = simulate(tmp_path, "stagger", {**settings, "rounds.stagger": "true"}, until_version=8)
     per_step = len(together.prompts[together.rounds[0].lease_id]) // 4
     steps = lambda r: len(sim.prompts[r.lease_id]) // per_step  # noqa: E731
     assert sorted(steps(r) for r in sim.rounds if r.t_lease == 0) == [1, 2, 3, 4]
@@ -123,7 +123,7 @@ def test_rebased_rounds_move_onto_the_versions_published_before_each_step(tmp_pa
     """merge.rebase (ffa), max_staleness 0: a slow machine's rounds are one or more versions old by their lease
     and would all be refused; each moves, after a step, onto the newest version published by the end of that step
     (never one published later), and is merged with the staleness counted from there."""
-    settings = {"merge.method": "ffa", "merge.max_staleness": 0, "params.steps_per_round": 4}
+    settings = {"merge.method": "ffa", "merge.max_staleness": 0, "rounds.steps": 4}
     plain = simulate(tmp_path, "plain", settings, workers=2, speeds="1,4", until_version=12)
     sim = simulate(tmp_path, "rebase", {**settings, "merge.rebase": "true"}, workers=2, speeds="1,4",
                    until_version=12)
@@ -151,7 +151,7 @@ def test_a_round_moves_after_its_generation_onto_the_versions_published_by_then(
     """merge.rebase_after_generation with 1-step rounds (no step boundary): a round is offered the versions
     published a generate_share into its step (0.5 here), and moves onto the newest of them, never a later one;
     without the setting a 1-step round never moves."""
-    settings = {"merge.method": "ffa", "merge.rebase": "true", "params.steps_per_round": 1}
+    settings = {"merge.method": "ffa", "merge.rebase": "true", "rounds.steps": 1}
     plain = simulate(tmp_path, "plain", settings, workers=2, speeds="1,3", until_version=12)
     assert not plain.engine.offers and all(r.rebased_version is None for r in plain.rounds)
     sim = simulate(tmp_path, "gen", {**settings, "merge.rebase_after_generation": "true"}, workers=2,
@@ -168,12 +168,12 @@ def test_a_round_moves_after_its_generation_onto_the_versions_published_by_then(
 
 
 def test_a_split_fleet_batch_makes_each_round_cheaper(tmp_path):
-    """params.fleet_batch split (make_config: 4 completions per step, groups of 2): the first worker leases alone
+    """rounds.fleet_batch split (make_config: 4 completions per step, groups of 2): the first worker leases alone
     and gets the whole batch; the three after it one group each, and a round of half the batch costs
     FIXED_SHARE + (1 − FIXED_SHARE) / 2 of a whole one in virtual time."""
     from hubgrpo.sim.fleet import FIXED_SHARE
 
-    sim = simulate(tmp_path, "split", {"params.fleet_batch": "split"}, until_version=8)
+    sim = simulate(tmp_path, "split", {"rounds.fleet_batch": "split"}, until_version=8)
     r = sim.result()
     half = 2 * (FIXED_SHARE["builtin:tiny"] + (1 - FIXED_SHARE["builtin:tiny"]) / 2)  # 2 steps at step_s 1
     times = [v["virtual_time_s"] for v in r["versions"][1:]]

@@ -69,10 +69,11 @@ def test_model_card_metadata_and_no_secrets():
 
 
 def test_model_card_names_the_run_learning_rate_curve():
-    base = "base_model: builtin:tiny\nproject_name: t\nparams: {learning_rate: 0.1, versions: 60, run_lr_schedule: "
-    decay = render_model_card(loads(base + "wsd, run_lr_warmup: 0}"), title="T", reward_rows=[])
+    base = ("base_model: builtin:tiny\nproject_name: t\nparams: {learning_rate: 0.1}\n"
+            "rounds: {versions: 60, lr_schedule: ")
+    decay = render_model_card(loads(base + "wsd, lr_warmup: 0}"), title="T", reward_rows=[])
     assert "lr 0.1 (constant, down to 0.01 over the last 18 versions)" in decay
-    wsd = render_model_card(loads(base + "wsd, run_lr_warmup: 0.1}"), title="T", reward_rows=[])
+    wsd = render_model_card(loads(base + "wsd, lr_warmup: 0.1}"), title="T", reward_rows=[])
     assert "lr 0.1 (up from 0.01 over the first 6 versions, then constant, down to 0.01 over the last 18" in wsd
     assert "lr 0.1 (cosine to 0.01 over the run)" in render_model_card(loads(base + "cosine}"), title="T",
                                                                      reward_rows=[])

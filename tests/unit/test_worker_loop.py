@@ -34,7 +34,7 @@ class FlakyStore(LocalStore):
 @pytest.mark.timeout(60)
 def test_the_loop_waits_out_refusals_survives_outages_and_the_scan_finds_the_lost_round(tmp_path):
     store = FlakyStore(tmp_path / "repo")
-    init_repo(store, make_config(**{"merge.quorum": 1, "params.versions": 3}), write_adapter(tmp_path / "v0", 0))
+    init_repo(store, make_config(**{"merge.quorum": 1, "rounds.versions": 3}), write_adapter(tmp_path / "v0", 0))
     coord = Coordinator(store, SECRET, workdir=tmp_path / "coord")
     unreachable = [CoordinatorError("connection refused", code="unreachable") for _ in range(9)]
     client = ScriptedClient(coord, {

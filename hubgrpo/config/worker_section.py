@@ -1,0 +1,27 @@
+"""The ``worker`` section: settings of the machine a worker runs on, which a lease cannot change."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from hubgrpo.config.section_base import _Section
+
+
+class WorkerSection(_Section):
+    """The worker's own machine: device, precision, threads (a lease cannot change them)."""
+
+    device: str = Field("auto", description="auto (cuda if available), cpu, cuda, cuda:1, mps.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bf16 on CUDA, fp32 on CPU."
+    )
+    threads: int | None = Field(
+        None, gt=0, description="torch threads per worker (`hubgrpo worker --threads`); None = cores // local workers."
+    )
+    share_prompts: bool = Field(
+        True,
+        description="Compute each prompt once for its num_generations completions, when generating and in the "
+        "loss's forward and backward (the same numbers up to float rounding); false: TRL's own path, which repeats "
+        "the prompt for every completion.",
+    )
