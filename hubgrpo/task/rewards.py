@@ -8,7 +8,9 @@ Built-ins (``builtin:<name>``):
 
 - ``exact_answer``: 1 when the number in ``<answer>…</answer>`` (else the last number) equals the ``answer``
   column's number (after ``####`` when present, GSM8K style), else 0.
-- ``answer_format``: 1 for a non-empty ``<answer>…</answer>``, 0.5 for an opened or closed tag only, else 0.
+- ``answer_format``: 1 for a non-empty ``<answer>…</answer>``; 0.5 for an answer cut short, begun with its tag and
+  never closed (or closed, never begun), the tag at the completion's edge; else 0 (a tag named mid-sentence, as
+  in an echo of the prompt's instruction, earns nothing).
 - ``length_penalty``: 0 up to ``target_chars`` (default 100) characters, falling linearly to -1 at twice that.
 - ``char_fraction``: share of the completion's characters equal to ``char`` (default "a"); a dense toy reward
   that a random tiny model improves within tens of steps (tests, CI).
@@ -128,15 +130,19 @@ def exact_answer(prompts, completions, answer=None, **kwargs) -> list[float]:
 
 
 def answer_format(prompts, completions, **kwargs) -> list[float]:
-    """1.0 for a non-empty ``<answer>…</answer>``, 0.5 when only one of the tags is there, else 0.0."""
+    """1.0 for a non-empty ``<answer>…</answer>``; 0.5 when the completion starts with ``<answer>`` and never closes
+    it, or ends with ``</answer>`` and never opened it; else 0.0."""
     out = []
     for c in completions:
-        text = completion_text(c)
-        tagged = extract_answer(text)
-        if tagged:
+        text = completion_text(c).strip()
+        if extract_answer(text):
             out.append(1.0)
-        else:
-            out.append(0.5 if ("<answer>" in text) != ("</answer>" in text) else 0.0)
+            continue
+        opened, closed = "<answer>" in text, "</answer>" in text
+        cut_short = (opened and not closed and text.startswith("<answer>")) or (
+            closed and not opened and text.endswith("</answer>")
+        )
+        out.append(0.5 if cut_short else 0.0)
     return out
 
 
