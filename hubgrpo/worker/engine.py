@@ -40,16 +40,18 @@ import torch
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import GenerationConfig, PrinterCallback, set_seed
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from hubgrpo.card import adapter_base_name
 from hubgrpo.config import Config, ParamsConfig
 from hubgrpo.errors import ConfigError, DataError, LeaseError, ModelError
 from hubgrpo.layout import ROLLOUTS_FILE, SUBMISSION_FILE, Lease, StepMetrics, Submission, check_name, submission_id
+from hubgrpo.proof.sampling import KeyedSampling
 from hubgrpo.task.data import PromptSource, truncate_prompt
 from hubgrpo.task.rewards import load_rewards, weighted_rewards
 from hubgrpo.task.rollouts import weighted_mean
 from hubgrpo.worker.adapter_io import check_adapter, save_adapter
+from hubgrpo.worker.keyed import KeyedGRPOTrainer
 from hubgrpo.worker.models import load_model, resolve_device
 from hubgrpo.worker.rebase import Rebaser, Source
 from hubgrpo.worker.rollouts import INDEX_COLUMN, RolloutRecorder
@@ -69,9 +71,10 @@ ROUND_PARAMS = {
     "seed",
     "num_threads",
     "max_prompt_length",
+    "keyed_sampling",
 }
 # worker-local settings: a lease cannot change them (the worker's own config wins)
-WORKER_PARAMS = {"device", "dtype", "num_threads", "share_prompts"}
+WORKER_PARAMS = {"device", "dtype", "num_threads", "share_prompts", "keyed_sampling"}
 # ParamsConfig fields passed to GRPOConfig as they are
 _GRPO_FIELDS = (
     "learning_rate",
@@ -213,7 +216,7 @@ class RoundEngine:
                 hint="per_device_train_batch_size × gradient_accumulation_steps must be a multiple of num_generations",
             ) from None
 
-    def _build_trainer(self, params: dict) -> GRPOTrainer:
+    def _build_trainer(self, params: dict) -> KeyedGRPOTrainer:
         lc = self.cfg.lora
         lora = LoraConfig(
             r=lc.r,
@@ -225,7 +228,7 @@ class RoundEngine:
         )
         torch.manual_seed(params["seed"])  # LoRA A is drawn inside get_peft_model: version 0 follows params.seed
         placeholder = Dataset.from_list(self.prompt_rows([0]))
-        trainer_class = SharingGRPOTrainer if params["share_prompts"] else GRPOTrainer
+        trainer_class = SharingGRPOTrainer if params["share_prompts"] else KeyedGRPOTrainer
         trainer = trainer_class(
             model=self.model,
             reward_funcs=self.rollouts.wrap(self.rewards),
@@ -353,6 +356,7 @@ class RoundEngine:
         tr.train_dataset = Dataset.from_list(rows) if rows else tr.train_dataset
         self._prepare_optimizer(params, optimizer_key)
         tr._step, tr._buffered_inputs = 0, None  # GRPO's generation buffer must not leak across rounds
+        tr.keyed = KeyedSampling(seed) if params["keyed_sampling"] else None  # hubgrpo.proof: the round's noise
         for metrics in tr._metrics.values():
             metrics.clear()
         self._counts.update(generate=0.0, samples=0, tokens=0)
