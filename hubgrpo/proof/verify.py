@@ -24,7 +24,7 @@ from hubgrpo.proof.noise import gumbel
 from hubgrpo.proof.sampling import Warp
 
 # the tolerance in perturbed-score units below which a decision counts as ambiguous, by the verifier's dtype
-TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.05}
+TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1.0, torch.float16: 0.25}
 CHUNK = 256  # positions warped and perturbed at once (memory: CHUNK × vocab scores, and the hash's temporaries)
 
 
