@@ -15,4 +15,15 @@ Numbering — the one place that defines what keys a token's noise (the worker a
 - position: the number of completion tokens before the token (0 for the first completion token); the prompt and
   its padding do not count.
 - vocab index: the token id.
+
+What a replay needs, and where this foundation stops:
+
+- the token ids: a verifier replays ids, not text (re-tokenising a completion need not give the sampled ids);
+  ``hubgrpo.worker.keyed.KeyedBatch`` holds them on the worker, the rollouts file does not carry them yet.
+- the policy of each generation batch: batch 0 of a round is sampled by the leased version; in a round of several
+  steps, batch ``b`` is sampled by the adapter after ``b`` local steps, which only the worker holds. Replaying a
+  later batch against the leased version flags it; either those adapters travel with the round or the check is
+  limited to what the leased version sampled.
+- the processors before the warpers: a repetition penalty (or any other processor ``generate`` builds) is applied
+  on the worker but not replayed by ``verify_completions``.
 """
