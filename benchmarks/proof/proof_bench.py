@@ -11,14 +11,14 @@ processor and ``generate`` call the worker's trainer makes; ``tests/unit/test_pr
 trainer's own rounds), each round with its own lease seed and prompts.
 
 - **Honest rounds**: a float32 worker at each ``--threads`` count; every completion of the round replayed by a
-  bfloat16 verifier (2 threads) and a float32 verifier (1 thread). A false alarm is a round whose replay finds a
-  mismatch at an unambiguous position (``RoundRule()``: none allowed). The whole round is replayed, a stricter
-  test than the ≤ 10 % sample. Also the largest |perturbed-score gap| error of the bfloat16 verifier at a
-  position where float32 and bfloat16 pick different tokens: the tolerance must exceed it.
+  bfloat16 verifier and (every 10th group) a float32 verifier, one thread each. A false alarm is a round that fails
+  the verifier's rule (``hubgrpo.proof.verify.RULES``) on its ≤ 10 % sample; the whole round's replay, and any
+  mismatch at all, are reported as stricter readings. Also the largest float32 gap (top perturbed score − runner-up)
+  at a position where float32 and bfloat16 pick different tokens: above the tolerance, an honest token mismatches.
 - **Forged rounds**, per attack kind (``proof_support.ATTACKS``, and ``older_by_one_step``: generated with the
   adapter one GRPO step before the lease's): the completions a verifier replays are chosen after submission
   (``hubgrpo.proof.selection``: HMAC of the round's digest, ≤ 10 % of its completion tokens); caught when the
-  round fails.
+  round fails the verifier's rule.
 - **Cost**: one real training round of the engine (2 GRPO steps, 16 completions) against replaying its ≤ 10 %
   sample; tokens checked per second.
 
@@ -137,9 +137,10 @@ def honest(engine, state, rounds: int, threads: list[int]) -> list[dict]:
         for g in range(-(-rounds // ROUNDS_PER_CALL)):
             seed, _, batch = group_batch(engine, worker, g, t)
             checks = [("bf16", half)] + ([("fp32", exact)] if g % EXTRA_EVERY == 0 else [])
+            sample = sampled(batch.completion_ids)
             for name, model in checks:
                 v, picked = verify(model, engine, batch, seed)
-                _add(row[name], v, per_round(v, picked))
+                _add(row[name], v, per_round(v, picked), per_round(_only(v, sample), sample))
             if g % EXTRA_EVERY == 0:
                 gap, flips, n = flip_gaps(engine, exact, half, batch, seed)
                 row["max_flip_gap"] = max(row["max_flip_gap"], gap)
@@ -176,12 +177,36 @@ def flip_gaps(engine, exact, half, batch, seed) -> tuple[float, int, int]:
 
 
 def _tally() -> dict:
-    return {"rounds": 0, "false_alarms": 0, "tokens": 0, "checked": 0, "ambiguous": 0, "mismatches": 0, "seconds": 0.0}
+    return {
+        "rounds": 0,
+        "false_alarms": 0,
+        "false_alarms_any_mismatch": 0,
+        "whole_false_alarms": 0,
+        "whole_false_alarms_any_mismatch": 0,
+        "tokens": 0,
+        "checked": 0,
+        "ambiguous": 0,
+        "mismatches": 0,
+        "seconds": 0.0,
+    }
 
 
-def _add(t: dict, v, rounds: list[int]) -> None:
-    t["rounds"] += len(rounds)
-    t["false_alarms"] += sum(m > 0 for m in rounds)
+def _only(verdict, picked: list[int]):
+    """The verdict restricted to the completions ``picked`` (its per-completion mismatches, in that order)."""
+    return type(verdict)(per_completion=[verdict.per_completion[i] for i in picked], precision=verdict.precision)
+
+
+def _add(t: dict, v, whole: list[int], sample: list[int]) -> None:
+    """Tally a group: ``whole`` / ``sample``: each round's mismatches over all its completions / its ≤ 10 % sample.
+    ``false_alarms``: sampled rounds failing the verifier's rule (``RULES``); ``…_any_mismatch``: rule 0."""
+    from hubgrpo.proof.verify import RULES
+
+    allowed = RULES[v.precision].max_mismatches
+    t["rounds"] += len(whole)
+    t["false_alarms"] += sum(m > allowed for m in sample)
+    t["false_alarms_any_mismatch"] += sum(m > 0 for m in sample)
+    t["whole_false_alarms"] += sum(m > allowed for m in whole)
+    t["whole_false_alarms_any_mismatch"] += sum(m > 0 for m in whole)
     for k in ("tokens", "checked", "ambiguous", "mismatches"):
         t[k] += getattr(v, k)
     t["seconds"] += v.seconds
@@ -206,6 +231,7 @@ def sampled(completions: list[list[int]]) -> list[int]:
 def attacks(engine, leased, before, version0, rounds: int) -> list[dict]:
     import torch
 
+    from hubgrpo.proof.verify import RULES
     from hubgrpo.worker.keyed import KeyedBatch
     from tests.support.proof_support import ATTACKS, SHARP, Forgery, forge, verifier
 
@@ -213,7 +239,16 @@ def attacks(engine, leased, before, version0, rounds: int) -> list[dict]:
     f = Forgery(engine, KeyedBatch(0, [], []), 0, leased, version0, [], SHARP, {"leased": exact})
     out = []
     for kind in (*ATTACKS, "older_by_one_step"):
-        row = {"attack": kind, "rounds": 0, "caught_bf16": 0, "caught_fp32": 0, "tokens": 0, "checked_tokens": 0}
+        row = {
+            "attack": kind,
+            "rounds": 0,
+            "caught_bf16": 0,
+            "caught_fp32": 0,
+            "caught_bf16_any_mismatch": 0,
+            "fewest_mismatches_bf16": None,
+            "tokens": 0,
+            "checked_tokens": 0,
+        }
         for g in range(-(-rounds // ROUNDS_PER_CALL)):
             seed, rows, batch = group_batch(engine, exact, 10_000 + g, 1, honest=kind == "edited")
             f.batch, f.seed, f.rows = batch, seed, rows
@@ -228,7 +263,12 @@ def attacks(engine, leased, before, version0, rounds: int) -> list[dict]:
             row["checked_tokens"] += sum(len(forged[i]) for i in picked)
             for name, model in (("bf16", half), ("fp32", exact)):
                 v, _ = verify(model, engine, forged_batch, seed, picked)
-                row[f"caught_{name}"] += sum(m > 0 for m in per_round(v, picked))
+                rounds = per_round(v, picked)
+                row[f"caught_{name}"] += sum(m > RULES[v.precision].max_mismatches for m in rounds)
+                if name == "bf16":
+                    row["caught_bf16_any_mismatch"] += sum(m > 0 for m in rounds)
+                    before_min = row["fewest_mismatches_bf16"]
+                    row["fewest_mismatches_bf16"] = min(rounds) if before_min is None else min(before_min, *rounds)
             row["rounds"] += ROUNDS_PER_CALL
         out.append(row)
         print("attack", json.dumps(row), flush=True)
@@ -270,25 +310,29 @@ def cost(engine, leased) -> dict:
 
 
 def markdown(res: dict) -> str:
-    a, tol = res["args"], res["tolerance"]
+    a, tol, rules = res["args"], res["tolerance"], res["rules"]
     lines = [
         f"# Proof of rollouts: {res['headline']}",
         "",
         f"Tiny model sharpened (output embeddings × {res['sharp']}), rounds of {PROMPTS} prompts × {GROUP} "
         f"completions of ≤ 8 tokens, {ROUNDS_PER_CALL} rounds per generate call (each round its own completion "
-        f"indices); tolerance bf16 {tol['bf16']}, fp32 {tol['fp32']}; round rule: no mismatch allowed. Honest "
-        "rounds: every completion replayed (the float32 verifier every "
-        f"{EXTRA_EVERY}th group); forged rounds: each round's ≤ 10 % sample only.",
+        f"indices); tolerance bf16 {tol['bf16']}, fp32 {tol['fp32']}; a round fails when its sample has more "
+        f"than {rules['bf16']} mismatch(es) (bf16 verifier) or {rules['fp32']} (fp32 verifier). Honest rounds: "
+        "every completion replayed, and the ≤ 10 % sample the coordinator would pick judged from it (the "
+        f"float32 verifier every {EXTRA_EVERY}th group); forged rounds: the sample only.",
         "",
-        "| worker threads | verifier | honest rounds replayed | false alarms | tokens | ambiguous (skipped) | "
-        "mismatches | s per 1,000 tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "| worker threads | verifier | honest rounds | false alarms (sample, rule) | (sample, any mismatch) | "
+        "(whole round, rule) | (whole round, any mismatch) | tokens | ambiguous (skipped) | mismatches | "
+        "s per 1,000 tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for h in res["honest"]:
         for name in ("bf16", "fp32"):
             t = h[name]
             lines.append(
-                f"| {h['worker_threads']} | {name} | {t['rounds']} | {t['false_alarms']} | {t['tokens']} | "
+                f"| {h['worker_threads']} | {name} | {t['rounds']} | {t['false_alarms']} | "
+                f"{t['false_alarms_any_mismatch']} | {t['whole_false_alarms']} | "
+                f"{t['whole_false_alarms_any_mismatch']} | {t['tokens']} | "
                 f"{t['ambiguous'] / max(1, t['tokens']):.1%} | {t['mismatches']} | "
                 f"{1000 * t['seconds'] / max(1, t['tokens']):.2f} |"
             )
@@ -299,17 +343,20 @@ def markdown(res: dict) -> str:
     )
     lines += [
         "",
-        f"Where float32 and bfloat16 pick different tokens: {flips} (the bf16 tolerance must exceed it).",
+        f"Where float32 and bfloat16 pick different tokens: {flips} (a gap above the bf16 tolerance is a "
+        "mismatch an honest round can show).",
         "",
         f"Forged rounds ({a['attack_rounds']} per kind):",
         "",
-        "| attack | caught, bf16 verifier | caught, fp32 verifier | tokens checked |",
-        "|---|---|---|---|",
+        "| attack | caught, bf16 verifier (rule) | bf16, any mismatch | caught, fp32 verifier | fewest "
+        "mismatches in a sample (bf16) | tokens checked |",
+        "|---|---|---|---|---|---|",
     ]
     for r in res["attacks"]:
         n = max(1, r["rounds"])
         lines.append(
-            f"| {r['attack']} | {r['caught_bf16'] / n:.1%} | {r['caught_fp32'] / n:.1%} | "
+            f"| {r['attack']} | {r['caught_bf16'] / n:.1%} | {r['caught_bf16_any_mismatch'] / n:.1%} | "
+            f"{r['caught_fp32'] / n:.1%} | {r['fewest_mismatches_bf16']} | "
             f"{r['checked_tokens'] / max(1, r['tokens']):.1%} |"
         )
     c = res["cost"]
@@ -333,9 +380,9 @@ def headline(res: dict) -> str:
     worst = min(res["attacks"], key=lambda r: r["caught_bf16"] / max(1, r["rounds"]))
     share = res["cost"]["bf16"]["share_of_training"]
     return (
-        f"tiny (sharpened): {alarms} false alarms in {rounds} honest rounds (fp32 worker, bf16 verifier); "
-        f"every forgery caught in ≥ {worst['caught_bf16'] / max(1, worst['rounds']):.0%} of rounds "
-        f"(weakest: {worst['attack']}) checking ≤ 10 % of tokens; verification {share:.1%} of a round's training"
+        f"tiny (sharpened): {alarms} false alarms in {rounds} honest rounds (fp32 worker, bf16 verifier, "
+        f"≤ 10 % sample); every forgery caught in ≥ {worst['caught_bf16'] / max(1, worst['rounds']):.0%} of "
+        f"{worst['rounds']} rounds (weakest: {worst['attack']}); verification {share:.1%} of a round's training"
     )
 
 
@@ -352,7 +399,7 @@ def main() -> None:
     meta = start(args.quick)
     import torch
 
-    from hubgrpo.proof.verify import default_tolerance
+    from hubgrpo.proof.verify import RULES, default_tolerance
     from tests.support.proof_support import SHARP
 
     engine, leased, before, version0 = setup()
@@ -360,6 +407,7 @@ def main() -> None:
         "args": vars(args) | {"results": str(args.results)},
         "sharp": SHARP,
         "tolerance": {"bf16": default_tolerance(torch.bfloat16), "fp32": default_tolerance(torch.float32)},
+        "rules": {"bf16": RULES["bfloat16"].max_mismatches, "fp32": RULES["float32"].max_mismatches},
     }
     res["attacks"] = attacks(engine, leased, before, version0, args.attack_rounds)
     res["cost"] = cost(engine, leased)

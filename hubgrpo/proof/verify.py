@@ -7,9 +7,11 @@ with the recorded token. A position whose top perturbed score beats the runner-u
 skipped as ambiguous: float rounding (another precision, thread count or device, the worker's cached decoding
 against this full forward) can flip it. Every other position must match.
 
-``Verdict`` counts positions checked, skipped and mismatched; ``Verdict.passes(rule)`` applies a round's rule
-(``RoundRule``: at most so many mismatches). Tolerances and the rule's threshold are chosen from the honest
-rounds of ``benchmarks/proof/proof_bench.py``.
+``Verdict`` counts positions checked, skipped and mismatched; ``Verdict.passes()`` applies a round's rule
+(``RoundRule``: at most so many mismatches), by default the one for the verifier's precision (``RULES``): none at
+all for a float32 verifier; a lower-precision verifier also disagrees with a float32 worker, rarely, at positions
+just past its tolerance, so one mismatch is allowed there. Tolerances and rules are chosen from the honest rounds
+of ``benchmarks/proof/proof_bench.py`` (``benchmarks/proof/results/``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class RoundRule:
     max_mismatches: int = 0
 
 
+RULES = {"float32": RoundRule(0), "bfloat16": RoundRule(1), "float16": RoundRule(1)}  # by the verifier's dtype
+
+
 @dataclass
 class Verdict:
     """What replaying some completions found."""
@@ -46,12 +51,15 @@ class Verdict:
     mismatches: int = 0  # checked positions whose recorded token is not the replayed choice
     seconds: float = 0.0
     per_completion: list[int] = field(default_factory=list)  # mismatches of each replayed completion, in order
+    precision: str = "float32"  # the verifier's dtype: which rule applies by default
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
-    def passes(self, rule: RoundRule = RoundRule()) -> bool:
+    def passes(self, rule: RoundRule | None = None) -> bool:
+        """Whether the round passes ``rule`` (default: the rule for the verifier's precision, ``RULES``)."""
+        rule = rule or RULES.get(self.precision, RULES["bfloat16"])
         return self.mismatches <= rule.max_mismatches
 
     def to_dict(self) -> dict:
@@ -156,4 +164,5 @@ def verify_completions(
         mismatches=int(mis.sum()),
         seconds=time.perf_counter() - start,
         per_completion=per.tolist(),
+        precision=str(dtype).removeprefix("torch."),
     )
