@@ -263,12 +263,12 @@ def attacks(engine, leased, before, version0, rounds: int) -> list[dict]:
             row["checked_tokens"] += sum(len(forged[i]) for i in picked)
             for name, model in (("bf16", half), ("fp32", exact)):
                 v, _ = verify(model, engine, forged_batch, seed, picked)
-                rounds = per_round(v, picked)
-                row[f"caught_{name}"] += sum(m > RULES[v.precision].max_mismatches for m in rounds)
+                counts = per_round(v, picked)
+                row[f"caught_{name}"] += sum(m > RULES[v.precision].max_mismatches for m in counts)
                 if name == "bf16":
-                    row["caught_bf16_any_mismatch"] += sum(m > 0 for m in rounds)
+                    row["caught_bf16_any_mismatch"] += sum(m > 0 for m in counts)
                     before_min = row["fewest_mismatches_bf16"]
-                    row["fewest_mismatches_bf16"] = min(rounds) if before_min is None else min(before_min, *rounds)
+                    row["fewest_mismatches_bf16"] = min(counts) if before_min is None else min(before_min, *counts)
             row["rounds"] += ROUNDS_PER_CALL
         out.append(row)
         print("attack", json.dumps(row), flush=True)
