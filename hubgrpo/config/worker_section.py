@@ -25,3 +25,9 @@ class WorkerSection(_Section):
         "loss's forward and backward (the same numbers up to float rounding); false: TRL's own path, which repeats "
         "the prompt for every completion.",
     )
+    keyed_sampling: bool = Field(
+        True,
+        description="Sample every token as the argmax of its warped scores plus Gumbel noise keyed by the lease's "
+        "seed, the completion's index in the round and its position (hubgrpo.proof): the same distribution as "
+        "sampling, and a verifier holding the model can replay each choice; false: TRL's own random sampling.",
+    )

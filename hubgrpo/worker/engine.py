@@ -31,12 +31,12 @@ import torch
 from datasets import Dataset
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import PrinterCallback, set_seed
-from trl import GRPOTrainer
 
 from hubgrpo.card import adapter_base_name
 from hubgrpo.config import Config, ParamsConfig
 from hubgrpo.errors import DataError, LeaseError, ModelError
 from hubgrpo.layout import ROLLOUTS_FILE, Lease, Submission, check_name
+from hubgrpo.proof.sampling import KeyedSampling
 from hubgrpo.task.data import PromptSource, truncate_prompt
 from hubgrpo.task.rewards import load_rewards
 from hubgrpo.task.rollouts import weighted_mean
@@ -50,6 +50,7 @@ from hubgrpo.worker.grpo_trainer import (
     grpo_config,
     lora_config,
 )
+from hubgrpo.worker.keyed import KeyedGRPOTrainer
 from hubgrpo.worker.models import load_model, resolve_device
 from hubgrpo.worker.rebase import Rebaser, Source
 from hubgrpo.worker.rollouts import INDEX_COLUMN, RolloutRecorder
@@ -125,10 +126,10 @@ class RoundEngine:
                 hint="the coordinator's params must be fields of the config's params section",
             ) from None
 
-    def _build_trainer(self, params: dict) -> GRPOTrainer:
+    def _build_trainer(self, params: dict) -> KeyedGRPOTrainer:
         torch.manual_seed(params["seed"])  # LoRA A is drawn inside get_peft_model: version 0 follows params.seed
         placeholder = Dataset.from_list(self.prompt_rows([0]))
-        trainer_class = SharingGRPOTrainer if self.cfg.worker.share_prompts else GRPOTrainer
+        trainer_class = SharingGRPOTrainer if self.cfg.worker.share_prompts else KeyedGRPOTrainer
         args = grpo_config(
             params,
             1,
@@ -254,6 +255,7 @@ class RoundEngine:
         tr.train_dataset = Dataset.from_list(rows) if rows else tr.train_dataset
         self._prepare_optimizer(params, optimizer_key)
         tr._step, tr._buffered_inputs = 0, None  # GRPO's generation buffer must not leak across rounds
+        tr.keyed = KeyedSampling(seed) if self.cfg.worker.keyed_sampling else None  # hubgrpo.proof: the round's noise
         for metrics in tr._metrics.values():
             metrics.clear()
         self._meter.reset()

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from trl import GRPOTrainer
+
+from hubgrpo.worker.keyed import KeyedGRPOTrainer
 
 
 def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -78,7 +79,7 @@ def shared_generate(original, model, *args, **kwargs):
     """``model.generate`` that prefills each distinct prompt once; the original call where that cannot apply."""
     config = kwargs.get("generation_config")
     ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
-    extra = set(kwargs) - {"input_ids", "attention_mask", "generation_config"}
+    extra = set(kwargs) - {"input_ids", "attention_mask", "generation_config", "logits_processor"}
     if args or extra or ids is None or mask is None or ids.size(1) < 2 or not bool(mask[:, -1].all()):
         return original(*args, **kwargs)
     if config is not None and (config.cache_implementation or (config.num_beams or 1) > 1):
@@ -102,8 +103,9 @@ def _fused_head() -> bool:
     return True
 
 
-class SharingGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer with each prompt computed once per group (module docstring)."""
+class SharingGRPOTrainer(KeyedGRPOTrainer):
+    """TRL's GRPOTrainer with each prompt computed once per group (module docstring), sampling as
+    ``KeyedGRPOTrainer`` does."""
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
         generate = super()._generate_single_turn

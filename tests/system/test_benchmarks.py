@@ -256,6 +256,18 @@ def test_learning_quick_then_pooled(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_proof_bench_quick(tmp_path):
+    """Honest rounds replayed by both verifiers, every attack kind forged and judged on its sample, the cost."""
+    run("proof/proof_bench.py", tmp_path, timeout=280)
+    r = shaped(tmp_path / "proof.json")
+    assert r["honest"][0]["bf16"]["rounds"] == 8 and r["honest"][0]["fp32"]["rounds"] == 8
+    assert len(r["attacks"]) == 8 and all(a["rounds"] == 8 and a["checked_tokens"] > 0 for a in r["attacks"])
+    assert all(a["checked_tokens"] <= 0.1 * a["tokens"] for a in r["attacks"])
+    assert r["cost"]["bf16"]["tokens_per_s"] > 0 and r["cost"]["fp32"]["share_of_training"] > 0
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_speedup_real_quick_then_the_simulator_replays_it(tmp_path):
     run("speedup/speedup_real.py", tmp_path, timeout=360)

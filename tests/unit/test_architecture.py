@@ -1,7 +1,7 @@
 """The package's roles, checked on its source: which role may import which, no import cycles, light core.
 
 Roles (the folder tree): the light core (``config``, ``errors``, ``layout``, ``runrepo``, ``card``, ``tracking``),
-``store``, ``task``, ``merge`` below everything; ``worker`` (the training side) and ``coordinator`` beside each
+``store``, ``task``, ``merge``, ``proof`` below everything; ``worker`` (the training side) and ``coordinator`` beside each
 other and never importing each other; ``space`` (HTTP API + UI) over the coordinator; ``cli`` over everything.
 Every import counts, including the ones inside function bodies; imports for type checking only (under ``if
 TYPE_CHECKING:``) count for the roles but not for cycles (they never run). Outside ``coordinator/`` nobody takes
@@ -23,12 +23,13 @@ CORE = {"hubgrpo", "hubgrpo.config", "hubgrpo.config.sections", "hubgrpo.config.
         "hubgrpo.config.worker_section", "hubgrpo.config.legacy",
         "hubgrpo.errors", "hubgrpo.error_codes", "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card",
         "hubgrpo.tracking"}
-BELOW = {"core", "store", "task", "merge"}
+BELOW = {"core", "store", "task", "merge", "proof"}
 ALLOWED = {
     "core": {"core", "store"},
     "store": {"core", "store"},
     "task": {"core", "task"},
     "merge": {"core", "merge"},
+    "proof": {"core", "proof"},  # keyed sampling and its replay: used by the worker and by any verifier
     "worker": BELOW | {"worker"},
     "coordinator": BELOW | {"coordinator"},
     "space": BELOW | {"coordinator", "space"},

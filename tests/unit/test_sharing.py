@@ -4,9 +4,9 @@ generated tokens, on the tiny model with a non-zero adapter, prompts of differen
 from __future__ import annotations
 
 import torch
-from trl import GRPOTrainer
 
 from hubgrpo.worker.engine import RoundEngine
+from hubgrpo.worker.keyed import KeyedGRPOTrainer
 from hubgrpo.worker.sharing import SharingGRPOTrainer, distinct_rows
 from tests.support.models_fixture import make_lease, tiny_cache, tiny_config  # noqa: F401  (fixture)
 
@@ -100,7 +100,7 @@ def test_rounds_with_and_without_sharing_agree(tiny_cache):
     states, rewards = [], []
     for share in (True, False):
         engine = _engine(share)
-        assert type(engine.trainer) is (SharingGRPOTrainer if share else GRPOTrainer)
+        assert type(engine.trainer) is (SharingGRPOTrainer if share else KeyedGRPOTrainer)
         result = engine.train_steps(engine.prompt_rows(range(8)), 2, seed=5)
         rewards.append([m.reward for m in result.step_metrics])
         states.append({k: v.clone() for k, v in engine._adapter_state().items()})

@@ -1,0 +1,168 @@
+"""The check: replay a round's sampled completions with one teacher-forced forward pass.
+
+``verify_completions`` puts the completions (each after its prompt's tokens, prompts left-padded as ``generate``
+gets them) through the model once, warps each position's scores as the worker's sampling did
+(``hubgrpo.proof.sampling.Warp``), adds the keyed noise of that completion and position, and compares the argmax
+with the recorded token. A position whose top perturbed score beats the runner-up by ``tolerance`` or less is
+skipped as ambiguous: float rounding (another precision, thread count or device, the worker's cached decoding
+against this full forward) can flip it. Every other position must match.
+
+``Verdict`` counts positions checked, skipped and mismatched; ``Verdict.passes()`` applies a round's rule
+(``RoundRule``: at most so many mismatches), by default the one for the verifier's precision (``RULES``): none at
+all for a float32 verifier; a lower-precision verifier also disagrees with a float32 worker, rarely, at positions
+just past its tolerance, so one mismatch is allowed there. Tolerances and rules are chosen from the honest rounds
+of ``benchmarks/proof/proof_bench.py`` (``benchmarks/proof/results/``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from hubgrpo.proof.noise import gumbel
+from hubgrpo.proof.sampling import Warp
+
+# the tolerance in perturbed-score units below which a decision counts as ambiguous, by the verifier's dtype
+TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1.0, torch.float16: 0.25}
+CHUNK = 256  # positions warped and perturbed at once (memory: CHUNK × vocab scores, and the hash's temporaries)
+
+
+@dataclass(frozen=True)
+class RoundRule:
+    """A round fails when the mismatches at unambiguous positions of its checked completions exceed this."""
+
+    max_mismatches: int = 0
+
+
+RULES = {"float32": RoundRule(0), "bfloat16": RoundRule(1), "float16": RoundRule(1)}  # by the verifier's dtype
+
+
+@dataclass
+class Verdict:
+    """What replaying some completions found."""
+
+    completions: int = 0  # completions replayed
+    tokens: int = 0  # completion tokens among them
+    checked: int = 0  # positions compared (not ambiguous)
+    ambiguous: int = 0  # positions skipped: top perturbed score − runner-up ≤ tolerance
+    mismatches: int = 0  # checked positions whose recorded token is not the replayed choice
+    seconds: float = 0.0
+    per_completion: list[int] = field(default_factory=list)  # mismatches of each replayed completion, in order
+    precision: str = "float32"  # the verifier's dtype: which rule applies by default
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def passes(self, rule: RoundRule | None = None) -> bool:
+        """Whether the round passes ``rule`` (default: the rule for the verifier's precision, ``RULES``)."""
+        rule = rule or RULES.get(self.precision, RULES["bfloat16"])
+        return self.mismatches <= rule.max_mismatches
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+
+def default_tolerance(dtype: torch.dtype) -> float:
+    """The ambiguity tolerance for a verifier computing in ``dtype``."""
+    return TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16])
+
+
+def teacher_batch(
+    prompts_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(ids [B, P+L], mask [B, P+L], L): prompts left-padded to P, completions right-padded to L."""
+    width = max(len(p) for p in prompts_ids)
+    length = max(1, max(len(c) for c in completion_ids))
+    ids = torch.full((len(prompts_ids), width + length), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, c) in enumerate(zip(prompts_ids, completion_ids, strict=True)):
+        ids[i, width - len(p) : width] = torch.tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p) : width] = 1
+        if len(c):
+            ids[i, width : width + len(c)] = torch.tensor(list(c), dtype=torch.long)
+            mask[i, width : width + len(c)] = 1
+    return ids, mask, length
+
+
+@torch.no_grad()
+def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Scores before each of the ``length`` completion tokens: float32 [B, length, V] (one forward pass)."""
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate computes them from the attention mask
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=length + 1)
+    return out.logits[:, :length].float()
+
+
+def replay(
+    scores: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    completions: torch.Tensor,
+    positions: torch.Tensor,
+    warp: Warp,
+    tolerance: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ambiguous, mismatch), bool [N], for N positions: scores [N, V], recorded tokens, completion, position [N]."""
+    vocab = scores.size(-1)
+    perturbed = warp.apply(scores) + gumbel(seed, completions.to(scores.device), positions.to(scores.device), vocab)
+    top = perturbed.topk(min(2, vocab), dim=-1)
+    gap = top.values[:, 0] - (top.values[:, 1] if vocab > 1 else torch.full_like(top.values[:, 0], -torch.inf))
+    tokens = tokens.to(scores.device)
+    valid = (tokens >= 0) & (tokens < vocab)
+    ambiguous = valid & ~(gap > tolerance)
+    mismatch = ~ambiguous & (~valid | (top.indices[:, 0] != tokens))
+    return ambiguous, mismatch
+
+
+def verify_completions(
+    model,
+    tokenizer,
+    prompts_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    seed: int,
+    indices: Sequence[int],
+    temperature: float = 1.0,
+    top_p: float | None = 1.0,
+    top_k: int | None = None,
+    tolerance: float | None = None,
+) -> Verdict:
+    """Replay ``completion_ids`` (each after ``prompts_ids[i]``, its completion index in the round ``indices[i]``)
+    under the lease's ``seed`` and sampling settings; the model must be the leased version (adapter loaded)."""
+    start = time.perf_counter()
+    if not completion_ids:
+        return Verdict()
+    dtype = next(model.parameters()).dtype
+    tol = default_tolerance(dtype) if tolerance is None else tolerance
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids, mask, length = teacher_batch(prompts_ids, completion_ids, pad)
+    logits = completion_logits(model, ids, mask, length)
+    lengths = torch.tensor([len(c) for c in completion_ids])
+    valid = torch.arange(length)[None, :] < lengths[:, None]  # [B, L]
+    rows, cols = valid.nonzero(as_tuple=True)
+    tokens = ids[:, -length:][rows, cols]
+    comp = torch.tensor(list(indices), dtype=torch.int64)[rows]
+    warp = Warp(temperature, top_k or None, top_p)
+    ambiguous, mismatch = [], []
+    for i in range(0, rows.numel(), CHUNK):
+        part = slice(i, i + CHUNK)
+        scores = logits[rows[part].to(logits.device), cols[part].to(logits.device)]
+        a, m = replay(scores, tokens[part], seed, comp[part], cols[part], warp, tol)
+        ambiguous.append(a.cpu())
+        mismatch.append(m.cpu())
+    amb, mis = torch.cat(ambiguous), torch.cat(mismatch)
+    per = torch.zeros(len(completion_ids), dtype=torch.long).index_add_(0, rows, mis.long())
+    return Verdict(
+        completions=len(completion_ids),
+        tokens=int(rows.numel()),
+        checked=int((~amb).sum()),
+        ambiguous=int(amb.sum()),
+        mismatches=int(mis.sum()),
+        seconds=time.perf_counter() - start,
+        per_completion=per.tolist(),
+        precision=str(dtype).removeprefix("torch."),
+    )

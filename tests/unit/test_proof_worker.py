@@ -1,0 +1,73 @@
+"""Proof of rollouts through the worker's own trainer (hubgrpo.worker.keyed): honest rounds replay exactly, on
+TRL's generation path and on prompt sharing's, in float32 and through a bfloat16 verifier; every forgery fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hubgrpo.proof.verify import RoundRule
+from hubgrpo.worker.engine import RoundEngine
+from tests.support.models_fixture import tiny_cache, tiny_config  # noqa: F401  (fixture)
+from tests.support.proof_support import (
+    ATTACKS,
+    SHARP,
+    Forgery,
+    adapter_state,
+    forge,
+    record_round,
+    sharpen,
+    verifier,
+    verify_batch,
+)
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("tiny_cache")]
+SEED = 7
+
+
+def _engine(share: bool) -> RoundEngine:
+    """The tiny model sharpened (``proof_support.sharpen``) with a non-zero adapter."""
+    engine = RoundEngine(tiny_config([f"worker.share_prompts={str(share).lower()}", "worker.threads=1"]))
+    sharpen(engine.model)
+    torch.manual_seed(1)
+    for name, p in engine.trainer.model.named_parameters():
+        if "lora_B" in name:  # B = 0 at version 0: make the adapter matter
+            p.data.normal_(0, 0.5)
+    return engine
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["sharing", "trl"])
+def test_honest_rounds_replay_exactly_in_float32_and_pass_in_bfloat16(share):
+    engine = _engine(share)
+    log, states = record_round(engine, engine.prompt_rows(range(8)), 2, SEED)
+    assert [b.first for b in log] == [0, 8]  # the round's numbering runs across its generation batches
+    for batch, state in zip(log, states):
+        exact = verify_batch(verifier(engine, state, scale=SHARP), engine, batch, SEED)
+        assert exact.mismatches == 0 and exact.checked > 0.9 * exact.tokens, exact
+        half = verify_batch(verifier(engine, state, torch.bfloat16, SHARP), engine, batch, SEED)
+        assert half.passes() and half.checked > 0.2 * half.tokens, half
+
+
+def test_every_forgery_fails_the_round():
+    engine = _engine(True)
+    older = adapter_state(engine.trainer.model)
+    older = {k: torch.zeros_like(v) if "lora_B" in k else v for k, v in older.items()}  # version 0
+    rows = engine.prompt_rows(range(8))
+    log, states = record_round(engine, rows, 1, SEED)
+    f = Forgery(engine, log[0], SEED, states[0], older, rows, SHARP)
+    exact, half = verifier(engine, states[0], scale=SHARP), verifier(engine, states[0], torch.bfloat16, SHARP)
+    for kind in ATTACKS:
+        forged = type(f.batch)(f.batch.first, f.batch.prompt_ids, forge(kind, f))
+        assert forged.completion_ids != f.batch.completion_ids, kind
+        for model in (exact, half):
+            verdict = verify_batch(model, engine, forged, SEED)
+            assert not verdict.passes(), (kind, verdict)
+            assert not verdict.passes(RoundRule(0)), (kind, verdict)
+
+
+def test_keyed_sampling_off_leaves_trls_sampling():
+    engine = RoundEngine(tiny_config(["worker.keyed_sampling=false", "worker.threads=1"]))
+    rows = engine.prompt_rows(range(8))
+    engine.trainer.keyed_log = []
+    engine.train_steps(rows, 1, seed=SEED)
+    assert engine.trainer.keyed is None and engine.trainer.keyed_log == []
