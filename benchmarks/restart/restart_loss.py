@@ -3,7 +3,7 @@
     python benchmarks/restart/restart_loss.py [--kills 10] [--interval 3] [--name restart-loss]
     python benchmarks/restart/restart_loss.py --quick   # the script checked: one kill
 
-The chaos harness of ``tests/integration/test_checkpoint_restart.py`` (the Hub emulator with its commit quota on, a served
+The chaos harness of ``tests/support/restart_loop.py`` (the Hub emulator with its commit quota on, a served
 coordinator in a subprocess, four model-free workers uploading rounds through it, ``hub.submissions:
 coordinator``), with ``--kills`` SIGKILLs at random moments and checkpoints every ``--interval`` seconds. For each
 restart: the live version before the kill, the last checkpoint it had reported, the checkpoint the repo held at
@@ -26,7 +26,7 @@ from benchmarks.common import options, results_dir, start, write  # noqa: E402
 
 
 def measure(kills: int, interval: float, tmp: Path) -> dict:
-    from tests.integration import test_checkpoint_restart as chaos
+    import tests.support.restart_loop as chaos
     from tests.support.space_support import make_run, start_emulator
 
     emu = start_emulator()
@@ -37,7 +37,7 @@ def measure(kills: int, interval: float, tmp: Path) -> dict:
         "coordinator.rate_limit_per_minute": 6000})
     try:
         restarts, answers = chaos.kill_loop(store, emu.url, tmp, kills)
-        final = chaos._check_history(store, tmp)
+        final = chaos.check_history(store, tmp)
         commits = [c.created_at for c in store.history()]
     finally:
         emu.stop()

@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT))  # for tests.support.hub_emulator
 
 from benchmarks.common import local_hub, options, results_dir, start, write  # noqa: E402
 
+TOKEN = "hf_test_alice_token"  # the Hub emulator's user alice
+
 local_hub()
 
 
@@ -69,13 +71,12 @@ def bench_hub(n: int, size: int, work: Path) -> dict | str:
     os.environ["HF_HUB_CACHE"] = str(work / "hf-cache")
     try:
         from hubgrpo.store.hub import HubStore
-        from tests.conftest import TEST_TOKEN
         from tests.support.hub_emulator import HubEmulator
     except ImportError as e:
         return f"skipped: {e}"
-    emu = HubEmulator(users={TEST_TOKEN: "alice"}).start()
+    emu = HubEmulator(users={TOKEN: "alice"}).start()
     try:
-        store = HubStore("alice/bench", token=TEST_TOKEN, endpoint=emu.url)
+        store = HubStore("alice/bench", token=TOKEN, endpoint=emu.url)
         store.create(exist_ok=True)
         return measure(store, n, size, work)
     finally:

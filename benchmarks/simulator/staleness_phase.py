@@ -35,7 +35,7 @@ SETTINGS = [  # speeds, jitter, starts
 def fresh_share(speeds: str, seed: int, jitter: float, versions: int, starts: str = "0") -> float:
     from hubgrpo.sim.loop import SimOptions, Simulation
     from tests.support.coord_helpers import make_config
-    from tests.unit.test_simulate import FakeEngine
+    from tests.support.sim_support import FakeSimEngine as FakeEngine
 
     cfg = make_config(**{"merge.quorum": 1, "merge.max_staleness": 8, "rounds.steps": 1,
                          "rounds.versions": versions})

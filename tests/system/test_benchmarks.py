@@ -78,13 +78,16 @@ def test_every_question_has_a_row_and_every_kept_result_the_shared_shape():
 
 @pytest.mark.timeout(60)
 def test_no_script_imports_another_questions_script():
-    """A script may import ``benchmarks.common`` and scripts of its own question, nothing else of benchmarks/."""
+    """A script may import ``benchmarks.common`` and scripts of its own question, nothing else of benchmarks/; of
+    tests/, only the helpers in ``tests.support`` (a test module is no library: its helpers move when tests do)."""
     for path in BENCH.glob("*/*.py"):
         mine = path.parent.name
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
                      [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for name in names:
+                if name == "tests" or name.startswith("tests."):
+                    assert name.startswith("tests.support"), f"{path.relative_to(ROOT)} imports {name}"
                 if name.startswith("benchmarks.") and name != "benchmarks.common":
                     assert name.split(".")[1] == mine, f"{path.relative_to(ROOT)} imports {name}"
                 assert name.split(".")[0] not in {p.stem for p in BENCH.glob("*/*.py")} - {"benchmarks"}, \
