@@ -211,6 +211,9 @@ class MergedEntry(Record):
 
 MAX_COMPLETION_CHARS = 1_000_000
 CompletionText = Annotated[str, Field(max_length=MAX_COMPLETION_CHARS)]
+MAX_TOKEN_ID = 1 << 24  # above any vocabulary (the coordinator also checks the base model's own size, verify.py)
+MAX_IDS = 1 << 16  # token ids of one prompt or one completion
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=MAX_TOKEN_ID)]], Field(max_length=MAX_IDS)]
 
 
 class Message(Record):
@@ -227,12 +230,17 @@ class RolloutBatch(Record):
     prompt_indices: list[Index] = Field(max_length=100_000)
     completions: list[CompletionText | Annotated[list[Message], Field(max_length=16)]] = Field(max_length=100_000)
     rewards: list[list[Num | None]] = Field(max_length=64)  # [function][completion]
+    # schema 2, keyed sampling (``hubgrpo.proof``): what a verifier replays — each completion's prompt token ids
+    # (as ``generate`` got them, unpadded) and its sampled token ids; None when the round was not sampled keyed
+    prompt_ids: list[TokenIds] | None = Field(None, max_length=100_000)
+    completion_ids: list[TokenIds] | None = Field(None, max_length=100_000)
 
 
 class Rollouts(Record):
-    """rollouts.json.gz: every completion of a round and its rewards, so the coordinator can recompute them."""
+    """rollouts.json.gz: every completion of a round and its rewards, so the coordinator can recompute them (and
+    from schema 2, the token ids a verifier replays)."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = 2
     reward_names: list[Text] = Field(max_length=64)
     batches: list[RolloutBatch] = Field(max_length=100_000)
 

@@ -83,6 +83,13 @@ class CoordinatorSection(_Section):
         default_factory=list,
         description="Users/orgs allowed to record held-out scores (hubgrpo evaluate); empty = the repo owner.",
     )
+    verify: Literal["off", "sample"] = Field(
+        "off",
+        description="Proof of rollouts (hubgrpo.proof): sample = a verifier (hubgrpo evaluate --verify) replays a "
+        "sample of each merged round with the leased version and a failed round excludes its participant (no merge "
+        "weight for its pending rounds, no leaderboard credit, later rounds refused); rounds must carry their "
+        "token ids (worker.keyed_sampling). off = no verdicts recorded.",
+    )
     keep_submissions: int | None = Field(
         2,
         ge=0,

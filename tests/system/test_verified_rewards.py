@@ -91,8 +91,9 @@ def test_an_honest_run_s_verified_rewards_are_its_own_exactly(served_run):
 def _tamper(folder: Path, edit) -> Path:
     data = json.loads(gzip.decompress((folder / layout.ROLLOUTS_FILE).read_bytes()))
     raw = edit(data)
-    (folder / layout.ROLLOUTS_FILE).write_bytes(gzip.compress((raw if isinstance(raw, str) else
-                                                               json.dumps(data)).encode()))
+    (folder / layout.ROLLOUTS_FILE).write_bytes(
+        gzip.compress((raw if isinstance(raw, str) else json.dumps(data)).encode())
+    )
     return folder
 
 
@@ -102,12 +103,19 @@ def _set(path: tuple, value):
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = value
+
     return edit
 
 
 def _completion_changed(data):
     c = data["batches"][0]["completions"][0]
     c[0]["content"] = "aaaaaaaa"  # scores 1.0 with char_fraction, its recorded reward is another
+
+
+def _longer_text(data):
+    batch = data["batches"][0]
+    batch["completion_ids"][0] = [1]
+    batch["completions"][0][0]["content"] = "x" * 200  # more than one token can decode to
 
 
 def _swap_ends(indices: list) -> None:
@@ -125,10 +133,26 @@ TAMPERS = {  # name: (edit of the JSON, refusal code)
     "one batch missing": (lambda d: d["batches"].pop(), "bad_rollouts"),
     "groups mixed": (lambda d: _swap_ends(d["batches"][0]["prompt_indices"]), "bad_rollouts"),
     "unknown key": (_set(("extra",), 1), "bad_rollouts"),
-    "a completion longer than generation allows": (_set(("batches", 0, "completions", 0),
-                                                        "<answer>" * 10_000), "bad_rollouts"),
-    "10**6 completions": (lambda d: json.dumps({**d, "batches": [{**d["batches"][0],
-                                                                 "completions": ["a"] * 10**6}]}), "too_large"),
+    "a completion longer than generation allows": (
+        _set(("batches", 0, "completions", 0), "<answer>" * 10_000),
+        "bad_rollouts",
+    ),
+    "a token id past any vocabulary": (_set(("batches", 0, "completion_ids", 0, 0), 1 << 24), "bad_rollouts"),
+    "a negative token id": (_set(("batches", 0, "prompt_ids", 0, 0), -1), "bad_rollouts"),
+    "a completion of more tokens than generation allows": (
+        _set(("batches", 0, "completion_ids", 0), [1] * 1000),
+        "bad_rollouts",
+    ),
+    "token ids of one completion fewer": (lambda d: d["batches"][0]["completion_ids"].pop(), "bad_rollouts"),
+    "a text longer than its tokens": (_longer_text, "bad_rollouts"),
+    "no token ids while the run verifies": (
+        lambda d: [b.update(prompt_ids=None, completion_ids=None) for b in d["batches"]],
+        "bad_rollouts",
+    ),
+    "10**6 completions": (
+        lambda d: json.dumps({**d, "batches": [{**d["batches"][0], "completions": ["a"] * 10**6}]}),
+        "too_large",
+    ),
 }
 
 
@@ -140,8 +164,10 @@ def test_a_tampered_rollouts_file_is_refused(served_run, name, tmp_path):
     lease, honest = served_run["honest"]
     edit, code = TAMPERS[name]
     folder = _tamper(shutil.copytree(honest, tmp_path / "sub"), edit)
+    cfg = served_run["cfg"].model_copy(deep=True)
+    cfg.coordinator.verify = "sample"  # rounds must carry their token ids
     with pytest.raises(InvalidSubmission) as e:
-        RewardCheck(served_run["cfg"]).check(lease, folder)
+        RewardCheck(cfg).check(lease, folder)
     assert e.value.code == code, e.value.message
     assert len(e.value.message) < 600
 
@@ -155,7 +181,8 @@ def test_the_rollouts_file_is_small_and_bounded(served_run):
     lease, folder = served_run["honest"]
     size = (folder / layout.ROLLOUTS_FILE).stat().st_size
     data = read(folder / layout.ROLLOUTS_FILE, size_limit(served_run["cfg"], lease))
-    assert isinstance(data, Rollouts) and size < 4096 and len(data.batches) == lease.steps
+    assert isinstance(data, Rollouts) and size < 8192 and len(data.batches) == lease.steps
+    assert all(len(b.completion_ids or ()) == len(b.completions) for b in data.batches)  # keyed: ids for a replay
     (folder / "bomb").mkdir()
     (folder / "bomb" / layout.ROLLOUTS_FILE).write_bytes(gzip.compress(b"0" * (64 << 20)))  # 64 MiB of zeros
     with pytest.raises(InvalidSubmission) as e:
@@ -170,9 +197,26 @@ def test_evaluate_once_through_the_entry_point_records_every_version(served_run,
     while coord.state.version < 2:
         wait_merged(coord, honest_round(run)[3]["submission_id"])
     versions = list(range(coord.state.version + 1))
-    r = subprocess.run([str(EXE), "evaluate", "--repo", str(store.location), "--coordinator", run["url"], "--once",
-                        "--samples", "4", "--threads", "1", "--quiet"], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            str(EXE),
+            "evaluate",
+            "--repo",
+            str(store.location),
+            "--coordinator",
+            run["url"],
+            "--once",
+            "--samples",
+            "4",
+            "--threads",
+            "1",
+            "--quiet",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     status = CoordinatorClient(run["url"]).status()
     scores = {v["version"]: v["eval_reward"] for v in status["versions"]}
@@ -190,12 +234,18 @@ def test_evaluate_once_through_the_entry_point_records_every_version(served_run,
     finally:
         torch.set_num_threads(threads)
     assert "evaluated" in r.stdout and f"v{versions[-1]:06d}" in r.stdout
-    again = subprocess.run([str(EXE), "evaluate", "--repo", str(store.location), "--coordinator", run["url"],
-                            "--once", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [str(EXE), "evaluate", "--repo", str(store.location), "--coordinator", run["url"], "--once", "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0 and "evaluated 0 versions" in again.stdout  # nothing left to score
     assert coord.flush()  # the scores reach state.json (the server does it after refusal_flush_s)
     restarted = Coordinator(store, SECRET, workdir=run["tmp"] / "restarted")
     assert {v["version"]: v["eval_reward"] for v in restarted.status()["versions"]} == scores
-    out = subprocess.run([str(EXE), "status", "--repo", str(store.location)], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [str(EXE), "status", "--repo", str(store.location)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and "held-out" in out.stdout and f"{scores[versions[-1]]:.3f}" in out.stdout
