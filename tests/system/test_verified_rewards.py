@@ -91,9 +91,8 @@ def test_an_honest_run_s_verified_rewards_are_its_own_exactly(served_run):
 def _tamper(folder: Path, edit) -> Path:
     data = json.loads(gzip.decompress((folder / layout.ROLLOUTS_FILE).read_bytes()))
     raw = edit(data)
-    (folder / layout.ROLLOUTS_FILE).write_bytes(
-        gzip.compress((raw if isinstance(raw, str) else json.dumps(data)).encode())
-    )
+    (folder / layout.ROLLOUTS_FILE).write_bytes(gzip.compress((raw if isinstance(raw, str) else
+                                                               json.dumps(data)).encode()))
     return folder
 
 
@@ -103,7 +102,6 @@ def _set(path: tuple, value):
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = value
-
     return edit
 
 
@@ -133,26 +131,18 @@ TAMPERS = {  # name: (edit of the JSON, refusal code)
     "one batch missing": (lambda d: d["batches"].pop(), "bad_rollouts"),
     "groups mixed": (lambda d: _swap_ends(d["batches"][0]["prompt_indices"]), "bad_rollouts"),
     "unknown key": (_set(("extra",), 1), "bad_rollouts"),
-    "a completion longer than generation allows": (
-        _set(("batches", 0, "completions", 0), "<answer>" * 10_000),
-        "bad_rollouts",
-    ),
+    "a completion longer than generation allows": (_set(("batches", 0, "completions", 0),
+                                                        "<answer>" * 10_000), "bad_rollouts"),
     "a token id past any vocabulary": (_set(("batches", 0, "completion_ids", 0, 0), 1 << 24), "bad_rollouts"),
     "a negative token id": (_set(("batches", 0, "prompt_ids", 0, 0), -1), "bad_rollouts"),
-    "a completion of more tokens than generation allows": (
-        _set(("batches", 0, "completion_ids", 0), [1] * 1000),
-        "bad_rollouts",
-    ),
+    "a completion of more tokens than generation allows": (_set(("batches", 0, "completion_ids", 0),
+                                                                [1] * 1000), "bad_rollouts"),
     "token ids of one completion fewer": (lambda d: d["batches"][0]["completion_ids"].pop(), "bad_rollouts"),
     "a text longer than its tokens": (_longer_text, "bad_rollouts"),
-    "no token ids while the run verifies": (
-        lambda d: [b.update(prompt_ids=None, completion_ids=None) for b in d["batches"]],
-        "bad_rollouts",
-    ),
-    "10**6 completions": (
-        lambda d: json.dumps({**d, "batches": [{**d["batches"][0], "completions": ["a"] * 10**6}]}),
-        "too_large",
-    ),
+    "no token ids while the run verifies": (lambda d: [b.update(prompt_ids=None, completion_ids=None)
+                                                       for b in d["batches"]], "bad_rollouts"),
+    "10**6 completions": (lambda d: json.dumps({**d, "batches": [{**d["batches"][0],
+                                                                 "completions": ["a"] * 10**6}]}), "too_large"),
 }
 
 
@@ -197,26 +187,9 @@ def test_evaluate_once_through_the_entry_point_records_every_version(served_run,
     while coord.state.version < 2:
         wait_merged(coord, honest_round(run)[3]["submission_id"])
     versions = list(range(coord.state.version + 1))
-    r = subprocess.run(
-        [
-            str(EXE),
-            "evaluate",
-            "--repo",
-            str(store.location),
-            "--coordinator",
-            run["url"],
-            "--once",
-            "--samples",
-            "4",
-            "--threads",
-            "1",
-            "--quiet",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = subprocess.run([str(EXE), "evaluate", "--repo", str(store.location), "--coordinator", run["url"], "--once",
+                        "--samples", "4", "--threads", "1", "--quiet"], env=env, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     status = CoordinatorClient(run["url"]).status()
     scores = {v["version"]: v["eval_reward"] for v in status["versions"]}
@@ -234,18 +207,12 @@ def test_evaluate_once_through_the_entry_point_records_every_version(served_run,
     finally:
         torch.set_num_threads(threads)
     assert "evaluated" in r.stdout and f"v{versions[-1]:06d}" in r.stdout
-    again = subprocess.run(
-        [str(EXE), "evaluate", "--repo", str(store.location), "--coordinator", run["url"], "--once", "--quiet"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = subprocess.run([str(EXE), "evaluate", "--repo", str(store.location), "--coordinator", run["url"],
+                            "--once", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "evaluated 0 versions" in again.stdout  # nothing left to score
     assert coord.flush()  # the scores reach state.json (the server does it after refusal_flush_s)
     restarted = Coordinator(store, SECRET, workdir=run["tmp"] / "restarted")
     assert {v["version"]: v["eval_reward"] for v in restarted.status()["versions"]} == scores
-    out = subprocess.run(
-        [str(EXE), "status", "--repo", str(store.location)], env=env, capture_output=True, text=True, timeout=120
-    )
+    out = subprocess.run([str(EXE), "status", "--repo", str(store.location)], env=env, capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0 and "held-out" in out.stdout and f"{scores[versions[-1]]:.3f}" in out.stdout
