@@ -276,6 +276,27 @@ class VersionRecord(Record):
     start_version: Version | None = None  # set when the merge started from another version than the previous one
 
 
+class VerdictReport(Record):
+    """What a verifier reports about one admitted round (``record_verdict``): hostile input until checked."""
+
+    passed: bool
+    completions: Count  # completions replayed
+    tokens: Count  # their completion tokens
+    checked: Count  # positions compared (not ambiguous)
+    mismatches: Count
+    reason: LongText | None = None  # why the round failed, in words (a prompt or text that is not its ids…)
+
+
+class VerdictRecord(Record):
+    """A proof-of-rollouts verdict on one admitted round (``hubgrpo evaluate --verify``, ``coordinator/verdicts``)."""
+
+    submission_id: Text
+    worker: Text
+    user: Text | None = None
+    report: VerdictReport
+    at: Seconds
+
+
 class WorkerStats(Record):
     """Leaderboard row for one worker."""
 
@@ -308,6 +329,7 @@ class RunState(Record):
     samples_total: Count = 0
     started_at: Seconds = 0.0
     finished: bool = False
+    verdicts: list[VerdictRecord] = Field(default_factory=list, max_length=100_000)  # proof of rollouts
 
 
 # ------------------------------------------------------------------------------------------------ paths

@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hubgrpo import layout
-from hubgrpo.coordinator import admission, checkpoint, evals, lease_signing, leasing, merging, reconcile
+from hubgrpo.coordinator import admission, checkpoint, evals, lease_signing, leasing, merging, reconcile, verdicts
 from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.coordinator.repo_state import RepoStateMixin
 from hubgrpo.coordinator.scan import prepare_unseen
 from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMixin
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError
-from hubgrpo.layout import Lease, Refusal, WorkerStats
+from hubgrpo.layout import Lease, Refusal, VerdictRecord, WorkerStats
 from hubgrpo.store.base import Store
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         self.fold: FfaFold | None = None  # merging.prefold: FFA submissions folded in before their merge is due
         self.new_refusals: list[Refusal] = []
         self.new_evals: dict[int, tuple] = {}  # version → (held-out reward, samples, when): not in state.json yet
+        self.new_verdicts: dict[str, VerdictRecord] = {}  # submission id → proof verdict: not in state.json yet
         self.commit_times: list[float] = []
         self.adapters = AdapterCache()  # the global adapters in memory by version (``adapter``)
         self._flush_lock = threading.Lock()  # one checkpoint at a time (``flush``)
@@ -317,6 +318,13 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         parsed = evals.parse(self.cfg, version, reward, samples)
         with self.lock:
             return evals.record(self, *parsed)
+
+    def record_verdict(self, submission_id, report) -> dict:
+        """A proof-of-rollouts verdict on an admitted round, reported by a verifier: checked as hostile input, kept
+        until the next state.json commit; a failed one excludes the round's participant (``verdicts``)."""
+        parsed = verdicts.parse(self, submission_id, report)
+        with self.lock:
+            return verdicts.record(self, *parsed)
 
     @property
     def merge_wait_s(self) -> float:
