@@ -1,0 +1,157 @@
+"""Proof of rollouts end to end, with the real engine (tiny model, real TRL rounds with keyed sampling) and real HTTP:
+a verifier (``hubgrpo.worker.verifier``) replays a sample of every admitted round with its leased version and records
+a verdict (``record_verdict``); an honest round passes, a forged one (completions sampled with other noise than the
+lease's) fails and excludes its worker — no merge weight for its pending round, ranked last, later leases and
+submissions refused — across a restart of the coordinator."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from hubgrpo import layout
+from hubgrpo.coordinator.core import Coordinator
+from hubgrpo.coordinator.repo_init import init_repo
+from hubgrpo.errors import InvalidSubmission, Refused
+from hubgrpo.space.api import serve
+from hubgrpo.store.local import LocalStore
+from hubgrpo.worker.client import CoordinatorClient
+from hubgrpo.worker.verifier import Verifier
+from tests.support.models_fixture import tiny_cache, tiny_config  # noqa: F401 (fixture)
+
+SECRET = b"proof-verdict-secret"
+SETTINGS = ["merge.quorum=2", "rounds.versions=50", "rounds.steps=1", "coordinator.heartbeat_interval_s=1",
+            "coordinator.verify=sample"]
+
+
+@pytest.fixture(scope="module")
+def served_run(tiny_cache, tmp_path_factory):  # noqa: F811
+    from hubgrpo.worker.engine import RoundEngine
+
+    tmp = tmp_path_factory.mktemp("verdicts")
+    cfg = tiny_config(SETTINGS)
+    engine = RoundEngine(cfg, worker="w1")
+    store = LocalStore(tmp / "repo")
+    init_repo(store, cfg, engine.init_adapter(tmp / "v0"))
+    coord = Coordinator(store, SECRET, workdir=tmp / "coord")
+    app, url = serve(coord, tick_interval=0.05)
+    try:
+        yield {"store": store, "coord": coord, "url": url, "engine": engine, "cfg": cfg, "tmp": tmp}
+    finally:
+        app.close()
+
+
+def train_round(run: dict, name: str, *, forged: bool = False):
+    """Lease and train a real round; ``forged``: its completions sampled with noise keyed by another seed than the
+    lease's (everything else honest: rewards, adapter, token ids that decode to the texts). (lease, folder)."""
+    client = CoordinatorClient(run["url"], retries=2)
+    lease = client.lease(name)
+    out = run["tmp"] / "rounds" / lease.lease_id
+    adapter = client.adapter(lease.base_version, lease.base_sha, run["tmp"] / "bases", 1 << 30)
+    engine = run["engine"]
+    if forged:
+        honest = engine.train_steps
+        engine.train_steps = lambda rows, steps, *, seed, **kw: honest(rows, steps, seed=seed + 1, **kw)
+    try:
+        engine.run_round(adapter, lease, out)
+    finally:
+        engine.__dict__.pop("train_steps", None)
+    return lease, out
+
+
+def submit(run: dict, lease, out) -> dict:
+    sub_id = layout.submission_id(lease.worker, lease.lease_id)
+    adds = {layout.submission_path(lease.base_version, sub_id, f): out / f for f in layout.SUBMISSION_FILES}
+    commit = run["store"].commit(adds, message=f"hubgrpo: submission {sub_id}")
+    return CoordinatorClient(run["url"], retries=2).submit(lease, commit)
+
+
+def wait_merged(coord, sub_id: str, timeout: float = 60.0):
+    import time
+
+    deadline = time.time() + timeout
+    while sub_id not in coord.state.merged_ids:
+        assert time.time() < deadline, f"{sub_id} was not merged"
+        time.sleep(0.05)
+    return {m.submission_id: m for v in coord.state.versions for m in v.merged}
+
+
+def row(status: dict, worker: str) -> dict:
+    return next(r for r in status["leaderboard"] if r["worker"] == worker)
+
+
+@pytest.mark.timeout(600)
+def test_an_honest_round_passes_and_a_forged_one_excludes_its_worker_across_a_restart(served_run, tmp_path):
+    run = served_run
+    client = CoordinatorClient(run["url"], retries=2)
+    verifier = Verifier(run["store"], client, engine=run["engine"], workdir=tmp_path / "verifier")
+
+    forged_lease, forged_out = train_round(run, "w2", forged=True)
+    spare_lease, spare_out = train_round(run, "w2")  # a second round of w2's, submitted after the verdict
+    forged = submit(run, forged_lease, forged_out)
+    assert forged["status"] == "admitted"  # its rewards are its completions': verified rewards let it in
+    assert [t["submission_id"] for t in client.status()["verify"]["todo"]] == [forged["submission_id"]]
+
+    results = verifier.run(once=True)  # checked while pending: before any merge
+    assert [r["submission_id"] for r in results] == [forged["submission_id"]]
+    assert not results[0]["passed"] and results[0]["mismatches"] > 0, results[0]["reason"]
+    assert results[0]["status"] == "recorded"
+    assert results[0]["tokens"] <= 0.5 * sum(map(len, _batch0_ids(forged_out)))  # a sample, not the round
+    status = client.status()
+    assert status["verify"]["excluded"] == ["w2"] and status["verify"]["failed"] == 1
+    assert row(status, "w2")["excluded"] and row(status, "w2")["failed"] == 1
+    with pytest.raises(Refused) as e:
+        client.lease("w2")
+    assert e.value.code == "excluded" and e.value.hint
+    with pytest.raises(InvalidSubmission) as e2:
+        submit(run, spare_lease, spare_out)
+    assert e2.value.code == "excluded"
+
+    lease, out = train_round(run, "w1")
+    honest = submit(run, lease, out)
+    merged = wait_merged(run["coord"], honest["submission_id"])  # the quorum of 2: w2's pending round and w1's
+    assert merged[forged["submission_id"]].weight == 0.0 and merged[honest["submission_id"]].weight == 1.0
+
+    results = verifier.run(once=True)
+    assert [r["submission_id"] for r in results] == [honest["submission_id"]]
+    assert results[0]["passed"] and results[0]["checked"] > 0 and results[0]["mismatches"] == 0
+    assert verifier.run(once=True) == []  # every round has its verdict
+    status = client.status()
+    assert row(status, "w1")["checked"] == 1 and row(status, "w1")["failed"] == 0 and not row(status, "w1")["excluded"]
+    assert status["leaderboard"][-1]["worker"] == "w2"  # ranked last
+    report = {k: results[0][k] for k in ("passed", "completions", "tokens", "checked", "mismatches", "reason")}
+    assert client.record_verdict(honest["submission_id"], report)["status"] == "duplicate"
+
+    run["coord"].flush()  # the verdicts reach state.json
+    again = Coordinator(run["store"], SECRET, workdir=tmp_path / "restarted")
+    assert again.status()["verify"]["excluded"] == ["w2"] and again.status()["verify"]["checked"] == 2
+    with pytest.raises(Refused) as e:
+        again.lease("w2")
+    assert e.value.code == "excluded"
+    assert again.lease("w1").worker == "w1"
+
+
+def _batch0_ids(folder) -> list[list[int]]:
+    from hubgrpo.task.rollouts import read
+
+    data = read(folder / layout.ROLLOUTS_FILE, 1 << 30)
+    return data.batches[0].completion_ids or []
+
+
+@pytest.mark.timeout(60)
+def test_hostile_verdicts_are_refused_with_their_codes(served_run):
+    coord = served_run["coord"]
+    for sub_id, report, code in [
+        ("nobody-lease", {"passed": False, "completions": 1, "tokens": 1, "checked": 1, "mismatches": 1},
+         "unknown_submission"),
+        ("x", {"passed": "no"}, "bad_verdict"),
+        ("x", [1, 2], "bad_verdict"),
+        (7, {}, "bad_verdict"),
+        ("x", {"passed": True, "completions": 1, "tokens": 1, "checked": 5, "mismatches": 0}, "bad_verdict"),
+        ("x", {"passed": True, "completions": 1, "tokens": 1, "checked": 1, "mismatches": 0, "extra": 1},
+         "bad_verdict"),
+    ]:
+        with pytest.raises(InvalidSubmission) as e:
+            coord.record_verdict(sub_id, report)
+        assert e.value.code == code, (sub_id, report, e.value.message)
