@@ -166,6 +166,20 @@ size. The training reward is the reward of what was submitted; the held-out rewa
 only by the run's evaluators) measures the model itself."""
 
 
+def proof_line(cfg: Config, state: RunState) -> str:
+    """The card's proof-of-rollouts paragraph: what ``coordinator.verify`` checks, and the verdicts so far."""
+    if cfg.coordinator.verify == "off":
+        return ""
+    failed = [v for v in state.verdicts if not v.report.passed]
+    who = sorted({v.user or v.worker for v in failed})
+    return (
+        "\n\n**Proof of rollouts** (`coordinator.verify: sample`): a verifier replays a sample of each admitted "
+        "round's completions with the leased version and the lease's sampling noise; a participant whose round "
+        f"fails is excluded. So far {len(state.verdicts)} rounds checked, {len(failed)} failed"
+        + (f"; excluded: {', '.join(who)}." if who else ".")
+    )
+
+
 def run_card(cfg: Config, state: RunState) -> str:
     """The run repo's model card: a PEFT adapter card with the reward per version (training reward recomputed by
     the coordinator from the rounds' rollouts; held-out reward recorded by ``hubgrpo evaluate``) and the tag of
@@ -184,7 +198,7 @@ def run_card(cfg: Config, state: RunState) -> str:
     ]
     body = (
         f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
-        f"{state.samples_total} completions, merge method `{cfg.merge.method}`.\n\n" + VERIFIED
+        f"{state.samples_total} completions, merge method `{cfg.merge.method}`.\n\n" + VERIFIED + proof_line(cfg, state)
     )
     return render_model_card(
         cfg,

@@ -77,6 +77,12 @@ def versions_table(state: RunState, evals: dict | None = None) -> list[dict]:
     ]
 
 
+def _excluded(state: RunState) -> set[str]:
+    from hubgrpo.coordinator.verdicts import excluded
+
+    return excluded(state)
+
+
 UNSAVED_SHOWN = 5000  # cap on the unsaved refusals a live status lists (all of them in any realistic run)
 
 
@@ -94,6 +100,7 @@ def state_status(state: RunState, target_versions: int | None = None) -> dict:
         "verify": {
             "checked": len(state.verdicts),
             "failed": sum(not v.report.passed for v in state.verdicts),
+            "excluded": sorted(_excluded(state)),
         },
         "refusals": [r.model_dump() for r in state.refused[-50:]],
     }

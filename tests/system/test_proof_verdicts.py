@@ -6,7 +6,10 @@ submissions refused — across a restart of the coordinator."""
 
 from __future__ import annotations
 
-import shutil
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,7 @@ from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.worker.verifier import Verifier
 from tests.support.models_fixture import tiny_cache, tiny_config  # noqa: F401 (fixture)
 
+EXE = Path(sys.executable).with_name("hubgrpo")
 SECRET = b"proof-verdict-secret"
 SETTINGS = ["merge.quorum=2", "rounds.versions=50", "rounds.steps=1", "coordinator.heartbeat_interval_s=1",
             "coordinator.verify=sample"]
@@ -120,16 +124,28 @@ def test_an_honest_round_passes_and_a_forged_one_excludes_its_worker_across_a_re
     status = client.status()
     assert row(status, "w1")["checked"] == 1 and row(status, "w1")["failed"] == 0 and not row(status, "w1")["excluded"]
     assert status["leaderboard"][-1]["worker"] == "w2"  # ranked last
+    from hubgrpo.space.view import leaderboard_rows
+
+    assert leaderboard_rows(status)[-1][-1] == "EXCLUDED (1 failed of 1)"  # the Space page
+    assert leaderboard_rows(status)[0][-1] == "1 checked, 0 failed"
     report = {k: results[0][k] for k in ("passed", "completions", "tokens", "checked", "mismatches", "reason")}
     assert client.record_verdict(honest["submission_id"], report)["status"] == "duplicate"
 
     run["coord"].flush()  # the verdicts reach state.json
+    shown = subprocess.run([str(EXE), "status", "--repo", str(run["store"].location)], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+    assert shown.returncode == 0, shown.stderr
+    assert "EXCLUDED" in shown.stdout and "2 rounds checked, 1 failed; excluded: w2" in shown.stdout, shown.stdout
     again = Coordinator(run["store"], SECRET, workdir=tmp_path / "restarted")
     assert again.status()["verify"]["excluded"] == ["w2"] and again.status()["verify"]["checked"] == 2
     with pytest.raises(Refused) as e:
         again.lease("w2")
     assert e.value.code == "excluded"
     assert again.lease("w1").worker == "w1"
+    from hubgrpo.card import run_card
+
+    card = run_card(run["cfg"], again.state)
+    assert "Proof of rollouts" in card and "2 rounds checked, 1 failed; excluded: w2." in card
 
 
 def _batch0_ids(folder) -> list[list[int]]:
