@@ -118,7 +118,7 @@ class Verifier:
         """The verdict on one round (a ``layout.VerdictReport`` as a dict)."""
         from hubgrpo.task import rollouts as rl
 
-        folder = layout.submission_dir(base_version, sub_id)
+        folder = self._folder(sub_id, base_version)
         sub = layout.Submission.from_json(self.store.read(f"{folder}/{layout.SUBMISSION_FILE}"))
         raw = self.store.read(f"{folder}/{layout.ROLLOUTS_FILE}")
         local = self.workdir / "rounds" / sub_id
@@ -128,6 +128,18 @@ class Verifier:
         (local / layout.ROLLOUTS_FILE).unlink()
         key = selection_key(self.secret, hashlib.sha256(raw).digest())
         return self.replay(sub.lease, data, key)
+
+    def _folder(self, sub_id: str, base_version: int) -> str:
+        """The round's folder: under the base version the status names; a rebased round (``merge.rebase``) is
+        listed under the version it moved onto, its folder is under its lease's, found in a listing."""
+        folder = layout.submission_dir(base_version, sub_id)
+        if self.store.exists_file(f"{folder}/{layout.SUBMISSION_FILE}"):
+            return folder
+        for path in self.store.list_files(layout.SUBMISSIONS + "/"):
+            parsed = layout.parse_submission_path(path)
+            if parsed is not None and parsed[1] == sub_id and parsed[0] <= base_version:
+                return layout.submission_dir(parsed[0], sub_id)
+        return folder  # not there: the read says so
 
     def replay(self, lease: layout.Lease, data: layout.Rollouts, key: bytes) -> dict:
         """Replay the chosen completions of the round's first generation batch with the leased version."""

@@ -171,3 +171,44 @@ def test_hostile_verdicts_are_refused_with_their_codes(served_run):
         with pytest.raises(InvalidSubmission) as e:
             coord.record_verdict(sub_id, report)
         assert e.value.code == code, (sub_id, report, e.value.message)
+
+
+def _prompt_with_answer(batch) -> None:
+    """Every completion's prompt ids replaced by another prompt's (a prompt that could carry the answer)."""
+    batch.prompt_ids = [list(reversed(ids)) for ids in batch.prompt_ids]
+
+
+def _texts_rewritten(batch) -> None:
+    """Honest token ids, other texts (the rewards are computed on the texts)."""
+    batch.completions = ["<answer>42</answer>" for _ in batch.completions]
+
+
+def _completions_swapped(batch) -> None:
+    """Two honest completions of one prompt, each under the other's index (not the noise that sampled it)."""
+    assert batch.prompt_ids[0] == batch.prompt_ids[1]  # one group
+    for ids in (batch.completion_ids, batch.completions):
+        ids[0], ids[1] = ids[1], ids[0]
+
+
+def _no_ids(batch) -> None:
+    batch.prompt_ids = batch.completion_ids = None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("attack, reason", [(_prompt_with_answer, "prompt ids"), (_texts_rewritten, "text"),
+                                            (_completions_swapped, "replayed tokens differ"),
+                                            (_no_ids, "no token ids")])
+def test_a_round_edited_after_an_honest_generation_fails_its_replay(served_run, tmp_path, attack, reason):
+    from hubgrpo.task.rollouts import read
+
+    run = served_run
+    if "honest" not in run:  # one honest round of a worker that is not excluded, never submitted
+        run["honest"] = train_round(run, "w3")
+    lease, out = run["honest"]
+    client = CoordinatorClient(run["url"], retries=2)
+    verifier = Verifier(run["store"], client, engine=run["engine"], workdir=tmp_path / "verifier", budget=1.0)
+    data = read(out / layout.ROLLOUTS_FILE, 1 << 30)
+    assert verifier.replay(lease, data, b"k" * 32)["passed"]  # the whole batch, as generated
+    attack(data.batches[0])
+    verdict = verifier.replay(lease, data, b"k" * 32)
+    assert not verdict["passed"] and reason in verdict["reason"], verdict
