@@ -289,16 +289,9 @@ class CoordinatorApi:
     ) -> dict:
         """Record the held-out reward of a version (``hubgrpo evaluate``): ``{status: recorded | duplicate,
         version}``. With auth, only ``coordinator.evaluators`` (default: the repo owner) may call it."""
-        token = caller_token(token, request)
-
-        def run():
-            check_protocol(protocol)
-            if self.auth is not None:
-                evaluator = getattr(self.auth, "evaluator", None)
-                evaluator(token, request) if evaluator is not None else self._user(token, request)
-            return self.coord.record_eval(version, reward, samples)
-
-        return self._answer("record_eval", token, run)
+        return self._as_evaluator(
+            "record_eval", token, protocol, request, lambda: self.coord.record_eval(version, reward, samples)
+        )
 
     def record_verdict(
         self,
@@ -311,6 +304,12 @@ class CoordinatorApi:
         """Record a proof-of-rollouts verdict on an admitted round (``hubgrpo evaluate --verify``): ``{status:
         recorded | duplicate, submission_id, passed, excluded}``. With auth, only ``coordinator.evaluators``
         (default: the repo owner) may call it."""
+        return self._as_evaluator(
+            "record_verdict", token, protocol, request, lambda: self.coord.record_verdict(submission_id, report)
+        )
+
+    def _as_evaluator(self, name: str, token: str | None, protocol: Any, request: Any, call: Callable) -> dict:
+        """Answer ``call()`` for a caller in ``coordinator.evaluators`` (with auth) who speaks our protocol."""
         token = caller_token(token, request)
 
         def run():
@@ -318,6 +317,6 @@ class CoordinatorApi:
             if self.auth is not None:
                 evaluator = getattr(self.auth, "evaluator", None)
                 evaluator(token, request) if evaluator is not None else self._user(token, request)
-            return self.coord.record_verdict(submission_id, report)
+            return call()
 
-        return self._answer("record_verdict", token, run)
+        return self._answer(name, token, run)

@@ -15,12 +15,10 @@ import pytest
 
 from hubgrpo import layout
 from hubgrpo.coordinator.core import Coordinator
-from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import InvalidSubmission, Refused
-from hubgrpo.space.api import serve
-from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.worker.verifier import Verifier
+from tests.support.coord_helpers import served_tiny_run
 from tests.support.models_fixture import tiny_cache, tiny_config  # noqa: F401 (fixture)
 
 EXE = Path(sys.executable).with_name("hubgrpo")
@@ -31,19 +29,9 @@ SETTINGS = ["merge.quorum=2", "rounds.versions=50", "rounds.steps=1", "coordinat
 
 @pytest.fixture(scope="module")
 def served_run(tiny_cache, tmp_path_factory):  # noqa: F811
-    from hubgrpo.worker.engine import RoundEngine
-
-    tmp = tmp_path_factory.mktemp("verdicts")
-    cfg = tiny_config(SETTINGS)
-    engine = RoundEngine(cfg, worker="w1")
-    store = LocalStore(tmp / "repo")
-    init_repo(store, cfg, engine.init_adapter(tmp / "v0"))
-    coord = Coordinator(store, SECRET, workdir=tmp / "coord")
-    app, url = serve(coord, tick_interval=0.05)
-    try:
-        yield {"store": store, "coord": coord, "url": url, "engine": engine, "cfg": cfg, "tmp": tmp}
-    finally:
-        app.close()
+    """A served coordinator over a local run repo of the tiny model and a real engine to train its rounds."""
+    with served_tiny_run(tmp_path_factory.mktemp("verdicts"), SETTINGS, SECRET) as run:
+        yield run
 
 
 def train_round(run: dict, name: str, *, forged: bool = False):
