@@ -335,8 +335,11 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         """``quorum`` submissions are in, or the round deadline passed with at least one (and none merging)."""
         if not self.pending or self.state.finished or self.merging is not None:
             return False
+        ready = len(verdicts.ready_pending(self))  # coordinator.verify: all | untrusted holds rounds for verdicts
+        if not ready:
+            return False
         deadline = self.last_merge_at + self.cfg.coordinator.round_timeout_s
-        return len(self.pending) >= self.cfg.merge.quorum or self.clock() >= deadline
+        return ready >= self.cfg.merge.quorum or self.clock() >= deadline
 
     def maybe_merge(self) -> bool:
         """Merge now when a merge is due, in this thread: planned under the lock, computed without it, finished

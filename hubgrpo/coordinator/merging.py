@@ -197,7 +197,7 @@ def prefold(c: Coordinator) -> int:
         version = c.state.version
         fold = c.fold if c.fold is not None and c.fold.version == version else None
         todo = []
-        for sub_id, p in sorted(c.pending.items()):
+        for sub_id, p in sorted(verdicts.ready_pending(c).items()):
             w = _raw_weight(c, p)
             if w is not None and (fold is None or sub_id not in fold.weights):
                 todo.append((sub_id, p.adapter, p.sub.trained_base, w))
@@ -243,6 +243,8 @@ def _weighted_items(c: Coordinator) -> tuple[list, list[MergedEntry], float, dic
     m, now, limit = c.cfg.merge, c.clock(), staleness_limit(c)
     raw, entries = [], []
     for sub_id, p in sorted(c.pending.items()):
+        if not verdicts.ready(c, sub_id, p):  # held for its verdict (coordinator.verify: all | untrusted)
+            continue
         tau = c.state.version - p.sub.trained_base
         try:
             w = staleness_weight(p.samples, tau, m.staleness_decay, max(limit, p.staleness_limit))

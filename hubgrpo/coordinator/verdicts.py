@@ -8,6 +8,9 @@ input until checked (``parse``: the record's types and bounds, ``bad_verdict``);
 admitted (``unknown_submission``), and only the first verdict of a round counts (``duplicate``). Who may report is
 the server's business (``coordinator.evaluators``, default the repo owner, as for held-out scores).
 
+With ``coordinator.verify: all`` (or ``untrusted``, for participants not in ``coordinator.trusted``) a pending round
+is merged only once it passed (``ready``): the merge's quorum and deadline count ready rounds only.
+
 A failed verdict excludes the round's participant — its user when the round was leased to one, else its worker
 name: its pending rounds get no merge weight (merged with weight 0, a running FFA fold is dropped), its leaderboard
 row ranks last and is marked ``excluded``, and its later leases and submissions are refused (``excluded``). What it
@@ -69,6 +72,25 @@ def submission_error(c: Coordinator, worker: str, user: str | None) -> InvalidSu
         f"{participant(worker, user)} is excluded from this run: a round of theirs failed its proof of rollouts",
         hint=HINT,
     )
+
+
+def ready(c: Coordinator, sub_id: str, p) -> bool:
+    """Whether a pending round may be merged: always, unless ``coordinator.verify`` holds it for its verdict
+    (``all``; ``untrusted`` for participants not in ``coordinator.trusted``) and it has not passed. An excluded
+    participant's round is ready: it merges with weight 0 and leaves the queue."""
+    co = c.cfg.coordinator
+    if co.verify not in ("all", "untrusted"):
+        return True
+    who = participant(p.sub.worker, p.sub.lease.user)
+    if co.verify == "untrusted" and who.lower() in {t.lower() for t in co.trusted}:
+        return True
+    v = c.new_verdicts.get(sub_id) or next((v for v in c.state.verdicts if v.submission_id == sub_id), None)
+    return (v is not None and v.report.passed) or who in excluded(c.state, c.new_verdicts)
+
+
+def ready_pending(c: Coordinator) -> dict:
+    """The pending rounds a merge may take now (``ready``)."""
+    return {k: p for k, p in c.pending.items() if ready(c, k, p)}
 
 
 def parse(c: Coordinator, submission_id: Any, report: Any) -> tuple[str, VerdictReport]:

@@ -34,6 +34,14 @@ def served_run(tiny_cache, tmp_path_factory):  # noqa: F811
         yield run
 
 
+@pytest.fixture(scope="module")
+def held_run(tiny_cache, tmp_path_factory):  # noqa: F811
+    """A run that merges an untrusted participant's round only once it passed its verdict (w1 is trusted)."""
+    settings = [*SETTINGS, "merge.quorum=1", "coordinator.verify=untrusted", 'coordinator.trusted=["w1"]']
+    with served_tiny_run(tmp_path_factory.mktemp("held"), settings, SECRET) as run:
+        yield run
+
+
 def train_round(run: dict, name: str, *, forged: bool = False):
     """Lease and train a real round; ``forged``: its completions sampled with noise keyed by another seed than the
     lease's (everything else honest: rewards, adapter, token ids that decode to the texts). (lease, folder)."""
@@ -200,3 +208,23 @@ def test_a_round_edited_after_an_honest_generation_fails_its_replay(served_run, 
     attack(data.batches[0])
     verdict = verifier.replay(lease, data, b"k" * 32)
     assert not verdict["passed"] and reason in verdict["reason"], verdict
+
+
+@pytest.mark.timeout(300)
+def test_an_untrusted_round_merges_only_once_it_passed(held_run, tmp_path):
+    import time
+
+    run = held_run
+    client = CoordinatorClient(run["url"], retries=2)
+    trusted = submit(run, *train_round(run, "w1"))
+    wait_merged(run["coord"], trusted["submission_id"])  # w1 is trusted: no verdict needed
+    held = submit(run, *train_round(run, "w2"))
+    time.sleep(1.0)  # the tick thread would have merged it by now (quorum 1)
+    status = client.status()
+    assert status["pending"] == [held["submission_id"]] and status["version"] == 1
+    assert [t["submission_id"] for t in status["verify"]["todo"]][0] == held["submission_id"]
+    verifier = Verifier(run["store"], client, engine=run["engine"], workdir=tmp_path / "verifier")
+    results = verifier.run(once=True)
+    assert results[0]["submission_id"] == held["submission_id"] and results[0]["passed"], results[0]
+    merged = wait_merged(run["coord"], held["submission_id"])  # merged once it passed
+    assert merged[held["submission_id"]].weight == 1.0 and client.status()["version"] == 2
