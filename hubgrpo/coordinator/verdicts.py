@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
 
 MAX_TODO = 256  # rounds the status lists for a verifier
+TODO_VERSIONS = 64  # merged rounds of the newest this many versions are listed (older folders left the head)
+MAX_KEPT = 50_000  # verdicts state.json keeps: every failed one, then the newest passed ones
 HINT = "a verifier replayed this participant's round and the leased policy did not write it; ask the run's owner"
 
 
@@ -169,7 +171,7 @@ def todo(c: Coordinator) -> list[dict]:
         for k, p in sorted(list(c.pending.items()))
         if k not in done
     ]
-    for v in reversed(list(c.state.versions)):
+    for v in reversed(list(c.state.versions)[-TODO_VERSIONS:]):
         for m in v.merged:
             if len(out) >= MAX_TODO:
                 return out
@@ -182,7 +184,12 @@ def apply(state: RunState, pending: dict) -> set[str]:
     """Write the unsaved verdicts into ``state`` (a copy being staged); returns the ids it wrote."""
     have = {v.submission_id for v in state.verdicts}
     new = [v for k, v in pending.items() if k not in have]
-    state.verdicts = state.verdicts + new
+    kept = state.verdicts + new
+    if len(kept) > MAX_KEPT:  # bounded: the oldest passed verdicts go first, never a failed one (an exclusion)
+        oldest_passed = [i for i, v in enumerate(kept) if v.report.passed][: len(kept) - MAX_KEPT]
+        gone = set(oldest_passed)
+        kept = [v for i, v in enumerate(kept) if i not in gone]
+    state.verdicts = kept
     return {v.submission_id for v in new}
 
 
