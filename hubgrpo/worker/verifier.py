@@ -31,6 +31,7 @@ from hubgrpo import layout, runrepo
 from hubgrpo.errors import CoordinatorError, HubGrpoError, wire_text
 from hubgrpo.proof.selection import BUDGET, choose, selection_key
 from hubgrpo.store.base import Store
+from hubgrpo.worker.evaluator import waiting_status
 
 log = logging.getLogger("hubgrpo.verifier")
 
@@ -88,7 +89,7 @@ class Verifier:
         """Check and record until nothing is left (``once``) or the run is finished."""
         results: list[dict] = []
         while True:
-            status = self.client.status()
+            status = waiting_status(self.client, self.sleep)  # outages waited out, as the evaluator does
             done = [r for r in (self._check_and_record(*t) for t in self.todo(status)) if r is not None]
             results += done
             if once or (status.get("finished") and not done):
