@@ -223,8 +223,11 @@ def test_an_untrusted_round_merges_only_once_it_passed(held_run, tmp_path):
     status = client.status()
     assert status["pending"] == [held["submission_id"]] and status["version"] == 1
     assert [t["submission_id"] for t in status["verify"]["todo"]][0] == held["submission_id"]
-    verifier = Verifier(run["store"], client, engine=run["engine"], workdir=tmp_path / "verifier")
-    results = verifier.run(once=True)
-    assert results[0]["submission_id"] == held["submission_id"] and results[0]["passed"], results[0]
+    shown = subprocess.run(  # the verifier as its owner runs it: through the installed entry point
+        [str(EXE), "evaluate", "--verify", "--once", "--repo", str(run["store"].location), "--coordinator", run["url"]],
+        capture_output=True, text=True, timeout=240)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "verified 2 rounds, 0 failed" in shown.stdout, shown.stdout  # the held round, and the trusted one after
+    assert shown.stdout.index(held["submission_id"]) < shown.stdout.index(trusted["submission_id"])  # pending first
     merged = wait_merged(run["coord"], held["submission_id"])  # merged once it passed
     assert merged[held["submission_id"]].weight == 1.0 and client.status()["version"] == 2
