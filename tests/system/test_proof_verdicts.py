@@ -7,6 +7,7 @@ submissions refused — across a restart of the coordinator."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,17 @@ def held_run(tiny_cache, tmp_path_factory):  # noqa: F811
     """A run that merges an untrusted participant's round only once it passed its verdict (w1 is trusted)."""
     settings = [*SETTINGS, "merge.quorum=1", "coordinator.verify=untrusted", 'coordinator.trusted=["w1"]']
     with served_tiny_run(tmp_path_factory.mktemp("held"), settings, SECRET) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def sharp_run(tiny_cache, tmp_path_factory):  # noqa: F811
+    """A run of the tiny model sharpened (``proof_support.sharpen``: peaked like a real LM's, so that the policy,
+    not the noise alone, picks the tokens); the verifier shares the engine, so it replays the same model."""
+    from tests.support.proof_support import sharpen
+
+    with served_tiny_run(tmp_path_factory.mktemp("sharp"), SETTINGS, SECRET) as run:  # quorum 2: rounds wait
+        sharpen(run["engine"].model)
         yield run
 
 
@@ -231,3 +243,33 @@ def test_an_untrusted_round_merges_only_once_it_passed(held_run, tmp_path):
     assert shown.stdout.index(held["submission_id"]) < shown.stdout.index(trusted["submission_id"])  # pending first
     merged = wait_merged(run["coord"], held["submission_id"])  # merged once it passed
     assert merged[held["submission_id"]].weight == 1.0 and client.status()["version"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_completions_of_another_adapter_exclude_their_worker(sharp_run, tmp_path):
+    """The round's update trained honestly from the leased version, its completions (and their rewards, token ids,
+    texts: all consistent) sampled by another adapter with the lease's own noise."""
+    import torch
+
+    run, engine = sharp_run, sharp_run["engine"]
+    client = CoordinatorClient(run["url"], retries=2)
+    lease = client.lease("w2")
+    base = client.adapter(lease.base_version, lease.base_sha, tmp_path / "bases", 1 << 30)
+    engine.load_adapter(base)
+    torch.manual_seed(3)
+    for name, p in engine.trainer.model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.5)
+    other = engine.save_adapter(tmp_path / "other")
+    engine.run_round(other, lease, tmp_path / "forged")
+    engine.run_round(base, lease, tmp_path / "honest")
+    shutil.copy(tmp_path / "forged" / layout.ROLLOUTS_FILE, tmp_path / "honest" / layout.ROLLOUTS_FILE)
+    answer = submit(run, lease, tmp_path / "honest")
+    assert answer["status"] == "admitted"  # the rewards are its completions': admitted, pending (quorum 2)
+    verifier = Verifier(run["store"], client, engine=engine, workdir=tmp_path / "verifier", budget=1.0)
+    results = verifier.run(once=True)
+    assert [r["submission_id"] for r in results] == [answer["submission_id"]]
+    assert not results[0]["passed"] and results[0]["mismatches"] > 0, results[0]
+    assert client.status()["verify"]["excluded"] == ["w2"]
+    with pytest.raises(Refused):
+        client.lease("w2")
