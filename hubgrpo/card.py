@@ -158,12 +158,35 @@ each entry within what the lease's AdamW steps can move it; its update norm unde
 recent round (the median over participants), and above `merge.min_norm_factor`× it (a round below that floor, such as an
 adapter sent back unchanged, is merged with weight 0 and earns no leaderboard credit); its rewards, recomputed from the
 completions it submitted with the run's own reward functions on the run's own prompts; its merge weight and its worker's
-identity, from the signed lease, never from what the worker reports.
+identity, from the signed lease, never from what the worker reports."""
+
+NOT_VERIFIED = """
 
 **Not verified:** that the leased model generated those completions, or that the update was trained on them. A
 participant can submit completions from elsewhere (the data set's answers score 1.0) with an update of plausible
 size. The training reward is the reward of what was submitted; the held-out reward (`hubgrpo evaluate`, recorded
 only by the run's evaluators) measures the model itself."""
+
+
+def proof_line(cfg: Config, state: RunState) -> str:
+    """The card's proof-of-rollouts paragraph: what ``coordinator.verify`` checks, and the verdicts so far."""
+    mode = cfg.coordinator.verify
+    if mode == "off":
+        return NOT_VERIFIED
+    failed = [v for v in state.verdicts if not v.report.passed]
+    who = sorted({v.user or v.worker for v in failed})
+    return (
+        f"\n\n**Proof of rollouts** (`coordinator.verify: {mode}`): a verifier replays a sample of the completions "
+        "of each admitted round's first generation batch with the leased version and the lease's sampling noise; "
+        "a participant whose round fails is excluded"
+        + (", and a round merges only once it passed" if mode == "all" else "")
+        + (", and an untrusted participant's round merges only once it passed" if mode == "untrusted" else "")
+        + f". So far {len(state.verdicts)} rounds checked, {len(failed)} failed"
+        + (f"; excluded: {', '.join(who)}." if who else ".")
+        + "\n\n**Not verified:** the later generation batches of a round of several steps (sampled by the worker's "
+        "own adapter after local steps), and that the update was trained on the completions; the held-out reward "
+        "(`hubgrpo evaluate`) measures the model itself."
+    )
 
 
 def run_card(cfg: Config, state: RunState) -> str:
@@ -184,7 +207,7 @@ def run_card(cfg: Config, state: RunState) -> str:
     ]
     body = (
         f"Trained with hubgrpo (asynchronous GRPO + LoRA): {len(state.workers)} workers, "
-        f"{state.samples_total} completions, merge method `{cfg.merge.method}`.\n\n" + VERIFIED
+        f"{state.samples_total} completions, merge method `{cfg.merge.method}`.\n\n" + VERIFIED + proof_line(cfg, state)
     )
     return render_model_card(
         cfg,

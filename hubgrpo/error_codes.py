@@ -57,6 +57,7 @@ CODES: list[Code] = [
             "the worker speaks another `layout.PROTOCOL_VERSION`; the hint is the install line of "
             "the coordinator's hubgrpo",
         ),
+        ("excluded", "a participant a failed proof-of-rollouts verdict excluded (`coordinator.verify`)"),
     ),
     *_codes(
         "LeaseError",
@@ -103,12 +104,15 @@ CODES: list[Code] = [
         ("bad_rollouts", "rollouts.json.gz is malformed"),
         ("reward_mismatch", "the recomputed rewards differ from the round's"),
         ("reward_timeout", "a non-built-in reward ran past `coordinator.reward_timeout_s`"),
+        ("excluded", "its participant was excluded by a failed proof-of-rollouts verdict"),
     ),
     *_codes(
         "InvalidSubmission",
         "evaluator",
         ("bad_eval", "a `record_eval` report that does not parse"),
         ("unknown_version", "a score for a version the run does not have"),
+        ("bad_verdict", "a `record_verdict` report that does not parse, or a run with `coordinator.verify: off`"),
+        ("unknown_submission", "a verdict on a round the coordinator has not admitted"),
     ),
     *_codes(
         "CoordinatorError",

@@ -27,7 +27,7 @@ from hubgrpo.errors import InvalidPath, InvalidSubmission
 SCHEMA_VERSION = 1
 # The wire protocol between workers and coordinators; a lease request carries it and a coordinator refuses any other
 # (code ``version``). Raise it with every change a worker and a coordinator of different releases would disagree on.
-PROTOCOL_VERSION = 5  # what each version changed: CHANGELOG.md, "Wire protocol versions"
+PROTOCOL_VERSION = 6  # what each version changed: CHANGELOG.md, "Wire protocol versions"
 WHEELS_DIR = "wheels"  # where `hubgrpo space deploy` publishes the hubgrpo wheel in the Space repo
 
 
@@ -211,6 +211,9 @@ class MergedEntry(Record):
 
 MAX_COMPLETION_CHARS = 1_000_000
 CompletionText = Annotated[str, Field(max_length=MAX_COMPLETION_CHARS)]
+MAX_TOKEN_ID = 1 << 24  # above any vocabulary (the coordinator also checks the base model's own size, verify.py)
+MAX_IDS = 1 << 16  # token ids of one prompt or one completion
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=MAX_TOKEN_ID)]], Field(max_length=MAX_IDS)]
 
 
 class Message(Record):
@@ -227,12 +230,17 @@ class RolloutBatch(Record):
     prompt_indices: list[Index] = Field(max_length=100_000)
     completions: list[CompletionText | Annotated[list[Message], Field(max_length=16)]] = Field(max_length=100_000)
     rewards: list[list[Num | None]] = Field(max_length=64)  # [function][completion]
+    # schema 2, keyed sampling (``hubgrpo.proof``): what a verifier replays — each completion's prompt token ids
+    # (as ``generate`` got them, unpadded) and its sampled token ids; None when the round was not sampled keyed
+    prompt_ids: list[TokenIds] | None = Field(None, max_length=100_000)
+    completion_ids: list[TokenIds] | None = Field(None, max_length=100_000)
 
 
 class Rollouts(Record):
-    """rollouts.json.gz: every completion of a round and its rewards, so the coordinator can recompute them."""
+    """rollouts.json.gz: every completion of a round and its rewards, so the coordinator can recompute them (and
+    from schema 2, the token ids a verifier replays)."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = 2
     reward_names: list[Text] = Field(max_length=64)
     batches: list[RolloutBatch] = Field(max_length=100_000)
 
@@ -268,6 +276,27 @@ class VersionRecord(Record):
     start_version: Version | None = None  # set when the merge started from another version than the previous one
 
 
+class VerdictReport(Record):
+    """What a verifier reports about one admitted round (``record_verdict``): hostile input until checked."""
+
+    passed: bool
+    completions: Count  # completions replayed
+    tokens: Count  # their completion tokens
+    checked: Count  # positions compared (not ambiguous)
+    mismatches: Count
+    reason: LongText | None = None  # why the round failed, in words (a prompt or text that is not its ids…)
+
+
+class VerdictRecord(Record):
+    """A proof-of-rollouts verdict on one admitted round (``hubgrpo evaluate --verify``, ``coordinator/verdicts``)."""
+
+    submission_id: Text
+    worker: Text
+    user: Text | None = None
+    report: VerdictReport
+    at: Seconds
+
+
 class WorkerStats(Record):
     """Leaderboard row for one worker."""
 
@@ -300,6 +329,7 @@ class RunState(Record):
     samples_total: Count = 0
     started_at: Seconds = 0.0
     finished: bool = False
+    verdicts: list[VerdictRecord] = Field(default_factory=list, max_length=100_000)  # proof of rollouts
 
 
 # ------------------------------------------------------------------------------------------------ paths

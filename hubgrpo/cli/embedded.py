@@ -136,6 +136,12 @@ def spawn_evaluator(repo: str, url: str, *, log_dir: Path, samples: int = 16, al
     )
 
 
+def spawn_verifier(repo: str, url: str, *, log_dir: Path, allow: list[str] | None = None):
+    """Start ``hubgrpo evaluate --verify`` (one torch thread) for a run with ``coordinator.verify``: it replays a
+    sample of every admitted round (with ``all``/``untrusted`` the merges wait for it) until the run is finished."""
+    return _spawn(["evaluate", "--verify", "--repo", repo, "--coordinator", url], 1, allow, log_dir / "verifier.log")
+
+
 def _spawn(args: list[str], threads: int, allow: list[str] | None, log: Path) -> subprocess.Popen:
     env = dict(
         os.environ,
@@ -253,8 +259,8 @@ def _serve_and_watch(
     max_wall_s: float | None,
     eval_samples: int = 0,
 ) -> dict:
-    """The coordinator API in this process, N worker processes (and an evaluator), and a status loop until the run
-    finishes."""
+    """The coordinator API in this process, N worker processes (and an evaluator; a verifier with
+    ``coordinator.verify``), and a status loop until the run finishes."""
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import serve
     from hubgrpo.task.rewards import foreign_code
@@ -273,6 +279,11 @@ def _serve_and_watch(
     evaluator = (
         spawn_evaluator(repo_arg, url, log_dir=log_dir, samples=eval_samples, allow=foreign_code(cfg.rewards))
         if eval_samples
+        else None
+    )
+    verifier = (
+        spawn_verifier(repo_arg, url, log_dir=log_dir, allow=foreign_code(cfg.rewards))
+        if cfg.coordinator.verify != "off"
         else None
     )
     start = time.time()
@@ -297,7 +308,7 @@ def _serve_and_watch(
         coord.flush()  # held-out scores and refusals not in state.json yet
         status = client.status()
     finally:
-        stop_workers(procs + ([evaluator] if evaluator is not None else []))
+        stop_workers(procs + [p for p in (evaluator, verifier) if p is not None])
         app.close()
     status["wall_s"] = time.time() - start
     return status

@@ -1,4 +1,5 @@
-"""``hubgrpo evaluate``: held-out scores of every version, recorded with the coordinator."""
+"""``hubgrpo evaluate``: held-out scores of every version, recorded with the coordinator; ``--verify``:
+proof-of-rollouts verdicts on admitted rounds instead (``hubgrpo.worker.verifier``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ def evaluate(
     samples: int = typer.Option(16, "--samples", min=1, max=100_000, help="Held-out prompts per version (greedy)."),
     threads: int = typer.Option(None, "--threads", help="torch threads (default: all cores)."),
     allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Instead of scoring versions, replay a sample of every admitted round with its leased version and record "
+        "a verdict (proof of rollouts; the run needs coordinator.verify: sample).",
+    ),
     verbose: bool = typer.Option(True, "--verbose/--quiet"),
 ) -> None:
     """Score every version without a held-out score on the run's held-out prompts and record it with the
@@ -41,6 +48,16 @@ def evaluate(
     if not url:
         raise ConfigError("no coordinator given", hint="pass --coordinator URL_OR_SPACE or set coordinator.url")
     client = CoordinatorClient(url, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
+    if verify:
+        from hubgrpo.worker.verifier import Verifier
+
+        vf = Verifier(store, client, threads=threads, allow_code=allow_reward, sleep=orphan_aware_sleep)
+        checked = vf.run(once=once)
+        typer.echo(f"verified {len(checked)} rounds, {sum(not r['passed'] for r in checked)} failed")
+        for r in checked:
+            verdict = "passed" if r["passed"] else f"FAILED ({r['reason']})"
+            typer.echo(f"  {r['submission_id']}  {r['checked']} tokens checked  {verdict}  {r.get('status')}")
+        return
     ev = Evaluator(store, client, samples=samples, threads=threads, allow_code=allow_reward, sleep=orphan_aware_sleep)
     results = ev.run(once=once)
     mean = sum(ev.seconds) / len(ev.seconds) if ev.seconds else 0.0

@@ -65,7 +65,8 @@ def print_leaderboard(status: dict) -> None:
     from rich.table import Table
 
     t = Table(title="leaderboard")
-    for col in ("worker", "user", "accepted", "refused", "samples", "mean reward", "gain", "last seen"):
+    cols = ["worker", "user", "accepted", "refused", "samples", "mean reward", "gain", "last seen", "verified"]
+    for col in cols:
         t.add_column(col)
     now = time.time()
     for r in status["leaderboard"]:
@@ -81,10 +82,27 @@ def print_leaderboard(status: dict) -> None:
                     _fmt(r["mean_reward"]),
                     _fmt(r["reward_gain"], "+.3f"),
                     f"{now - r['last_seen']:.0f} s ago",
+                    _verified(r),
                 ),
             )
         )
     _console().print(t)
+    verify = status.get("verify")
+    if isinstance(verify, dict) and verify.get("checked"):
+        _console().print(
+            _safe(
+                f"proof of rollouts: {verify['checked']} rounds checked, {verify['failed']} failed"
+                + (f"; excluded: {', '.join(map(str, verify['excluded']))}" if verify.get("excluded") else "")
+            )
+        )
+
+
+def _verified(row: dict) -> str:
+    """Proof-of-rollouts verdicts of a leaderboard row: checked rounds and failures, EXCLUDED when a failure
+    excluded its participant (a status of an older coordinator has no such keys: "-")."""
+    if row.get("excluded"):
+        return f"EXCLUDED ({row.get('failed', 0)} failed of {row.get('checked', 0)})"
+    return f"{row['checked']} checked, {row['failed']} failed" if row.get("checked") else "-"
 
 
 def print_checkpoint(status: dict, *, live: bool) -> None:

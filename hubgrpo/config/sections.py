@@ -83,6 +83,19 @@ class CoordinatorSection(_Section):
         default_factory=list,
         description="Users/orgs allowed to record held-out scores (hubgrpo evaluate); empty = the repo owner.",
     )
+    verify: Literal["off", "sample", "all", "untrusted"] = Field(
+        "off",
+        description="Proof of rollouts (hubgrpo.proof): sample = a verifier (hubgrpo evaluate --verify) replays a "
+        "sample of the completions of each admitted round with the leased version, and a failed round excludes its "
+        "participant (no merge weight for its pending rounds, no leaderboard credit, later rounds refused); all = "
+        "the same, and a round is merged only once it passed; untrusted = like all for participants not in "
+        "coordinator.trusted; rounds must carry their token ids (worker.keyed_sampling). off = no verdicts.",
+    )
+    trusted: list[str] = Field(
+        default_factory=list,
+        description="Users (or worker names, in runs without auth) whose rounds merge without waiting for their "
+        "verdict under coordinator.verify: untrusted.",
+    )
     keep_submissions: int | None = Field(
         2,
         ge=0,

@@ -292,6 +292,9 @@ def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True) -> 
     if count_commit and c.inbox.in_repo:  # a round in an inbox (hub.submissions) is no commit of the repo
         c.commit_times.append(now)
     err, pending = prepared.error, prepared.pending
+    from hubgrpo.coordinator.verdicts import submission_error
+
+    err = err or submission_error(c, lease.worker, lease.user)  # a failed proof of rollouts excluded them
     if err is None:
         assert pending is not None, "prepare() gives a pending submission or an error"
         try:  # the version may have moved while prepare ran

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from hubgrpo import layout, runrepo
 from hubgrpo.card import run_card
 from hubgrpo.config.sections import FREE_COMMITS
-from hubgrpo.coordinator import evals
+from hubgrpo.coordinator import evals, verdicts
 from hubgrpo.coordinator.ledger import MAX_REFUSALS_KEPT, fork_state
 from hubgrpo.coordinator.pruning import merge_deletes
 from hubgrpo.errors import CommitConflict, HubGrpoError
@@ -76,7 +76,7 @@ def due(c: Coordinator, *, force: bool = False) -> bool:
         return False
     now, co = c.clock(), c.cfg.coordinator
     behind = c.state.version - c.checkpoint.version
-    if behind <= 0 and not (c.new_refusals or c.new_evals):
+    if behind <= 0 and not (c.new_refusals or c.new_evals or c.new_verdicts):
         return False
     if force:
         return True
@@ -87,7 +87,9 @@ def due(c: Coordinator, *, force: bool = False) -> bool:
     if behind > 0:
         many = co.checkpoint_every_versions is not None and behind >= co.checkpoint_every_versions
         return c.state.finished or many or waited >= every
-    oldest = min([r.at for r in c.new_refusals] + [e[2] for e in c.new_evals.values()])
+    oldest = min(
+        [r.at for r in c.new_refusals] + [e[2] for e in c.new_evals.values()] + [v.at for v in c.new_verdicts.values()]
+    )
     return now - oldest >= co.refusal_flush_s and waited >= every
 
 
@@ -101,6 +103,7 @@ class Staged:
     refusals: list
     evals_saved: dict
     workers_then: dict
+    verdicts_saved: set
     message: str
     sha: str | None = None
 
@@ -111,6 +114,7 @@ def stage(c: Coordinator) -> Staged:
     st.refused = (st.refused + c.new_refusals)[-MAX_REFUSALS_KEPT:]
     st.next_prompt = max(st.next_prompt, c.pool.next_index)
     saved = evals.apply(st, c.new_evals)
+    verdicts_saved = verdicts.apply(st, c.new_verdicts)
     now = c.clock()
     st.commit_times = [t for t in c.commit_times if t > now - 3600] + [now]
     tagged = st.version > c.checkpoint.version or st.version not in c.shas
@@ -131,6 +135,7 @@ def stage(c: Coordinator) -> Staged:
         momentum=momentum,
         refusals=list(c.new_refusals),
         evals_saved=saved,
+        verdicts_saved=verdicts_saved,
         workers_then={k: (w.refused, w.accepted) for k, w in c.state.workers.items()},
         message=message,
     )
@@ -195,6 +200,7 @@ def adopt(c: Coordinator, staged: Staged) -> None:
     saved = {id(r) for r in staged.refusals}
     c.new_refusals = [r for r in c.new_refusals if id(r) not in saved]
     c.new_evals = {v: e for v, e in c.new_evals.items() if v not in staged.evals_saved}
+    c.new_verdicts = {k: v for k, v in c.new_verdicts.items() if k not in staged.verdicts_saved}
     if c.state.version == st.version:
         for key, ws in c.state.workers.items():  # rows changed since staging (heartbeats, refusals)
             refused_then, _ = staged.workers_then.get(key, (0, 0))

@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hubgrpo import layout
-from hubgrpo.coordinator import admission, checkpoint, evals, lease_signing, leasing, merging, reconcile
+from hubgrpo.coordinator import admission, checkpoint, evals, lease_signing, leasing, merging, reconcile, verdicts
 from hubgrpo.coordinator.inflight import InFlight
 from hubgrpo.coordinator.repo_state import RepoStateMixin
 from hubgrpo.coordinator.scan import prepare_unseen
 from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMixin
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError
-from hubgrpo.layout import Lease, Refusal, WorkerStats
+from hubgrpo.layout import Lease, Refusal, VerdictRecord, WorkerStats
 from hubgrpo.store.base import Store
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         self.fold: FfaFold | None = None  # merging.prefold: FFA submissions folded in before their merge is due
         self.new_refusals: list[Refusal] = []
         self.new_evals: dict[int, tuple] = {}  # version → (held-out reward, samples, when): not in state.json yet
+        self.new_verdicts: dict[str, VerdictRecord] = {}  # submission id → proof verdict: not in state.json yet
         self.commit_times: list[float] = []
         self.adapters = AdapterCache()  # the global adapters in memory by version (``adapter``)
         self._flush_lock = threading.Lock()  # one checkpoint at a time (``flush``)
@@ -318,6 +319,13 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         with self.lock:
             return evals.record(self, *parsed)
 
+    def record_verdict(self, submission_id, report) -> dict:
+        """A proof-of-rollouts verdict on an admitted round, reported by a verifier: checked as hostile input, kept
+        until the next state.json commit; a failed one excludes the round's participant (``verdicts``)."""
+        parsed = verdicts.parse(self, submission_id, report)
+        with self.lock:
+            return verdicts.record(self, *parsed)
+
     @property
     def merge_wait_s(self) -> float:
         """How long the server lets a lease wait for a due or running merge (``lease_waits_for_merge_s``)."""
@@ -327,8 +335,11 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         """``quorum`` submissions are in, or the round deadline passed with at least one (and none merging)."""
         if not self.pending or self.state.finished or self.merging is not None:
             return False
+        ready = len(verdicts.ready_pending(self))  # coordinator.verify: all | untrusted holds rounds for verdicts
+        if not ready:
+            return False
         deadline = self.last_merge_at + self.cfg.coordinator.round_timeout_s
-        return len(self.pending) >= self.cfg.merge.quorum or self.clock() >= deadline
+        return ready >= self.cfg.merge.quorum or self.clock() >= deadline
 
     def maybe_merge(self) -> bool:
         """Merge now when a merge is due, in this thread: planned under the lock, computed without it, finished

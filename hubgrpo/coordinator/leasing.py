@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hubgrpo import layout
-from hubgrpo.coordinator import lease_signing
+from hubgrpo.coordinator import lease_signing, verdicts
 from hubgrpo.errors import LeaseError, Refused
 from hubgrpo.layout import Lease
 
@@ -40,6 +40,7 @@ def issue(c: Coordinator, worker: str, user: str | None) -> Lease:
             hint="nothing left to do; start a new run to train further",
         )
     _check_identity(c, worker, user, now)
+    verdicts.refuse_lease(c, worker, user)  # a failed proof of rollouts excluded this participant
     m = c.cfg.merge
     if c.merging is not None and m.max_staleness == 0 and not m.staleness_per_worker:  # synchronous: wait
         raise refused(

@@ -67,6 +67,7 @@ def fork_state(state: RunState) -> RunState:
     st = state.model_copy()
     st.versions, st.merged_ids, st.refused = list(state.versions), list(state.merged_ids), list(state.refused)
     st.workers, st.commit_times = dict(state.workers), list(state.commit_times)
+    st.verdicts = list(state.verdicts)
     return st
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 from hubgrpo import layout
-from hubgrpo.coordinator import evals
+from hubgrpo.coordinator import evals, verdicts
 from hubgrpo.coordinator.admission import staleness_limit
 from hubgrpo.coordinator.ledger import next_state
 from hubgrpo.coordinator.norms import credited
@@ -95,6 +95,7 @@ class Staged:
     refusals: list  # the refusals of ``c.new_refusals`` it holds (removed by identity when adopted)
     result: MergeResult
     evals_saved: dict = field(default_factory=dict)  # the held-out scores it holds (version → score)
+    verdicts_saved: set = field(default_factory=set)  # the proof verdicts it holds (submission ids)
     workers_then: dict = field(default_factory=dict)  # (refused, accepted) per leaderboard row when staged
 
 
@@ -196,7 +197,7 @@ def prefold(c: Coordinator) -> int:
         version = c.state.version
         fold = c.fold if c.fold is not None and c.fold.version == version else None
         todo = []
-        for sub_id, p in sorted(c.pending.items()):
+        for sub_id, p in sorted(verdicts.ready_pending(c).items()):
             w = _raw_weight(c, p)
             if w is not None and (fold is None or sub_id not in fold.weights):
                 todo.append((sub_id, p.adapter, p.sub.trained_base, w))
@@ -219,7 +220,7 @@ def _raw_weight(c: Coordinator, p) -> float | None:
     from hubgrpo.merge import staleness_weight
 
     m = c.cfg.merge
-    if not credited(c.cfg, c.norm_history, p):
+    if not credited(c.cfg, c.norm_history, p) or verdicts.is_excluded(c, p.sub.worker, p.sub.lease.user):
         return None
     try:
         return staleness_weight(
@@ -242,6 +243,8 @@ def _weighted_items(c: Coordinator) -> tuple[list, list[MergedEntry], float, dic
     m, now, limit = c.cfg.merge, c.clock(), staleness_limit(c)
     raw, entries = [], []
     for sub_id, p in sorted(c.pending.items()):
+        if not verdicts.ready(c, sub_id, p):  # held for its verdict (coordinator.verify: all | untrusted)
+            continue
         tau = c.state.version - p.sub.trained_base
         try:
             w = staleness_weight(p.samples, tau, m.staleness_decay, max(limit, p.staleness_limit))
@@ -250,6 +253,7 @@ def _weighted_items(c: Coordinator) -> tuple[list, list[MergedEntry], float, dic
             c.refuse(sub_id, p.sub.worker, e, now, user=p.sub.lease.user)
             continue
         w = w if credited(c.cfg, c.norm_history, p) else 0.0
+        w = 0.0 if verdicts.is_excluded(c, p.sub.worker, p.sub.lease.user) else w  # a failed proof: no weight
         if w > 0:
             raw.append((p.adapter, c.adapter(p.sub.trained_base), w))
         entries.append(
@@ -301,6 +305,7 @@ def stage(c: Coordinator, plan: MergePlan, result: MergeResult) -> Staged | None
     state = next_state(c, plan.entries, result.report)
     state.versions[-1].start_version = plan.start_version
     saved = evals.apply(state, c.new_evals)
+    verdicts_saved = verdicts.apply(state, c.new_verdicts)
     staged = Staged(
         state=state,
         render=lambda: _render(c, staged),
@@ -310,6 +315,7 @@ def stage(c: Coordinator, plan: MergePlan, result: MergeResult) -> Staged | None
         workers_then=_worker_counts(c),
         result=result,
         evals_saved=saved,
+        verdicts_saved=verdicts_saved,
     )
     return staged
 
@@ -351,6 +357,7 @@ def adopt(c: Coordinator, staged: Staged) -> bool:
     held = {id(r) for r in staged.refusals}
     c.new_refusals = [r for r in c.new_refusals if id(r) not in held]
     c.new_evals = {v: e for v, e in c.new_evals.items() if v not in staged.evals_saved}
+    c.new_verdicts = {k: v for k, v in c.new_verdicts.items() if k not in staged.verdicts_saved}
     aid = state.versions[-1].adapter_id
     assert aid is not None, "staged.render() gave the version its adapter id"
     c.ids[state.version] = aid

@@ -11,11 +11,22 @@ if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
 
 
-def leaderboard(state: RunState) -> list[dict]:
+def leaderboard(state: RunState, pending_verdicts: dict | None = None) -> list[dict]:
     """One row per worker, ranked by what the coordinator verified rather than by reward: completions of its
     rounds merged with weight (credited ``samples``, derived from the leases), then credited rounds, then fewer
     refusals. ``mean_reward`` (the credited rounds' recomputed reward) is shown, never ranked on: a round of
-    completions copied from the data set scores 1.0 too. ``uncredited``: rounds merged with weight 0."""
+    completions copied from the data set scores 1.0 too. ``uncredited``: rounds merged with weight 0. Proof of
+    rollouts (``verdicts``): ``checked`` and ``failed`` rounds of the worker; an ``excluded`` participant's rows
+    rank last, whatever they merged."""
+    from hubgrpo.coordinator import verdicts
+
+    known = verdicts.known(state, pending_verdicts)
+    out = verdicts.excluded(state, pending_verdicts)
+    checked: dict[str, list[int]] = {}
+    for v in known.values():
+        row = checked.setdefault(f"{v.user}/{v.worker}" if v.user else v.worker, [0, 0])
+        row[0] += 1
+        row[1] += not v.report.passed
     rows: list[dict[str, Any]] = []
     for w in list(state.workers.values()):  # copies: status runs unlocked
         mean = w.reward_sum / w.accepted if w.accepted else None
@@ -31,9 +42,12 @@ def leaderboard(state: RunState) -> list[dict]:
                 "mean_reward": mean,
                 "reward_gain": gain,
                 "last_seen": w.last_seen,
+                "checked": checked.get(f"{w.user}/{w.worker}" if w.user else w.worker, [0, 0])[0],
+                "failed": checked.get(f"{w.user}/{w.worker}" if w.user else w.worker, [0, 0])[1],
+                "excluded": verdicts.participant(w.worker, w.user) in out,
             }
         )
-    rows.sort(key=lambda r: (-r["samples"], -r["accepted"], r["refused"], r["worker"], r["user"] or ""))
+    rows.sort(key=lambda r: (r["excluded"], -r["samples"], -r["accepted"], r["refused"], r["worker"], r["user"] or ""))
     return rows
 
 
@@ -63,6 +77,12 @@ def versions_table(state: RunState, evals: dict | None = None) -> list[dict]:
     ]
 
 
+def _excluded(state: RunState) -> set[str]:
+    from hubgrpo.coordinator.verdicts import excluded
+
+    return excluded(state)
+
+
 UNSAVED_SHOWN = 5000  # cap on the unsaved refusals a live status lists (all of them in any realistic run)
 
 
@@ -77,6 +97,11 @@ def state_status(state: RunState, target_versions: int | None = None) -> dict:
         "samples_total": state.samples_total,
         "leaderboard": leaderboard(state),
         "versions": versions_table(state),
+        "verify": {
+            "checked": len(state.verdicts),
+            "failed": sum(not v.report.passed for v in state.verdicts),
+            "excluded": sorted(_excluded(state)),
+        },
         "refusals": [r.model_dump() for r in state.refused[-50:]],
     }
 
@@ -86,6 +111,10 @@ def run_status(c: Coordinator) -> dict:
     now = c.clock()
     out = state_status(c.state, c.cfg.rounds.versions)
     out["versions"] = versions_table(c.state, dict(c.new_evals))  # with the held-out scores not saved yet
+    from hubgrpo.coordinator import verdicts
+
+    out["leaderboard"] = leaderboard(c.state, dict(c.new_verdicts))  # with the verdicts not saved yet
+    out["verify"] = verdicts.summary(c)
     # the last 50 saved refusals, plus every refusal not yet in state.json (saved with the next merge), so that
     # none is out of sight — e.g. a round refused as stale when a merge was planned, after which no merge came
     out["refusals"] = [r.model_dump() for r in c.state.refused[-50:] + c.new_refusals[-UNSAVED_SHOWN:]]

@@ -20,13 +20,16 @@ the allowed non-built-in functions in a child process, within ``coordinator.rewa
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, RewardError
-from hubgrpo.layout import ROLLOUTS_FILE, Lease, Rollouts
+from hubgrpo.layout import MAX_TOKEN_ID, ROLLOUTS_FILE, Lease, Rollouts
 from hubgrpo.task import rollouts as rl
 from hubgrpo.task.rewards import completion_text
+
+log = logging.getLogger("hubgrpo.coordinator")
 
 
 class RewardCheck:
@@ -162,3 +165,56 @@ def check_shape(cfg, lease: Lease, data: Rollouts, names: list[str]) -> None:
                 f"batch {b} holds a completion longer than {longest:,} characters, more than "
                 f"max_completion_length tokens decode to"
             )
+        check_ids(cfg, lease, b, batch, bad)
+
+
+def check_ids(cfg, lease: Lease, b: int, batch, bad) -> None:
+    """Batch ``b``'s token ids (schema 2, keyed sampling): one prompt and one completion per completion, ids in
+    [0, vocabulary), completions within max_completion_length tokens and their texts within what those tokens can
+    decode to; rounds without ids only where no verification is asked for (``coordinator.verify: off``)."""
+    if batch.prompt_ids is None or batch.completion_ids is None:
+        if batch.prompt_ids is not None or batch.completion_ids is not None:
+            bad(f"batch {b} carries prompt ids or completion ids, not both")
+        if cfg.coordinator.verify != "off":
+            bad(
+                f"batch {b} carries no token ids, and this run verifies rounds (coordinator.verify: "
+                f"{cfg.coordinator.verify})"
+            )
+        return
+    n = len(batch.completions)
+    if len(batch.prompt_ids) != n or len(batch.completion_ids) != n:
+        bad(f"batch {b} has {len(batch.completion_ids)} completion ids and {len(batch.prompt_ids)} prompt ids for {n}")
+    most = int(rl.lease_params(cfg, lease)["max_completion_length"])
+    prompt_most, vocab = rl.prompt_limit(cfg, lease), vocab_size(cfg)
+    for i, (text, ids) in enumerate(zip(completions_of(batch), batch.completion_ids)):
+        if len(ids) > most:
+            bad(f"completion {i} of batch {b} has {len(ids)} tokens, more than max_completion_length ({most})")
+        if len(completion_text(text).encode()) > len(ids) * rl.BYTES_PER_TOKEN:
+            bad(f"completion {i} of batch {b} is longer than its {len(ids)} tokens can decode to")
+        if ids and max(ids) >= vocab:
+            bad(f"completion {i} of batch {b} has token id {max(ids)}, outside the vocabulary ({vocab})")
+    for i, ids in enumerate(batch.prompt_ids):
+        if not ids or len(ids) > prompt_most:
+            bad(f"prompt ids {i} of batch {b} hold {len(ids)} tokens (1…{prompt_most} allowed)")
+        if max(ids) >= vocab:
+            bad(f"prompt ids {i} of batch {b} have token id {max(ids)}, outside the vocabulary ({vocab})")
+
+
+_VOCAB: dict[str, int] = {}
+
+
+def vocab_size(cfg) -> int:
+    """The base model's vocabulary size (its config.json, read once); ``MAX_TOKEN_ID`` when it cannot be read."""
+    if cfg.base_model.startswith("builtin:"):  # built on the worker side: the verifier checks them
+        return MAX_TOKEN_ID
+    if cfg.base_model not in _VOCAB:
+        try:
+            from transformers import AutoConfig
+
+            conf = AutoConfig.from_pretrained(cfg.base_model)
+            text = getattr(conf, "get_text_config", lambda: conf)()
+            _VOCAB[cfg.base_model] = int(text.vocab_size)
+        except Exception as e:  # noqa: BLE001 — any failure falls back to the schema's bound
+            log.warning("vocabulary of %s unknown (%s): token ids checked against %d", cfg.base_model, e, MAX_TOKEN_ID)
+            _VOCAB[cfg.base_model] = MAX_TOKEN_ID  # a verifier checks them against the model itself
+    return _VOCAB[cfg.base_model]

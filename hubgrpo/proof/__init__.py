@@ -19,7 +19,8 @@ Numbering — the one place that defines what keys a token's noise (the worker a
 What a replay needs, and where this foundation stops:
 
 - the token ids: a verifier replays ids, not text (re-tokenising a completion need not give the sampled ids);
-  ``hubgrpo.worker.keyed.KeyedBatch`` holds them on the worker, the rollouts file does not carry them yet.
+  ``hubgrpo.worker.keyed.KeyedBatch`` holds them on the worker, and the rollouts file (schema 2) carries each
+  completion's prompt ids and completion ids (``RolloutBatch.prompt_ids`` / ``completion_ids``).
 - the policy of each generation batch: batch 0 of a round is sampled by the leased version; in a round of several
   steps, batch ``b`` is sampled by the adapter after ``b`` local steps, which only the worker holds. Replaying a
   later batch against the leased version flags it; either those adapters travel with the round or the check is

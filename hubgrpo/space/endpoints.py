@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hubgrpo.space.api")
 
-ENDPOINTS = ("lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval")
+ENDPOINTS = ("lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval", "record_verdict")
 LEASE_HOLD_S = 2.0  # longest a lease request holds a server thread waiting for a merge
 LEASE_RETRY_S = 1.0  # the wait_s of a ``merging`` refusal: when the worker asks again
 SYNC_SUBMIT_S = 600.0  # longest the synchronous (Gradio) submit waits for its round's check
@@ -57,6 +57,7 @@ class CoordinatorLike(Protocol):
     def submit(self, lease: Lease, commit: str) -> dict: ...  # store reads and checks outside the lock
     def status(self) -> dict: ...
     def record_eval(self, version: Any, reward: Any, samples: Any) -> dict: ...  # checks its hostile input
+    def record_verdict(self, submission_id: Any, report: Any) -> dict: ...  # checks its hostile input
     def tick(self) -> None: ...
     def warm_up(self) -> None: ...  # load what the first admission would (called before the launch)
     def scan_pass(self, *, force: bool = False) -> int: ...  # the repo scan when due (or now)
@@ -288,6 +289,27 @@ class CoordinatorApi:
     ) -> dict:
         """Record the held-out reward of a version (``hubgrpo evaluate``): ``{status: recorded | duplicate,
         version}``. With auth, only ``coordinator.evaluators`` (default: the repo owner) may call it."""
+        return self._as_evaluator(
+            "record_eval", token, protocol, request, lambda: self.coord.record_eval(version, reward, samples)
+        )
+
+    def record_verdict(
+        self,
+        submission_id: str,
+        report: dict,
+        token: str | None = None,
+        protocol: Any = None,
+        request: gr.Request | None = None,
+    ) -> dict:
+        """Record a proof-of-rollouts verdict on an admitted round (``hubgrpo evaluate --verify``): ``{status:
+        recorded | duplicate, submission_id, passed, excluded}``. With auth, only ``coordinator.evaluators``
+        (default: the repo owner) may call it."""
+        return self._as_evaluator(
+            "record_verdict", token, protocol, request, lambda: self.coord.record_verdict(submission_id, report)
+        )
+
+    def _as_evaluator(self, name: str, token: str | None, protocol: Any, request: Any, call: Callable) -> dict:
+        """Answer ``call()`` for a caller in ``coordinator.evaluators`` (with auth) who speaks our protocol."""
         token = caller_token(token, request)
 
         def run():
@@ -295,6 +317,6 @@ class CoordinatorApi:
             if self.auth is not None:
                 evaluator = getattr(self.auth, "evaluator", None)
                 evaluator(token, request) if evaluator is not None else self._user(token, request)
-            return self.coord.record_eval(version, reward, samples)
+            return call()
 
-        return self._answer("record_eval", token, run)
+        return self._answer(name, token, run)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 PREFIX = "/hubgrpo/api"
 MAX_BODY = 1 << 20  # a lease, a commit id, a token: far below this
-MUTATING = frozenset({"lease", "heartbeat", "release", "submit", "verdict", "record_eval", "upload"})
+MUTATING = frozenset({"lease", "heartbeat", "release", "submit", "verdict", "record_eval", "record_verdict", "upload"})
 MAX_DEPTH = 32  # a lease is 3 levels deep
 MAX_NUMBER = 40  # characters of one JSON number
 THREADS = 64  # endpoint calls running at once (each mostly waits: for the coordinator's lock, or a lease for a merge)

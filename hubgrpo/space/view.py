@@ -24,6 +24,7 @@ LEADERBOARD_COLUMNS = [
     "mean reward",
     "reward gain",
     "last seen",
+    "verified",
 ]
 VERSION_COLUMNS = [
     "version",
@@ -101,9 +102,18 @@ def leaderboard_rows(status: dict, now: float | None = None) -> list[list]:
             _num(r["mean_reward"]),
             _num(r["reward_gain"]),
             ago(r.get("last_seen"), now),
+            verified(r),
         ]
         for r in status.get("leaderboard", [])
     ]
+
+
+def verified(row: dict) -> str:
+    """Proof-of-rollouts verdicts of a leaderboard row (``coordinator.verify``): checked rounds, failures, and
+    EXCLUDED when a failure excluded its participant; '-' when none was checked."""
+    if row.get("excluded"):
+        return f"EXCLUDED ({row.get('failed', 0)} failed of {row.get('checked', 0)})"
+    return f"{row['checked']} checked, {row['failed']} failed" if row.get("checked") else "-"
 
 
 def version_rows(status: dict, shas: dict[int, str], store) -> list[list]:

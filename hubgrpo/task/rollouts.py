@@ -26,6 +26,8 @@ from hubgrpo.layout import ROLLOUTS_FILE, Rollouts
 
 BYTES_PER_TOKEN = 128  # a generous bound on the UTF-8 JSON bytes one generated token can decode to
 ROW_OVERHEAD = 512  # JSON around one completion: index, message keys, one reward per function
+BYTES_PER_ID = 9  # one token id in JSON: up to 8 digits (MAX_TOKEN_ID) and a comma
+UNBOUNDED_PROMPT = 8192  # prompt tokens allowed when params.max_prompt_length is None
 FILE_OVERHEAD = 64 << 10
 
 
@@ -79,11 +81,17 @@ def completion_limit(cfg, lease) -> int:
     return int(lease_params(cfg, lease)["max_completion_length"]) * BYTES_PER_TOKEN
 
 
+def prompt_limit(cfg, lease) -> int:
+    """The most token ids one prompt of ``lease`` can have (``max_prompt_length``, or ``UNBOUNDED_PROMPT``)."""
+    return int(lease_params(cfg, lease)["max_prompt_length"] or UNBOUNDED_PROMPT)
+
+
 def size_limit(cfg, lease) -> int:
-    """The largest rollouts file (decompressed) a round of ``lease`` can honestly produce."""
+    """The largest rollouts file (decompressed) a round of ``lease`` can honestly produce (with its token ids)."""
     batches, per_batch, _ = expected_shape(cfg, lease)
     p = lease_params(cfg, lease)
-    per_row = int(p["max_completion_length"]) * BYTES_PER_TOKEN + ROW_OVERHEAD
+    ids = (int(p["max_completion_length"]) + prompt_limit(cfg, lease)) * BYTES_PER_ID
+    per_row = int(p["max_completion_length"]) * BYTES_PER_TOKEN + ids + ROW_OVERHEAD
     return batches * per_batch * per_row + FILE_OVERHEAD
 
 

@@ -277,6 +277,12 @@ class CoordinatorClient:
         answer = self._call("record_eval", int(version), float(reward), int(samples), after_token=[PROTOCOL_VERSION])
         return self._dict("record_eval", answer)
 
+    def record_verdict(self, submission_id: str, report: dict) -> dict:
+        """Report a proof-of-rollouts verdict on an admitted round (``hubgrpo evaluate --verify``): ``{"status":
+        "recorded"|"duplicate", "passed", "excluded"}``."""
+        answer = self._call("record_verdict", str(submission_id), dict(report), after_token=[PROTOCOL_VERSION])
+        return self._dict("record_verdict", answer)
+
     def status(self) -> dict:
         """The run's public status."""
         return self._dict("status", self._call("status"))

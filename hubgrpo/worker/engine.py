@@ -256,6 +256,8 @@ class RoundEngine:
         self._prepare_optimizer(params, optimizer_key)
         tr._step, tr._buffered_inputs = 0, None  # GRPO's generation buffer must not leak across rounds
         tr.keyed = KeyedSampling(seed) if self.cfg.worker.keyed_sampling else None  # hubgrpo.proof: the round's noise
+        if tr.keyed is not None:
+            tr.keyed_log = []  # the round's token ids: the rollouts file carries them
         for metrics in tr._metrics.values():
             metrics.clear()
         self._meter.reset()
@@ -315,7 +317,7 @@ class RoundEngine:
         t3 = time.perf_counter()
         out_dir = Path(out_dir)
         self.save_adapter(out_dir)
-        self.rollouts.save(out_dir / ROLLOUTS_FILE)
+        self.rollouts.save(out_dir / ROLLOUTS_FILE, self.trainer.keyed_log if self.trainer.keyed else None)
         sub = self._submission(lease, result)
         sub.timings.update(setup=setup, load=t2 - t1)
         sub.timings["save"] = time.perf_counter() - t3  # the JSON write below is part of it too (≈ ms)

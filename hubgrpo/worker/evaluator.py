@@ -162,18 +162,22 @@ class Evaluator:
         }
 
     def _status(self) -> dict:
-        """The coordinator's status, waiting out outages (a refusal such as ``auth`` stops the evaluator)."""
-        delay = 1.0
-        while True:
-            try:
-                return self.client.status()
-            except Refused:
-                raise
-            except CoordinatorError as e:
-                from hubgrpo.worker.orphans import orphaned
+        return waiting_status(self.client, self.sleep)
 
-                if e.code != "unreachable" or orphaned():  # stop with the `hubgrpo run` that started it
-                    raise
-                log.warning("coordinator unreachable; retrying in %.0f s", delay)
-                self.sleep(delay)
-                delay = min(2 * delay, 60.0)
+
+def waiting_status(client, sleep) -> dict:
+    """The coordinator's status, waiting out outages (a refusal such as ``auth`` stops the evaluator)."""
+    delay = 1.0
+    while True:
+        try:
+            return client.status()
+        except Refused:
+            raise
+        except CoordinatorError as e:
+            from hubgrpo.worker.orphans import orphaned
+
+            if e.code != "unreachable" or orphaned():  # stop with the `hubgrpo run` that started it
+                raise
+            log.warning("coordinator unreachable; retrying in %.0f s", delay)
+            sleep(delay)
+            delay = min(2 * delay, 60.0)

@@ -5,6 +5,8 @@ and function) scores the batch through ``hubgrpo.task.rollouts.score`` — the r
 by the prompt index the engine puts in every training row (``INDEX_COLUMN``), and the completion in its recorded
 form — records the values and returns them to TRL. So the rewards TRL trains on are exactly what the coordinator
 recomputes from the file. ``rollouts()`` is the round's ``Rollouts`` record; ``reset()`` starts the next round.
+With keyed sampling, ``save`` adds the token ids of every generation batch (``hubgrpo.worker.keyed.KeyedBatch``, in
+the same order as the reward calls): what a verifier replays (``hubgrpo.proof``).
 """
 
 from __future__ import annotations
@@ -38,10 +40,26 @@ class RolloutRecorder:
     def rollouts(self) -> Rollouts:
         return Rollouts(reward_names=list(self.names), batches=list(self.batches))
 
-    def save(self, path: Path) -> Path:
-        """Write the round's rollouts file."""
+    def save(self, path: Path, keyed: Sequence | None = None) -> Path:
+        """Write the round's rollouts file; ``keyed``: the round's keyed generation batches (their token ids)."""
+        if keyed is not None:
+            self.attach_ids(keyed)
         path.write_bytes(dumps(self.rollouts()))
         return path
+
+    def attach_ids(self, keyed: Sequence) -> None:
+        """Give batch ``b`` the prompt and completion ids of keyed generation batch ``b`` (same completions, same
+        order: TRL scores what it generated, in order)."""
+        sizes = [len(b.completions) for b in self.batches]
+        if [len(k.completion_ids) for k in keyed] != sizes or [len(k.prompt_ids) for k in keyed] != sizes:
+            raise RewardError(
+                f"the round generated {len(keyed)} keyed batches of {[len(k.completion_ids) for k in keyed][:8]} "
+                f"completions, but its rewards scored {len(sizes)} batches of {sizes[:8]}",
+                hint="a verifier could not replay this round; report this as a bug of hubgrpo",
+            )
+        for b, k in zip(self.batches, keyed):
+            b.prompt_ids = [[int(t) for t in ids] for ids in k.prompt_ids]
+            b.completion_ids = [[int(t) for t in ids] for ids in k.completion_ids]
 
     def record(self, j: int, indices: list[int], completions: list, values: list) -> None:
         """Function ``j``'s values for one batch: the first function opens the batch, the others add a column."""

@@ -330,7 +330,7 @@ def test_build_app_adds_endpoints_to_an_existing_blocks():
     app = build_app(FakeCoordinator(), blocks=ui)
     assert app is ui
     assert sorted(app.get_api_info()["named_endpoints"]) == [
-        "/echo", "/heartbeat", "/lease", "/record_eval", "/release", "/status", "/submit", "/verdict"]
+        "/echo", "/heartbeat", "/lease", "/record_eval", "/record_verdict", "/release", "/status", "/submit", "/verdict"]
 
 
 @pytest.mark.timeout(20)

@@ -28,7 +28,8 @@ from tests.support.space_support import (ALICE, BOB, MALLORY, SimWorker, make_ru
                                       start_emulator, submission_folder, wait_for_checkpoint, wait_for_version,
                                       write_adapter)
 
-PUBLIC_API = {"lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval", "upload"}
+PUBLIC_API = {"lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval", "record_verdict",
+              "upload"}
 
 
 @pytest.fixture(scope="module")

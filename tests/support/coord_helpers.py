@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -176,3 +177,27 @@ def round_folder(store, lease, tmp_path, seed: int, mutate=None) -> Path:
     if mutate:
         mutate(folder)
     return folder
+
+
+@contextmanager
+def served_tiny_run(tmp: Path, settings: list[str], secret: bytes):
+    """A served coordinator over a local run repo of the tiny model (``tiny_config(settings)``; the tiny-model
+    cache fixture must be active) and a real engine to train its rounds: a dict of store, coord, url, engine, cfg,
+    tmp."""
+    from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.coordinator.repo_init import init_repo
+    from hubgrpo.space.api import serve
+    from hubgrpo.store.local import LocalStore
+    from hubgrpo.worker.engine import RoundEngine
+    from tests.support.models_fixture import tiny_config
+
+    cfg = tiny_config(settings)
+    engine = RoundEngine(cfg, worker="w1")
+    store = LocalStore(tmp / "repo")
+    init_repo(store, cfg, engine.init_adapter(tmp / "v0"))
+    coord = Coordinator(store, secret, workdir=tmp / "coord")
+    app, url = serve(coord, tick_interval=0.05)
+    try:
+        yield {"store": store, "coord": coord, "url": url, "engine": engine, "cfg": cfg, "tmp": tmp}
+    finally:
+        app.close()

@@ -258,6 +258,14 @@ def test_learning_quick_then_pooled(tmp_path):
     assert len(shaped(tmp_path / "pooled.json")["gains"]) == 2
 
 
+@pytest.mark.timeout(180)
+def test_verify_rounds_quick(tmp_path):
+    """Honest worker rounds through the verifier: every one passes, its sample within the budget."""
+    run("proof/verify_rounds.py", tmp_path, timeout=170)
+    r = shaped(tmp_path / "verify-rounds-tiny.json")
+    assert len(r["rounds"]) == 3 and all(x["passed"] and x["checked"] > 0 for x in r["rounds"])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_proof_bench_quick(tmp_path):

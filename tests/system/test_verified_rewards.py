@@ -20,13 +20,11 @@ import pytest
 
 from hubgrpo import layout, runrepo
 from hubgrpo.coordinator.core import Coordinator
-from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.coordinator.verify import RewardCheck
 from hubgrpo.errors import InvalidSubmission
 from hubgrpo.layout import Rollouts
-from hubgrpo.space.api import serve
-from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
+from tests.support.coord_helpers import served_tiny_run
 from tests.support.models_fixture import tiny_cache, tiny_config  # noqa: F401 (fixture)
 
 EXE = Path(sys.executable).with_name("hubgrpo")
@@ -37,19 +35,8 @@ SETTINGS = ["merge.quorum=1", "rounds.versions=50", "rounds.steps=2", "coordinat
 @pytest.fixture(scope="module")
 def served_run(tiny_cache, tmp_path_factory):  # noqa: F811
     """A served coordinator over a local run repo of the tiny model and a real engine to train its rounds."""
-    from hubgrpo.worker.engine import RoundEngine
-
-    tmp = tmp_path_factory.mktemp("verified")
-    cfg = tiny_config(SETTINGS)
-    engine = RoundEngine(cfg, worker="w1")
-    store = LocalStore(tmp / "repo")
-    init_repo(store, cfg, engine.init_adapter(tmp / "v0"))
-    coord = Coordinator(store, SECRET, workdir=tmp / "coord")
-    app, url = serve(coord, tick_interval=0.05)
-    try:
-        yield {"store": store, "coord": coord, "url": url, "engine": engine, "cfg": cfg, "tmp": tmp}
-    finally:
-        app.close()
+    with served_tiny_run(tmp_path_factory.mktemp("verified"), SETTINGS, SECRET) as run:
+        yield run
 
 
 def honest_round(run: dict, name: str = "w1") -> tuple:
@@ -110,6 +97,12 @@ def _completion_changed(data):
     c[0]["content"] = "aaaaaaaa"  # scores 1.0 with char_fraction, its recorded reward is another
 
 
+def _longer_text(data):
+    batch = data["batches"][0]
+    batch["completion_ids"][0] = [1]
+    batch["completions"][0][0]["content"] = "x" * 200  # more than one token can decode to
+
+
 def _swap_ends(indices: list) -> None:
     """[a, a, a, a, b, b, b, b] → [b, a, a, a, b, b, b, a]: no group is one prompt's any more."""
     indices[0], indices[-1] = indices[-1], indices[0]
@@ -127,6 +120,14 @@ TAMPERS = {  # name: (edit of the JSON, refusal code)
     "unknown key": (_set(("extra",), 1), "bad_rollouts"),
     "a completion longer than generation allows": (_set(("batches", 0, "completions", 0),
                                                         "<answer>" * 10_000), "bad_rollouts"),
+    "a token id past any vocabulary": (_set(("batches", 0, "completion_ids", 0, 0), 1 << 24), "bad_rollouts"),
+    "a negative token id": (_set(("batches", 0, "prompt_ids", 0, 0), -1), "bad_rollouts"),
+    "a completion of more tokens than generation allows": (_set(("batches", 0, "completion_ids", 0),
+                                                                [1] * 1000), "bad_rollouts"),
+    "token ids of one completion fewer": (lambda d: d["batches"][0]["completion_ids"].pop(), "bad_rollouts"),
+    "a text longer than its tokens": (_longer_text, "bad_rollouts"),
+    "no token ids while the run verifies": (lambda d: [b.update(prompt_ids=None, completion_ids=None)
+                                                       for b in d["batches"]], "bad_rollouts"),
     "10**6 completions": (lambda d: json.dumps({**d, "batches": [{**d["batches"][0],
                                                                  "completions": ["a"] * 10**6}]}), "too_large"),
 }
@@ -140,8 +141,10 @@ def test_a_tampered_rollouts_file_is_refused(served_run, name, tmp_path):
     lease, honest = served_run["honest"]
     edit, code = TAMPERS[name]
     folder = _tamper(shutil.copytree(honest, tmp_path / "sub"), edit)
+    cfg = served_run["cfg"].model_copy(deep=True)
+    cfg.coordinator.verify = "sample"  # rounds must carry their token ids
     with pytest.raises(InvalidSubmission) as e:
-        RewardCheck(served_run["cfg"]).check(lease, folder)
+        RewardCheck(cfg).check(lease, folder)
     assert e.value.code == code, e.value.message
     assert len(e.value.message) < 600
 
@@ -155,7 +158,8 @@ def test_the_rollouts_file_is_small_and_bounded(served_run):
     lease, folder = served_run["honest"]
     size = (folder / layout.ROLLOUTS_FILE).stat().st_size
     data = read(folder / layout.ROLLOUTS_FILE, size_limit(served_run["cfg"], lease))
-    assert isinstance(data, Rollouts) and size < 4096 and len(data.batches) == lease.steps
+    assert isinstance(data, Rollouts) and size < 8192 and len(data.batches) == lease.steps
+    assert all(len(b.completion_ids or ()) == len(b.completions) for b in data.batches)  # keyed: ids for a replay
     (folder / "bomb").mkdir()
     (folder / "bomb" / layout.ROLLOUTS_FILE).write_bytes(gzip.compress(b"0" * (64 << 20)))  # 64 MiB of zeros
     with pytest.raises(InvalidSubmission) as e:

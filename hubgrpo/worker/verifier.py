@@ -1,0 +1,216 @@
+"""``hubgrpo evaluate --verify``: replay a sample of every admitted round with its leased version (proof of rollouts).
+
+The verifier runs where a model is (the evaluator role). It asks the coordinator's status which admitted rounds have
+no verdict yet (``verify.todo``, only with ``coordinator.verify: sample``), reads each round's submission.json and
+rollouts file from the run repo, and checks it (``check``):
+
+- only the first generation batch is replayed: it is the one the leased version sampled (a later batch of a round
+  of several steps was sampled by the worker's adapter after local steps, which nobody else holds);
+- its completions are chosen with ``hubgrpo.proof.selection`` under a secret this verifier draws at start
+  (``os.urandom``), keyed by the sha256 of the rollouts file: the worker, who submitted before, cannot know which;
+- each chosen completion's prompt ids must be the leased prompt as TRL tokenises it (else a prompt could carry the
+  answer), and its text must be what its token ids decode to (the rewards were computed on the text);
+- ``hubgrpo.proof.verify.verify_completions`` replays them with the leased version (loaded into the engine's model,
+  in eval mode), the lease's seed and sampling settings; the round passes by the rule for the verifier's precision.
+
+It reports each verdict through ``record_verdict`` (on a Space only ``coordinator.evaluators`` may). A round whose
+files are gone from the repo's head (``coordinator.keep_submissions``), or in an inbox (``hub.submissions``), or whose
+base version is no longer loadable, is skipped. ``once=True`` checks what is listed and returns; otherwise it follows
+new rounds until the run is finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+from hubgrpo import layout, runrepo
+from hubgrpo.errors import CoordinatorError, HubGrpoError, wire_text
+from hubgrpo.proof.selection import BUDGET, choose, selection_key
+from hubgrpo.store.base import Store
+from hubgrpo.worker.evaluator import waiting_status
+
+log = logging.getLogger("hubgrpo.verifier")
+
+
+class Verifier:
+    """Checks admitted rounds of one run and records verdicts with its coordinator."""
+
+    def __init__(
+        self,
+        store: Store,
+        client,
+        *,
+        engine=None,
+        workdir: Path | None = None,
+        secret: bytes | None = None,
+        budget: float = BUDGET,
+        poll_s: float = 5.0,
+        sleep=time.sleep,
+        threads: int | None = None,
+        allow_code: list[str] | None = None,
+    ):
+        from hubgrpo.task.rewards import check_allowed
+
+        self.store, self.client, self.budget = store, client, float(budget)
+        self.cfg = runrepo.read_config(store)
+        check_allowed(self.cfg.rewards, allow_code or [])
+        if threads:
+            self.cfg.worker.threads = threads
+        self.engine, self.poll_s, self.sleep = engine, float(poll_s), sleep
+        self.secret = secret if secret is not None else os.urandom(32)  # drawn after the rounds it checks
+        self.workdir = Path(workdir or runrepo.cache_root() / "verifier" / self.cfg.project_name)
+        self.skipped: set[str] = set()  # rounds that cannot be checked (files or base version gone)
+        self.seconds: list[float] = []
+
+    def ready(self):
+        if self.engine is None:
+            from hubgrpo.worker.engine import RoundEngine
+
+            self.engine = RoundEngine(self.cfg, worker="verifier")
+        return self.engine
+
+    def todo(self, status: dict) -> list[tuple[str, int]]:
+        """(submission id, base version) of the rounds the status lists without a verdict (checked shapes)."""
+        rows = (status.get("verify") or {}).get("todo") if isinstance(status.get("verify"), dict) else None
+        out = []
+        for r in rows if isinstance(rows, list) else ():
+            if not isinstance(r, dict) or not layout.is_name(r.get("submission_id")):
+                continue
+            base = r.get("base_version")
+            if type(base) is int and 0 <= base <= 10**9 and r["submission_id"] not in self.skipped:
+                out.append((r["submission_id"], base))
+        return out
+
+    def run(self, once: bool = False) -> list[dict]:
+        """Check and record until nothing is left (``once``) or the run is finished."""
+        results: list[dict] = []
+        while True:
+            status = waiting_status(self.client, self.sleep)  # outages waited out, as the evaluator does
+            done = [r for r in (self._check_and_record(*t) for t in self.todo(status)) if r is not None]
+            results += done
+            if once or (status.get("finished") and not done):
+                return results
+            if not done:
+                self.sleep(self.poll_s)
+
+    def _check_and_record(self, sub_id: str, base_version: int) -> dict | None:
+        t0 = time.perf_counter()
+        try:
+            report = self.check(sub_id, base_version)
+        except (HubGrpoError, OSError) as e:
+            from hubgrpo.worker.loop import STOP_CODES
+
+            if isinstance(e, CoordinatorError) and e.code in STOP_CODES:
+                raise
+            log.info("round %s cannot be checked: %s", sub_id, getattr(e, "message", e))
+            self.skipped.add(sub_id)
+            return None
+        self.seconds.append(time.perf_counter() - t0)
+        answer = self.client.record_verdict(sub_id, report)
+        status = wire_text(answer.get("status"), 40)
+        log.info("round %s: %s (%s)", sub_id, "passed" if report["passed"] else "FAILED", status)
+        return {**report, "submission_id": sub_id, "status": status, "seconds": self.seconds[-1]}
+
+    def check(self, sub_id: str, base_version: int) -> dict:
+        """The verdict on one round (a ``layout.VerdictReport`` as a dict)."""
+        from hubgrpo.task import rollouts as rl
+
+        folder = self._folder(sub_id, base_version)
+        sub = layout.Submission.from_json(self.store.read(f"{folder}/{layout.SUBMISSION_FILE}"))
+        raw = self.store.read(f"{folder}/{layout.ROLLOUTS_FILE}")
+        local = self.workdir / "rounds" / sub_id
+        local.mkdir(parents=True, exist_ok=True)
+        (local / layout.ROLLOUTS_FILE).write_bytes(raw)
+        data = rl.read(local / layout.ROLLOUTS_FILE, rl.size_limit(self.cfg, sub.lease))
+        (local / layout.ROLLOUTS_FILE).unlink()
+        key = selection_key(self.secret, hashlib.sha256(raw).digest())
+        return self.replay(sub.lease, data, key)
+
+    def _folder(self, sub_id: str, base_version: int) -> str:
+        """The round's folder: under the base version the status names; a rebased round (``merge.rebase``) is
+        listed under the version it moved onto, its folder is under its lease's, found in a listing."""
+        folder = layout.submission_dir(base_version, sub_id)
+        if self.store.exists_file(f"{folder}/{layout.SUBMISSION_FILE}"):
+            return folder
+        for path in self.store.list_files(layout.SUBMISSIONS + "/"):
+            parsed = layout.parse_submission_path(path)
+            if parsed is not None and parsed[1] == sub_id and parsed[0] <= base_version:
+                return layout.submission_dir(parsed[0], sub_id)
+        return folder  # not there: the read says so
+
+    def replay(self, lease: layout.Lease, data: layout.Rollouts, key: bytes) -> dict:
+        """Replay the chosen completions of the round's first generation batch with the leased version."""
+        from hubgrpo.proof.verify import verify_completions
+        from hubgrpo.task.rewards import completion_text
+        from hubgrpo.task.rollouts import lease_params
+
+        def failed(reason: str) -> dict:
+            return {"passed": False, "completions": 0, "tokens": 0, "checked": 0, "mismatches": 0, "reason": reason}
+
+        batch = data.batches[0] if data.batches else None
+        if batch is None or batch.prompt_ids is None or batch.completion_ids is None:
+            return failed("the round carries no token ids to replay")
+        engine = self.ready()
+        chosen = choose([len(c) for c in batch.completion_ids], key, self.budget)
+        p = lease_params(self.cfg, lease)
+        rows = engine.prompt_rows([batch.prompt_indices[i] for i in chosen], p["max_prompt_length"])
+        rebuilt = engine.trainer._tokenize_prompts([r["prompt"] for r in rows])[0]
+        vocab = engine.model.get_input_embeddings().weight.shape[0]
+        for i, ids in zip(chosen, rebuilt):
+            if [int(t) for t in ids] != batch.prompt_ids[i]:
+                return failed(f"completion {i}: its prompt ids are not the leased prompt's")
+            if any(t >= vocab for t in batch.completion_ids[i]):
+                return failed(f"completion {i}: a token id outside the vocabulary ({vocab})")
+            text = engine.tokenizer.decode(batch.completion_ids[i], skip_special_tokens=True)
+            recorded = batch.completions[i]
+            if text != completion_text(recorded if isinstance(recorded, str) else [m.model_dump() for m in recorded]):
+                return failed(f"completion {i}: its text is not what its token ids decode to")
+        folder = self._base(lease)
+        model = engine.trainer.model
+        try:
+            engine.load_adapter(folder)
+            training = model.training
+            model.eval()
+            verdict = verify_completions(
+                model,
+                engine.tokenizer,
+                [batch.prompt_ids[i] for i in chosen],
+                [batch.completion_ids[i] for i in chosen],
+                lease.seed,
+                chosen,  # batch 0: a completion's index in the round is its row
+                temperature=p["temperature"],
+                top_p=p["top_p"],
+                top_k=p.get("top_k"),
+            )
+            model.train(training)
+        finally:
+            runrepo.remove_tree(folder, self.workdir / "adapters")
+        passed = verdict.passes()
+        return {
+            "passed": passed,
+            "completions": verdict.completions,
+            "tokens": verdict.tokens,
+            "checked": verdict.checked,
+            "mismatches": verdict.mismatches,
+            "reason": None if passed else f"{verdict.mismatches} of {verdict.checked} replayed tokens differ",
+        }
+
+    def _base(self, lease: layout.Lease) -> Path:
+        """The leased version's adapter: from the coordinator by its id, else at its checkpoint's tag."""
+        from hubgrpo.worker.loop import STOP_CODES, adapter_limit
+
+        try:
+            return self.client.adapter(
+                lease.base_version, lease.base_sha, self.workdir / "adapters", adapter_limit(self.cfg)
+            )
+        except CoordinatorError as e:
+            if e.code in STOP_CODES:
+                raise
+            sha = runrepo.version_shas(self.store).get(lease.base_version)
+            if sha is None:
+                raise
+            return runrepo.adapter_at(self.store, sha, self.workdir / "adapters")

@@ -1,0 +1,275 @@
+"""Proof of rollouts end to end, with the real engine (tiny model, real TRL rounds with keyed sampling) and real HTTP:
+a verifier (``hubgrpo.worker.verifier``) replays a sample of every admitted round with its leased version and records
+a verdict (``record_verdict``); an honest round passes, a forged one (completions sampled with other noise than the
+lease's) fails and excludes its worker — no merge weight for its pending round, ranked last, later leases and
+submissions refused — across a restart of the coordinator."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hubgrpo import layout
+from hubgrpo.coordinator.core import Coordinator
+from hubgrpo.errors import InvalidSubmission, Refused
+from hubgrpo.worker.client import CoordinatorClient
+from hubgrpo.worker.verifier import Verifier
+from tests.support.coord_helpers import served_tiny_run
+from tests.support.models_fixture import tiny_cache, tiny_config  # noqa: F401 (fixture)
+
+EXE = Path(sys.executable).with_name("hubgrpo")
+SECRET = b"proof-verdict-secret"
+SETTINGS = ["merge.quorum=2", "rounds.versions=50", "rounds.steps=1", "coordinator.heartbeat_interval_s=1",
+            "coordinator.verify=sample"]
+
+
+@pytest.fixture(scope="module")
+def served_run(tiny_cache, tmp_path_factory):  # noqa: F811
+    """A served coordinator over a local run repo of the tiny model and a real engine to train its rounds."""
+    with served_tiny_run(tmp_path_factory.mktemp("verdicts"), SETTINGS, SECRET) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def held_run(tiny_cache, tmp_path_factory):  # noqa: F811
+    """A run that merges an untrusted participant's round only once it passed its verdict (w1 is trusted)."""
+    settings = [*SETTINGS, "merge.quorum=1", "coordinator.verify=untrusted", 'coordinator.trusted=["w1"]']
+    with served_tiny_run(tmp_path_factory.mktemp("held"), settings, SECRET) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def sharp_run(tiny_cache, tmp_path_factory):  # noqa: F811
+    """A run of the tiny model sharpened (``proof_support.sharpen``: peaked like a real LM's, so that the policy,
+    not the noise alone, picks the tokens); the verifier shares the engine, so it replays the same model."""
+    from tests.support.proof_support import sharpen
+
+    with served_tiny_run(tmp_path_factory.mktemp("sharp"), SETTINGS, SECRET) as run:  # quorum 2: rounds wait
+        sharpen(run["engine"].model)
+        yield run
+
+
+def train_round(run: dict, name: str, *, forged: bool = False):
+    """Lease and train a real round; ``forged``: its completions sampled with noise keyed by another seed than the
+    lease's (everything else honest: rewards, adapter, token ids that decode to the texts). (lease, folder)."""
+    client = CoordinatorClient(run["url"], retries=2)
+    lease = client.lease(name)
+    out = run["tmp"] / "rounds" / lease.lease_id
+    adapter = client.adapter(lease.base_version, lease.base_sha, run["tmp"] / "bases", 1 << 30)
+    engine = run["engine"]
+    if forged:
+        honest = engine.train_steps
+        engine.train_steps = lambda rows, steps, *, seed, **kw: honest(rows, steps, seed=seed + 1, **kw)
+    try:
+        engine.run_round(adapter, lease, out)
+    finally:
+        engine.__dict__.pop("train_steps", None)
+    return lease, out
+
+
+def submit(run: dict, lease, out) -> dict:
+    sub_id = layout.submission_id(lease.worker, lease.lease_id)
+    adds = {layout.submission_path(lease.base_version, sub_id, f): out / f for f in layout.SUBMISSION_FILES}
+    commit = run["store"].commit(adds, message=f"hubgrpo: submission {sub_id}")
+    return CoordinatorClient(run["url"], retries=2).submit(lease, commit)
+
+
+def wait_merged(coord, sub_id: str, timeout: float = 60.0):
+    import time
+
+    deadline = time.time() + timeout
+    while sub_id not in coord.state.merged_ids:
+        assert time.time() < deadline, f"{sub_id} was not merged"
+        time.sleep(0.05)
+    return {m.submission_id: m for v in coord.state.versions for m in v.merged}
+
+
+def row(status: dict, worker: str) -> dict:
+    return next(r for r in status["leaderboard"] if r["worker"] == worker)
+
+
+@pytest.mark.timeout(600)
+def test_an_honest_round_passes_and_a_forged_one_excludes_its_worker_across_a_restart(served_run, tmp_path):
+    run = served_run
+    client = CoordinatorClient(run["url"], retries=2)
+    verifier = Verifier(run["store"], client, engine=run["engine"], workdir=tmp_path / "verifier")
+
+    forged_lease, forged_out = train_round(run, "w2", forged=True)
+    spare_lease, spare_out = train_round(run, "w2")  # a second round of w2's, submitted after the verdict
+    forged = submit(run, forged_lease, forged_out)
+    assert forged["status"] == "admitted"  # its rewards are its completions': verified rewards let it in
+    assert [t["submission_id"] for t in client.status()["verify"]["todo"]] == [forged["submission_id"]]
+
+    results = verifier.run(once=True)  # checked while pending: before any merge
+    assert [r["submission_id"] for r in results] == [forged["submission_id"]]
+    assert not results[0]["passed"] and results[0]["mismatches"] > 0, results[0]["reason"]
+    assert results[0]["status"] == "recorded"
+    assert results[0]["tokens"] <= 0.5 * sum(map(len, _batch0_ids(forged_out)))  # a sample, not the round
+    status = client.status()
+    assert status["verify"]["excluded"] == ["w2"] and status["verify"]["failed"] == 1
+    assert row(status, "w2")["excluded"] and row(status, "w2")["failed"] == 1
+    with pytest.raises(Refused) as e:
+        client.lease("w2")
+    assert e.value.code == "excluded" and e.value.hint
+    with pytest.raises(InvalidSubmission) as e2:
+        submit(run, spare_lease, spare_out)
+    assert e2.value.code == "excluded"
+
+    lease, out = train_round(run, "w1")
+    honest = submit(run, lease, out)
+    merged = wait_merged(run["coord"], honest["submission_id"])  # the quorum of 2: w2's pending round and w1's
+    assert merged[forged["submission_id"]].weight == 0.0 and merged[honest["submission_id"]].weight == 1.0
+
+    results = verifier.run(once=True)
+    assert [r["submission_id"] for r in results] == [honest["submission_id"]]
+    assert results[0]["passed"] and results[0]["checked"] > 0 and results[0]["mismatches"] == 0
+    assert verifier.run(once=True) == []  # every round has its verdict
+    status = client.status()
+    assert row(status, "w1")["checked"] == 1 and row(status, "w1")["failed"] == 0 and not row(status, "w1")["excluded"]
+    assert status["leaderboard"][-1]["worker"] == "w2"  # ranked last
+    from hubgrpo.space.view import leaderboard_rows
+
+    assert leaderboard_rows(status)[-1][-1] == "EXCLUDED (1 failed of 1)"  # the Space page
+    assert leaderboard_rows(status)[0][-1] == "1 checked, 0 failed"
+    report = {k: results[0][k] for k in ("passed", "completions", "tokens", "checked", "mismatches", "reason")}
+    assert client.record_verdict(honest["submission_id"], report)["status"] == "duplicate"
+
+    run["coord"].flush()  # the verdicts reach state.json
+    shown = subprocess.run([str(EXE), "status", "--repo", str(run["store"].location)], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+    assert shown.returncode == 0, shown.stderr
+    assert "EXCLUDED" in shown.stdout and "2 rounds checked, 1 failed; excluded: w2" in shown.stdout, shown.stdout
+    again = Coordinator(run["store"], SECRET, workdir=tmp_path / "restarted")
+    assert again.status()["verify"]["excluded"] == ["w2"] and again.status()["verify"]["checked"] == 2
+    with pytest.raises(Refused) as e:
+        again.lease("w2")
+    assert e.value.code == "excluded"
+    assert again.lease("w1").worker == "w1"
+    from hubgrpo.card import run_card
+
+    card = run_card(run["cfg"], again.state)
+    assert "Proof of rollouts" in card and "2 rounds checked, 1 failed; excluded: w2." in card
+
+
+def _batch0_ids(folder) -> list[list[int]]:
+    from hubgrpo.task.rollouts import read
+
+    data = read(folder / layout.ROLLOUTS_FILE, 1 << 30)
+    return data.batches[0].completion_ids or []
+
+
+@pytest.mark.timeout(60)
+def test_hostile_verdicts_are_refused_with_their_codes(served_run):
+    coord = served_run["coord"]
+    for sub_id, report, code in [
+        ("nobody-lease", {"passed": False, "completions": 1, "tokens": 1, "checked": 1, "mismatches": 1},
+         "unknown_submission"),
+        ("x", {"passed": "no"}, "bad_verdict"),
+        ("x", [1, 2], "bad_verdict"),
+        (7, {}, "bad_verdict"),
+        ("x", {"passed": True, "completions": 1, "tokens": 1, "checked": 5, "mismatches": 0}, "bad_verdict"),
+        ("x", {"passed": True, "completions": 1, "tokens": 1, "checked": 1, "mismatches": 0, "extra": 1},
+         "bad_verdict"),
+    ]:
+        with pytest.raises(InvalidSubmission) as e:
+            coord.record_verdict(sub_id, report)
+        assert e.value.code == code, (sub_id, report, e.value.message)
+
+
+def _prompt_with_answer(batch) -> None:
+    """Every completion's prompt ids replaced by another prompt's (a prompt that could carry the answer)."""
+    batch.prompt_ids = [list(reversed(ids)) for ids in batch.prompt_ids]
+
+
+def _texts_rewritten(batch) -> None:
+    """Honest token ids, other texts (the rewards are computed on the texts)."""
+    batch.completions = ["<answer>42</answer>" for _ in batch.completions]
+
+
+def _completions_swapped(batch) -> None:
+    """Two honest completions of one prompt, each under the other's index (not the noise that sampled it)."""
+    assert batch.prompt_ids[0] == batch.prompt_ids[1]  # one group
+    for ids in (batch.completion_ids, batch.completions):
+        ids[0], ids[1] = ids[1], ids[0]
+
+
+def _no_ids(batch) -> None:
+    batch.prompt_ids = batch.completion_ids = None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("attack, reason", [(_prompt_with_answer, "prompt ids"), (_texts_rewritten, "text"),
+                                            (_completions_swapped, "replayed tokens differ"),
+                                            (_no_ids, "no token ids")])
+def test_a_round_edited_after_an_honest_generation_fails_its_replay(served_run, tmp_path, attack, reason):
+    from hubgrpo.task.rollouts import read
+
+    run = served_run
+    if "honest" not in run:  # one honest round of a worker that is not excluded, never submitted
+        run["honest"] = train_round(run, "w3")
+    lease, out = run["honest"]
+    client = CoordinatorClient(run["url"], retries=2)
+    verifier = Verifier(run["store"], client, engine=run["engine"], workdir=tmp_path / "verifier", budget=1.0)
+    data = read(out / layout.ROLLOUTS_FILE, 1 << 30)
+    assert verifier.replay(lease, data, b"k" * 32)["passed"]  # the whole batch, as generated
+    attack(data.batches[0])
+    verdict = verifier.replay(lease, data, b"k" * 32)
+    assert not verdict["passed"] and reason in verdict["reason"], verdict
+
+
+@pytest.mark.timeout(300)
+def test_an_untrusted_round_merges_only_once_it_passed(held_run, tmp_path):
+    import time
+
+    run = held_run
+    client = CoordinatorClient(run["url"], retries=2)
+    trusted = submit(run, *train_round(run, "w1"))
+    wait_merged(run["coord"], trusted["submission_id"])  # w1 is trusted: no verdict needed
+    held = submit(run, *train_round(run, "w2"))
+    time.sleep(1.0)  # the tick thread would have merged it by now (quorum 1)
+    status = client.status()
+    assert status["pending"] == [held["submission_id"]] and status["version"] == 1
+    assert [t["submission_id"] for t in status["verify"]["todo"]][0] == held["submission_id"]
+    shown = subprocess.run(  # the verifier as its owner runs it: through the installed entry point
+        [str(EXE), "evaluate", "--verify", "--once", "--repo", str(run["store"].location), "--coordinator", run["url"]],
+        capture_output=True, text=True, timeout=240)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "verified 2 rounds, 0 failed" in shown.stdout, shown.stdout  # the held round, and the trusted one after
+    assert shown.stdout.index(held["submission_id"]) < shown.stdout.index(trusted["submission_id"])  # pending first
+    merged = wait_merged(run["coord"], held["submission_id"])  # merged once it passed
+    assert merged[held["submission_id"]].weight == 1.0 and client.status()["version"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_completions_of_another_adapter_exclude_their_worker(sharp_run, tmp_path):
+    """The round's update trained honestly from the leased version, its completions (and their rewards, token ids,
+    texts: all consistent) sampled by another adapter with the lease's own noise."""
+    import torch
+
+    run, engine = sharp_run, sharp_run["engine"]
+    client = CoordinatorClient(run["url"], retries=2)
+    lease = client.lease("w2")
+    base = client.adapter(lease.base_version, lease.base_sha, tmp_path / "bases", 1 << 30)
+    engine.load_adapter(base)
+    torch.manual_seed(3)
+    for name, p in engine.trainer.model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.5)
+    other = engine.save_adapter(tmp_path / "other")
+    engine.run_round(other, lease, tmp_path / "forged")
+    engine.run_round(base, lease, tmp_path / "honest")
+    shutil.copy(tmp_path / "forged" / layout.ROLLOUTS_FILE, tmp_path / "honest" / layout.ROLLOUTS_FILE)
+    answer = submit(run, lease, tmp_path / "honest")
+    assert answer["status"] == "admitted"  # the rewards are its completions': admitted, pending (quorum 2)
+    verifier = Verifier(run["store"], client, engine=engine, workdir=tmp_path / "verifier", budget=1.0)
+    results = verifier.run(once=True)
+    assert [r["submission_id"] for r in results] == [answer["submission_id"]]
+    assert not results[0]["passed"] and results[0]["mismatches"] > 0, results[0]
+    assert client.status()["verify"]["excluded"] == ["w2"]
+    with pytest.raises(Refused):
+        client.lease("w2")
