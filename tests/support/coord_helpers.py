@@ -48,8 +48,9 @@ def adapter_config() -> dict:
     return json.loads(json.dumps(d, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
 
 
-def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2) -> Path:
-    """A PEFT-format adapter folder; b_scale=0 gives B=0 (equal to the base model), like version 0."""
+def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2, config: dict | None = None) -> Path:
+    """A PEFT-format adapter folder; b_scale=0 gives B=0 (equal to the base model), like version 0. ``config``: the
+    adapter_config.json to write (default: peft's own ``adapter_config()``)."""
     g = torch.Generator().manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
     sd = {}
@@ -59,7 +60,7 @@ def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2
             sd[f"{p}.lora_A.weight"] = torch.randn(R, D_IN, generator=torch.Generator().manual_seed(1000 + i))
             sd[f"{p}.lora_B.weight"] = b_scale * torch.randn(D_OUT, R, generator=g)
     save_file(sd, str(folder / layout.ADAPTER_WEIGHTS))
-    (folder / layout.ADAPTER_CONFIG).write_text(json.dumps(adapter_config()))
+    (folder / layout.ADAPTER_CONFIG).write_text(json.dumps(adapter_config() if config is None else config))
     return folder
 
 

@@ -3,20 +3,18 @@ users with and without access, and a simulated worker that submits through the s
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
 
-from hubgrpo import layout, runrepo
+from hubgrpo import layout
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.worker.client import CoordinatorClient
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.store.hub import HubStore
+from tests.support import coord_helpers
 from tests.support.chaos_helpers import wait_for
-from tests.support.coord_helpers import (D_IN, D_OUT, MODULES, R, make_config, submission_record, trained_adapter,
+from tests.support.coord_helpers import (MODULES, R, make_config, submission_record, trained_adapter,
                                  write_rollouts)
 
 SECRET = b"space-test-secret"
@@ -33,18 +31,8 @@ ADAPTER_CONFIG = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_nam
 
 
 def write_adapter(folder: Path, seed: int, b_scale: float = 0.0, layers: int = 2) -> Path:
-    """A PEFT-format adapter folder like ``coord_helpers.write_adapter`` (b_scale=0: equal to the base model)."""
-    g = torch.Generator().manual_seed(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    weights = {}
-    for i in range(layers):
-        for m in MODULES:
-            p = f"base_model.model.model.layers.{i}.self_attn.{m}"
-            weights[f"{p}.lora_A.weight"] = torch.randn(R, D_IN, generator=torch.Generator().manual_seed(1000 + i))
-            weights[f"{p}.lora_B.weight"] = b_scale * torch.randn(D_OUT, R, generator=g)
-    save_file(weights, str(folder / layout.ADAPTER_WEIGHTS))
-    (folder / layout.ADAPTER_CONFIG).write_text(json.dumps(ADAPTER_CONFIG))
-    return folder
+    """``coord_helpers.write_adapter`` with the hand-written config (b_scale=0: equal to the base model)."""
+    return coord_helpers.write_adapter(folder, seed, b_scale, layers, config=ADAPTER_CONFIG)
 
 
 def push_submission(store, lease, tmp: Path, *, seed: int, reward: float, reader=None) -> str:
