@@ -108,15 +108,20 @@ def _secret_file(path: Path) -> bytes:
     return path.read_text().strip().encode()
 
 
+WORKER_WAIT_S = 600.0  # how long a worker started with its run waits for the repo and the coordinator to come up
+
+
 def spawn_workers(
     repo: str, url: str, n: int, *, log_dir: Path, threads: int | None = None, allow: list[str] | None = None
 ) -> list:
     """Start N ``hubgrpo worker`` processes with torch threads split between them (cores // N each); ``allow``:
-    the config's non-built-in reward functions (the owner runs their own config here)."""
+    the config's non-built-in reward functions (the owner runs their own config here). They are started before
+    the run repo and the coordinator are up and wait for them (``--wait``), loading their libraries meanwhile."""
     threads = threads or max(1, (os.cpu_count() or 1) // n)
+    wait = ["--wait", str(WORKER_WAIT_S)]
     return [
         _spawn(
-            ["worker", "--repo", repo, "--coordinator", url, "--name", f"worker{i}"],
+            ["worker", "--repo", repo, "--coordinator", url, "--name", f"worker{i}", *wait],
             threads,
             allow,
             log_dir / f"worker{i}.log",
@@ -187,28 +192,36 @@ def run(
 ) -> dict:
     """Run until ``rounds.versions`` versions exist (or Ctrl-C / max_wall_s), then let the evaluator score the
     last versions (``evaluate``); return the final status."""
-    import torch
+    from hubgrpo.space.wire import free_port
+    from hubgrpo.task.rewards import foreign_code
 
     lift_local_budget(cfg, store)
     cfg = fit_new_repo(cfg, store, force=force)
-    ensure_repo(store, cfg, force=force)
+    previous = _unwind_on_sigterm()
+    granted = grant_reward_env(cfg)
+    port = port or free_port()
+    log_dir = runrepo.cache_root() / "logs" / cfg.project_name
+    url = f"http://127.0.0.1:{port}"
+    # the workers first: they import their libraries while this process makes the repo and starts the coordinator
+    procs = spawn_workers(repo_arg, url, workers, log_dir=log_dir, allow=foreign_code(cfg.rewards))
+    import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers own the cores; an oversubscribed merge stalls every submit
-    previous = _unwind_on_sigterm()
-    granted = grant_reward_env(cfg)
     try:
+        ensure_repo(store, cfg, force=force)
         return _serve_and_watch(
             cfg,
             store,
-            workers=workers,
-            repo_arg=repo_arg,
+            procs,
             port=port,
+            repo_arg=repo_arg,
             on_status=on_status,
             max_wall_s=max_wall_s,
             eval_samples=eval_samples if evaluate else 0,
         )
     finally:
+        stop_workers(procs)
         torch.set_num_threads(threads)
         _restore_env(REWARD_ENV, granted)
         if previous is not None:
@@ -251,15 +264,15 @@ def _unwind_on_sigterm():
 def _serve_and_watch(
     cfg: Config,
     store: Store,
+    procs: list,
     *,
-    workers: int,
-    repo_arg: str,
     port: int,
+    repo_arg: str,
     on_status,
     max_wall_s: float | None,
     eval_samples: int = 0,
 ) -> dict:
-    """The coordinator API in this process, N worker processes (and an evaluator; a verifier with
+    """The coordinator API in this process on ``port``, for the worker ``procs`` (and an evaluator; a verifier with
     ``coordinator.verify``), and a status loop until the run finishes."""
     from hubgrpo.coordinator.core import Coordinator
     from hubgrpo.space.api import serve
@@ -275,7 +288,6 @@ def _serve_and_watch(
     app, url = serve(coord, port=port)
     client = CoordinatorClient(url)
     log_dir = runrepo.cache_root() / "logs" / cfg.project_name
-    procs = spawn_workers(repo_arg, url, workers, log_dir=log_dir, allow=foreign_code(cfg.rewards))
     evaluator = (
         spawn_evaluator(repo_arg, url, log_dir=log_dir, samples=eval_samples, allow=foreign_code(cfg.rewards))
         if eval_samples

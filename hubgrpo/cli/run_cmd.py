@@ -123,6 +123,13 @@ def worker(
         "coordinator.leases_per_worker ≥ 2). Off by default: its rounds arrive older (benchmarks/LOG.md, "
         "2026-12-05); --no-pipeline: lease, train, deliver, submit in sequence.",
     ),
+    wait: float = typer.Option(
+        0.0,
+        "--wait",
+        min=0,
+        help="Wait up to this many seconds for the coordinator to answer and the run repo to hold a run (a worker "
+        "started beside its run); the training libraries load meanwhile. Default 0: read the run at once.",
+    ),
     verbose: bool = typer.Option(True, "--verbose/--quiet"),
 ) -> None:
     """Lease rounds, train them with GRPO + LoRA, push the adapters, submit — until the run finishes.
@@ -131,14 +138,12 @@ def worker(
     import secrets
     import socket
 
-    from hubgrpo import runrepo
     from hubgrpo.errors import ConfigError
 
     chosen = _chosen_gpus(gpus)  # first: a bad --gpus is refused before anything is read
     _logging(verbose)
     store = _store(repo)
-    cfg = runrepo.read_config(store)
-    url = coordinator or cfg.coordinator.url
+    cfg, url = _run_of(store, coordinator, wait, preload=chosen is None)
     if not url:
         raise ConfigError("no coordinator given", hint="pass --coordinator URL_OR_SPACE or set coordinator.url")
     if not name:  # unique per process: two GPUs of one host must not share a name
@@ -167,6 +172,22 @@ def worker(
         pipeline=pipeline,
     ).run()
     typer.echo(f"{name}: {len(results)} rounds submitted")
+
+
+def _run_of(store, coordinator: str | None, wait: float, *, preload: bool):
+    """The run's config and the coordinator's URL: read at once, or (``--wait``) once both are up, after the
+    training libraries are imported (``preload``: this process trains)."""
+    from hubgrpo import runrepo
+    from hubgrpo.worker.orphans import orphan_aware_sleep
+
+    if not wait:
+        cfg = runrepo.read_config(store)
+        return cfg, coordinator or cfg.coordinator.url
+    from hubgrpo.worker import startup
+
+    if preload:
+        startup.preload()
+    return startup.wait_for_run(store, coordinator, wait, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
 
 
 def _chosen_gpus(spec: str | None) -> list[tuple[int, str]] | None:

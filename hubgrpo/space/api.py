@@ -39,7 +39,6 @@ The ``gr.api`` endpoints are registered with ``queue=False``, so that raw HTTP m
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -50,6 +49,7 @@ import gradio as gr  # noqa: E402
 from hubgrpo.space import guard  # noqa: E402
 from hubgrpo.space.endpoints import ENDPOINTS, AuthHook, CoordinatorApi, CoordinatorLike  # noqa: E402
 from hubgrpo.space.ticker import Ticker  # noqa: E402
+from hubgrpo.space.wire import free_port  # noqa: E402
 
 if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
@@ -130,13 +130,6 @@ def attach_routes(blocks: gr.Blocks) -> None:
             ext.hubgrpo_ticker.api.auth,
             ext.hubgrpo_ticker.api.coord,
         )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def serve(

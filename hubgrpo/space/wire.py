@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,13 @@ from hubgrpo import __version__
 from hubgrpo.errors import HubGrpoError, LeaseError, Refused
 from hubgrpo.layout import PROTOCOL_VERSION, Lease
 from hubgrpo.space.auth import request_token
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def plain(value: Any) -> Any:
