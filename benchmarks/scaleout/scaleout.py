@@ -51,6 +51,9 @@ MODES = {
     "smollm2-sampled": {"config": "configs/demo.yaml", "budget_steps": 40,
                         "eval": ["--eval-sampled", "1", "--eval-samples", "64"],
                         "set": ["rounds.steps=5", "worker.threads=1"]},
+    # the task with headroom (two or three one-digit terms): held-out still rises after 100 steps: 200 steps of budget
+    "mixed-sampled": {"config": "configs/addition-mixed.yaml", "budget_steps": 200,
+                          "eval": ["--eval-sampled", "1", "--eval-samples", "64"], "set": ["worker.threads=1"]},
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
 PLAIN = ["merge.outer_lr=1", "merge.outer_momentum=0", "merge.nesterov=false"]

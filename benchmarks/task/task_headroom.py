@@ -35,6 +35,10 @@ CANDIDATES = {  # name -> overrides of configs/demo.yaml
     "addition1": [],  # the demo task itself: the reference that saturates
     "addition2": ["data.options={digits: 2, terms: 2, size: 5000}"],
     "addition1x3": ["data.options={digits: 1, terms: 3, size: 5000}"],
+    "addition1x3-t07": ["data.options={digits: 1, terms: 3, size: 5000}", "params.temperature=0.7"],
+    "addition1x3-g8": ["data.options={digits: 1, terms: 3, size: 5000}", "params.num_generations=8",
+                       "params.per_device_train_batch_size=16"],
+    "addition2to3": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}"],
     "addition3": ["data.options={digits: 2, terms: 3, size: 5000}"],
     "arithmetic": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 1, size: 5000}"],
     "arithmetic2": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 2, size: 5000}",
@@ -74,13 +78,24 @@ def score(args, name: str, out: Path) -> tuple[list[dict], float]:
     return curve, sum(rc.weight for rc in cfg.rewards)
 
 
+RISE = 0.05  # of the maximum: how much the last checkpoints must beat those at the middle step (above the noise)
+
+
 def verdict(curve: list[dict], top: float, mid_step: int) -> dict:
+    """Headroom criteria of one curve. Rising is judged on pairs of checkpoints (the last two against the middle step
+    and the one before it), by more than ``RISE`` of the maximum: one 64-prompt sampled score moves by ~0.1 alone."""
     at = {c["step"]: c["eval"] for c in curve}
+    steps = sorted(at)
     start, last = at[0], curve[-1]["eval"]
     mid = at.get(mid_step)
+    rises = False
+    if mid is not None and len(steps) >= 4:
+        i = steps.index(mid_step)
+        before = (at[steps[max(0, i - 1)]] + mid) / 2
+        rises = (at[steps[-1]] + at[steps[-2]]) / 2 - before > RISE * top
     return {"start_frac": start / top, "mid_frac": None if mid is None else mid / top, "last_frac": last / top,
             "starts_low": start < 0.3 * top, "mid_below": mid is not None and mid < 0.8 * top,
-            "still_rises": mid is not None and last > mid, "max": top}
+            "still_rises": rises, "max": top}
 
 
 def to_markdown(args, rows: dict, meta: dict) -> str:
@@ -89,7 +104,8 @@ def to_markdown(args, rows: dict, meta: dict) -> str:
              f"`configs/demo.yaml` with each candidate's data/rewards; {args.threads} threads; seed {args.seed}; "
              f"held-out: sampled (temperature of the config) on {args.eval} prompts, the same for every checkpoint; "
              f"{meta['jobs']} candidate(s) trained at once. Headroom: step 0 < 30 % of the "
-             f"maximum, step {args.mid} < 80 %, last step > step {args.mid}.", "",
+             f"maximum, step {args.mid} < 80 %, the last two checkpoints' mean above that of step {args.mid} and the one "
+             f"before by more than {RISE:.0%} of the maximum.", "",
              "| task | max | " + " | ".join(f"step {s}" for s in steps) + " | s/step | headroom |",
              "|---|---|" + "---|" * len(steps) + "---|---|"]
     for name, r in rows.items():
@@ -118,8 +134,9 @@ def earlier(args, path: Path) -> dict:
     for key in ("steps", "eval", "seed", "save_every"):
         if then.get(key) != getattr(args, key):
             raise SystemExit(f"--add-to {path}: it measured {key}={then.get(key)}, this run {getattr(args, key)}")
-    return {name: {**row, "measured": row.get("measured") or {"commit": data["meta"].get("commit"),
-                                                               "date": data["meta"].get("date")}}
+    return {name: {**row, "verdict": verdict(row["curve"], row["verdict"]["max"], args.mid),  # today's criteria
+                   "measured": row.get("measured") or {"commit": data["meta"].get("commit"),
+                                                       "date": data["meta"].get("date")}}
             for name, row in data["rows"].items()}
 
 

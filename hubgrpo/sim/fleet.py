@@ -36,9 +36,9 @@ from hubgrpo.errors import ConfigError
 
 # The cost model of the built-in models with their shipped configs, one core per worker, from this project's 2-core
 # x86 VM (where each value comes from: benchmarks/LOG.md, "The simulator's cost constants"): seconds per GRPO step,
-STEP_S = {"builtin:tiny": 0.45, "builtin:smollm2-135m-instruct": 10.5}
+STEP_S = {"builtin:tiny": 0.45, "builtin:smollm2-135m-instruct": 3.78}
 # the share of a step spent sampling (where merge.rebase_after_generation moves a round),
-GENERATE_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.33}
+GENERATE_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.48}
 # and the share of a step that a smaller batch does not shorten (rounds.fleet_batch: split).
 FIXED_SHARE = {"builtin:tiny": 0.35, "builtin:smollm2-135m-instruct": 0.31}
 

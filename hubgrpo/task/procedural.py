@@ -33,14 +33,19 @@ ITEMS = (
 )  # plurals: + "s"
 
 
-def make_addition(size: int, seed: int, digits: int = 1, terms: int = 2) -> list[dict]:
-    """``size`` addition problems with ``terms`` terms of up to ``digits`` digits; answer = the sum."""
-    if digits < 1 or terms < 2:
-        raise DataError(f"builtin:addition needs digits >= 1 and terms >= 2 (got digits={digits}, terms={terms})")
+def make_addition(size: int, seed: int, digits: int = 1, terms: int = 2, min_terms: int | None = None) -> list[dict]:
+    """``size`` addition problems of up to ``digits`` digits per term; answer = the sum. Each has ``terms`` terms,
+    or (``min_terms``) a number of terms drawn uniformly from ``min_terms`` to ``terms``: easy and hard mixed."""
+    low = terms if min_terms is None else min_terms
+    if digits < 1 or low < 2 or low > terms:
+        raise DataError(
+            f"builtin:addition needs digits >= 1 and 2 <= min_terms <= terms (got digits={digits}, terms={terms}, "
+            f"min_terms={min_terms})"
+        )
     rng = random.Random(seed)
     rows = []
     for _ in range(size):
-        xs = [rng.randint(0, 10**digits - 1) for _ in range(terms)]
+        xs = [rng.randint(0, 10**digits - 1) for _ in range(rng.randint(low, terms) if low < terms else terms)]
         rows.append({"prompt": f"What is {' + '.join(map(str, xs))}? {ANSWER_INSTRUCTION}", "answer": str(sum(xs))})
     return rows
 

@@ -32,8 +32,17 @@ def test_word_problem_amounts_stay_whole_and_the_answer_scores_as_exact():
     assert scores == [1.0] * 5
 
 
+def test_addition_mixes_easy_and_hard_problems_when_asked():
+    rows = BUILTIN_TASKS["addition"](400, 3, digits=1, terms=3, min_terms=2)
+    counts = {n: sum(r["prompt"].count(" + ") + 1 == n for r in rows) for n in (2, 3)}
+    assert counts[2] + counts[3] == 400 and min(counts.values()) > 150
+    assert all(int(r["answer"]) == sum(map(int, r["prompt"][8:r["prompt"].index("?")].split(" + "))) for r in rows)
+    assert {r["prompt"].count(" + ") for r in BUILTIN_TASKS["addition"](50, 3, terms=3)} == {2}
+
+
 @pytest.mark.parametrize("task,opts", [("arithmetic", {"terms": 1}), ("arithmetic", {"ops": "+/"}),
-                                       ("word_problems", {"steps": 0}), ("addition", {"digits": 0})])
+                                       ("word_problems", {"steps": 0}), ("addition", {"digits": 0}),
+                                       ("addition", {"terms": 3, "min_terms": 4})])
 def test_bad_knobs_are_refused_with_the_task_named(task, opts):
     with pytest.raises(DataError, match=f"builtin:{task} needs"):
         BUILTIN_TASKS[task](5, 0, **opts)

@@ -35,9 +35,11 @@ def test_exact_answer_parses_tags_last_numbers_and_gsm8k_references():
 
 def test_other_builtins():
     assert answer_format(None, ["<answer>3</answer>", "<answer>3", "<answer></answer>", "3"]) == [1.0, 0.5, 0.0, 0.0]
-    echoes = ["To put only the final answer inside <answer> and", "Sure. <answer> 7", "the sum </answer> is 7"]
-    assert answer_format(None, echoes) == [0.0, 0.0, 0.0]  # a tag named mid-text, as an echo of the instruction
-    assert answer_format(None, [" <answer>1", "1 + 2 = 3</answer>\n"]) == [0.5, 0.5]
+    echoes = ["To put only the final answer inside <answer> and", "inside <answer></answer>.", "the sum </answer> is",
+              "<answer><answer>", "</answer></answer>", "Put it in <answer>", "the answer is</answer>"]
+    assert answer_format(None, echoes) == [0.0] * 7  # a tag named in a sentence, as an echo of the instruction
+    begun = [" <answer>1", "1 + 2 = 3</answer>\n", "Sure. <answer> 7", "3 + 4 = 7. <answer>-(", "So 12</answer>"]
+    assert answer_format(None, begun) == [0.5] * 5  # an answer begun and cut short, or closed without its opening
     assert length_penalty(None, ["x" * 10, "x" * 15, "x" * 40], target_chars=10) == [0.0, -0.5, -1.0]
     assert char_fraction(None, ["aab", "", [{"role": "assistant", "content": "bbbb"}]]) == [2 / 3, 0.0, 0.0]
     assert char_fraction(None, ["xxy"], char="x") == [2 / 3]
