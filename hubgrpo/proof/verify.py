@@ -26,7 +26,7 @@ from hubgrpo.proof.noise import gumbel
 from hubgrpo.proof.sampling import Warp
 
 # the tolerance in perturbed-score units below which a decision counts as ambiguous, by the verifier's dtype
-TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1.0, torch.float16: 0.25}
+TOLERANCE = {torch.float32: 0.5, torch.bfloat16: 1.0, torch.float16: 0.25}
 CHUNK = 256  # positions warped and perturbed at once (memory: CHUNK × vocab scores, and the hash's temporaries)
 
 
@@ -46,12 +46,14 @@ class Verdict:
 
     completions: int = 0  # completions replayed
     tokens: int = 0  # completion tokens among them
-    checked: int = 0  # positions compared (not ambiguous)
-    ambiguous: int = 0  # positions skipped: top perturbed score − runner-up ≤ tolerance
-    mismatches: int = 0  # checked positions whose recorded token is not the replayed choice
+    checked: int = 0  # positions compared (all of them)
+    ambiguous: int = 0  # positions where another token is on top, within the tolerance (rounding can do that)
+    mismatches: int = 0  # positions whose recorded token is more than the tolerance below the replayed choice
+    unended: int = 0  # completions that do not end where generation ends (``endings``)
     seconds: float = 0.0
-    per_completion: list[int] = field(default_factory=list)  # mismatches of each replayed completion, in order
+    per_completion: list[int] = field(default_factory=list)  # each completion's mismatches (+ 1 if unended)
     precision: str = "float32"  # the verifier's dtype: which rule applies by default
+    max_deficit: float = 0.0  # the largest finite deficit (top perturbed score − the recorded token's) seen
 
     @property
     def tokens_per_s(self) -> float:
@@ -60,7 +62,7 @@ class Verdict:
     def passes(self, rule: RoundRule | None = None) -> bool:
         """Whether the round passes ``rule`` (default: the rule for the verifier's precision, ``RULES``)."""
         rule = rule or RULES.get(self.precision, RULES["bfloat16"])
-        return self.mismatches <= rule.max_mismatches
+        return self.mismatches <= rule.max_mismatches and self.unended == 0
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s}
@@ -106,17 +108,33 @@ def replay(
     positions: torch.Tensor,
     warp: Warp,
     tolerance: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ambiguous, mismatch), bool [N], for N positions: scores [N, V], recorded tokens, completion, position [N]."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tolerated, mismatch, deficit) for N positions: scores [N, V], recorded tokens, completion, position [N].
+
+    ``deficit`` (float32 [N]): the top perturbed score minus the recorded token's (0 when the replay picks the
+    recorded token; infinite for a token outside the vocabulary or masked by top-k/top-p); ``mismatch``: deficit >
+    ``tolerance``; ``tolerated``: another token on top, but within the tolerance."""
     vocab = scores.size(-1)
     perturbed = warp.apply(scores) + gumbel(seed, completions.to(scores.device), positions.to(scores.device), vocab)
-    top = perturbed.topk(min(2, vocab), dim=-1)
-    gap = top.values[:, 0] - (top.values[:, 1] if vocab > 1 else torch.full_like(top.values[:, 0], -torch.inf))
     tokens = tokens.to(scores.device)
     valid = (tokens >= 0) & (tokens < vocab)
-    ambiguous = valid & ~(gap > tolerance)
-    mismatch = ~ambiguous & (~valid | (top.indices[:, 0] != tokens))
-    return ambiguous, mismatch
+    mine = perturbed.gather(-1, tokens.clamp(0, vocab - 1)[:, None])[:, 0]
+    deficit = torch.where(valid, perturbed.max(-1).values - mine, torch.full_like(mine, torch.inf))
+    deficit = deficit.nan_to_num(nan=torch.inf, posinf=torch.inf)  # -inf − -inf: a row all masked
+    mismatch = deficit > tolerance
+    return (deficit > 0) & ~mismatch, mismatch, deficit
+
+
+def endings(completion_ids: Sequence[Sequence[int]], stop: Sequence[int], max_length: int) -> list[bool]:
+    """Whether each completion ends where the policy's generation would have ended it: a stop token as its last
+    token and nowhere before, or exactly ``max_length`` tokens without one (``generate`` stops at the first stop
+    token or at ``max_new_tokens``, and TRL keeps each completion up to and including its first stop token)."""
+    stops = set(stop)
+    out = []
+    for c in completion_ids:
+        early = any(t in stops for t in c[:-1])
+        out.append(0 < len(c) <= max_length and not early and (c[-1] in stops or len(c) == max_length))
+    return out
 
 
 def verify_completions(
@@ -130,9 +148,14 @@ def verify_completions(
     top_p: float | None = 1.0,
     top_k: int | None = None,
     tolerance: float | None = None,
+    *,
+    stop: Sequence[int] | None = None,
+    max_length: int | None = None,
 ) -> Verdict:
     """Replay ``completion_ids`` (each after ``prompts_ids[i]``, its completion index in the round ``indices[i]``)
-    under the lease's ``seed`` and sampling settings; the model must be the leased version (adapter loaded)."""
+    under the lease's ``seed`` and sampling settings; the model must be the leased version (adapter loaded).
+    ``stop`` (the generation's stop token ids) and ``max_length`` (its ``max_completion_length``): each completion
+    must also end where generation ends (``endings``); the check is off without them."""
     start = time.perf_counter()
     if not completion_ids:
         return Verdict()
@@ -147,22 +170,26 @@ def verify_completions(
     tokens = ids[:, -length:][rows, cols]
     comp = torch.tensor(list(indices), dtype=torch.int64)[rows]
     warp = Warp(temperature, top_k or None, top_p)
-    ambiguous, mismatch = [], []
+    parts: list[tuple[torch.Tensor, ...]] = []
     for i in range(0, rows.numel(), CHUNK):
         part = slice(i, i + CHUNK)
         scores = logits[rows[part].to(logits.device), cols[part].to(logits.device)]
-        a, m = replay(scores, tokens[part], seed, comp[part], cols[part], warp, tol)
-        ambiguous.append(a.cpu())
-        mismatch.append(m.cpu())
-    amb, mis = torch.cat(ambiguous), torch.cat(mismatch)
+        parts.append(tuple(t.cpu() for t in replay(scores, tokens[part], seed, comp[part], cols[part], warp, tol)))
+    tolerated, mis, deficit = (torch.cat(c) for c in zip(*parts))
     per = torch.zeros(len(completion_ids), dtype=torch.long).index_add_(0, rows, mis.long())
+    ended = [True] * len(completion_ids)
+    if stop is not None and max_length is not None:
+        ended = endings(completion_ids, stop, max_length)
+    finite = deficit[deficit.isfinite()]
     return Verdict(
         completions=len(completion_ids),
         tokens=int(rows.numel()),
-        checked=int((~amb).sum()),
-        ambiguous=int(amb.sum()),
+        checked=int(rows.numel()),
+        ambiguous=int(tolerated.sum()),
         mismatches=int(mis.sum()),
+        unended=ended.count(False),
         seconds=time.perf_counter() - start,
-        per_completion=per.tolist(),
+        per_completion=[int(m) + (not e) for m, e in zip(per.tolist(), ended)],
         precision=str(dtype).removeprefix("torch."),
+        max_deficit=float(finite.max()) if finite.numel() else 0.0,
     )

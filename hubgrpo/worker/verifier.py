@@ -11,7 +11,10 @@ rollouts file from the run repo, and checks it (``check``):
 - each chosen completion's prompt ids must be the leased prompt as TRL tokenises it (else a prompt could carry the
   answer), and its text must be what its token ids decode to (the rewards were computed on the text);
 - ``hubgrpo.proof.verify.verify_completions`` replays them with the leased version (loaded into the engine's model,
-  in eval mode), the lease's seed and sampling settings; the round passes by the rule for the verifier's precision.
+  in eval mode, always in float32 whatever ``worker.dtype`` says: the tolerance covers a bfloat16 or float32 worker
+  against a float32 verifier), the lease's seed and sampling settings; every chosen completion must also end where
+  generation ends (its first stop token last, or ``max_completion_length`` tokens: a worker cannot cut an honest
+  completion short); the round passes by the rule for the verifier's precision.
 
 It reports each verdict through ``record_verdict`` (on a Space only ``coordinator.evaluators`` may). A round whose
 files are gone from the repo's head (``coordinator.keep_submissions``), or in an inbox (``hub.submissions``), or whose
@@ -60,6 +63,7 @@ class Verifier:
         check_allowed(self.cfg.rewards, allow_code or [])
         if threads:
             self.cfg.worker.threads = threads
+        self.cfg.worker.dtype = "float32"  # the precision the tolerance is measured for (hubgrpo.proof.verify)
         self.engine, self.poll_s, self.sleep = engine, float(poll_s), sleep
         self.secret = secret if secret is not None else os.urandom(32)  # drawn after the rounds it checks
         self.workdir = Path(workdir or runrepo.cache_root() / "verifier" / self.cfg.project_name)
@@ -185,6 +189,8 @@ class Verifier:
                 temperature=p["temperature"],
                 top_p=p["top_p"],
                 top_k=p.get("top_k"),
+                stop=engine.trainer.eos_token_ids,
+                max_length=int(p["max_completion_length"]),
             )
             model.train(training)
         finally:
@@ -196,7 +202,7 @@ class Verifier:
             "tokens": verdict.tokens,
             "checked": verdict.checked,
             "mismatches": verdict.mismatches,
-            "reason": None if passed else f"{verdict.mismatches} of {verdict.checked} replayed tokens differ",
+            "reason": None if passed else _reason(verdict),
         }
 
     def _base(self, lease: layout.Lease) -> Path:
@@ -214,3 +220,16 @@ class Verifier:
             if sha is None:
                 raise
             return runrepo.adapter_at(self.store, sha, self.workdir / "adapters")
+
+
+def _reason(verdict) -> str:
+    """Why a verdict failed, in words."""
+    parts = []
+    if verdict.mismatches:
+        parts.append(f"{verdict.mismatches} of {verdict.checked} replayed tokens differ")
+    if verdict.unended:
+        parts.append(
+            f"{verdict.unended} of {verdict.completions} completions do not end where generation ends "
+            "(a stop token last, or max_completion_length tokens)"
+        )
+    return "; ".join(parts)

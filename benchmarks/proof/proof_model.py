@@ -1,0 +1,362 @@
+"""Proof of rollouts on a real model, across worker and verifier precisions: false alarms, catch rates, cost.
+
+    python benchmarks/proof/proof_model.py [--model smollm2] [--rounds 256] [--pairs fp32/fp32,bf16/fp32]
+    python benchmarks/proof/proof_model.py --quick   # the tiny model, a few rounds: the script checked
+
+A round has the shape of the model's config (SmolLM2-135M: ``configs/demo.yaml``, 2 prompts × 4 completions of
+≤ 12 tokens; tiny: ``configs/tiny.yaml``, sharpened as in ``proof_bench.py``). The verifier's sample of such a round
+is one completion (``hubgrpo.proof.selection.choose`` takes at least one; a second one only when it fits the 10 %
+budget): its verdict is the verdict on that completion. So each simulated round here is its checked completion:
+sampled with keyed Gumbel-max by the worker (``generate_keyed``, the processor the worker's trainer uses) and
+replayed by the verifier; the completions the verifier does not read are not generated. ``--per-call`` rounds
+share a generate call and a seed, each with its own completion index. The leased version is the adapter after
+``STEPS`` real GRPO steps from version 0 (the older adapters: version 0, and one step before the lease's).
+
+- **Honest rounds**, per worker/verifier precision pair and worker thread count (the verifier: one thread): the
+  deficit of every recorded token (the replay's top perturbed score minus the recorded token's: 0 where the replay
+  picks it), so any tolerance can be read off; a false alarm is a round whose largest deficit exceeds the
+  tolerance, or whose completion does not end where generation ends (``hubgrpo.proof.verify.endings``).
+- **Forged rounds** per attack kind (``tests/support/proof_support.ATTACKS`` and ``older_by_one_step``), replayed by
+  a float32 verifier: caught when the verifier's rule fails it at the tolerance; ``differs``: rounds whose checked
+  completion is not the honest one at all (a forgery that equals the honest completion cannot be caught by anyone).
+- **Cost**: one real training round of the config against replaying its sample (``verify_completions``, one
+  thread, float32); tokens checked per second.
+
+Writes results/<name>.{md,json} (default proof-<model>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import TINY, options, results_dir, start, write  # noqa: E402
+
+CONFIGS = {"smollm2": "configs/demo.yaml", "tiny": TINY}
+STEPS = 3  # GRPO steps from version 0 to the leased version
+TOLERANCES = (1e-3, 0.03, 0.1, 0.2, 0.3, 0.5, 1.0)  # false alarms and catch rates are read at each
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+@dataclass
+class Bench:
+    """The model under test, its adapters (states) and the models built from them, by name."""
+
+    engine: object
+    states: dict
+    scale: float = 1.0
+    models: dict = field(default_factory=dict)
+
+    @property
+    def params(self) -> dict:
+        return self.engine.params  # type: ignore[attr-defined]
+
+    def model(self, state: str, dtype: str = "float32"):
+        """Base + adapter ``state`` in ``dtype``, eval mode (built once)."""
+        import torch
+
+        from tests.support.proof_support import verifier
+
+        key = (state, dtype)
+        if key not in self.models:
+            self.models[key] = verifier(self.engine, self.states[state], getattr(torch, dtype), self.scale)
+        return self.models[key]
+
+
+def setup(name: str) -> Bench:
+    """The engine of the model's config (one thread), and the adapters: version 0, the leased one, one step before."""
+    import torch
+
+    from hubgrpo.config import load_config
+    from hubgrpo.worker.engine import RoundEngine
+    from tests.support.proof_support import SHARP, adapter_state, sharpen
+
+    engine = RoundEngine(load_config(ROOT / CONFIGS[name], overrides=["worker.threads=1"]), worker="w")
+    scale = SHARP if name == "tiny" else 1.0
+    if scale != 1.0:
+        sharpen(engine.model, scale)
+    states = {"version0": adapter_state(engine.trainer.model)}
+    if name == "tiny":  # B = 0 at version 0 and tiny steps move little: make the adapter matter
+        torch.manual_seed(1)
+        for n, p in engine.trainer.model.named_parameters():
+            if "lora_B" in n:
+                p.data.normal_(0, 0.5)
+    torch.set_num_threads(1)
+    for step in range(STEPS):
+        if step == STEPS - 1:
+            states["before"] = adapter_state(engine.trainer.model)
+        engine.train_steps(engine.prompt_rows(range(step * 8, step * 8 + 8)), 1, seed=3 + step)
+    states["leased"] = adapter_state(engine.trainer.model)
+    return Bench(engine, states, scale)
+
+
+def call_rounds(b: Bench, g: int, per_call: int) -> tuple[int, list[dict], list[list[int]]]:
+    """Call ``g``: its seed, and for each of its rounds the prompt row and prompt ids of the checked completion."""
+    from tests.support.proof_support import prompt_ids
+
+    source = len(b.engine.source)  # type: ignore[attr-defined]
+    rows = b.engine.prompt_rows([(g * per_call + i) % source for i in range(per_call)])  # type: ignore[attr-defined]
+    return 1_000_003 * (g + 1), rows, prompt_ids(b.engine, rows)
+
+
+def sample(b: Bench, model, prompts, seed: int, temperature_scale: float = 1.0) -> list[list[int]]:
+    from hubgrpo.proof.sampling import Warp, generate_keyed
+
+    p = b.params
+    return generate_keyed(
+        model,
+        prompts,
+        seed=seed,
+        warp=Warp(p["temperature"] * temperature_scale, None, p["top_p"]),
+        max_new_tokens=p["max_completion_length"],
+        eos_token_id=b.engine.trainer.eos_token_ids,  # type: ignore[attr-defined]
+        pad_token_id=b.engine.tokenizer.pad_token_id,  # type: ignore[attr-defined]
+    )
+
+
+def deficits(b: Bench, model, prompts, completions, seed: int) -> list[list[float]]:
+    """Each completion's positive deficits under ``model``, largest first (inf: a token outside the vocabulary or
+    masked, or a completion that does not end where generation ends); one thread."""
+    import torch
+
+    from hubgrpo.proof.sampling import Warp
+    from hubgrpo.proof.verify import completion_logits, endings, replay, teacher_batch
+
+    torch.set_num_threads(1)
+    p = b.params
+    ids, mask, length = teacher_batch(prompts, completions, b.engine.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+    valid = torch.arange(length)[None, :] < torch.tensor([len(c) for c in completions])[:, None]
+    rows, cols = valid.nonzero(as_tuple=True)
+    scores = completion_logits(model, ids, mask, length)[rows, cols]
+    warp = Warp(p["temperature"], None, p["top_p"])
+    _, _, deficit = replay(scores, ids[:, -length:][rows, cols], seed, rows, cols, warp, float("inf"))
+    ended = endings(completions, b.engine.trainer.eos_token_ids, p["max_completion_length"])  # type: ignore[attr-defined]
+    out: list[list[float]] = [[] if e else [float("inf")] for e in ended]
+    for r, d in zip(rows.tolist(), deficit.tolist()):
+        if d > 0:
+            out[r].append(round(d, 5))
+    return [sorted(d, reverse=True) for d in out]
+
+
+def worst(d: list[float]) -> float:
+    return d[0] if d else 0.0
+
+
+def honest(b: Bench, rounds: int, per_call: int, threads: list[int], pairs: list[tuple[str, str]]) -> list[dict]:
+    """False alarms of honest rounds per (worker precision, verifier precision, worker threads)."""
+    import torch
+
+    out = []
+    for worker, checker in pairs:
+        for t in threads:
+            found: list[list[float]] = []
+            tokens, t0 = 0, time.perf_counter()
+            for g in range(-(-rounds // per_call)):
+                seed, _, prompts = call_rounds(b, g, per_call)
+                torch.set_num_threads(t)
+                completions = sample(b, b.model("leased", DTYPES[worker]), prompts, seed)
+                found += deficits(b, b.model("leased", DTYPES[checker]), prompts, completions, seed)
+                tokens += sum(map(len, completions))
+            largest = [worst(d) for d in found]
+            row = {"worker": worker, "verifier": checker, "worker_threads": t, "rounds": len(found),
+                   "tokens": tokens, "seconds": time.perf_counter() - t0, "largest_deficit": max(largest),
+                   "false_alarms": {str(tol): sum(w > tol for w in largest) for tol in TOLERANCES},
+                   "deficits_above_0": sum(w > 0 for w in largest), "deficits": found}
+            out.append(row)
+            print("honest", json.dumps({k: v for k, v in row.items() if k != "deficits"}), flush=True)
+    return out
+
+
+def forge(b: Bench, kind: str, prompts, rows, seed: int, honest_ids) -> list[list[int]]:
+    """The checked completions an attacker of ``kind`` submits (``honest_ids``: the honest ones)."""
+    from hubgrpo.worker.keyed import KeyedBatch
+    from tests.support.proof_support import Forgery, copied_answers, edited, truncated
+
+    tok, eos = b.engine.tokenizer, b.engine.trainer.eos_token_ids  # type: ignore[attr-defined]
+    if kind == "copied":
+        return copied_answers(Forgery(b.engine, KeyedBatch(0, prompts, []), seed, {}, {}, rows))  # type: ignore[arg-type]
+    if kind == "edited":
+        return edited(honest_ids, len(tok), seed=seed)
+    if kind == "truncated":
+        return truncated(honest_ids, eos)
+    if kind == "other_model":
+        from tests.support.proof_support import other_tiny_model, sharpen
+
+        if ("other_model", "") not in b.models:
+            b.models[("other_model", "")] = other_tiny_model()
+            sharpen(b.models[("other_model", "")], b.scale)
+        other = b.models[("other_model", "")]
+        vocab = other.get_input_embeddings().num_embeddings
+        return sample(b, other, [[t % vocab for t in ids] for ids in prompts], seed)
+    if kind == "forged_noise":
+        return sample(b, b.model("leased"), prompts, seed + 1)
+    if kind == "temperature":
+        return sample(b, b.model("leased"), prompts, seed, 0.5)
+    state = {"older_adapter": "version0", "older_by_one_step": "before", "other_adapter": "other"}[kind]
+    return sample(b, b.model(state), prompts, seed)
+
+
+def attacks(b: Bench, rounds: int, per_call: int, tolerance: float) -> list[dict]:
+    """Catch rates of every attack kind against a float32 verifier at ``tolerance``."""
+    from tests.support.proof_support import ATTACKS, random_adapter
+
+    b.states["other"] = random_adapter(b.states["leased"], seed=99, scale=_other_scale(b))
+    out, honest_cache = [], {}
+    for kind in (*ATTACKS, "older_by_one_step"):
+        row = {"attack": kind, "rounds": 0, "caught": 0, "differs": 0, "caught_of_differing": 0, "tokens": 0,
+               "caught_at": {str(t): 0 for t in TOLERANCES}, "deficits": []}
+        for g in range(-(-rounds // per_call)):
+            seed, rows, prompts = call_rounds(b, 10_000 + g, per_call)
+            if g not in honest_cache:
+                honest_cache[g] = sample(b, b.model("leased"), prompts, seed)
+            honest_ids = honest_cache[g]
+            forged = forge(b, kind, prompts, rows, seed, honest_ids)
+            found = deficits(b, b.model("leased"), prompts, forged, seed)
+            row["deficits"] += found
+            largest = [worst(d) for d in found]
+            differs = [f != h for f, h in zip(forged, honest_ids)]
+            row["rounds"] += len(forged)
+            row["caught"] += sum(w > tolerance for w in largest)
+            for t in TOLERANCES:
+                row["caught_at"][str(t)] += sum(w > t for w in largest)
+            row["differs"] += sum(differs)
+            row["caught_of_differing"] += sum(w > tolerance for w, d in zip(largest, differs) if d)
+            row["tokens"] += sum(map(len, forged))
+        out.append(row)
+        print("attack", json.dumps({k: v for k, v in row.items() if k != "deficits"}), flush=True)
+    return out
+
+
+def _other_scale(b: Bench) -> float:
+    """A different adapter: random B factors of the leased adapter's size (tiny: the bench's 0.5)."""
+    import torch
+
+    bs = [v for k, v in b.states["leased"].items() if "lora_B" in k]
+    return float(torch.cat([v.flatten() for v in bs]).std()) if b.scale == 1.0 else 0.5
+
+
+def cost(b: Bench) -> dict:
+    """A real training round of the config (one thread) against replaying its sample as the product's verifier
+    does (batch 0, ``choose`` at the 10 % budget, ``verify_completions`` in float32 on one thread)."""
+    import hashlib
+
+    import torch
+    from peft import set_peft_model_state_dict
+
+    from hubgrpo.proof.selection import choose, selection_key
+    from hubgrpo.proof.verify import verify_completions
+    from tests.support.proof_support import record_round, verifier
+
+    torch.set_num_threads(1)
+    e, p = b.engine, b.params
+    set_peft_model_state_dict(e.trainer.model, b.states["leased"])  # type: ignore[attr-defined]
+    prompts = p["per_device_train_batch_size"] * p["gradient_accumulation_steps"] // p["num_generations"]
+    t0 = time.perf_counter()
+    steps = e.cfg.rounds.steps  # type: ignore[attr-defined]
+    log, states = record_round(e, e.prompt_rows(range(prompts * steps)), steps, 11)
+    train_s = time.perf_counter() - t0
+    batch = log[0]
+    tokens = sum(len(c) for c in batch.completion_ids)
+    key = selection_key(b"proof-model-bench-secret-32bytes", hashlib.sha256(repr(batch).encode()).digest())
+    picked = choose([len(c) for c in batch.completion_ids], key)
+    model = verifier(e, states[0], scale=b.scale)
+    v = verify_completions(model, e.tokenizer, [batch.prompt_ids[i] for i in picked],  # type: ignore[attr-defined]
+                           [batch.completion_ids[i] for i in picked], 11, picked, p["temperature"], p["top_p"],
+                           stop=e.trainer.eos_token_ids, max_length=p["max_completion_length"])  # type: ignore[attr-defined]
+    assert v.passes(), v
+    return {"steps": steps, "train_s": train_s, "round_tokens": tokens,
+            "completions": len(batch.completion_ids), "checked_completions": len(picked), "tokens_checked": v.tokens,
+            "share_of_tokens": v.tokens / tokens, "verify_s": v.seconds, "tokens_per_s": v.tokens_per_s,
+            "share_of_training": v.seconds / train_s}
+
+
+def markdown(res: dict) -> str:
+    a, tol = res["args"], res["tolerance"]
+    lines = [f"# Proof of rollouts on {res['model']}: {res['headline']}", "",
+             f"`{CONFIGS[a['model']]}` rounds ({res['shape']}), each simulated round its checked completion "
+             f"(module docstring); {a['per_call']} rounds per generate call; leased version: {STEPS} GRPO steps "
+             f"from version 0. The product's rule: a float32 verifier, tolerance {tol} (a recorded token more than "
+             "that below the replay's top perturbed score is a mismatch; none allowed), and every completion must "
+             "end where generation ends.", "",
+             "Honest rounds (verifier: one thread); false alarms at each tolerance:", "",
+             "| worker | verifier | worker threads | rounds | tokens | largest deficit | rounds with a deficit > 0 | "
+             + " | ".join(f"false alarms @ {t}" for t in TOLERANCES) + " |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(TOLERANCES)]
+    for h in res["honest"]:
+        lines.append(f"| {h['worker']} | {h['verifier']} | {h['worker_threads']} | {h['rounds']} | {h['tokens']} | "
+                     f"{h['largest_deficit']:.4f} | {h['deficits_above_0']} | "
+                     + " | ".join(str(h["false_alarms"][str(t)]) for t in TOLERANCES) + " |")
+    lines += ["", f"Forged rounds (float32 verifier, tolerance {tol}; the checked completion only):", "",
+              "| attack | rounds | caught | checked completion differs from the honest one | caught of those | "
+              + " | ".join(f"caught @ {t}" for t in TOLERANCES) + " |",
+              "|---|---|---|---|---|" + "---|" * len(TOLERANCES)]
+    for r in res["attacks"]:
+        n = max(1, r["rounds"])
+        lines.append(f"| {r['attack']} | {r['rounds']} | {r['caught'] / n:.1%} | {r['differs'] / n:.1%} | "
+                     f"{r['caught_of_differing'] / max(1, r['differs']):.1%} | "
+                     + " | ".join(f"{r['caught_at'][str(t)] / n:.1%}" for t in TOLERANCES) + " |")
+    c = res["cost"]
+    lines += ["", f"Cost: a {c['steps']}-step training round took {c['train_s']:.2f} s on one thread "
+              f"({c['completions']} completions, {c['round_tokens']} tokens in its batch 0); replaying its sample "
+              f"({c['checked_completions']} completion(s), {c['tokens_checked']} tokens = {c['share_of_tokens']:.1%}"
+              f" of the batch's tokens: the floor of one completion) took {c['verify_s']:.3f} s = "
+              f"{c['share_of_training']:.1%} of the round's training, {c['tokens_per_s']:.0f} tokens checked per s "
+              "(model loading left out)."]
+    return "\n".join(lines)
+
+
+def headline(res: dict) -> str:
+    rounds = sum(h["rounds"] for h in res["honest"])
+    alarms = sum(h["false_alarms"][str(res["tolerance"])] for h in res["honest"])
+    worst = min(res["attacks"], key=lambda r: r["caught"] / max(1, r["rounds"]))
+    return (f"{alarms} false alarms in {rounds} honest rounds (fp32 and bf16 workers, fp32 verifier, tolerance "
+            f"{res['tolerance']}); every forgery caught in ≥ {worst['caught'] / max(1, worst['rounds']):.0%} of "
+            f"{worst['rounds']} rounds (weakest: {worst['attack']}); verification "
+            f"{res['cost']['share_of_training']:.1%} of a round's training")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    options(ap, __file__)
+    ap.add_argument("--model", choices=sorted(CONFIGS), default="smollm2")
+    ap.add_argument("--rounds", type=int, default=256, help="honest rounds per pair and thread count")
+    ap.add_argument("--attack-rounds", type=int, default=96, help="forged rounds per attack kind")
+    ap.add_argument("--per-call", type=int, default=32, help="rounds per generate call")
+    ap.add_argument("--threads", default="1,2", help="worker thread counts")
+    ap.add_argument("--pairs", default="fp32/fp32,bf16/fp32", help="worker/verifier precisions")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args()
+    if args.quick:
+        args.model, args.rounds, args.attack_rounds, args.per_call, args.threads = "tiny", 8, 8, 8, "1"
+    meta = start(args.quick)
+    import torch
+
+    from hubgrpo.proof.verify import default_tolerance
+
+    tol = default_tolerance(torch.float32)
+    pairs = [tuple(p.split("/")) for p in args.pairs.split(",")]
+    b = setup(args.model)
+    p = b.params
+    res = {"args": vars(args) | {"results": str(args.results)}, "model": b.engine.cfg.base_model,  # type: ignore[attr-defined]
+           "tolerance": tol, "shape": f"{p['per_device_train_batch_size'] // p['num_generations']} prompts × "
+           f"{p['num_generations']} completions of ≤ {p['max_completion_length']} tokens, temperature "
+           f"{p['temperature']}"}
+    res["attacks"] = attacks(b, args.attack_rounds, args.per_call, tol)
+    res["cost"] = cost(b)
+    print("cost", json.dumps(res["cost"]), flush=True)
+    threads = [int(t) for t in args.threads.split(",")]
+    res["honest"] = honest(b, args.rounds, args.per_call, threads, pairs)  # type: ignore[arg-type]
+    res["headline"] = headline(res)
+    write(results_dir(args, __file__), args.name or f"proof-{args.model}", res, markdown(res), meta,
+          res["headline"])
+
+
+if __name__ == "__main__":
+    main()
