@@ -41,7 +41,8 @@ from benchmarks.common import TINY, options, results_dir, start, write  # noqa: 
 
 CONFIGS = {"smollm2": "configs/demo.yaml", "tiny": TINY}
 STEPS = 3  # GRPO steps from version 0 to the leased version
-TOLERANCES = (1e-3, 0.03, 0.1, 0.2, 0.3, 0.5, 1.0)  # false alarms and catch rates are read at each
+ABSOLUTE = (1e-3, 0.03, 0.1, 0.2, 0.3, 0.5)  # false alarms and catch rates are read at each tolerance
+RELATIVE = (0.005, 0.01, 0.02, 0.03)  # (1e-3 + this × the position's largest |warped score|)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
@@ -121,9 +122,10 @@ def sample(b: Bench, model, prompts, seed: int, temperature_scale: float = 1.0) 
     )
 
 
-def deficits(b: Bench, model, prompts, completions, seed: int) -> list[list[float]]:
-    """Each completion's positive deficits under ``model``, largest first (inf: a token outside the vocabulary or
-    masked, or a completion that does not end where generation ends); one thread."""
+def deficits(b: Bench, model, prompts, completions, seed: int) -> list[list[tuple[float, float]]]:
+    """Each completion's positive deficits under ``model`` as (deficit, the position's largest |warped score|),
+    largest first (inf: a token outside the vocabulary or masked, or a completion that does not end where
+    generation ends); one thread."""
     import torch
 
     from hubgrpo.proof.sampling import Warp
@@ -137,16 +139,33 @@ def deficits(b: Bench, model, prompts, completions, seed: int) -> list[list[floa
     scores = completion_logits(model, ids, mask, length)[rows, cols]
     warp = Warp(p["temperature"], None, p["top_p"])
     _, _, deficit = replay(scores, ids[:, -length:][rows, cols], seed, rows, cols, warp, float("inf"))
+    scale = warp.apply(scores).nan_to_num(neginf=0.0, posinf=0.0).abs().amax(-1)
     ended = endings(completions, b.engine.trainer.eos_token_ids, p["max_completion_length"])  # type: ignore[attr-defined]
-    out: list[list[float]] = [[] if e else [float("inf")] for e in ended]
-    for r, d in zip(rows.tolist(), deficit.tolist()):
+    out: list[list[tuple[float, float]]] = [[] if e else [(float("inf"), 0.0)] for e in ended]
+    for r, d, m in zip(rows.tolist(), deficit.tolist(), scale.tolist()):
         if d > 0:
-            out[r].append(round(d, 5))
+            out[r].append((round(d, 5), round(m, 3)))
     return [sorted(d, reverse=True) for d in out]
 
 
-def worst(d: list[float]) -> float:
-    return d[0] if d else 0.0
+def settings() -> dict:
+    """The tolerances read off, by label: absolute ones, relative ones, and the product's (``default``)."""
+    import torch
+
+    from hubgrpo.proof.verify import Tolerance, default_tolerance
+
+    out = {f"{a}": Tolerance(a) for a in ABSOLUTE}
+    out |= {f"1e-3+{r}×max": Tolerance(1e-3, r) for r in RELATIVE}
+    return out | {"default": default_tolerance(torch.float32)}
+
+
+def fails(found: list[tuple[float, float]], tol) -> bool:
+    return any(d > tol.absolute + tol.relative * m for d, m in found)
+
+
+def count(found: list[list[tuple[float, float]]]) -> dict:
+    """How many completions each tolerance fails."""
+    return {k: sum(fails(f, tol) for f in found) for k, tol in settings().items()}
 
 
 def honest(b: Bench, rounds: int, per_call: int, threads: list[int], pairs: list[tuple[str, str]]) -> list[dict]:
@@ -164,11 +183,11 @@ def honest(b: Bench, rounds: int, per_call: int, threads: list[int], pairs: list
                 completions = sample(b, b.model("leased", DTYPES[worker]), prompts, seed)
                 found += deficits(b, b.model("leased", DTYPES[checker]), prompts, completions, seed)
                 tokens += sum(map(len, completions))
-            largest = [worst(d) for d in found]
             row = {"worker": worker, "verifier": checker, "worker_threads": t, "rounds": len(found),
-                   "tokens": tokens, "seconds": time.perf_counter() - t0, "largest_deficit": max(largest),
-                   "false_alarms": {str(tol): sum(w > tol for w in largest) for tol in TOLERANCES},
-                   "deficits_above_0": sum(w > 0 for w in largest), "deficits": found}
+                   "tokens": tokens, "seconds": time.perf_counter() - t0,
+                   "largest_deficit": max((f[0][0] for f in found if f), default=0.0),
+                   "largest_ratio": max((d / m for f in found for d, m in f if m), default=0.0),
+                   "false_alarms": count(found), "deficits_above_0": sum(map(bool, found)), "deficits": found}
             out.append(row)
             print("honest", json.dumps({k: v for k, v in row.items() if k != "deficits"}), flush=True)
     return out
@@ -203,15 +222,14 @@ def forge(b: Bench, kind: str, prompts, rows, seed: int, honest_ids) -> list[lis
     return sample(b, b.model(state), prompts, seed)
 
 
-def attacks(b: Bench, rounds: int, per_call: int, tolerance: float) -> list[dict]:
-    """Catch rates of every attack kind against a float32 verifier at ``tolerance``."""
+def attacks(b: Bench, rounds: int, per_call: int, tolerance) -> list[dict]:
+    """Catch rates of every attack kind against a float32 verifier (``caught_of_differing``: at ``tolerance``)."""
     from tests.support.proof_support import ATTACKS, random_adapter
 
     b.states["other"] = random_adapter(b.states["leased"], seed=99, scale=_other_scale(b))
     out, honest_cache = [], {}
     for kind in (*ATTACKS, "older_by_one_step"):
-        row = {"attack": kind, "rounds": 0, "caught": 0, "differs": 0, "caught_of_differing": 0, "tokens": 0,
-               "caught_at": {str(t): 0 for t in TOLERANCES}, "deficits": []}
+        row = {"attack": kind, "rounds": 0, "differs": 0, "caught_of_differing": 0, "tokens": 0, "deficits": []}
         for g in range(-(-rounds // per_call)):
             seed, rows, prompts = call_rounds(b, 10_000 + g, per_call)
             if g not in honest_cache:
@@ -220,15 +238,12 @@ def attacks(b: Bench, rounds: int, per_call: int, tolerance: float) -> list[dict
             forged = forge(b, kind, prompts, rows, seed, honest_ids)
             found = deficits(b, b.model("leased"), prompts, forged, seed)
             row["deficits"] += found
-            largest = [worst(d) for d in found]
             differs = [f != h for f, h in zip(forged, honest_ids)]
             row["rounds"] += len(forged)
-            row["caught"] += sum(w > tolerance for w in largest)
-            for t in TOLERANCES:
-                row["caught_at"][str(t)] += sum(w > t for w in largest)
             row["differs"] += sum(differs)
-            row["caught_of_differing"] += sum(w > tolerance for w, d in zip(largest, differs) if d)
+            row["caught_of_differing"] += sum(fails(f, tolerance) for f, d in zip(found, differs) if d)
             row["tokens"] += sum(map(len, forged))
+        row["caught"] = count(row["deficits"])
         out.append(row)
         print("attack", json.dumps({k: v for k, v in row.items() if k != "deficits"}), flush=True)
     return out
@@ -277,49 +292,60 @@ def cost(b: Bench) -> dict:
             "share_of_training": v.seconds / train_s}
 
 
+def recount(res: dict) -> None:
+    """The counts at every tolerance, from the stored deficits (so a result can be read at today's default)."""
+    for row in res["honest"]:
+        row["false_alarms"] = count([[tuple(x) for x in f] for f in row["deficits"]])
+    for row in res["attacks"]:
+        row["caught"] = count([[tuple(x) for x in f] for f in row["deficits"]])
+
+
+def _label(tol: dict) -> str:
+    return f"{tol['absolute']:g} + {tol['relative']:g} × max |warped score|"
+
+
 def markdown(res: dict) -> str:
-    a, tol = res["args"], res["tolerance"]
+    a, tol, keys = res["args"], _label(res["tolerance"]), list(settings())
     lines = [f"# Proof of rollouts on {res['model']}: {res['headline']}", "",
              f"`{CONFIGS[a['model']]}` rounds ({res['shape']}), each simulated round its checked completion "
              f"(module docstring); {a['per_call']} rounds per generate call; leased version: {STEPS} GRPO steps "
-             f"from version 0. The product's rule: a float32 verifier, tolerance {tol} (a recorded token more than "
-             "that below the replay's top perturbed score is a mismatch; none allowed), and every completion must "
-             "end where generation ends.", "",
-             "Honest rounds (verifier: one thread); false alarms at each tolerance:", "",
-             "| worker | verifier | worker threads | rounds | tokens | largest deficit | rounds with a deficit > 0 | "
-             + " | ".join(f"false alarms @ {t}" for t in TOLERANCES) + " |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(TOLERANCES)]
+             f"from version 0. The product's rule (`default`): a float32 verifier, tolerance {tol} at each "
+             "position (a recorded token further below the replay's top perturbed score is a mismatch; none "
+             "allowed), and every completion ends where generation ends. Columns: the same rounds read at other "
+             "tolerances (absolute, or 0.001 + a share of the position's largest |warped score|).", "",
+             "Honest rounds (verifier: one thread), false alarms:", "",
+             "| worker | verifier | worker threads | rounds | tokens | largest deficit | largest deficit / max "
+             "|warped score| | rounds with a deficit > 0 | " + " | ".join(keys) + " |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(keys)]
     for h in res["honest"]:
         lines.append(f"| {h['worker']} | {h['verifier']} | {h['worker_threads']} | {h['rounds']} | {h['tokens']} | "
-                     f"{h['largest_deficit']:.4f} | {h['deficits_above_0']} | "
-                     + " | ".join(str(h["false_alarms"][str(t)]) for t in TOLERANCES) + " |")
-    lines += ["", f"Forged rounds (float32 verifier, tolerance {tol}; the checked completion only):", "",
-              "| attack | rounds | caught | checked completion differs from the honest one | caught of those | "
-              + " | ".join(f"caught @ {t}" for t in TOLERANCES) + " |",
-              "|---|---|---|---|---|" + "---|" * len(TOLERANCES)]
+                     f"{h['largest_deficit']:.4f} | {h['largest_ratio']:.4f} | {h['deficits_above_0']} | "
+                     + " | ".join(str(h["false_alarms"][k]) for k in keys) + " |")
+    lines += ["", "Forged rounds (float32 worker's honest completions forged; float32 verifier), caught:", "",
+              "| attack | rounds | checked completion differs from the honest one | caught of those (default) | "
+              + " | ".join(keys) + " |", "|---|---|---|---|" + "---|" * len(keys)]
     for r in res["attacks"]:
         n = max(1, r["rounds"])
-        lines.append(f"| {r['attack']} | {r['rounds']} | {r['caught'] / n:.1%} | {r['differs'] / n:.1%} | "
+        lines.append(f"| {r['attack']} | {r['rounds']} | {r['differs'] / n:.1%} | "
                      f"{r['caught_of_differing'] / max(1, r['differs']):.1%} | "
-                     + " | ".join(f"{r['caught_at'][str(t)] / n:.1%}" for t in TOLERANCES) + " |")
+                     + " | ".join(f"{r['caught'][k] / n:.1%}" for k in keys) + " |")
     c = res["cost"]
     lines += ["", f"Cost: a {c['steps']}-step training round took {c['train_s']:.2f} s on one thread "
               f"({c['completions']} completions, {c['round_tokens']} tokens in its batch 0); replaying its sample "
               f"({c['checked_completions']} completion(s), {c['tokens_checked']} tokens = {c['share_of_tokens']:.1%}"
-              f" of the batch's tokens: the floor of one completion) took {c['verify_s']:.3f} s = "
-              f"{c['share_of_training']:.1%} of the round's training, {c['tokens_per_s']:.0f} tokens checked per s "
-              "(model loading left out)."]
+              f" of the batch's tokens) took {c['verify_s']:.3f} s = {c['share_of_training']:.1%} of the round's "
+              f"training, {c['tokens_per_s']:.0f} tokens checked per s (model loading left out)."]
     return "\n".join(lines)
 
 
 def headline(res: dict) -> str:
     rounds = sum(h["rounds"] for h in res["honest"])
-    alarms = sum(h["false_alarms"][str(res["tolerance"])] for h in res["honest"])
-    worst = min(res["attacks"], key=lambda r: r["caught"] / max(1, r["rounds"]))
-    return (f"{alarms} false alarms in {rounds} honest rounds (fp32 and bf16 workers, fp32 verifier, tolerance "
-            f"{res['tolerance']}); every forgery caught in ≥ {worst['caught'] / max(1, worst['rounds']):.0%} of "
-            f"{worst['rounds']} rounds (weakest: {worst['attack']}); verification "
-            f"{res['cost']['share_of_training']:.1%} of a round's training")
+    alarms = sum(h["false_alarms"]["default"] for h in res["honest"])
+    worst = min(res["attacks"], key=lambda r: r["caught"]["default"] / max(1, r["rounds"]))
+    pairs = ", ".join(sorted({f"{h['worker']} worker/{h['verifier']} verifier" for h in res["honest"]}))
+    return (f"{alarms} false alarms in {rounds} honest rounds ({pairs}); every forgery caught in "
+            f"≥ {worst['caught']['default'] / max(1, worst['rounds']):.1%} of {worst['rounds']} rounds (weakest: "
+            f"{worst['attack']}); verification {res['cost']['share_of_training']:.1%} of a round's training")
 
 
 def main() -> None:
@@ -327,35 +353,47 @@ def main() -> None:
     options(ap, __file__)
     ap.add_argument("--model", choices=sorted(CONFIGS), default="smollm2")
     ap.add_argument("--rounds", type=int, default=256, help="honest rounds per pair and thread count")
-    ap.add_argument("--attack-rounds", type=int, default=96, help="forged rounds per attack kind")
+    ap.add_argument("--attack-rounds", type=int, default=128, help="forged rounds per attack kind")
     ap.add_argument("--per-call", type=int, default=32, help="rounds per generate call")
     ap.add_argument("--threads", default="1,2", help="worker thread counts")
     ap.add_argument("--pairs", default="fp32/fp32,bf16/fp32", help="worker/verifier precisions")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--render", type=Path, help="re-read a result's JSON at today's default tolerance, no run")
     args = ap.parse_args()
+    if args.render:
+        return render(args.render)
     if args.quick:
         args.model, args.rounds, args.attack_rounds, args.per_call, args.threads = "tiny", 8, 8, 8, "1"
     meta = start(args.quick)
-    import torch
-
-    from hubgrpo.proof.verify import default_tolerance
-
-    tol = default_tolerance(torch.float32)
-    pairs = [tuple(p.split("/")) for p in args.pairs.split(",")]
+    tol = settings()["default"]
     b = setup(args.model)
     p = b.params
-    res = {"args": vars(args) | {"results": str(args.results)}, "model": b.engine.cfg.base_model,  # type: ignore[attr-defined]
-           "tolerance": tol, "shape": f"{p['per_device_train_batch_size'] // p['num_generations']} prompts × "
-           f"{p['num_generations']} completions of ≤ {p['max_completion_length']} tokens, temperature "
-           f"{p['temperature']}"}
+    res = {"args": vars(args) | {"results": str(args.results), "render": None},
+           "model": b.engine.cfg.base_model,  # type: ignore[attr-defined]
+           "shape": f"{p['per_device_train_batch_size'] // p['num_generations']} prompts × {p['num_generations']} "
+           f"completions of ≤ {p['max_completion_length']} tokens, temperature {p['temperature']}"}
     res["attacks"] = attacks(b, args.attack_rounds, args.per_call, tol)
     res["cost"] = cost(b)
     print("cost", json.dumps(res["cost"]), flush=True)
     threads = [int(t) for t in args.threads.split(",")]
-    res["honest"] = honest(b, args.rounds, args.per_call, threads, pairs)  # type: ignore[arg-type]
+    res["honest"] = honest(b, args.rounds, args.per_call, threads, [tuple(x.split("/")) for x in args.pairs.split(",")])
+    finish(res, results_dir(args, __file__), args.name or f"proof-{args.model}", meta)
+
+
+def finish(res: dict, folder: Path, name: str, meta: dict) -> None:
+    from dataclasses import asdict
+
+    res["tolerance"] = asdict(settings()["default"])
+    recount(res)
     res["headline"] = headline(res)
-    write(results_dir(args, __file__), args.name or f"proof-{args.model}", res, markdown(res), meta,
-          res["headline"])
+    write(folder, name, res, markdown(res), meta, res["headline"])
+
+
+def render(path: Path) -> None:
+    """``--render``: the result at ``path`` recounted and rewritten in place (its meta kept, ``rendered`` added)."""
+    res = json.loads(path.read_text())
+    meta = res.pop("meta") | {"rendered": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    finish(res, path.parent, path.stem, meta)
 
 
 if __name__ == "__main__":

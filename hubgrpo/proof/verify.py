@@ -25,8 +25,24 @@ import torch
 from hubgrpo.proof.noise import gumbel
 from hubgrpo.proof.sampling import Warp
 
-# the tolerance in perturbed-score units below which a decision counts as ambiguous, by the verifier's dtype
-TOLERANCE = {torch.float32: 0.5, torch.bfloat16: 1.0, torch.float16: 0.25}
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far below the replay's top perturbed score a recorded token may lie at a position: ``absolute`` +
+    ``relative`` × the largest magnitude among the position's warped scores (logits / temperature: a rounding
+    error grows with the magnitude of what is rounded, and with 1 / temperature)."""
+
+    absolute: float = 0.0
+    relative: float = 0.0
+
+    def at(self, warped: torch.Tensor) -> torch.Tensor:
+        """The tolerance of each of N positions, float32 [N], from their warped scores [N, V] (-inf: masked)."""
+        if not self.relative:
+            return torch.full(warped.shape[:1], self.absolute, device=warped.device)
+        return self.absolute + self.relative * warped.nan_to_num(neginf=0.0, posinf=0.0).abs().amax(-1)
+
+
+TOLERANCE = {torch.float32: Tolerance(1e-3, 0.02), torch.bfloat16: Tolerance(1.0), torch.float16: Tolerance(0.25)}
 CHUNK = 256  # positions warped and perturbed at once (memory: CHUNK × vocab scores, and the hash's temporaries)
 
 
@@ -68,8 +84,8 @@ class Verdict:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s}
 
 
-def default_tolerance(dtype: torch.dtype) -> float:
-    """The ambiguity tolerance for a verifier computing in ``dtype``."""
+def default_tolerance(dtype: torch.dtype) -> Tolerance:
+    """The tolerance for a verifier computing in ``dtype``."""
     return TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16])
 
 
@@ -107,21 +123,24 @@ def replay(
     completions: torch.Tensor,
     positions: torch.Tensor,
     warp: Warp,
-    tolerance: float,
+    tolerance: Tolerance | float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tolerated, mismatch, deficit) for N positions: scores [N, V], recorded tokens, completion, position [N].
 
     ``deficit`` (float32 [N]): the top perturbed score minus the recorded token's (0 when the replay picks the
     recorded token; infinite for a token outside the vocabulary or masked by top-k/top-p); ``mismatch``: deficit >
-    ``tolerance``; ``tolerated``: another token on top, but within the tolerance."""
+    ``tolerance`` (a ``Tolerance``, or a float: an absolute one); ``tolerated``: another token on top, but within the
+    tolerance."""
     vocab = scores.size(-1)
-    perturbed = warp.apply(scores) + gumbel(seed, completions.to(scores.device), positions.to(scores.device), vocab)
+    tol = tolerance if isinstance(tolerance, Tolerance) else Tolerance(float(tolerance))
+    warped = warp.apply(scores)
+    perturbed = warped + gumbel(seed, completions.to(scores.device), positions.to(scores.device), vocab)
     tokens = tokens.to(scores.device)
     valid = (tokens >= 0) & (tokens < vocab)
     mine = perturbed.gather(-1, tokens.clamp(0, vocab - 1)[:, None])[:, 0]
     deficit = torch.where(valid, perturbed.max(-1).values - mine, torch.full_like(mine, torch.inf))
     deficit = deficit.nan_to_num(nan=torch.inf, posinf=torch.inf)  # -inf − -inf: a row all masked
-    mismatch = deficit > tolerance
+    mismatch = deficit > tol.at(warped)
     return (deficit > 0) & ~mismatch, mismatch, deficit
 
 
@@ -147,7 +166,7 @@ def verify_completions(
     temperature: float = 1.0,
     top_p: float | None = 1.0,
     top_k: int | None = None,
-    tolerance: float | None = None,
+    tolerance: Tolerance | float | None = None,
     *,
     stop: Sequence[int] | None = None,
     max_length: int | None = None,
