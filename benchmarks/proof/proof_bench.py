@@ -286,7 +286,7 @@ def cost(engine, leased) -> dict:
 
     torch.set_num_threads(1)
     set_peft_model_state_dict(engine.trainer.model, leased)
-    steps = engine.params["steps_per_round"]
+    steps = engine.cfg.rounds.steps
     t0 = time.perf_counter()
     log, states = record_round(engine, engine.prompt_rows(range(8)), steps, 11)
     train_s = time.perf_counter() - t0

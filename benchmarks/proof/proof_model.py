@@ -20,7 +20,7 @@ share a generate call and a seed, each with its own completion index. The leased
   a float32 verifier: caught when the verifier's rule fails it at the tolerance; ``differs``: rounds whose checked
   completion is not the honest one at all (a forgery that equals the honest completion cannot be caught by anyone).
 - **Cost**: one real training round of the config against replaying its sample (``verify_completions``, one
-  thread, float32); tokens checked per second.
+  thread, float32), in CPU seconds of this process; tokens checked per CPU second.
 
 Writes results/<name>.{md,json} (default proof-<model>).
 """
@@ -168,29 +168,24 @@ def count(found: list[list[tuple[float, float]]]) -> dict:
     return {k: sum(fails(f, tol) for f in found) for k, tol in settings().items()}
 
 
-def honest(b: Bench, rounds: int, per_call: int, threads: list[int], pairs: list[tuple[str, str]]) -> list[dict]:
-    """False alarms of honest rounds per (worker precision, verifier precision, worker threads)."""
+def honest(b: Bench, rounds: int, per_call: int, worker: str, checker: str, threads: int) -> dict:
+    """False alarms of honest rounds: a ``worker``-precision worker at ``threads`` threads, a ``checker``-precision
+    verifier on one thread."""
     import torch
 
-    out = []
-    for worker, checker in pairs:
-        for t in threads:
-            found: list[list[float]] = []
-            tokens, t0 = 0, time.perf_counter()
-            for g in range(-(-rounds // per_call)):
-                seed, _, prompts = call_rounds(b, g, per_call)
-                torch.set_num_threads(t)
-                completions = sample(b, b.model("leased", DTYPES[worker]), prompts, seed)
-                found += deficits(b, b.model("leased", DTYPES[checker]), prompts, completions, seed)
-                tokens += sum(map(len, completions))
-            row = {"worker": worker, "verifier": checker, "worker_threads": t, "rounds": len(found),
-                   "tokens": tokens, "seconds": time.perf_counter() - t0,
-                   "largest_deficit": max((f[0][0] for f in found if f), default=0.0),
-                   "largest_ratio": max((d / m for f in found for d, m in f if m), default=0.0),
-                   "false_alarms": count(found), "deficits_above_0": sum(map(bool, found)), "deficits": found}
-            out.append(row)
-            print("honest", json.dumps({k: v for k, v in row.items() if k != "deficits"}), flush=True)
-    return out
+    found: list[list[tuple[float, float]]] = []
+    tokens, t0 = 0, time.perf_counter()
+    for g in range(-(-rounds // per_call)):
+        seed, _, prompts = call_rounds(b, g, per_call)
+        torch.set_num_threads(threads)
+        completions = sample(b, b.model("leased", DTYPES[worker]), prompts, seed)
+        found += deficits(b, b.model("leased", DTYPES[checker]), prompts, completions, seed)
+        tokens += sum(map(len, completions))
+    return {"worker": worker, "verifier": checker, "worker_threads": threads, "rounds": len(found),
+            "tokens": tokens, "seconds": time.perf_counter() - t0,
+            "largest_deficit": max((f[0][0] for f in found if f), default=0.0),
+            "largest_ratio": max((d / m for f in found for d, m in f if m), default=0.0),
+            "false_alarms": count(found), "deficits_above_0": sum(map(bool, found)), "deficits": found}
 
 
 def forge(b: Bench, kind: str, prompts, rows, seed: int, honest_ids) -> list[list[int]]:
@@ -222,31 +217,27 @@ def forge(b: Bench, kind: str, prompts, rows, seed: int, honest_ids) -> list[lis
     return sample(b, b.model(state), prompts, seed)
 
 
-def attacks(b: Bench, rounds: int, per_call: int, tolerance) -> list[dict]:
-    """Catch rates of every attack kind against a float32 verifier (``caught_of_differing``: at ``tolerance``)."""
-    from tests.support.proof_support import ATTACKS, random_adapter
+def attack(b: Bench, kind: str, rounds: int, per_call: int, tolerance, cache: dict) -> dict:
+    """Catch rates of one attack kind against a float32 verifier (``caught_of_differing``: at ``tolerance``);
+    ``cache``: the honest completions of each call, shared by the kinds."""
+    from tests.support.proof_support import random_adapter
 
-    b.states["other"] = random_adapter(b.states["leased"], seed=99, scale=_other_scale(b))
-    out, honest_cache = [], {}
-    for kind in (*ATTACKS, "older_by_one_step"):
-        row = {"attack": kind, "rounds": 0, "differs": 0, "caught_of_differing": 0, "tokens": 0, "deficits": []}
-        for g in range(-(-rounds // per_call)):
-            seed, rows, prompts = call_rounds(b, 10_000 + g, per_call)
-            if g not in honest_cache:
-                honest_cache[g] = sample(b, b.model("leased"), prompts, seed)
-            honest_ids = honest_cache[g]
-            forged = forge(b, kind, prompts, rows, seed, honest_ids)
-            found = deficits(b, b.model("leased"), prompts, forged, seed)
-            row["deficits"] += found
-            differs = [f != h for f, h in zip(forged, honest_ids)]
-            row["rounds"] += len(forged)
-            row["differs"] += sum(differs)
-            row["caught_of_differing"] += sum(fails(f, tolerance) for f, d in zip(found, differs) if d)
-            row["tokens"] += sum(map(len, forged))
-        row["caught"] = count(row["deficits"])
-        out.append(row)
-        print("attack", json.dumps({k: v for k, v in row.items() if k != "deficits"}), flush=True)
-    return out
+    b.states.setdefault("other", random_adapter(b.states["leased"], seed=99, scale=_other_scale(b)))
+    row = {"attack": kind, "rounds": 0, "differs": 0, "caught_of_differing": 0, "tokens": 0, "deficits": []}
+    for g in range(-(-rounds // per_call)):
+        seed, rows, prompts = call_rounds(b, 10_000 + g, per_call)
+        if g not in cache:
+            cache[g] = sample(b, b.model("leased"), prompts, seed)
+        forged = forge(b, kind, prompts, rows, seed, cache[g])
+        found = deficits(b, b.model("leased"), prompts, forged, seed)
+        differs = [f != h for f, h in zip(forged, cache[g])]
+        row["deficits"] += found
+        row["rounds"] += len(forged)
+        row["differs"] += sum(differs)
+        row["caught_of_differing"] += sum(fails(f, tolerance) for f, d in zip(found, differs) if d)
+        row["tokens"] += sum(map(len, forged))
+    row["caught"] = count(row["deficits"])
+    return row
 
 
 def _other_scale(b: Bench) -> float:
@@ -273,23 +264,24 @@ def cost(b: Bench) -> dict:
     e, p = b.engine, b.params
     set_peft_model_state_dict(e.trainer.model, b.states["leased"])  # type: ignore[attr-defined]
     prompts = p["per_device_train_batch_size"] * p["gradient_accumulation_steps"] // p["num_generations"]
-    t0 = time.perf_counter()
     steps = e.cfg.rounds.steps  # type: ignore[attr-defined]
+    t0 = time.process_time()  # CPU time: another job on the machine slows the wall clock, not this
     log, states = record_round(e, e.prompt_rows(range(prompts * steps)), steps, 11)
-    train_s = time.perf_counter() - t0
+    train_s = time.process_time() - t0
     batch = log[0]
     tokens = sum(len(c) for c in batch.completion_ids)
     key = selection_key(b"proof-model-bench-secret-32bytes", hashlib.sha256(repr(batch).encode()).digest())
     picked = choose([len(c) for c in batch.completion_ids], key)
     model = verifier(e, states[0], scale=b.scale)
+    t0 = time.process_time()
     v = verify_completions(model, e.tokenizer, [batch.prompt_ids[i] for i in picked],  # type: ignore[attr-defined]
                            [batch.completion_ids[i] for i in picked], 11, picked, p["temperature"], p["top_p"],
                            stop=e.trainer.eos_token_ids, max_length=p["max_completion_length"])  # type: ignore[attr-defined]
+    verify_s = time.process_time() - t0
     assert v.passes(), v
-    return {"steps": steps, "train_s": train_s, "round_tokens": tokens,
-            "completions": len(batch.completion_ids), "checked_completions": len(picked), "tokens_checked": v.tokens,
-            "share_of_tokens": v.tokens / tokens, "verify_s": v.seconds, "tokens_per_s": v.tokens_per_s,
-            "share_of_training": v.seconds / train_s}
+    return {"steps": steps, "train_s": train_s, "round_tokens": tokens, "completions": len(batch.completion_ids),
+            "checked_completions": len(picked), "tokens_checked": v.tokens, "share_of_tokens": v.tokens / tokens,
+            "verify_s": verify_s, "tokens_per_s": v.tokens / verify_s, "share_of_training": verify_s / train_s}
 
 
 def recount(res: dict) -> None:
@@ -330,7 +322,11 @@ def markdown(res: dict) -> str:
                      f"{r['caught_of_differing'] / max(1, r['differs']):.1%} | "
                      + " | ".join(f"{r['caught'][k] / n:.1%}" for k in keys) + " |")
     c = res["cost"]
-    lines += ["", f"Cost: a {c['steps']}-step training round took {c['train_s']:.2f} s on one thread "
+    if res.get("units_left"):
+        lines += ["", f"Not run (out of time): {', '.join(res['units_left'])}."]
+    if not c:
+        return "\n".join(lines)
+    lines += ["", f"Cost (CPU seconds): a {c['steps']}-step training round took {c['train_s']:.2f} s on one thread "
               f"({c['completions']} completions, {c['round_tokens']} tokens in its batch 0); replaying its sample "
               f"({c['checked_completions']} completion(s), {c['tokens_checked']} tokens = {c['share_of_tokens']:.1%}"
               f" of the batch's tokens) took {c['verify_s']:.3f} s = {c['share_of_training']:.1%} of the round's "
@@ -345,7 +341,29 @@ def headline(res: dict) -> str:
     pairs = ", ".join(sorted({f"{h['worker']} worker/{h['verifier']} verifier" for h in res["honest"]}))
     return (f"{alarms} false alarms in {rounds} honest rounds ({pairs}); every forgery caught in "
             f"≥ {worst['caught']['default'] / max(1, worst['rounds']):.1%} of {worst['rounds']} rounds (weakest: "
-            f"{worst['attack']}); verification {res['cost']['share_of_training']:.1%} of a round's training")
+            f"{worst['attack']})" + (f"; verification {res['cost']['share_of_training']:.1%} of a round's training"
+                                     if res["cost"] else ""))
+
+
+def units(args) -> list[str]:
+    """The work, most telling first: each unit is kept as it finishes (a run can stop and resume, ``--finish``)."""
+    from tests.support.proof_support import ATTACKS
+
+    pairs = args.pairs.split(",")
+    threads = args.threads.split(",")
+    first = [f"honest:{p}/{threads[0]}" for p in reversed(pairs)]  # the mixed-precision pair first
+    rest = [f"honest:{p}/{t}" for t in threads[1:] for p in reversed(pairs)]
+    return [*first, *[f"attack:{k}" for k in (*ATTACKS, "older_by_one_step")], "cost", *rest]
+
+
+def run_unit(b: Bench, unit: str, args, cache: dict) -> dict:
+    kind, _, what = unit.partition(":")
+    if kind == "cost":
+        return cost(b)
+    if kind == "attack":
+        return attack(b, what, args.attack_rounds, args.per_call, settings()["default"], cache)
+    worker, checker, threads = what.split("/")
+    return honest(b, args.rounds, args.per_call, worker, checker, int(threads))
 
 
 def main() -> None:
@@ -358,26 +376,35 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="worker thread counts")
     ap.add_argument("--pairs", default="fp32/fp32,bf16/fp32", help="worker/verifier precisions")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--finish", action="store_true", help="write the result from the units done so far, no run")
     ap.add_argument("--render", type=Path, help="re-read a result's JSON at today's default tolerance, no run")
     args = ap.parse_args()
     if args.render:
         return render(args.render)
     if args.quick:
         args.model, args.rounds, args.attack_rounds, args.per_call, args.threads = "tiny", 8, 8, 8, "1"
-    meta = start(args.quick)
-    tol = settings()["default"]
-    b = setup(args.model)
-    p = b.params
-    res = {"args": vars(args) | {"results": str(args.results), "render": None},
-           "model": b.engine.cfg.base_model,  # type: ignore[attr-defined]
-           "shape": f"{p['per_device_train_batch_size'] // p['num_generations']} prompts × {p['num_generations']} "
-           f"completions of ≤ {p['max_completion_length']} tokens, temperature {p['temperature']}"}
-    res["attacks"] = attacks(b, args.attack_rounds, args.per_call, tol)
-    res["cost"] = cost(b)
-    print("cost", json.dumps(res["cost"]), flush=True)
-    threads = [int(t) for t in args.threads.split(",")]
-    res["honest"] = honest(b, args.rounds, args.per_call, threads, [tuple(x.split("/")) for x in args.pairs.split(",")])
-    finish(res, results_dir(args, __file__), args.name or f"proof-{args.model}", meta)
+    folder, name = results_dir(args, __file__), args.name or f"proof-{args.model}"
+    partial = folder / f"{name}.partial.json"
+    state = json.loads(partial.read_text()) if partial.exists() else {"meta": start(args.quick), "done": {}}
+    if not args.finish:
+        b, cache = setup(args.model), {}
+        p = b.params
+        state["model"] = b.engine.cfg.base_model  # type: ignore[attr-defined]
+        state["shape"] = (f"{p['per_device_train_batch_size'] // p['num_generations']} prompts × "
+                          f"{p['num_generations']} completions of ≤ {p['max_completion_length']} tokens, "
+                          f"temperature {p['temperature']}")
+        for unit in (u for u in units(args) if u not in state["done"]):
+            state["done"][unit] = run_unit(b, unit, args, cache)
+            print(unit, json.dumps({k: v for k, v in state["done"][unit].items() if k != "deficits"}), flush=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(state, default=str))
+    done = state["done"]
+    res = {"args": vars(args) | {"results": str(args.results), "render": None}, "model": state["model"],
+           "shape": state["shape"], "units_left": [u for u in units(args) if u not in done],
+           "honest": [v for k, v in done.items() if k.startswith("honest:")],
+           "attacks": [v for k, v in done.items() if k.startswith("attack:")], "cost": done.get("cost")}
+    finish(res, folder, name, state["meta"])
+    partial.unlink()
 
 
 def finish(res: dict, folder: Path, name: str, meta: dict) -> None:
