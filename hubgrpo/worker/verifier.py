@@ -65,6 +65,8 @@ class Verifier:
             self.cfg.worker.threads = threads
         self.cfg.worker.dtype = "float32"  # the precision the tolerance is measured for (hubgrpo.proof.verify)
         self.engine, self.poll_s, self.sleep = engine, float(poll_s), sleep
+        self.owns_engine = engine is None  # nobody else changes its model: the leased adapter can stay loaded
+        self.loaded: tuple[int, str] | None = None  # (version, adapter id) of the adapter in the engine's model
         self.secret = secret if secret is not None else os.urandom(32)  # drawn after the rounds it checks
         self.workdir = Path(workdir or runrepo.cache_root() / "verifier" / self.cfg.project_name)
         self.skipped: set[str] = set()  # rounds that cannot be checked (files or base version gone)
@@ -173,28 +175,24 @@ class Verifier:
             recorded = batch.completions[i]
             if text != completion_text(recorded if isinstance(recorded, str) else [m.model_dump() for m in recorded]):
                 return failed(f"completion {i}: its text is not what its token ids decode to")
-        folder = self._base(lease)
+        self.load(lease)
         model = engine.trainer.model
-        try:
-            engine.load_adapter(folder)
-            training = model.training
-            model.eval()
-            verdict = verify_completions(
-                model,
-                engine.tokenizer,
-                [batch.prompt_ids[i] for i in chosen],
-                [batch.completion_ids[i] for i in chosen],
-                lease.seed,
-                chosen,  # batch 0: a completion's index in the round is its row
-                temperature=p["temperature"],
-                top_p=p["top_p"],
-                top_k=p.get("top_k"),
-                stop=engine.trainer.eos_token_ids,
-                max_length=int(p["max_completion_length"]),
-            )
-            model.train(training)
-        finally:
-            runrepo.remove_tree(folder, self.workdir / "adapters")
+        training = model.training
+        model.eval()
+        verdict = verify_completions(
+            model,
+            engine.tokenizer,
+            [batch.prompt_ids[i] for i in chosen],
+            [batch.completion_ids[i] for i in chosen],
+            lease.seed,
+            chosen,  # batch 0: a completion's index in the round is its row
+            temperature=p["temperature"],
+            top_p=p["top_p"],
+            top_k=p.get("top_k"),
+            stop=engine.trainer.eos_token_ids,
+            max_length=int(p["max_completion_length"]),
+        )
+        model.train(training)
         passed = verdict.passes()
         return {
             "passed": passed,
@@ -204,6 +202,20 @@ class Verifier:
             "mismatches": verdict.mismatches,
             "reason": None if passed else _reason(verdict),
         }
+
+    def load(self, lease: layout.Lease) -> None:
+        """The leased version's adapter into the engine's model; kept between rounds of the same version when this
+        verifier built its engine (consecutive rounds of one version: one download and one load)."""
+        key = (lease.base_version, lease.base_sha)
+        if self.owns_engine and self.loaded == key:
+            return
+        self.loaded = None
+        folder = self._base(lease)
+        try:
+            self.ready().load_adapter(folder)
+        finally:
+            runrepo.remove_tree(folder, self.workdir / "adapters")
+        self.loaded = key if self.owns_engine else None
 
     def _base(self, lease: layout.Lease) -> Path:
         """The leased version's adapter: from the coordinator by its id, else at its checkpoint's tag."""
