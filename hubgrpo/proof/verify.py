@@ -2,16 +2,26 @@
 
 ``verify_completions`` puts the completions (each after its prompt's tokens, prompts left-padded as ``generate``
 gets them) through the model once, warps each position's scores as the worker's sampling did
-(``hubgrpo.proof.sampling.Warp``), adds the keyed noise of that completion and position, and compares the argmax
-with the recorded token. A position whose top perturbed score beats the runner-up by ``tolerance`` or less is
-skipped as ambiguous: float rounding (another precision, thread count or device, the worker's cached decoding
-against this full forward) can flip it. Every other position must match.
+(``hubgrpo.proof.sampling.Warp``) and adds the keyed noise of that completion and position. At every position the
+recorded token's perturbed score must lie within the ``Tolerance`` of the top one (its *deficit*: 0 where the replay
+picks the recorded token). Float rounding (another precision, thread count or device, the worker's cached decoding
+against this full forward) moves scores a little, so an honest token can lie just below a near tie; a token the
+leased policy and the lease's noise did not choose lies, nearly always, far below. The tolerance grows with the
+position's largest warped score: rounding errors scale with the magnitude of what is rounded, and warped scores are
+logits / temperature.
 
-``Verdict`` counts positions checked, skipped and mismatched; ``Verdict.passes()`` applies a round's rule
-(``RoundRule``: at most so many mismatches), by default the one for the verifier's precision (``RULES``): none at
-all for a float32 verifier; a lower-precision verifier also disagrees with a float32 worker, rarely, at positions
-just past its tolerance, so one mismatch is allowed there. Tolerances and rules are chosen from the honest rounds
-of ``benchmarks/proof/proof_bench.py`` (``benchmarks/proof/results/``).
+Each completion must also end where generation ends it (``endings``): its first stop token last, or exactly
+``max_completion_length`` tokens without one. That stop token is replayed like every other token, so a worker
+cannot cut an honest completion short (a shorter answer can score differently) unless the policy would have stopped
+there.
+
+``Verdict`` counts positions checked, tolerated and mismatched, and completions that end wrongly;
+``Verdict.passes()`` applies a round's rule (``RoundRule``: at most so many mismatches, and no completion ending
+wrongly), by default the one for the verifier's precision (``RULES``). The product's verifier computes in float32
+(``hubgrpo.worker.verifier``); its tolerance covers a float32 or bfloat16 worker and was chosen from the honest and
+forged rounds of ``benchmarks/proof/proof_model.py`` (``benchmarks/proof/results/proof-smollm2.md``). The bfloat16
+and float16 entries are for experiments (``benchmarks/proof/proof_bench.py``): a lower-precision verifier needs a
+tolerance so wide that it lets subtle forgeries through.
 """
 
 from __future__ import annotations
@@ -42,13 +52,14 @@ class Tolerance:
         return self.absolute + self.relative * warped.nan_to_num(neginf=0.0, posinf=0.0).abs().amax(-1)
 
 
+# by the verifier's dtype; float32 (the product's verifier): benchmarks/proof/results/proof-smollm2.md
 TOLERANCE = {torch.float32: Tolerance(1e-3, 0.02), torch.bfloat16: Tolerance(1.0), torch.float16: Tolerance(0.25)}
 CHUNK = 256  # positions warped and perturbed at once (memory: CHUNK × vocab scores, and the hash's temporaries)
 
 
 @dataclass(frozen=True)
 class RoundRule:
-    """A round fails when the mismatches at unambiguous positions of its checked completions exceed this."""
+    """A round fails when the mismatches of its checked completions exceed this, or when one ends wrongly."""
 
     max_mismatches: int = 0
 
