@@ -337,12 +337,18 @@ def markdown(res: dict) -> str:
 def headline(res: dict) -> str:
     rounds = sum(h["rounds"] for h in res["honest"])
     alarms = sum(h["false_alarms"]["default"] for h in res["honest"])
-    worst = min(res["attacks"], key=lambda r: r["caught"]["default"] / max(1, r["rounds"]))
     pairs = ", ".join(sorted({f"{h['worker']} worker/{h['verifier']} verifier" for h in res["honest"]}))
-    return (f"{alarms} false alarms in {rounds} honest rounds ({pairs}); every forgery caught in "
-            f"≥ {worst['caught']['default'] / max(1, worst['rounds']):.1%} of {worst['rounds']} rounds (weakest: "
-            f"{worst['attack']})" + (f"; verification {res['cost']['share_of_training']:.1%} of a round's training"
-                                     if res["cost"] else ""))
+    out = f"{alarms} false alarms in {rounds} honest rounds ({pairs})"
+    differing = [r for r in res["attacks"] if r["differs"]]
+    if differing:  # a forgery whose checked completion is the honest one cannot be caught: its rate is the others'
+        worst = min(differing, key=lambda r: r["caught_of_differing"] / r["differs"])
+        same = [r["attack"] for r in res["attacks"] if not r["differs"]]
+        out += (f"; forgeries that change the checked completion caught in ≥ "
+                f"{worst['caught_of_differing'] / worst['differs']:.1%} (weakest: {worst['attack']}, "
+                f"{worst['differs']} rounds)" + (f"; {', '.join(same)}: never changed it" if same else ""))
+    if res["cost"]:
+        out += f"; verification {res['cost']['share_of_training']:.1%} of a round's training"
+    return out
 
 
 def units(args) -> list[str]:
