@@ -250,7 +250,7 @@ def attacks(engine, leased, before, version0, rounds: int) -> list[dict]:
             "checked_tokens": 0,
         }
         for g in range(-(-rounds // ROUNDS_PER_CALL)):
-            seed, rows, batch = group_batch(engine, exact, 10_000 + g, 1, honest=kind == "edited")
+            seed, rows, batch = group_batch(engine, exact, 10_000 + g, 1, honest=kind in ("edited", "truncated"))
             f.batch, f.seed, f.rows = batch, seed, rows
             if kind == "older_by_one_step":
                 g_forged = Forgery(engine, batch, seed, leased, before, rows, SHARP, {"older": f.model("b", before)})
@@ -286,7 +286,7 @@ def cost(engine, leased) -> dict:
 
     torch.set_num_threads(1)
     set_peft_model_state_dict(engine.trainer.model, leased)
-    steps = engine.params["steps_per_round"]
+    steps = engine.cfg.rounds.steps
     t0 = time.perf_counter()
     log, states = record_round(engine, engine.prompt_rows(range(8)), steps, 11)
     train_s = time.perf_counter() - t0

@@ -23,8 +23,13 @@ What a replay needs, and where this foundation stops:
   completion's prompt ids and completion ids (``RolloutBatch.prompt_ids`` / ``completion_ids``).
 - the policy of each generation batch: batch 0 of a round is sampled by the leased version; in a round of several
   steps, batch ``b`` is sampled by the adapter after ``b`` local steps, which only the worker holds. Replaying a
-  later batch against the leased version flags it; either those adapters travel with the round or the check is
-  limited to what the leased version sampled.
+  later batch against the leased version flags it, so the verifier replays batch 0 only: in a round of several
+  steps, the later batches are not checked, and a worker could forge them unseen (unless those adapters travel
+  with the round one day).
+- where a completion ends: the completion ids are what TRL keeps of a generated row, up to and including its first
+  stop token (``GRPOTrainer.eos_token_ids``), without padding; a row that reached ``max_completion_length`` has no
+  stop token. The verifier replays the stop token like any token and refuses any other ending
+  (``verify.endings``).
 - the processors before the warpers: a repetition penalty (or any other processor ``generate`` builds) is applied
   on the worker but not replayed by ``verify_completions``.
 """

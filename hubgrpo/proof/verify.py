@@ -2,16 +2,26 @@
 
 ``verify_completions`` puts the completions (each after its prompt's tokens, prompts left-padded as ``generate``
 gets them) through the model once, warps each position's scores as the worker's sampling did
-(``hubgrpo.proof.sampling.Warp``), adds the keyed noise of that completion and position, and compares the argmax
-with the recorded token. A position whose top perturbed score beats the runner-up by ``tolerance`` or less is
-skipped as ambiguous: float rounding (another precision, thread count or device, the worker's cached decoding
-against this full forward) can flip it. Every other position must match.
+(``hubgrpo.proof.sampling.Warp``) and adds the keyed noise of that completion and position. At every position the
+recorded token's perturbed score must lie within the ``Tolerance`` of the top one (its *deficit*: 0 where the replay
+picks the recorded token). Float rounding (another precision, thread count or device, the worker's cached decoding
+against this full forward) moves scores a little, so an honest token can lie just below a near tie; a token the
+leased policy and the lease's noise did not choose lies, nearly always, far below. The tolerance grows with the
+position's largest warped score: rounding errors scale with the magnitude of what is rounded, and warped scores are
+logits / temperature.
 
-``Verdict`` counts positions checked, skipped and mismatched; ``Verdict.passes()`` applies a round's rule
-(``RoundRule``: at most so many mismatches), by default the one for the verifier's precision (``RULES``): none at
-all for a float32 verifier; a lower-precision verifier also disagrees with a float32 worker, rarely, at positions
-just past its tolerance, so one mismatch is allowed there. Tolerances and rules are chosen from the honest rounds
-of ``benchmarks/proof/proof_bench.py`` (``benchmarks/proof/results/``).
+Each completion must also end where generation ends it (``endings``): its first stop token last, or exactly
+``max_completion_length`` tokens without one. That stop token is replayed like every other token, so a worker
+cannot cut an honest completion short (a shorter answer can score differently) unless the policy would have stopped
+there.
+
+``Verdict`` counts positions checked, tolerated and mismatched, and completions that end wrongly;
+``Verdict.passes()`` applies a round's rule (``RoundRule``: at most so many mismatches, and no completion ending
+wrongly), by default the one for the verifier's precision (``RULES``). The product's verifier computes in float32
+(``hubgrpo.worker.verifier``); its tolerance covers a float32 or bfloat16 worker and was chosen from the honest and
+forged rounds of ``benchmarks/proof/proof_model.py`` (``benchmarks/proof/results/proof-smollm2.md``). The bfloat16
+and float16 entries are for experiments (``benchmarks/proof/proof_bench.py``): a lower-precision verifier needs a
+tolerance so wide that it lets subtle forgeries through.
 """
 
 from __future__ import annotations
@@ -25,14 +35,31 @@ import torch
 from hubgrpo.proof.noise import gumbel
 from hubgrpo.proof.sampling import Warp
 
-# the tolerance in perturbed-score units below which a decision counts as ambiguous, by the verifier's dtype
-TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1.0, torch.float16: 0.25}
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far below the replay's top perturbed score a recorded token may lie at a position: ``absolute`` +
+    ``relative`` × the largest magnitude among the position's warped scores (logits / temperature: a rounding
+    error grows with the magnitude of what is rounded, and with 1 / temperature)."""
+
+    absolute: float = 0.0
+    relative: float = 0.0
+
+    def at(self, warped: torch.Tensor) -> torch.Tensor:
+        """The tolerance of each of N positions, float32 [N], from their warped scores [N, V] (-inf: masked)."""
+        if not self.relative:
+            return torch.full(warped.shape[:1], self.absolute, device=warped.device)
+        return self.absolute + self.relative * warped.nan_to_num(neginf=0.0, posinf=0.0).abs().amax(-1)
+
+
+# by the verifier's dtype; float32 (the product's verifier): benchmarks/proof/results/proof-smollm2.md
+TOLERANCE = {torch.float32: Tolerance(1e-3, 0.02), torch.bfloat16: Tolerance(1.0), torch.float16: Tolerance(0.25)}
 CHUNK = 256  # positions warped and perturbed at once (memory: CHUNK × vocab scores, and the hash's temporaries)
 
 
 @dataclass(frozen=True)
 class RoundRule:
-    """A round fails when the mismatches at unambiguous positions of its checked completions exceed this."""
+    """A round fails when the mismatches of its checked completions exceed this, or when one ends wrongly."""
 
     max_mismatches: int = 0
 
@@ -46,12 +73,14 @@ class Verdict:
 
     completions: int = 0  # completions replayed
     tokens: int = 0  # completion tokens among them
-    checked: int = 0  # positions compared (not ambiguous)
-    ambiguous: int = 0  # positions skipped: top perturbed score − runner-up ≤ tolerance
-    mismatches: int = 0  # checked positions whose recorded token is not the replayed choice
+    checked: int = 0  # positions compared (all of them)
+    ambiguous: int = 0  # positions where another token is on top, within the tolerance (rounding can do that)
+    mismatches: int = 0  # positions whose recorded token is more than the tolerance below the replayed choice
+    unended: int = 0  # completions that do not end where generation ends (``endings``)
     seconds: float = 0.0
-    per_completion: list[int] = field(default_factory=list)  # mismatches of each replayed completion, in order
+    per_completion: list[int] = field(default_factory=list)  # each completion's mismatches (+ 1 if unended)
     precision: str = "float32"  # the verifier's dtype: which rule applies by default
+    max_deficit: float = 0.0  # the largest finite deficit (top perturbed score − the recorded token's) seen
 
     @property
     def tokens_per_s(self) -> float:
@@ -60,14 +89,14 @@ class Verdict:
     def passes(self, rule: RoundRule | None = None) -> bool:
         """Whether the round passes ``rule`` (default: the rule for the verifier's precision, ``RULES``)."""
         rule = rule or RULES.get(self.precision, RULES["bfloat16"])
-        return self.mismatches <= rule.max_mismatches
+        return self.mismatches <= rule.max_mismatches and self.unended == 0
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s}
 
 
-def default_tolerance(dtype: torch.dtype) -> float:
-    """The ambiguity tolerance for a verifier computing in ``dtype``."""
+def default_tolerance(dtype: torch.dtype) -> Tolerance:
+    """The tolerance for a verifier computing in ``dtype``."""
     return TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16])
 
 
@@ -105,18 +134,37 @@ def replay(
     completions: torch.Tensor,
     positions: torch.Tensor,
     warp: Warp,
-    tolerance: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ambiguous, mismatch), bool [N], for N positions: scores [N, V], recorded tokens, completion, position [N]."""
+    tolerance: Tolerance | float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tolerated, mismatch, deficit) for N positions: scores [N, V], recorded tokens, completion, position [N].
+
+    ``deficit`` (float32 [N]): the top perturbed score minus the recorded token's (0 when the replay picks the
+    recorded token; infinite for a token outside the vocabulary or masked by top-k/top-p); ``mismatch``: deficit >
+    ``tolerance`` (a ``Tolerance``, or a float: an absolute one); ``tolerated``: another token on top, but within the
+    tolerance."""
     vocab = scores.size(-1)
-    perturbed = warp.apply(scores) + gumbel(seed, completions.to(scores.device), positions.to(scores.device), vocab)
-    top = perturbed.topk(min(2, vocab), dim=-1)
-    gap = top.values[:, 0] - (top.values[:, 1] if vocab > 1 else torch.full_like(top.values[:, 0], -torch.inf))
+    tol = tolerance if isinstance(tolerance, Tolerance) else Tolerance(float(tolerance))
+    warped = warp.apply(scores)
+    perturbed = warped + gumbel(seed, completions.to(scores.device), positions.to(scores.device), vocab)
     tokens = tokens.to(scores.device)
     valid = (tokens >= 0) & (tokens < vocab)
-    ambiguous = valid & ~(gap > tolerance)
-    mismatch = ~ambiguous & (~valid | (top.indices[:, 0] != tokens))
-    return ambiguous, mismatch
+    mine = perturbed.gather(-1, tokens.clamp(0, vocab - 1)[:, None])[:, 0]
+    deficit = torch.where(valid, perturbed.max(-1).values - mine, torch.full_like(mine, torch.inf))
+    deficit = deficit.nan_to_num(nan=torch.inf, posinf=torch.inf)  # -inf − -inf: a row all masked
+    mismatch = deficit > tol.at(warped)
+    return (deficit > 0) & ~mismatch, mismatch, deficit
+
+
+def endings(completion_ids: Sequence[Sequence[int]], stop: Sequence[int], max_length: int) -> list[bool]:
+    """Whether each completion ends where the policy's generation would have ended it: a stop token as its last
+    token and nowhere before, or exactly ``max_length`` tokens without one (``generate`` stops at the first stop
+    token or at ``max_new_tokens``, and TRL keeps each completion up to and including its first stop token)."""
+    stops = set(stop)
+    out = []
+    for c in completion_ids:
+        early = any(t in stops for t in c[:-1])
+        out.append(0 < len(c) <= max_length and not early and (c[-1] in stops or len(c) == max_length))
+    return out
 
 
 def verify_completions(
@@ -129,10 +177,15 @@ def verify_completions(
     temperature: float = 1.0,
     top_p: float | None = 1.0,
     top_k: int | None = None,
-    tolerance: float | None = None,
+    tolerance: Tolerance | float | None = None,
+    *,
+    stop: Sequence[int] | None = None,
+    max_length: int | None = None,
 ) -> Verdict:
     """Replay ``completion_ids`` (each after ``prompts_ids[i]``, its completion index in the round ``indices[i]``)
-    under the lease's ``seed`` and sampling settings; the model must be the leased version (adapter loaded)."""
+    under the lease's ``seed`` and sampling settings; the model must be the leased version (adapter loaded).
+    ``stop`` (the generation's stop token ids) and ``max_length`` (its ``max_completion_length``): each completion
+    must also end where generation ends (``endings``); the check is off without them."""
     start = time.perf_counter()
     if not completion_ids:
         return Verdict()
@@ -147,22 +200,26 @@ def verify_completions(
     tokens = ids[:, -length:][rows, cols]
     comp = torch.tensor(list(indices), dtype=torch.int64)[rows]
     warp = Warp(temperature, top_k or None, top_p)
-    ambiguous, mismatch = [], []
+    parts: list[tuple[torch.Tensor, ...]] = []
     for i in range(0, rows.numel(), CHUNK):
         part = slice(i, i + CHUNK)
         scores = logits[rows[part].to(logits.device), cols[part].to(logits.device)]
-        a, m = replay(scores, tokens[part], seed, comp[part], cols[part], warp, tol)
-        ambiguous.append(a.cpu())
-        mismatch.append(m.cpu())
-    amb, mis = torch.cat(ambiguous), torch.cat(mismatch)
+        parts.append(tuple(t.cpu() for t in replay(scores, tokens[part], seed, comp[part], cols[part], warp, tol)))
+    tolerated, mis, deficit = (torch.cat(c) for c in zip(*parts))
     per = torch.zeros(len(completion_ids), dtype=torch.long).index_add_(0, rows, mis.long())
+    ended = [True] * len(completion_ids)
+    if stop is not None and max_length is not None:
+        ended = endings(completion_ids, stop, max_length)
+    finite = deficit[deficit.isfinite()]
     return Verdict(
         completions=len(completion_ids),
         tokens=int(rows.numel()),
-        checked=int((~amb).sum()),
-        ambiguous=int(amb.sum()),
+        checked=int(rows.numel()),
+        ambiguous=int(tolerated.sum()),
         mismatches=int(mis.sum()),
+        unended=ended.count(False),
         seconds=time.perf_counter() - start,
-        per_completion=per.tolist(),
+        per_completion=[int(m) + (not e) for m, e in zip(per.tolist(), ended)],
         precision=str(dtype).removeprefix("torch."),
+        max_deficit=float(finite.max()) if finite.numel() else 0.0,
     )

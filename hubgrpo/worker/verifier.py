@@ -11,7 +11,10 @@ rollouts file from the run repo, and checks it (``check``):
 - each chosen completion's prompt ids must be the leased prompt as TRL tokenises it (else a prompt could carry the
   answer), and its text must be what its token ids decode to (the rewards were computed on the text);
 - ``hubgrpo.proof.verify.verify_completions`` replays them with the leased version (loaded into the engine's model,
-  in eval mode), the lease's seed and sampling settings; the round passes by the rule for the verifier's precision.
+  in eval mode, always in float32 whatever ``worker.dtype`` says: the tolerance covers a bfloat16 or float32 worker
+  against a float32 verifier), the lease's seed and sampling settings; every chosen completion must also end where
+  generation ends (its first stop token last, or ``max_completion_length`` tokens: a worker cannot cut an honest
+  completion short); the round passes by the rule for the verifier's precision.
 
 It reports each verdict through ``record_verdict`` (on a Space only ``coordinator.evaluators`` may). A round whose
 files are gone from the repo's head (``coordinator.keep_submissions``), or in an inbox (``hub.submissions``), or whose
@@ -60,7 +63,10 @@ class Verifier:
         check_allowed(self.cfg.rewards, allow_code or [])
         if threads:
             self.cfg.worker.threads = threads
+        self.cfg.worker.dtype = "float32"  # the precision the tolerance is measured for (hubgrpo.proof.verify)
         self.engine, self.poll_s, self.sleep = engine, float(poll_s), sleep
+        self.owns_engine = engine is None  # nobody else changes its model: the leased adapter can stay loaded
+        self.loaded: tuple[int, str] | None = None  # (version, adapter id) of the adapter in the engine's model
         self.secret = secret if secret is not None else os.urandom(32)  # drawn after the rounds it checks
         self.workdir = Path(workdir or runrepo.cache_root() / "verifier" / self.cfg.project_name)
         self.skipped: set[str] = set()  # rounds that cannot be checked (files or base version gone)
@@ -169,26 +175,24 @@ class Verifier:
             recorded = batch.completions[i]
             if text != completion_text(recorded if isinstance(recorded, str) else [m.model_dump() for m in recorded]):
                 return failed(f"completion {i}: its text is not what its token ids decode to")
-        folder = self._base(lease)
+        self.load(lease)
         model = engine.trainer.model
-        try:
-            engine.load_adapter(folder)
-            training = model.training
-            model.eval()
-            verdict = verify_completions(
-                model,
-                engine.tokenizer,
-                [batch.prompt_ids[i] for i in chosen],
-                [batch.completion_ids[i] for i in chosen],
-                lease.seed,
-                chosen,  # batch 0: a completion's index in the round is its row
-                temperature=p["temperature"],
-                top_p=p["top_p"],
-                top_k=p.get("top_k"),
-            )
-            model.train(training)
-        finally:
-            runrepo.remove_tree(folder, self.workdir / "adapters")
+        training = model.training
+        model.eval()
+        verdict = verify_completions(
+            model,
+            engine.tokenizer,
+            [batch.prompt_ids[i] for i in chosen],
+            [batch.completion_ids[i] for i in chosen],
+            lease.seed,
+            chosen,  # batch 0: a completion's index in the round is its row
+            temperature=p["temperature"],
+            top_p=p["top_p"],
+            top_k=p.get("top_k"),
+            stop=engine.trainer.eos_token_ids,
+            max_length=int(p["max_completion_length"]),
+        )
+        model.train(training)
         passed = verdict.passes()
         return {
             "passed": passed,
@@ -196,8 +200,22 @@ class Verifier:
             "tokens": verdict.tokens,
             "checked": verdict.checked,
             "mismatches": verdict.mismatches,
-            "reason": None if passed else f"{verdict.mismatches} of {verdict.checked} replayed tokens differ",
+            "reason": None if passed else _reason(verdict),
         }
+
+    def load(self, lease: layout.Lease) -> None:
+        """The leased version's adapter into the engine's model; kept between rounds of the same version when this
+        verifier built its engine (consecutive rounds of one version: one download and one load)."""
+        key = (lease.base_version, lease.base_sha)
+        if self.owns_engine and self.loaded == key:
+            return
+        self.loaded = None
+        folder = self._base(lease)
+        try:
+            self.ready().load_adapter(folder)
+        finally:
+            runrepo.remove_tree(folder, self.workdir / "adapters")
+        self.loaded = key if self.owns_engine else None
 
     def _base(self, lease: layout.Lease) -> Path:
         """The leased version's adapter: from the coordinator by its id, else at its checkpoint's tag."""
@@ -214,3 +232,16 @@ class Verifier:
             if sha is None:
                 raise
             return runrepo.adapter_at(self.store, sha, self.workdir / "adapters")
+
+
+def _reason(verdict) -> str:
+    """Why a verdict failed, in words."""
+    parts = []
+    if verdict.mismatches:
+        parts.append(f"{verdict.mismatches} of {verdict.checked} replayed tokens differ")
+    if verdict.unended:
+        parts.append(
+            f"{verdict.unended} of {verdict.completions} completions do not end where generation ends "
+            "(a stop token last, or max_completion_length tokens)"
+        )
+    return "; ".join(parts)

@@ -62,9 +62,16 @@ def verifier(engine: RoundEngine, state: dict, dtype: torch.dtype = torch.float3
 
 
 def verify_batch(model, engine: RoundEngine, batch: KeyedBatch, seed: int, **sampling) -> Verdict:
-    """Replay one recorded generation batch (sampling settings: the engine's unless given)."""
+    """Replay one recorded generation batch (sampling settings, stop tokens and length: the engine's unless given)."""
     p = engine.params
-    settings = {"temperature": p["temperature"], "top_p": p["top_p"], "top_k": None, **sampling}
+    settings = {
+        "temperature": p["temperature"],
+        "top_p": p["top_p"],
+        "top_k": None,
+        "stop": engine.trainer.eos_token_ids,
+        "max_length": p["max_completion_length"],
+        **sampling,
+    }
     n = len(batch.completion_ids)
     return verify_completions(
         model,
@@ -77,7 +84,16 @@ def verify_batch(model, engine: RoundEngine, batch: KeyedBatch, seed: int, **sam
     )
 
 
-ATTACKS = ("copied", "other_model", "other_adapter", "temperature", "older_adapter", "edited", "forged_noise")
+ATTACKS = (
+    "copied",
+    "other_model",
+    "other_adapter",
+    "temperature",
+    "older_adapter",
+    "edited",
+    "forged_noise",
+    "truncated",
+)
 
 
 @dataclass
@@ -152,6 +168,16 @@ def edited(completions: list[list[int]], vocab: int, per_completion: int = 2, se
     return out
 
 
+def truncated(completions: list[list[int]], stop: list[int], by: int = 3) -> list[list[int]]:
+    """Honest completions cut short by ``by`` tokens (their stop token dropped, if any) and ended with a stop token,
+    as generation ends them: a shorter answer that scores differently."""
+    out = []
+    for c in completions:
+        body = c[:-1] if c and c[-1] in stop else list(c)
+        out.append(body[: max(0, len(body) - by)] + [stop[0]])
+    return out
+
+
 def other_tiny_model(seed: int = 12345):
     """The built-in tiny architecture with other weights (another seed), base model only."""
     from hubgrpo.runrepo import cache_root
@@ -169,6 +195,8 @@ def forge(kind: str, f: Forgery) -> list[list[int]]:
         return copied_answers(f)
     if kind == "edited":
         return edited(b.completion_ids, len(e.tokenizer), seed=b.first)
+    if kind == "truncated":
+        return truncated(b.completion_ids, e.trainer.eos_token_ids)
     if kind == "other_model":
         other = f.model("other_model")
         vocab = other.get_input_embeddings().num_embeddings

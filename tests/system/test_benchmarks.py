@@ -273,9 +273,26 @@ def test_proof_bench_quick(tmp_path):
     run("proof/proof_bench.py", tmp_path, timeout=280)
     r = shaped(tmp_path / "proof.json")
     assert r["honest"][0]["bf16"]["rounds"] == 8 and r["honest"][0]["fp32"]["rounds"] == 8
-    assert len(r["attacks"]) == 8 and all(a["rounds"] == 8 and a["checked_tokens"] > 0 for a in r["attacks"])
+    assert len(r["attacks"]) == 9 and all(a["rounds"] == 8 and a["checked_tokens"] > 0 for a in r["attacks"])
     assert all(a["checked_tokens"] <= 0.1 * a["tokens"] for a in r["attacks"])
     assert r["cost"]["bf16"]["tokens_per_s"] > 0 and r["cost"]["fp32"]["share_of_training"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_proof_model_quick_then_rendered_again(tmp_path):
+    """Honest rounds of both precision pairs, every attack kind (truncated among them), the cost; the result
+    recounted from its stored deficits."""
+    run("proof/proof_model.py", tmp_path, timeout=280)
+    r = shaped(tmp_path / "proof-tiny.json")
+    assert {(h["worker"], h["verifier"]) for h in r["honest"]} == {("fp32", "fp32"), ("bf16", "fp32")}
+    assert all(h["rounds"] == 8 and h["false_alarms"]["default"] <= h["rounds"] for h in r["honest"])
+    kinds = {a["attack"]: a for a in r["attacks"]}
+    assert len(kinds) == 9 and kinds["truncated"]["caught"]["default"] == 8 and not r["units_left"]
+    assert r["cost"]["tokens_per_s"] > 0 and r["cost"]["checked_completions"] >= 1
+    run("proof/proof_model.py", tmp_path, "--render", str(tmp_path / "proof-tiny.json"), quick=False)
+    again = json.loads((tmp_path / "proof-tiny.json").read_text())
+    assert again["headline"] == r["headline"] and again["meta"]["rendered"]
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import torch
 from hubgrpo.proof.noise import gumbel, hash_bits
 from hubgrpo.proof.sampling import Warp
 from hubgrpo.proof.selection import BUDGET, choose, selection_key
+from hubgrpo.proof.verify import endings, replay
 
 M = 0xFFFFFFFF
 CHI2_999 = {2: 13.816, 3: 16.266, 5: 20.515}  # chi-square quantile 0.999 by degrees of freedom
@@ -131,3 +132,25 @@ def test_selection_fits_the_budget_and_the_worker_cannot_predict_it():
     assert seen.min() > 0  # every completion can be checked
     with pytest.raises(ValueError, match="16 bytes"):
         selection_key(b"short", "d")
+
+
+def test_a_completion_ends_at_its_first_stop_token_or_at_the_length_limit():
+    assert endings([[5, 6, 2], [5, 6, 7, 8], [5, 2], [2], [5, 6, 7, 2]], [2], 4) == [True] * 5
+    cut_short, stop_inside, too_long = [5, 6], [5, 2, 6, 2], [5, 6, 7, 8, 9]
+    assert endings([cut_short, stop_inside, too_long, [], [5, 6, 7, 2, 2]], [2], 4) == [False] * 5
+    assert endings([[5, 0], [5, 2]], [2, 0], 4) == [True, True]  # any of the generation's stop tokens
+
+
+def test_the_recorded_token_must_be_within_the_tolerance_of_the_replayed_choice():
+    scores, zero = torch.zeros(4, 6), torch.zeros(4, dtype=torch.long)  # four copies of one position
+    noise = gumbel(3, zero, zero, 6)[0]
+    order = noise.argsort(descending=True)  # with flat scores the noise alone ranks the tokens
+    gap = float(noise[order[0]] - noise[order[1]])
+    tokens = torch.stack([order[0], order[1], order[-1], torch.tensor(99)])
+    tolerated, mismatch, deficit = replay(scores, tokens, 3, zero, zero, Warp(), tolerance=gap + 1e-4)
+    assert deficit[0] == 0 and not mismatch[0] and not tolerated[0]  # the replay's own choice
+    assert tolerated[1] and not mismatch[1]  # the runner-up, within the tolerance: rounding may do that
+    assert mismatch[2] and deficit[2] > gap + 1e-4  # far below the top: no rounding does that
+    assert mismatch[3] and deficit[3] == math.inf  # outside the vocabulary
+    _, strict, _ = replay(scores, tokens, 3, zero, zero, Warp(), tolerance=gap / 2)
+    assert strict[1]

@@ -8,6 +8,7 @@ import torch
 
 from hubgrpo.proof.verify import RoundRule
 from hubgrpo.worker.engine import RoundEngine
+from hubgrpo.worker.keyed import KeyedBatch
 from tests.support.models_fixture import tiny_cache, tiny_config  # noqa: F401  (fixture)
 from tests.support.proof_support import (
     ATTACKS,
@@ -17,6 +18,7 @@ from tests.support.proof_support import (
     forge,
     record_round,
     sharpen,
+    truncated,
     verifier,
     verify_batch,
 )
@@ -63,6 +65,28 @@ def test_every_forgery_fails_the_round():
             verdict = verify_batch(model, engine, forged, SEED)
             assert not verdict.passes(), (kind, verdict)
             assert not verdict.passes(RoundRule(0)), (kind, verdict)
+
+
+def test_a_completion_must_end_where_generation_ends_it():
+    engine = _engine(True)
+    log, states = record_round(engine, engine.prompt_rows(range(8)), 1, SEED)
+    batch, model = log[0], verifier(engine, states[0], scale=SHARP)
+    most, stop = engine.params["max_completion_length"], engine.trainer.eos_token_ids
+    for c in batch.completion_ids:  # what TRL records: up to and including the first stop token, no padding
+        assert 0 < len(c) <= most and not set(c[:-1]) & set(stop) and (c[-1] in stop or len(c) == most), c
+    assert verify_batch(model, engine, batch, SEED).passes()
+
+    def replayed(completions):
+        return verify_batch(model, engine, KeyedBatch(batch.first, batch.prompt_ids, completions), SEED)
+
+    shorter = [c[:-1] for c in batch.completion_ids]  # cut short, no stop token at the end
+    verdict = replayed(shorter)
+    assert verdict.unended == len(shorter) and not verdict.passes() and verdict.mismatches == 0, verdict
+    longer = [c + [c[0]] for c in batch.completion_ids]  # a token past the stop token, or past the length limit
+    assert replayed(longer).unended == len(longer)
+    ended = replayed(truncated(batch.completion_ids, stop))  # cut short and ended with a stop token: replayed
+    assert ended.unended == 0 and ended.mismatches > 0 and not ended.passes(), ended
+    assert sum(m > 0 for m in ended.per_completion) > len(batch.completion_ids) // 2, ended
 
 
 def test_keyed_sampling_off_leaves_trls_sampling():
