@@ -158,9 +158,12 @@ def check_local(c: Coordinator, lease: Lease, folder: Path, commit: str) -> Pend
     global_, base = c.global_adapter(), c.adapter(base_version)
     limit = submission_limit(c, lease)
     steps = int(lease.steps)
-    adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.ids), base_version=base_version)
+    frozen_a = c.cfg.merge.merge_method.frozen_a  # ffa: a round may leave its A factors out (the run's)
+    adapter = check_submission(
+        folder, global_, max_bytes=limit, known_versions=set(c.ids), base_version=base_version, frozen_a=frozen_a
+    )
     reward = c.reward_check.check(lease, folder)  # the rewards recomputed from the rollouts (``verify``)
-    if c.cfg.merge.merge_method.frozen_a:
+    if frozen_a:
         check_frozen_a(adapter, global_)
     bound, why = step_bound(c.cfg, lease, base)
     check_step_bound(adapter, base, bound, why)  # elementwise first: cheap, and it names the tensor
@@ -249,8 +252,10 @@ def check_frozen_a(adapter, global_) -> None:
     every later merge fail, so it is refused here (code ``a_changed``)."""
     import torch
 
+    from hubgrpo.merge.frozen_a import is_a_key
+
     for key, value in global_.weights.items():
-        if ".lora_A" in key or ".lora_embedding_A" in key:
+        if is_a_key(key) and adapter.weights[key] is not value:  # not the run's own tensor (``complete_a``)
             if not torch.equal(adapter.weights[key], value):
                 raise InvalidSubmission(
                     "a_changed",
