@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,9 +72,26 @@ def step_bound(cfg, lease: Lease, base) -> tuple[float, str]:
     """The largest change of one LoRA factor entry that ``lease.steps`` AdamW steps can make, and why."""
     params = {**cfg.params.model_dump(), **{k: v for k, v in lease.params.items() if v is not None}}
     lr, wd, steps = float(params["learning_rate"]), float(params["weight_decay"]), int(lease.steps)
-    biggest = max((float(t.abs().max()) for k, t in base.weights.items() if ".lora_" in k and t.numel()), default=0)
+    biggest = _biggest_entry(base.weights)
     bound = steps * lr * (ADAM_RATIO + wd * biggest)
     return bound, f"{steps} AdamW steps at learning rate {lr:g} move an entry by at most {bound:.3g}"
+
+
+_BIGGEST: list[tuple[dict, float]] = []  # (a version's weights, their largest |entry|): the last few versions
+_BIGGEST_LOCK = threading.Lock()
+
+
+def _biggest_entry(weights: dict) -> float:
+    """The largest |entry| of the LoRA factors in ``weights`` (a version's: never changed once made), remembered
+    for the last few versions, as every round of the same base asks for it."""
+    with _BIGGEST_LOCK:
+        for known, value in _BIGGEST:
+            if known is weights:
+                return value
+    value = max((float(t.abs().max()) for k, t in weights.items() if ".lora_" in k and t.numel()), default=0.0)
+    with _BIGGEST_LOCK:
+        _BIGGEST[:] = [(weights, value), *_BIGGEST[:3]]
+    return value
 
 
 def prepare(c: Coordinator, lease: Lease, commit: str, *, check_deadline: bool = True) -> Prepared:
