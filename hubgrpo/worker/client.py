@@ -266,9 +266,10 @@ class CoordinatorClient:
             answer = self._call("upload", _lease_dict(lease), {k: Base64Text.of(v) for k, v in raw.items()})
         return self._dict("upload", answer)
 
-    def adapter(self, version: int, adapter_id: str, cache, max_bytes: int):
+    def adapter(self, version: int, adapter_id: str, cache, max_bytes: int, *, without_a: bool = False):
         """The folder ``<cache>/<adapter_id>/`` of ``version``'s adapter, downloaded from the coordinator and
-        checked against its id (``hubgrpo.worker.downloads``); retried while the coordinator is unreachable."""
+        checked against its id (``hubgrpo.worker.downloads``); retried while the coordinator is unreachable.
+        ``without_a`` (an ffa run): the weights without their frozen A factors when ``cache`` holds them."""
         if self._downloader is None:
             from hubgrpo.worker.downloads import Downloader
 
@@ -278,7 +279,7 @@ class CoordinatorClient:
         last = "no attempt made"
         for attempt in range(self.retries + 1):
             try:
-                return downloader.fetch(version, adapter_id, cache, max_bytes)
+                return downloader.fetch(version, adapter_id, cache, max_bytes, without_a=without_a)
             except Unavailable as e:
                 last = str(e)
                 if attempt < self.retries:
