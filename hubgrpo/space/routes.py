@@ -211,9 +211,8 @@ def make_route(
             refusal = await authenticate(identify, request, threads)
             if refusal is not None:
                 return refusal
-        limit = limits.get(f"{name}:binary" if binary else name, limits.get(name, MAX_BODY))
-        raw = await read_body(request, limit)
-        args = parse_binary(raw) if binary else parse_arguments(raw)
+        raw = await read_body(request, limits.get(f"{name}:binary" if binary else name, limits.get(name, MAX_BODY)))
+        args = (parse_binary if binary else parse_arguments)(raw)
         checks[name](args)
         answer = await anyio.to_thread.run_sync(lambda: endpoints[name](*args, request=request), limiter=threads)
         try:
@@ -243,18 +242,23 @@ def make_route(
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         binary = media == upload_body.MEDIA_TYPE and name in BINARY
         if media != "application/json" and not binary:
-            return envelope(
-                415,
-                f"{name}: the body must be application/json"
-                f"{' or ' + upload_body.MEDIA_TYPE if name in BINARY else ''}, not {media[:60] or 'untyped'}",
-                'send the JSON body {"data": [arguments…]} with Content-Type: application/json',
-            )
+            return _unsupported(name, media)
         try:
             return await handle(name, request, binary)
         except BadRequest as e:
             return envelope(e.status, f"{name}: {e.message}", e.hint)
 
     return route
+
+
+def _unsupported(name: str, media: str) -> Any:
+    """The 415 answer to a body of another media type than ``name`` takes."""
+    takes = "application/json" + (f" or {upload_body.MEDIA_TYPE}" if name in BINARY else "")
+    return envelope(
+        415,
+        f"{name}: the body must be {takes}, not {media[:60] or 'untyped'}",
+        'send the JSON body {"data": [arguments…]} with Content-Type: application/json',
+    )
 
 
 async def authenticate(identify: Callable, request: Any, threads: Any) -> Any:
