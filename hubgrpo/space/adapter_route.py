@@ -7,32 +7,23 @@ id (``layout.adapter_id``): the answer for one address never changes, so it carr
 version this coordinator does not have under that id (lost with a restart, evicted, never made) is 404 with an
 envelope naming it. On a coordinator with auth the ``Authorization: Bearer`` token must name a user of the run,
 checked before anything else is done (as for the mutating routes). The path is checked before it names a folder:
-a number, 40 lowercase hex digits, one of the file names: the adapter's two, or ``merge.frozen_a.WITHOUT_A``, the
-weights without their A factors' bytes, for a worker of an ffa run that holds them from another version (half the
-bytes; it checks what it puts together against the adapter id).
+a number, 40 lowercase hex digits, one of the two file names.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hubgrpo import layout
-from hubgrpo.merge.frozen_a import WITHOUT_A, without_a
 from hubgrpo.space.guard import envelope
 
 if TYPE_CHECKING:
     from hubgrpo.space.endpoints import CoordinatorLike
 
-FILES = {
-    layout.ADAPTER_WEIGHTS: "application/octet-stream",
-    layout.ADAPTER_CONFIG: "application/json",
-    WITHOUT_A: "application/octet-stream",  # the weights without their A factors' bytes (made when first asked)
-}
+FILES = {layout.ADAPTER_WEIGHTS: "application/octet-stream", layout.ADAPTER_CONFIG: "application/json"}
 _ID = re.compile(r"[0-9a-f]{40}")
 _VERSION = re.compile(r"[0-9]{1,10}")  # ASCII digits only ('²'.isdigit() is True)
 CHUNK = 1 << 20
@@ -48,16 +39,6 @@ def _chunks(f):
         f.close()
 
 
-def _write_without_a(folder: Path) -> None:
-    """``WITHOUT_A`` beside the version's weights (``merge.frozen_a.without_a``), in one atomic rename."""
-    tmp = folder / f".{WITHOUT_A}.{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.write_bytes(without_a((folder / layout.ADAPTER_WEIGHTS).read_bytes()))
-        os.replace(tmp, folder / WITHOUT_A)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def make_adapter_route(coord: CoordinatorLike, auth: Any, threads: Any, authenticate: Callable) -> Callable:
     """The Starlette endpoint serving ``coord.version_dir(version, adapter_id)``'s files; ``authenticate`` is the
     plain routes' check of the ``Authorization`` header (``routes.authenticate``)."""
@@ -69,10 +50,7 @@ def make_adapter_route(coord: CoordinatorLike, auth: Any, threads: Any, authenti
     identify = None if auth is None else getattr(auth, "identify", None) or auth  # never open when auth is on
 
     def open_file(version: int, aid: str, name: str):
-        folder = coord.version_dir(version, aid)
-        if name == WITHOUT_A and not (folder / name).is_file():
-            _write_without_a(folder)
-        return open(folder / name, "rb")  # open: readable even if evicted meanwhile
+        return open(coord.version_dir(version, aid) / name, "rb")  # open: readable even if evicted meanwhile
 
     async def route(request: Any) -> Any:
         version, aid, name = (request.path_params.get(k, "") for k in ("version", "aid", "name"))
@@ -95,8 +73,6 @@ def make_adapter_route(coord: CoordinatorLike, auth: Any, threads: Any, authenti
             return envelope(404, e.message, e.hint or "lease again")
         except FileNotFoundError:  # evicted between the lookup and the open
             return envelope(404, f"version {version} left the coordinator's cache", "lease again")
-        except OSError as e:  # WITHOUT_A could not be written (a full disk): the whole file still can be read
-            return envelope(503, f"{name} of version {version}: {e.strerror}", f"get {layout.ADAPTER_WEIGHTS}")
         size = os.fstat(f.fileno()).st_size
         return StreamingResponse(
             _chunks(f),

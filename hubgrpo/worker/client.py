@@ -266,10 +266,9 @@ class CoordinatorClient:
             answer = self._call("upload", _lease_dict(lease), {k: Base64Text.of(v) for k, v in raw.items()})
         return self._dict("upload", answer)
 
-    def adapter(self, version: int, adapter_id: str, cache, max_bytes: int, *, without_a: bool = False):
+    def adapter(self, version: int, adapter_id: str, cache, max_bytes: int):
         """The folder ``<cache>/<adapter_id>/`` of ``version``'s adapter, downloaded from the coordinator and
-        checked against its id (``hubgrpo.worker.downloads``); retried while the coordinator is unreachable.
-        ``without_a`` (an ffa run): the weights without their frozen A factors when ``cache`` holds them."""
+        checked against its id (``hubgrpo.worker.downloads``); retried while the coordinator is unreachable."""
         if self._downloader is None:
             from hubgrpo.worker.downloads import Downloader
 
@@ -279,7 +278,7 @@ class CoordinatorClient:
         last = "no attempt made"
         for attempt in range(self.retries + 1):
             try:
-                return downloader.fetch(version, adapter_id, cache, max_bytes, without_a=without_a)
+                return downloader.fetch(version, adapter_id, cache, max_bytes)
             except Unavailable as e:
                 last = str(e)
                 if attempt < self.retries:

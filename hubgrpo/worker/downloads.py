@@ -34,24 +34,6 @@ PATH = "/hubgrpo/api/adapter"
 FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)
 
 
-def _a_source(cache: Path, adapter_id: str) -> Path | None:
-    """The weights of the version in ``cache`` used last (another than ``adapter_id``): where an ffa worker takes
-    the frozen A factors from."""
-    try:
-        folders = [d for d in cache.iterdir() if d.name != adapter_id and layout.is_commit_id(d.name)]
-    except OSError:
-        return None
-    found = [d / FILES[0] for d in sorted(folders, key=_mtime, reverse=True) if (d / FILES[0]).is_file()]
-    return found[0] if found else None
-
-
-def _mtime(folder: Path) -> float:
-    try:
-        return folder.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
 class Downloader:
     """Downloads of version adapters from one coordinator origin (thread-safe, one connection pool)."""
 
@@ -67,10 +49,8 @@ class Downloader:
             )
         return self._http
 
-    def fetch(self, version: int, adapter_id: str, cache: Path, max_bytes: int, *, without_a: bool = False) -> Path:
-        """``<cache>/<adapter_id>/`` with the version's two files, downloaded unless already there. ``without_a``
-        (an ffa run): the weights come without their A factors, taken from another version in ``cache`` when
-        there is one (``merge.frozen_a.with_a``); anything amiss there and the whole file is downloaded."""
+    def fetch(self, version: int, adapter_id: str, cache: Path, max_bytes: int) -> Path:
+        """``<cache>/<adapter_id>/`` with the version's two files, downloaded unless already there."""
         layout.check_commit_id(adapter_id, "adapter id")
         dest = Path(cache) / adapter_id
         if dest.is_dir():
@@ -79,11 +59,8 @@ class Downloader:
         tmp = dest.with_name(f".{adapter_id}.tmp-{uuid.uuid4().hex[:8]}")
         tmp.mkdir(parents=True, exist_ok=True)
         try:
-            url = f"{PATH}/{int(version)}/{adapter_id}"
-            source = _a_source(Path(cache), adapter_id) if without_a else None
-            if source is None or not self._without_a(url, tmp, source, adapter_id, max_bytes):
-                for name in FILES:
-                    self._get(f"{url}/{name}", tmp / name, max_bytes)
+            for name in FILES:
+                self._get(f"{PATH}/{int(version)}/{adapter_id}/{name}", tmp / name, max_bytes)
             got = layout.adapter_id((tmp / FILES[0]).read_bytes(), (tmp / FILES[1]).read_bytes())
             if got != adapter_id:
                 raise CoordinatorError(
@@ -99,25 +76,6 @@ class Downloader:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
-
-    def _without_a(self, url: str, tmp: Path, source: Path, adapter_id: str, max_bytes: int) -> bool:
-        """The version's two files into ``tmp``, its weights put together from their bytes without the A factors
-        and ``source``'s A factors; False (nothing kept) unless they hash to ``adapter_id``."""
-        from hubgrpo.merge.frozen_a import WITHOUT_A, with_a
-
-        part = tmp / WITHOUT_A
-        try:
-            self._get(f"{url}/{WITHOUT_A}", part, max_bytes)
-            self._get(f"{url}/{FILES[1]}", tmp / FILES[1], max_bytes)
-            weights = with_a(part.read_bytes(), source.read_bytes())
-            if layout.adapter_id(weights, (tmp / FILES[1]).read_bytes()) != adapter_id:
-                return False
-        except (CoordinatorError, Unavailable, ValueError, OSError):  # the whole file is asked for instead
-            return False
-        finally:
-            part.unlink(missing_ok=True)
-        (tmp / FILES[0]).write_bytes(weights)
-        return True
 
     def _get(self, path: str, out: Path, limit: int) -> None:
         try:

@@ -218,11 +218,7 @@ class Worker:
         check_lease_bounds(self.cfg, lease)  # nothing downloaded or trained for a lease past the run's config
         self.in_use.append(lease.base_sha)
         adapter_dir = self.client.adapter(
-            lease.base_version,
-            lease.base_sha,
-            self.workdir / "adapters",
-            adapter_limit(self.cfg),
-            without_a=self.cfg.merge.merge_method.frozen_a,
+            lease.base_version, lease.base_sha, self.workdir / "adapters", adapter_limit(self.cfg)
         )  # from the coordinator: no repo read
         t_download = time.time() - t0
         sub_id = layout.submission_id(lease.worker, lease.lease_id)

@@ -52,13 +52,7 @@ def fetch_ahead(w: Worker) -> Lease | None | object:
     try:  # the download too, off the training's path (the round's own call then finds it cached)
         check_lease_bounds(w.cfg, lease)
         w.in_use.append(lease.base_sha)  # kept from pruning until its round has loaded it (``Worker.train``)
-        w.client.adapter(
-            lease.base_version,
-            lease.base_sha,
-            w.workdir / "adapters",
-            adapter_limit(w.cfg),
-            without_a=w.cfg.merge.merge_method.frozen_a,
-        )
+        w.client.adapter(lease.base_version, lease.base_sha, w.workdir / "adapters", adapter_limit(w.cfg))
     except (HubGrpoError, OSError) as e:  # the round itself downloads it (and says what is wrong)
         log.info("could not fetch version %s ahead: %s", lease.base_version, e)
     return lease

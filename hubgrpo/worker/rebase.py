@@ -152,7 +152,7 @@ class CoordinatorSource:
                     "rebase: the coordinator's version_id %r is not an adapter id; staying on v%d", aid[:80], current
                 )
                 return None
-            folder = self.client.adapter(version, aid, self.cache, self.max_bytes, without_a=True)  # ffa only
+            folder = self.client.adapter(version, aid, self.cache, self.max_bytes)
             self.ids[version] = aid
             return version, folder
         except (HubGrpoError, OSError) as e:

@@ -35,7 +35,7 @@ class InProcess:
     def __init__(self, c):
         self.c = c
 
-    def adapter(self, version, adapter_id, cache, max_bytes, without_a=False):
+    def adapter(self, version, adapter_id, cache, max_bytes):
         dest = Path(cache) / adapter_id
         if not dest.is_dir():
             shutil.copytree(self.c.version_dir(version, adapter_id), dest)

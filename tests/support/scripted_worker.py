@@ -54,7 +54,7 @@ class ScriptedClient:
     def release(self, lease):
         self.coord.release(lease)
 
-    def adapter(self, version, adapter_id, cache, max_bytes, without_a=False):  # what the adapter route serves, in process
+    def adapter(self, version, adapter_id, cache, max_bytes):  # what the adapter route serves, in process
         import shutil
 
         dest = cache / adapter_id

@@ -129,7 +129,7 @@ class InProcess:
     def status(self):
         return self.c.status()
 
-    def adapter(self, version, adapter_id, cache, max_bytes, without_a=False):
+    def adapter(self, version, adapter_id, cache, max_bytes):
         return self.c.version_dir(version, adapter_id)
 
 
