@@ -18,7 +18,7 @@ from hubgrpo import layout, runrepo, upload_body
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import InvalidSubmission
-from hubgrpo.merge.frozen_a import WITHOUT_A, is_a_key, strip_a
+from hubgrpo.merge.frozen_a import is_a_key, strip_a
 from hubgrpo.space.app import serve_space
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.client import CoordinatorClient
@@ -28,7 +28,7 @@ from tests.support.coord_helpers import make_config, submission_record, trained_
 
 @pytest.fixture
 def run(tmp_path, monkeypatch):
-    """(store, client, url, coordinator) of a served ffa run whose rounds go through the upload route; quorum 3."""
+    """(store, client, url) of a served ffa run whose rounds go through the upload route; quorum 3."""
     monkeypatch.setenv("HUBGRPO_CACHE", str(tmp_path / "cache"))
     store = LocalStore(tmp_path / "repo")
     cfg = make_config(**{"hub.submissions": "coordinator", "merge.method": "ffa", "merge.quorum": 3})
@@ -36,7 +36,7 @@ def run(tmp_path, monkeypatch):
     coord = Coordinator(store, b"b-only-secret", workdir=tmp_path / "coord")
     app, url = serve_space(coord, batch_wait_s=0.1, tick_interval=0.05)
     client = CoordinatorClient(url, retries=1)
-    yield store, client, url, coord
+    yield store, client, url
     client.close()
     app.hubgrpo_uploads.close()
     app.close(verbose=False)
@@ -71,7 +71,7 @@ def _smuggled_a(store):
 
 @pytest.mark.timeout(180)
 def test_b_only_rounds_are_admitted_merged_and_hostile_ones_refused(run, tmp_path):
-    store, client, url, coord = run
+    store, client, url = run
     v0 = _adapter(store)
     lease, folder = _round(store, client, tmp_path, seed=1)
     assert client.upload(lease, folder, frozen_a=True)["status"] == "admitted"
@@ -109,15 +109,6 @@ def test_b_only_rounds_are_admitted_merged_and_hostile_ones_refused(run, tmp_pat
     assert all(torch.equal(v1[k], v0[k]) for k in v0 if is_a_key(k))
     assert not all(torch.equal(v1[k], v0[k]) for k in v0)
 
-    # a worker holding version 0 downloads version 1 without its A factors, and checks it against the id
-    later = client.lease("w99")
-    cache = tmp_path / "adapters"
-    old = client.adapter(0, lease.base_sha, cache, 1 << 24, without_a=True)  # nothing to take A from: whole
-    new = client.adapter(1, later.base_sha, cache, 1 << 24, without_a=True)
-    assert (coord.version_dir(1, later.base_sha) / WITHOUT_A).is_file()  # what was served
-    assert not (coord.version_dir(0, lease.base_sha) / WITHOUT_A).exists()
-    assert (new / layout.ADAPTER_WEIGHTS).read_bytes() == store.read(layout.ADAPTER_WEIGHTS, store.head())
-    assert old != new and sorted(p.name for p in new.iterdir()) == sorted(layout.ADAPTER_FILES)
 
 
 @pytest.mark.timeout(120)
