@@ -27,7 +27,7 @@ from hubgrpo.errors import InvalidPath, InvalidSubmission
 SCHEMA_VERSION = 1
 # The wire protocol between workers and coordinators; a lease request carries it and a coordinator refuses any other
 # (code ``version``). Raise it with every change a worker and a coordinator of different releases would disagree on.
-PROTOCOL_VERSION = 6  # what each version changed: CHANGELOG.md, "Wire protocol versions"
+PROTOCOL_VERSION = 7  # what each version changed: CHANGELOG.md, "Wire protocol versions"
 WHEELS_DIR = "wheels"  # where `hubgrpo space deploy` publishes the hubgrpo wheel in the Space repo
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,9 +72,26 @@ def step_bound(cfg, lease: Lease, base) -> tuple[float, str]:
     """The largest change of one LoRA factor entry that ``lease.steps`` AdamW steps can make, and why."""
     params = {**cfg.params.model_dump(), **{k: v for k, v in lease.params.items() if v is not None}}
     lr, wd, steps = float(params["learning_rate"]), float(params["weight_decay"]), int(lease.steps)
-    biggest = max((float(t.abs().max()) for k, t in base.weights.items() if ".lora_" in k and t.numel()), default=0)
+    biggest = _biggest_entry(base.weights)
     bound = steps * lr * (ADAM_RATIO + wd * biggest)
     return bound, f"{steps} AdamW steps at learning rate {lr:g} move an entry by at most {bound:.3g}"
+
+
+_BIGGEST: list[tuple[dict, float]] = []  # (a version's weights, their largest |entry|): the last few versions
+_BIGGEST_LOCK = threading.Lock()
+
+
+def _biggest_entry(weights: dict) -> float:
+    """The largest |entry| of the LoRA factors in ``weights`` (a version's: never changed once made), remembered
+    for the last few versions, as every round of the same base asks for it."""
+    with _BIGGEST_LOCK:
+        for known, value in _BIGGEST:
+            if known is weights:
+                return value
+    value = max((float(t.abs().max()) for k, t in weights.items() if ".lora_" in k and t.numel()), default=0.0)
+    with _BIGGEST_LOCK:
+        _BIGGEST[:] = [(weights, value), *_BIGGEST[:3]]
+    return value
 
 
 def prepare(c: Coordinator, lease: Lease, commit: str, *, check_deadline: bool = True) -> Prepared:
@@ -158,9 +176,12 @@ def check_local(c: Coordinator, lease: Lease, folder: Path, commit: str) -> Pend
     global_, base = c.global_adapter(), c.adapter(base_version)
     limit = submission_limit(c, lease)
     steps = int(lease.steps)
-    adapter = check_submission(folder, global_, max_bytes=limit, known_versions=set(c.ids), base_version=base_version)
+    frozen_a = c.cfg.merge.merge_method.frozen_a  # ffa: a round may leave its A factors out (the run's)
+    adapter = check_submission(
+        folder, global_, max_bytes=limit, known_versions=set(c.ids), base_version=base_version, frozen_a=frozen_a
+    )
     reward = c.reward_check.check(lease, folder)  # the rewards recomputed from the rollouts (``verify``)
-    if c.cfg.merge.merge_method.frozen_a:
+    if frozen_a:
         check_frozen_a(adapter, global_)
     bound, why = step_bound(c.cfg, lease, base)
     check_step_bound(adapter, base, bound, why)  # elementwise first: cheap, and it names the tensor
@@ -249,8 +270,10 @@ def check_frozen_a(adapter, global_) -> None:
     every later merge fail, so it is refused here (code ``a_changed``)."""
     import torch
 
+    from hubgrpo.merge.frozen_a import is_a_key
+
     for key, value in global_.weights.items():
-        if ".lora_A" in key or ".lora_embedding_A" in key:
+        if is_a_key(key) and adapter.weights[key] is not value:  # not the run's own tensor (``complete_a``)
             if not torch.equal(adapter.weights[key], value):
                 raise InvalidSubmission(
                     "a_changed",

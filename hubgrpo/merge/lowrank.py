@@ -220,8 +220,12 @@ def difference_sq_norm(
     s1: float, b1: torch.Tensor, a1: torch.Tensor, s2: float, b2: torch.Tensor, a2: torch.Tensor
 ) -> float:
     """``‖s1·B1·A1 − s2·B2·A2‖_F²`` without catastrophic cancellation when the two are close: for equal shapes
-    it is ``‖(s1·B1 − s2·B2)·A1 + s2·B2·(A1 − A2)‖²``, whose factors are the small differences themselves."""
+    it is ``‖(s1·B1 − s2·B2)·A1 + s2·B2·(A1 − A2)‖²``, whose factors are the small differences themselves; with
+    one A shared (ffa: A frozen) the second term is exactly zero and left out (half the rank, one Gram less)."""
     b1, a1, b2, a2 = b1.float(), a1.float(), b2.float(), a2.float()
     if b1.shape == b2.shape and a1.shape == a2.shape:
+        if a1 is a2 or torch.equal(a1, a2):
+            d = s1 * b1 - s2 * b2
+            return max(float(((d.T @ d).double() * (a1 @ a1.T).double()).sum()), 0.0)
         return max(gram_sq_norm([(1.0, s1 * b1 - s2 * b2, a1), (s2, b2, a1 - a2)]), 0.0)
     return max(gram_sq_norm([(s1, b1, a1), (-s2, b2, a2)]), 0.0)

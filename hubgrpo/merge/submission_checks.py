@@ -38,6 +38,7 @@ import os
 import stat
 from pathlib import Path
 
+from hubgrpo.merge.frozen_a import complete_a
 from hubgrpo.merge.untrusted_files import WEIGHTS_NAME, read_plain, read_safetensors, refuse
 
 CONFIG_NAME = "adapter_config.json"
@@ -89,17 +90,21 @@ def check_submission(
     base=None,
     current_version: int | None = None,
     max_staleness: int | None = None,
+    frozen_a: bool = False,
 ):
     """Run every admission check on the local folder ``sub_dir`` against the global ``Adapter``; return the
     submission as an ``Adapter``. ``base`` (default ``global_``) is the adapter the submission was trained from,
     used by the norm check; ``known_versions`` / ``base_version`` / ``current_version`` / ``max_staleness`` are
-    plain caller-supplied facts (the caller owns submission.json)."""
+    plain caller-supplied facts (the caller owns submission.json). ``frozen_a`` (ffa runs): the A factors the
+    file leaves out are the global's (``hubgrpo.merge.frozen_a``); those it holds are checked like any tensor."""
     folder = Path(sub_dir)
     sizes = _check_folder(folder, max_bytes)
     _check_base(known_versions, base_version, current_version, max_staleness)
     config = _read_config(folder / CONFIG_NAME, sizes[CONFIG_NAME])
     compare_configs(config, global_.config)
     weights = read_safetensors(folder / WEIGHTS_NAME, sizes[WEIGHTS_NAME])
+    if frozen_a:
+        weights = complete_a(weights, global_.weights)
     check_tensors(weights, global_.weights)
     from hubgrpo.merge import Adapter
 
@@ -248,6 +253,8 @@ def check_tensors(weights: dict, reference: dict) -> None:
         refuse("extra_keys", f"{len(extra)} tensor(s) are not in the run's adapter, e.g. {extra[0]}")
     for key, want in reference.items():
         got = weights[key]
+        if got is want:  # the run's own tensor, put in by ``complete_a``: nothing of the submission's
+            continue
         if tuple(got.shape) != tuple(want.shape):
             refuse("shape", f"{key} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
         if got.dtype != want.dtype:
@@ -296,7 +303,7 @@ def check_step_bound(adapter, base, bound: float, why: str = "") -> float:
     returns the largest difference. Elementwise, so no single tensor can be scaled up, whatever the quorum."""
     worst, where = 0.0, ""
     for key, value in adapter.weights.items():
-        if ".lora_" not in key or key not in base.weights:
+        if ".lora_" not in key or key not in base.weights or value is base.weights[key]:
             continue
         diff = float((value.float() - base.weights[key].float()).abs().max()) if value.numel() else 0.0
         if not diff <= worst:  # NaN-safe: a NaN difference is the worst

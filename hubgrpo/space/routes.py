@@ -12,7 +12,9 @@ background (``hubgrpo.space.admission_queue``; ``verdict`` tells how it went).
 Everything a caller sends is hostile until checked. In front of every route of the app, ``hubgrpo.space.guard``
 bounds bodies before anyone is known (64 KiB), times them, and gives the run's users their upload slots. Here,
 before an endpoint function runs: the body must be ``application/json`` (415 otherwise: no HTML form and no
-``text/plain`` "simple request" of another site can carry a browser's cookie here); on a coordinator with auth, a
+``text/plain`` "simple request" of another site can carry a browser's cookie here), or for ``upload`` the binary
+body of ``hubgrpo.upload_body`` (``application/octet-stream``, no simple request either: its JSON head is held to
+every rule below, and its files' sizes must add up to the bytes that follow); on a coordinator with auth, a
 mutating endpoint (``MUTATING``) must come with a token in the ``Authorization: Bearer`` header that names a user
 of the run, checked BEFORE the body is read (401 / 429 otherwise; the ``token`` argument of gradio_client users
 is still accepted on Gradio's routes, and the endpoint functions check the caller again); the body must be at most
@@ -37,6 +39,7 @@ import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hubgrpo import upload_body
 from hubgrpo.space.guard import PRE_AUTH_BODY, envelope, refusal
 
 if TYPE_CHECKING:
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 
 PREFIX = "/hubgrpo/api"
 MAX_BODY = 1 << 20  # a lease, a commit id, a token: far below this
+BINARY = frozenset({"upload"})  # endpoints that also take a binary body (``hubgrpo.upload_body``)
 MUTATING = frozenset({"lease", "heartbeat", "release", "submit", "verdict", "record_eval", "record_verdict", "upload"})
 MAX_DEPTH = 32  # a lease is 3 levels deep
 MAX_NUMBER = 40  # characters of one JSON number
@@ -123,6 +127,23 @@ def parse_arguments(raw: bytes) -> list:
     return data
 
 
+def parse_binary(raw: bytes) -> list:
+    """The ``data`` list of a binary ``upload`` body (``hubgrpo.upload_body``): its JSON head as strict as any
+    body, the files cut from the bytes after it; ``BadRequest(400)`` naming what is wrong."""
+    try:
+        head, data = upload_body.split(raw)
+    except ValueError as e:
+        raise BadRequest(400, f"the binary body is not an upload: {e}", "send what the hubgrpo client sends") from None
+    args = parse_arguments(head)
+    if len(args) <= upload_body.FILES_AT:
+        raise BadRequest(400, "the binary body's head names no files", "send what the hubgrpo client sends")
+    try:
+        args[upload_body.FILES_AT] = upload_body.files(args[upload_body.FILES_AT], data)
+    except ValueError as e:
+        raise BadRequest(400, f"the binary body is not an upload: {e}", "send what the hubgrpo client sends") from None
+    return args
+
+
 # ------------------------------------------------------------------------------------------------ signatures
 
 _JSON_TYPES = {str: (str,), int: (int,), float: (int, float), dict: (dict,), list: (list,), bool: (bool,)}
@@ -185,12 +206,13 @@ def make_route(
     limits = {"status": PRE_AUTH_BODY, **(limits or {})}
     identify = getattr(auth, "identify", None)
 
-    async def handle(name: str, request: Any) -> Any:
+    async def handle(name: str, request: Any, binary: bool) -> Any:
         if identify is not None and name in MUTATING:
             refusal = await authenticate(identify, request, threads)
             if refusal is not None:
                 return refusal
-        args = parse_arguments(await read_body(request, limits.get(name, MAX_BODY)))
+        raw = await read_body(request, limits.get(f"{name}:binary" if binary else name, limits.get(name, MAX_BODY)))
+        args = (parse_binary if binary else parse_arguments)(raw)
         checks[name](args)
         answer = await anyio.to_thread.run_sync(lambda: endpoints[name](*args, request=request), limiter=threads)
         try:
@@ -218,18 +240,25 @@ def make_route(
                 "client and coordinator versions may differ",
             )
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if media != "application/json":
-            return envelope(
-                415,
-                f"{name}: the body must be application/json, not {media[:60] or 'untyped'}",
-                'send the JSON body {"data": [arguments…]} with Content-Type: application/json',
-            )
+        binary = media == upload_body.MEDIA_TYPE and name in BINARY
+        if media != "application/json" and not binary:
+            return _unsupported(name, media)
         try:
-            return await handle(name, request)
+            return await handle(name, request, binary)
         except BadRequest as e:
             return envelope(e.status, f"{name}: {e.message}", e.hint)
 
     return route
+
+
+def _unsupported(name: str, media: str) -> Any:
+    """The 415 answer to a body of another media type than ``name`` takes."""
+    takes = "application/json" + (f" or {upload_body.MEDIA_TYPE}" if name in BINARY else "")
+    return envelope(
+        415,
+        f"{name}: the body must be {takes}, not {media[:60] or 'untyped'}",
+        'send the JSON body {"data": [arguments…]} with Content-Type: application/json',
+    )
 
 
 async def authenticate(identify: Callable, request: Any, threads: Any) -> Any:

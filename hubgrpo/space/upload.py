@@ -1,7 +1,8 @@
 """Submissions through the coordinator, for workers without write access to the run repo (no gradio here).
 
-A worker calls the ``upload`` endpoint with its lease and its submission folder as ``{file name: base64}``
-(``CoordinatorClient.upload``). The coordinator then
+A worker calls the ``upload`` endpoint with its lease and its submission folder as ``{file name: base64}``, or
+on the plain route as a binary body with the files as they are (``hubgrpo.upload_body``;
+``CoordinatorClient.upload``). The coordinator then
 
 1. checks the lease (signature, run, deadline, staleness) and the upload (only ``adapter_model.safetensors``,
    ``adapter_config.json``, ``rollouts.json.gz`` and ``submission.json``; at most what a round of the run can weigh
@@ -21,8 +22,9 @@ commit per batch.
 
 When ``hub.submissions`` names an inbox (``hub.submissions: coordinator``: a folder on the coordinator's own disk; or
 a folder or S3 inbox of the run) there is no commit to share, so nothing is batched: in the request's own thread the
-decoded folder is put in the inbox (its record last: a coordinator that dies now finds the round by its next scan)
-and submitted, and ``submit`` runs every check once, on the copy it reads back from the inbox. A refused round is
+decoded round is put in the inbox (its record last: a coordinator that dies now finds the round by its next scan)
+and submitted (from memory: nothing is written twice), and ``submit`` runs every check once, on the copy it reads
+back from the inbox. A refused round is
 deleted from the inbox at once; the worker gets the verdict (``commit`` is the round's ``sha256:`` token).
 """
 
@@ -192,9 +194,10 @@ class SubmissionBatcher:
 # ------------------------------------------------------------------------------------------------ the endpoint
 
 
-def decode_files(files, limit_bytes: int, dest: Path) -> Path:
-    """Write the uploaded ``{name: base64}`` into ``dest``; only the three submission files, at most
-    ``limit_bytes`` decoded. Raises ``InvalidSubmission`` (``bad_upload`` / ``unexpected_file`` / ``too_large``)."""
+def decode_files(files, limit_bytes: int) -> dict[str, bytes]:
+    """The uploaded files as ``{name: bytes}``, from base64 text (the JSON body) or bytes (the binary body,
+    ``hubgrpo.upload_body``); only the submission's files, at most ``limit_bytes`` decoded. Raises
+    ``InvalidSubmission`` (``bad_upload`` / ``unexpected_file`` / ``too_large``)."""
     if not isinstance(files, dict) or not files:
         raise InvalidSubmission(
             "bad_upload", "the upload holds no files", hint=f"send {{file name: base64}} for {', '.join(UPLOAD_FILES)}"
@@ -206,22 +209,29 @@ def decode_files(files, limit_bytes: int, dest: Path) -> Path:
                 f"{str(name)[:80]!r} may not be uploaded (allowed: {', '.join(UPLOAD_FILES)})",
                 hint="upload only the submission's files",
             )
-        if not isinstance(data, str):
+        if not isinstance(data, (str, bytes)):
             raise InvalidSubmission("bad_upload", f"{name} is not a base64 string")
-    encoded = sum(len(v) for v in files.values())
-    if encoded * 3 // 4 > limit_bytes:
+    size = sum(len(v) * 3 // 4 if isinstance(v, str) else len(v) for v in files.values())
+    if size > limit_bytes:
         raise InvalidSubmission(
             "too_large",
-            f"the upload holds about {encoded * 3 // 4:,} bytes, more than a "
-            f"round of this run can weigh ({limit_bytes:,})",
+            f"the upload holds about {size:,} bytes, more than a round of this run can weigh ({limit_bytes:,})",
             hint="submit only the LoRA adapter at the run's rank",
         )
-    dest.mkdir(parents=True, exist_ok=True)
+    out = {}
     for name, data in files.items():
         try:
-            (dest / name).write_bytes(base64.b64decode(data, validate=True))
+            out[name] = base64.b64decode(data, validate=True) if isinstance(data, str) else data
         except (binascii.Error, ValueError):
             raise InvalidSubmission("bad_upload", f"{name} is not valid base64", hint="encode with base64.b64encode")
+    return out
+
+
+def write_files(files: dict[str, bytes], dest: Path) -> Path:
+    """The decoded files written into the folder ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (dest / name).write_bytes(data)
     return dest
 
 
@@ -243,6 +253,13 @@ def round_bytes(coord: Coordinator) -> int:
 def upload_body_limit(coord: Coordinator) -> int:
     """The largest ``upload`` request body: a round (``round_bytes``) in base64, and 1 MiB for the lease and JSON."""
     return -(-round_bytes(coord) // 3) * 4 + (1 << 20)
+
+
+def binary_body_limit(coord: Coordinator) -> int:
+    """The largest binary ``upload`` body (``hubgrpo.upload_body``): a round as it is, and its JSON head."""
+    from hubgrpo.upload_body import MAX_HEAD
+
+    return round_bytes(coord) + MAX_HEAD + 4
 
 
 class Uploads:
@@ -277,10 +294,10 @@ class Uploads:
         inbox = c.inbox
         outside_repo = not inbox.in_repo
         try:
-            decode_files(files, limit, folder)
+            decoded = decode_files(files, limit)
             if not outside_repo:
-                c.check_upload(lease, folder)  # every check before the commit: junk never reaches the repo
-            elif not (folder / layout.SUBMISSION_FILE).is_file():
+                c.check_upload(lease, write_files(decoded, folder))  # every check first: no junk in the repo
+            elif layout.SUBMISSION_FILE not in decoded:
                 raise InvalidSubmission(
                     "no_record",
                     f"the upload of {sub_id} holds no {layout.SUBMISSION_FILE}",
@@ -291,21 +308,18 @@ class Uploads:
             c.record_refusal(lease, e)
             raise
         if outside_repo:
-            return self._into_inbox(inbox.objects, lease, sub_id, folder)
+            return self._into_inbox(inbox.objects, lease, sub_id, decoded)
         item = self.batcher.add(QueuedSubmission(lease=lease, sub_id=sub_id, folder=folder))
         return self.batcher.wait(item, self.wait_timeout_s)
 
-    def _into_inbox(self, inbox, lease: Lease, sub_id: str, folder: Path) -> dict:
+    def _into_inbox(self, inbox, lease: Lease, sub_id: str, files: dict[str, bytes]) -> dict:
         """Put the decoded round in ``inbox`` (the record last) and submit its token: ``submit`` reads it back and
         checks it (once). A refused round leaves the inbox at once; a coordinator error leaves it for the scan."""
-        names = [n for n in UPLOAD_FILES if (folder / n).is_file()]  # UPLOAD_FILES: the record last
+        names = [n for n in UPLOAD_FILES if n in files]  # UPLOAD_FILES: the record last
         paths = [layout.submission_path(lease.base_version, sub_id, n) for n in names]
-        try:
-            for rel, name in zip(paths, names):
-                inbox.put(rel, folder / name)
-            token = layout.inbox_token((folder / layout.SUBMISSION_FILE).read_bytes())
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        for rel, name in zip(paths, names):
+            inbox.put(rel, files[name])
+        token = layout.inbox_token(files[layout.SUBMISSION_FILE])
         try:
             answer = self.coord.submit(lease, token)
         except (InvalidSubmission, LeaseError):

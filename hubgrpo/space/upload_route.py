@@ -1,10 +1,12 @@
 """The ``upload`` endpoint on a served coordinator app (the Space, and ``hubgrpo coordinator``): a worker's round as
-``{file name: base64}``, for workers that do not write the run repo (``hubgrpo.space.upload`` checks it, then
+``{file name: base64}`` (or the binary body of ``hubgrpo.upload_body`` on the plain route), for workers that do not
+write the run repo (``hubgrpo.space.upload`` checks it, then
 commits it in a batch, or puts it in the run's inbox: ``hub.submissions: coordinator`` or another inbox).
 
 ``add_upload(blocks, coord)`` registers it on ``blocks`` after ``hubgrpo.space.api.build_app`` and before the
 launch: as a ``gr.api`` endpoint and as the plain route ``POST /hubgrpo/api/upload``, whose body limit (and the
-guard's, on Gradio's routes alike) is what one round of the run can weigh in base64 (``upload_body_limit``).
+guard's, on Gradio's routes alike) is what one round of the run can weigh in base64 (``upload_body_limit``); a
+binary body's, what it weighs as it is (``binary_body_limit``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import gradio as gr
 
-from hubgrpo.space.upload import Uploads, upload_body_limit
+from hubgrpo.space.upload import Uploads, binary_body_limit, upload_body_limit
 from hubgrpo.space.wire import caller_token
 
 if TYPE_CHECKING:
@@ -42,7 +44,10 @@ def add_upload(blocks: gr.Blocks, coord: Coordinator, *, batch_size: int = 8, ba
     with blocks:
         gr.api(upload, api_name="upload", queue=False, concurrency_limit=None, api_description=upload.__doc__)
     ext.hubgrpo_endpoints["upload"] = upload  # on the plain routes too, with a body fit for one round:
-    ext.hubgrpo_body_limits = {"upload": upload_body_limit(coord)}  # the global adapter + rollouts, base64
+    ext.hubgrpo_body_limits = {  # the global adapter + rollouts, in base64 (JSON) or as they are (binary)
+        "upload": upload_body_limit(coord),
+        "upload:binary": binary_body_limit(coord),
+    }
     ext.hubgrpo_guard.upload_limit = ext.hubgrpo_body_limits["upload"]  # Gradio's routes alike
     ext.hubgrpo_uploads = uploads
     return uploads

@@ -172,13 +172,17 @@ class CoordinatorClient:
     def _delay(self, attempt: int) -> float:
         return min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
 
-    def _call(self, name: str, *args: Any, after_token: list | None = None) -> Any:
+    def _call(
+        self, name: str, *args: Any, after_token: list | None = None, send: Callable[[str, list], Any] | None = None
+    ) -> Any:
         """Call endpoint ``name`` (then ``after_token``), retrying only while the coordinator is unreachable. The
-        token travels only in the Authorization header (``OriginToken``): its argument position stays, empty."""
+        token travels only in the Authorization header (``OriginToken``): its argument position stays, empty.
+        ``send``: the transport's method that sends the call (default: ``call``)."""
         last = "no attempt made"
+        send = send or self._transport.call
         for attempt in range(self.retries + 1):
             try:
-                answer = self._transport.call(name, [*args, None, *(after_token or [])])
+                answer = send(name, [*args, None, *(after_token or [])])
             except Unavailable as e:
                 last = str(e)
                 if attempt < self.retries:
@@ -233,20 +237,34 @@ class CoordinatorClient:
             raise CoordinatorError(f"the coordinator answered {name} with {str(result)[:100]}", code="protocol")
         return result
 
-    def upload(self, lease: Lease | dict, folder) -> dict:
+    def upload(self, lease: Lease | dict, folder, *, frozen_a: bool = False) -> dict:
         """Send a round's submission folder to the coordinator instead of committing it (no write access needed).
 
         The coordinator checks it, commits it together with other uploads, submits it, and answers like ``submit``
         (plus ``commit`` and ``batch``). Retrying is safe: a repeated upload joins its batch or answers duplicate.
+        Over http the files go as they are (``hubgrpo.upload_body``), over gradio_client in base64. ``frozen_a``
+        (a run whose merge freezes lora_A: ffa): the adapter goes without its A factors, which the coordinator
+        puts back from the run's adapter (``hubgrpo.merge.frozen_a``).
         """
         from pathlib import Path
 
-        files = {
-            name: Base64Text.of((Path(folder) / name).read_bytes())
+        raw = {
+            name: (Path(folder) / name).read_bytes()
             for name in layout.SUBMISSION_FILES
             if (Path(folder) / name).is_file()
         }
-        return self._dict("upload", self._call("upload", _lease_dict(lease), files))
+        if frozen_a and layout.ADAPTER_WEIGHTS in raw:
+            from hubgrpo.merge.frozen_a import strip_a
+
+            try:
+                raw[layout.ADAPTER_WEIGHTS] = strip_a(raw[layout.ADAPTER_WEIGHTS])
+            except ValueError:  # not a file this worker wrote: sent whole, the coordinator says what is wrong
+                pass
+        if isinstance(self._transport, HttpTransport):
+            answer = self._call("upload", _lease_dict(lease), raw, send=self._transport.call_files)
+        else:
+            answer = self._call("upload", _lease_dict(lease), {k: Base64Text.of(v) for k, v in raw.items()})
+        return self._dict("upload", answer)
 
     def adapter(self, version: int, adapter_id: str, cache, max_bytes: int):
         """The folder ``<cache>/<adapter_id>/`` of ``version``'s adapter, downloaded from the coordinator and

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from hubgrpo import upload_body
 from hubgrpo.errors import CoordinatorError, wire_text
 from hubgrpo.worker.bounded_http import (
     MIN_BODY_RATE,
@@ -31,7 +32,7 @@ from hubgrpo.worker.bounded_http import (
     read_capped,
     redirect_error,
 )
-from hubgrpo.worker.json_body import json_body
+from hubgrpo.worker.json_body import Base64Text, json_body
 
 API_PREFIX = "/gradio_api"
 PLAIN_PREFIX = "/hubgrpo/api"  # the coordinator's plain routes (hubgrpo.space.routes)
@@ -81,10 +82,12 @@ class HttpTransport:
                 )
             return self._http
 
-    def _send(self, method: str, path: str, name: str, body: bytes | None = None) -> tuple[int, bytes]:
+    def _send(
+        self, method: str, path: str, name: str, body: bytes | None = None, media: str = "application/json"
+    ) -> tuple[int, bytes]:
         """(status, answer) of one request; a redirect or an oversized answer is refused."""
         limit = MAX_STATUS_BYTES if name == "status" else MAX_ANSWER_BYTES
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers = {"Content-Type": media} if body is not None else {}
         with self._client().stream(method, path, content=body, headers=headers) as resp:
             if 300 <= resp.status_code < 400:
                 raise redirect_error(self.url, resp.status_code, resp.headers.get("location"))
@@ -109,9 +112,31 @@ class HttpTransport:
     def call(self, name: str, args: list) -> Any:
         """POST ``args`` to endpoint ``name`` and return its (enveloped) answer."""
         body = json_body({"data": args})  # a round's files (``Base64Text``) go in without being scanned
+        return self._guarded(body, lambda: self._call(name, body))
+
+    def call_files(self, name: str, args: list) -> Any:
+        """POST ``args`` of ``upload``, whose files are ``{file name: bytes}``: on the plain route as the binary body
+        (``hubgrpo.upload_body``: the bytes as they are), elsewhere (Gradio's routes) as base64 in the JSON body."""
+        if self.route != "plain":
+            files = {k: Base64Text.of(v) for k, v in args[upload_body.FILES_AT].items()}
+            return self.call(name, [*args[: upload_body.FILES_AT], files, *args[upload_body.FILES_AT + 1 :]])
+        body = upload_body.pack(args)
+        return self._guarded(body, lambda: self._plain_binary(name, body))
+
+    def _plain_binary(self, name: str, body: bytes) -> Any:
+        path = f"{PLAIN_PREFIX}/{name}"
+        status, data = self._send("POST", path, name, body, upload_body.MEDIA_TYPE)
+        answer = _envelope(status, data)
+        if answer is not None:
+            return answer
+        self._check(status, data, path)  # 5xx: Unavailable (retried); anything else: a protocol error
+        raise ValueError(f"HTTP {status} without an envelope from {path}")
+
+    def _guarded(self, body: bytes, send: Any) -> Any:
+        """``send()`` within the call's deadline, its failures as the API's errors."""
         try:
             with self._deadline.within(self._timeout + len(body) / MIN_BODY_RATE):
-                return self._call(name, body)
+                return send()
         except httpx.HTTPError as e:
             raise http_failure(e, self.url) from None
         except (ValueError, KeyError, IndexError, TypeError) as e:  # body not the JSON we expect

@@ -312,7 +312,9 @@ class Worker:
         the repo for the coordinator's scan)."""
 
         def send() -> dict:
-            return self.client.upload(lease, folder) if folder is not None else self.client.submit(lease, commit)
+            if folder is None:
+                return self.client.submit(lease, commit)
+            return self.client.upload(lease, folder, frozen_a=self.cfg.merge.merge_method.frozen_a)
 
         delay = 2.0
         for attempt in range(8):

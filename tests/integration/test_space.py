@@ -225,13 +225,13 @@ def _poison(folder):
 
 def test_upload_decoding_refuses_unsafe_names_and_sizes(tmp_path):
     with pytest.raises(InvalidSubmission) as ei:
-        decode_files({"../evil.py": "AAAA"}, 10_000, tmp_path / "a")
+        decode_files({"../evil.py": "AAAA"}, 10_000)
     assert ei.value.code == "unexpected_file" and not (tmp_path / "evil.py").exists()
     with pytest.raises(InvalidSubmission) as ei:
-        decode_files({layout.ADAPTER_WEIGHTS: "A" * 400}, 100, tmp_path / "b")
+        decode_files({layout.ADAPTER_WEIGHTS: "A" * 400}, 100)
     assert ei.value.code == "too_large"
     with pytest.raises(InvalidSubmission) as ei:
-        decode_files({layout.ADAPTER_CONFIG: "not base64!"}, 100, tmp_path / "c")
+        decode_files({layout.ADAPTER_CONFIG: "not base64!"}, 100)
     assert ei.value.code == "bad_upload"
 
 

@@ -231,6 +231,13 @@ def test_restart_loss_quick(tmp_path):
     assert all(x["lost_versions"] <= x["bound"] for x in r["restarts"])
 
 
+@pytest.mark.timeout(120)
+def test_upload_spans_quick(tmp_path):
+    run("round/upload_spans.py", tmp_path)
+    r = shaped(tmp_path / "upload-spans.json")
+    assert r["sent_mb"] < 0.6 * r["adapter_mb"] and len(r["protocol_6"]) > 5 and len(r["protocol_7"]) > 5
+
+
 @pytest.mark.timeout(180)
 def test_upload_route_quick(tmp_path):
     run("load/upload_route.py", tmp_path)

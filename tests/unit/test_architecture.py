@@ -22,7 +22,7 @@ CORE = {"hubgrpo", "hubgrpo.config", "hubgrpo.config.sections", "hubgrpo.config.
         "hubgrpo.config.params_section", "hubgrpo.config.merge_section", "hubgrpo.config.rounds_section",
         "hubgrpo.config.worker_section", "hubgrpo.config.legacy",
         "hubgrpo.errors", "hubgrpo.error_codes", "hubgrpo.layout", "hubgrpo.runrepo", "hubgrpo.card",
-        "hubgrpo.tracking"}
+        "hubgrpo.tracking", "hubgrpo.upload_body"}
 BELOW = {"core", "store", "task", "merge", "proof"}
 ALLOWED = {
     "core": {"core", "store"},
