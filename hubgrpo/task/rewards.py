@@ -130,26 +130,21 @@ def exact_answer(prompts, completions, answer=None, **kwargs) -> list[float]:
 
 
 def answer_format(prompts, completions, **kwargs) -> list[float]:
-    """1.0 for a non-empty ``<answer>…</answer>``; 0.5 for an answer begun but not closed (``<answer>`` followed by
-    something that is not a letter or a tag: ``<answer>12``, a completion cut short) or closed but not opened
-    (``12</answer>``); else 0.0. A tag named in a sentence (``…inside <answer> and…``, an echo of the prompt's
-    instruction) earns nothing: it is followed or preceded by a word."""
+    """1.0 for a non-empty ``<answer>…</answer>``; 0.5 for an answer begun and not closed (``<answer>12``) or closed
+    and not opened (``12</answer>``); else 0.0. A tag named in a sentence (``…inside <answer> and…``, an echo of
+    the instruction) earns nothing: a word, not an answer, stands next to it."""
     out = []
     for c in completions:
         text = completion_text(c)
-        if extract_answer(text):
-            out.append(1.0)
-            continue
         opened, closed = "<answer>" in text, "</answer>" in text
-        begun = opened and not closed and _answer_like(text[text.rfind("<answer>") + 8 :].lstrip()[:1])
-        ended = closed and not opened and _answer_like(text[: text.find("</answer>")].rstrip()[-1:])
-        out.append(0.5 if begun or ended else 0.0)
+        begun = opened and not closed and _answer_edge(text[text.rfind("<answer>") + 8 :].lstrip()[:1])
+        ended = closed and not opened and _answer_edge(text[: text.find("</answer>")].rstrip()[-1:])
+        out.append(1.0 if extract_answer(text) else 0.5 if begun or ended else 0.0)
     return out
 
 
-def _answer_like(char: str) -> bool:
-    """Whether ``char`` may be the edge of an answer (a digit, a sign, a bracket) rather than of a word or a tag."""
-    return bool(char) and not char.isalpha() and char not in "<>"
+def _answer_edge(char: str) -> bool:
+    return bool(char) and not char.isalpha() and char not in "<>"  # a digit, a sign, a bracket: not a word or tag
 
 
 def length_penalty(prompts, completions, target_chars: int = 100, **kwargs) -> list[float]:
