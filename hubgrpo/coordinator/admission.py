@@ -268,18 +268,15 @@ def check_lineage(c: Coordinator, version: int, adapter_id: str, sub_id: str) ->
 def check_frozen_a(adapter, global_) -> None:
     """FFA runs: every lora_A must equal the global's (frozen since version 0); a changed one could only make
     every later merge fail, so it is refused here (code ``a_changed``)."""
-    import torch
-
-    from hubgrpo.merge.frozen_a import is_a_key
+    from hubgrpo.merge.frozen_a import is_a_key, same
 
     for key, value in global_.weights.items():
-        if is_a_key(key) and adapter.weights[key] is not value:  # not the run's own tensor (``complete_a``)
-            if not torch.equal(adapter.weights[key], value):
-                raise InvalidSubmission(
-                    "a_changed",
-                    f"{key} differs from the run's frozen lora_A (merge.method ffa)",
-                    hint="train with lora_A frozen: hubgrpo workers do this for ffa runs",
-                )
+        if is_a_key(key) and not same(adapter.weights[key], value):
+            raise InvalidSubmission(
+                "a_changed",
+                f"{key} differs from the run's frozen lora_A (merge.method ffa)",
+                hint="train with lora_A frozen: hubgrpo workers do this for ffa runs",
+            )
 
 
 def read_record(folder: Path, lease: Lease, sub_id: str) -> Submission:

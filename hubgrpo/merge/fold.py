@@ -20,6 +20,7 @@ import torch
 from hubgrpo.config.methods import merge_method
 from hubgrpo.errors import MergeError
 from hubgrpo.merge.adapter import Adapter, factors, parse_modules
+from hubgrpo.merge.frozen_a import same
 from hubgrpo.merge.methods import ffa_outer_step
 
 FFA = merge_method("ffa")  # the method whose merge a fold stands for
@@ -56,8 +57,8 @@ class FfaFold:
                 a_g = self.global_.weights[spec.key_a]
                 if (
                     ss.rank != spec.rank
-                    or not _same(submission.weights[ss.key_a], a_g)
-                    or not _same(base.weights[bs.key_a], a_g)
+                    or not same(submission.weights[ss.key_a], a_g)
+                    or not same(base.weights[bs.key_a], a_g)
                 ):
                     raise MergeError(f"method 'ffa' needs A frozen and shared, but {spec.path} differs")
             for prefix, spec in self.specs.items():
@@ -108,11 +109,6 @@ class FfaFold:
         )
         report["seconds"] = round(time.perf_counter() - start, 4)
         return MergeResult(adapter, new_momentum or None, report)
-
-
-def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """``torch.equal``, at once for the same tensor (a round's A put in from the run's: ``merge.frozen_a``)."""
-    return x is y or torch.equal(x, y)
 
 
 def _b_norm(fold: FfaFold, new: Adapter) -> float:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hubgrpo.merge.frozen_a import same
+
 Term = tuple[float, torch.Tensor, torch.Tensor]  # (coefficient, B (out × r), A (r × in))
 
 
@@ -224,7 +226,7 @@ def difference_sq_norm(
     one A shared (ffa: A frozen) the second term is exactly zero and left out (half the rank, one Gram less)."""
     b1, a1, b2, a2 = b1.float(), a1.float(), b2.float(), a2.float()
     if b1.shape == b2.shape and a1.shape == a2.shape:
-        if a1 is a2 or torch.equal(a1, a2):
+        if same(a1, a2):
             d = s1 * b1 - s2 * b2
             return max(float(((d.T @ d).double() * (a1 @ a1.T).double()).sum()), 0.0)
         return max(gram_sq_norm([(1.0, s1 * b1 - s2 * b2, a1), (s2, b2, a1 - a2)]), 0.0)

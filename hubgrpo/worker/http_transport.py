@@ -124,13 +124,10 @@ class HttpTransport:
         return self._guarded(body, lambda: self._plain_binary(name, body))
 
     def _plain_binary(self, name: str, body: bytes) -> Any:
-        path = f"{PLAIN_PREFIX}/{name}"
-        status, data = self._send("POST", path, name, body, upload_body.MEDIA_TYPE)
-        answer = _envelope(status, data)
-        if answer is not None:
-            return answer
-        self._check(status, data, path)  # 5xx: Unavailable (retried); anything else: a protocol error
-        raise ValueError(f"HTTP {status} without an envelope from {path}")
+        answer = self._plain(name, body, upload_body.MEDIA_TYPE)
+        if answer is None:
+            raise ValueError(f"no plain route {PLAIN_PREFIX}/{name} for a binary body")
+        return answer
 
     def _guarded(self, body: bytes, send: Any) -> Any:
         """``send()`` within the call's deadline, its failures as the API's errors."""
@@ -146,16 +143,22 @@ class HttpTransport:
                 hint="is this URL a hubgrpo coordinator?",
             ) from None
 
+    def _plain(self, name: str, body: bytes, media: str = "application/json") -> Any:
+        """The enveloped answer of the plain route ``name`` (also a 400/404/413 naming the problem); None when the
+        coordinator has no such route (404/405 without an envelope)."""
+        path = f"{PLAIN_PREFIX}/{name}"
+        status, data = self._send("POST", path, name, body, media)
+        answer = _envelope(status, data)
+        if answer is None and status not in (404, 405):
+            self._check(status, data, path)  # 5xx: Unavailable (retried); anything else: a protocol error
+            raise ValueError(f"HTTP {status} without an envelope from {path}")
+        return answer
+
     def _call(self, name: str, body: bytes) -> Any:
         if self.route == "plain":
-            path = f"{PLAIN_PREFIX}/{name}"
-            status, data = self._send("POST", path, name, body)
-            answer = _envelope(status, data)
-            if answer is not None:  # also a 400/404/413 naming the problem
+            answer = self._plain(name, body)
+            if answer is not None:
                 return answer
-            if status not in (404, 405):
-                self._check(status, data, path)  # 5xx: Unavailable (retried); anything else: a protocol error
-                raise ValueError(f"HTTP {status} without an envelope from {path}")
             self.route = "run"  # a coordinator without plain routes (older hubgrpo): Gradio's API
         if self.route == "run":
             path = f"{API_PREFIX}/run/{name}"
