@@ -305,7 +305,7 @@ class Simulation:
         folder = self.pins.pin(version)  # rounds in flight may rebase onto it
         self.pins.release(min([version, *self.in_flight.values()]))
         ev = None
-        if version % max(1, self.opts.eval_every) == 0 or self.opts.until_reward is not None:
+        if version % max(1, self.opts.eval_every) == 0:  # --until-reward stops at the first scored version past it
             t0 = time.perf_counter()
             ev = self._evaluate(folder)
             self.compute["eval_s"] += time.perf_counter() - t0

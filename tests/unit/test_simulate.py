@@ -193,3 +193,12 @@ def test_a_machine_that_drops_out_stays_away_rejoin_s(tmp_path):
         nxt = [o.t_lease for o in sim.rounds if o.t_lease > r.t_lease and o.worker.split("r")[0] == machine]
         assert not nxt or nxt[0] >= r.t_lease + 50.0
     assert sim.result()["rejoin_s"] == 50.0
+
+
+def test_a_run_until_a_reward_scores_only_every_kth_version_and_stops_at_a_scored_one(tmp_path):
+    """--eval-every holds with --until-reward too: a sampled held-out score costs as much as a training step, and
+    scoring every version made a long reference run twice as slow as its training."""
+    r = simulate(tmp_path, "k", until_version=None, until_reward=1e-9, eval_every=3, max_virtual_s=60).result()
+    scored = [v["version"] for v in r["versions"] if v["eval_reward"] is not None]
+    assert scored and all(v % 3 == 0 for v in scored)
+    assert r["versions"][-1]["version"] == scored[-1] and scored[-1] >= 3
