@@ -388,3 +388,11 @@ def test_task_headroom_smallest_run(tmp_path):
         "--mid", "1", "--eval", "2", "--threads", "1", quick=False, timeout=540)
     rows = shaped(tmp_path / "task-headroom.json", quick=False)["rows"]
     assert [c["step"] for c in rows["addition1"]["curve"]] == [0, 1, 2]
+
+
+@pytest.mark.timeout(240)
+def test_side_by_side_quick(tmp_path):
+    run("speedup/side_by_side.py", tmp_path, timeout=200)
+    r = shaped(tmp_path / "side-by-side-tiny.json")
+    assert len(r["alone"]) == 1 and len(r["side_by_side"]) == 2 and all(len(ts) == 2 for ts in r["side_by_side"])
+    assert r["ceiling"] == pytest.approx(2 * r["step_s_alone"] / r["step_s_side_by_side"])
