@@ -10,7 +10,8 @@ budget): its verdict is the verdict on that completion. So each simulated round 
 sampled with keyed Gumbel-max by the worker (``generate_keyed``, the processor the worker's trainer uses) and
 replayed by the verifier; the completions the verifier does not read are not generated. ``--per-call`` rounds
 share a generate call and a seed, each with its own completion index. The leased version is the adapter after
-``STEPS`` real GRPO steps from version 0 (the older adapters: version 0, and one step before the lease's).
+``--steps`` real GRPO steps from version 0 (the older adapters: version 0, and one step before the lease's;
+after 3 steps no checked token of version 0 differs from the lease's: ``--steps 40`` puts a real distance between them).
 
 - **Honest rounds**, per worker/verifier precision pair and worker thread count (the verifier: one thread): the
   deficit of every recorded token (the replay's top perturbed score minus the recorded token's: 0 where the replay
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import TINY, options, results_dir, start, write  # noqa: E402
 
 CONFIGS = {"smollm2": "configs/demo.yaml", "tiny": TINY}
-STEPS = 3  # GRPO steps from version 0 to the leased version
+STEPS = 3  # GRPO steps from version 0 to the leased version (default of --steps)
 ABSOLUTE = (1e-3, 0.03, 0.1, 0.2, 0.3, 0.5)  # false alarms and catch rates are read at each tolerance
 RELATIVE = (0.005, 0.01, 0.02, 0.03)  # (1e-3 + this × the position's largest |warped score|)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -71,7 +72,7 @@ class Bench:
         return self.models[key]
 
 
-def setup(name: str) -> Bench:
+def setup(name: str, steps: int = STEPS) -> Bench:
     """The engine of the model's config (one thread), and the adapters: version 0, the leased one, one step before."""
     import torch
 
@@ -90,10 +91,11 @@ def setup(name: str) -> Bench:
             if "lora_B" in n:
                 p.data.normal_(0, 0.5)
     torch.set_num_threads(1)
-    for step in range(STEPS):
-        if step == STEPS - 1:
+    for step in range(steps):
+        if step == steps - 1:
             states["before"] = adapter_state(engine.trainer.model)
-        engine.train_steps(engine.prompt_rows(range(step * 8, step * 8 + 8)), 1, seed=3 + step)
+        rows = [(step * 8 + i) % len(engine.source) for i in range(8)]  # type: ignore[attr-defined]
+        engine.train_steps(engine.prompt_rows(rows), 1, seed=3 + step)
     states["leased"] = adapter_state(engine.trainer.model)
     return Bench(engine, states, scale)
 
@@ -300,8 +302,9 @@ def markdown(res: dict) -> str:
     a, tol, keys = res["args"], _label(res["tolerance"]), list(settings())
     lines = [f"# Proof of rollouts on {res['model']}: {res['headline']}", "",
              f"`{CONFIGS[a['model']]}` rounds ({res['shape']}), each simulated round its checked completion "
-             f"(module docstring); {a['per_call']} rounds per generate call; leased version: {STEPS} GRPO steps "
-             f"from version 0. The product's rule (`default`): a float32 verifier, tolerance {tol} at each "
+             f"(module docstring); {a['per_call']} rounds per generate call; leased version: "
+             f"{a.get('steps', STEPS)} GRPO steps from version 0. The product's rule (`default`): a float32 "
+             f"verifier, tolerance {tol} at each "
              "position (a recorded token further below the replay's top perturbed score is a mismatch; none "
              "allowed), and every completion ends where generation ends. Columns: the same rounds read at other "
              "tolerances (absolute, or 0.001 + a share of the position's largest |warped score|).", "",
@@ -381,6 +384,7 @@ def main() -> None:
     ap.add_argument("--per-call", type=int, default=32, help="rounds per generate call")
     ap.add_argument("--threads", default="1,2", help="worker thread counts")
     ap.add_argument("--pairs", default="fp32/fp32,bf16/fp32", help="worker/verifier precisions")
+    ap.add_argument("--steps", type=int, default=STEPS, help="GRPO steps from version 0 to the leased version")
     ap.add_argument("--name", default=None)
     ap.add_argument("--finish", action="store_true", help="write the result from the units done so far, no run")
     ap.add_argument("--render", type=Path, help="re-read a result's JSON at today's default tolerance, no run")
@@ -393,7 +397,7 @@ def main() -> None:
     partial = folder / f"{name}.partial.json"
     state = json.loads(partial.read_text()) if partial.exists() else {"meta": start(args.quick), "done": {}}
     if not args.finish:
-        b, cache = setup(args.model), {}
+        b, cache = setup(args.model, args.steps), {}
         p = b.params
         state["model"] = b.engine.cfg.base_model  # type: ignore[attr-defined]
         state["shape"] = (f"{p['per_device_train_batch_size'] // p['num_generations']} prompts × "
