@@ -53,9 +53,10 @@ MODES = {
                         "set": ["rounds.steps=5", "worker.threads=1"]},
     # the task with headroom (two or three one-digit terms): held-out still rises after 100 steps: 200 steps of budget
     "mixed-sampled": {"config": "configs/addition-mixed.yaml", "budget_steps": 200,
-                      # scored every 2nd version: a 64-prompt sampled score costs about one training step
+                      # scored every 2nd version (a 64-prompt sampled score costs three training steps); N
+                      # machines every N/2-th: half a machine's step, finer than N = 1's two steps
                       "eval": ["--eval-sampled", "1", "--eval-samples", "64", "--eval-every", "2"],
-                      "set": ["worker.threads=1"]},
+                      "every": lambda n: max(2, n // 2), "set": ["worker.threads=1"]},
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
 PLAIN = ["merge.outer_lr=1", "merge.outer_momentum=0", "merge.nesterov=false"]
@@ -195,8 +196,10 @@ def one_seed(mode: dict, args, seed: int, work: Path) -> dict:
         until = ["--until-reward", str(target), "--max-virtual-s", str(budget_s)]
         if not args.stop_at_target:
             until += ["--min-virtual-s", str(t1)]
-        # N >= 8 publishes versions N times as often: score every N/4-th (a mode's --eval-every is overridden)
-        every = ["--eval-every", str(max(1, n // 4))] if args.stop_at_target and n >= 8 else []
+        # N machines publish versions N times as often: score every k-th (``every``: a mode's own rule of N, else
+        # N/4 from N = 8; either overrides the mode's --eval-every)
+        k = mode["every"](n) if "every" in mode else (max(1, n // 4) if n >= 8 else None)
+        every = ["--eval-every", str(k)] if args.stop_at_target and k else []
         res = simulate(work / (f"s{seed}-{fleet}-{n}" + "".join(f"-{r}" for r in rule) + f"-q{quota}"),
                        mode["config"], n, seed, [*common, *every, *sets(rule), *FLEETS[fleet], *until], quota=quota)
         rows.append({**row(fleet, n, res, target, t1, res.get("time_to_target_s")), "quota": quota})
