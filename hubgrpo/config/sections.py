@@ -91,6 +91,13 @@ class CoordinatorSection(_Section):
         "the same, and a round is merged only once it passed; untrusted = like all for participants not in "
         "coordinator.trusted; rounds must carry their token ids (worker.keyed_sampling). off = no verdicts.",
     )
+    verify_tolerance: Literal["wide", "strict"] = Field(
+        "wide",
+        description="How far below the replayed choice a recorded token may lie (hubgrpo.proof.verify): wide = "
+        "0.001 + 0.02 x the position's largest |logit / T|, which covers bfloat16 and float32 workers; strict = "
+        "0.001 + 0.001 x, float32 workers only (worker.dtype must resolve to float32), which catches forgeries "
+        "that change a few tokens by little: benchmarks/proof/results/proof-smollm2-far.md.",
+    )
     trusted: list[str] = Field(
         default_factory=list,
         description="Users (or worker names, in runs without auth) whose rounds merge without waiting for their "
@@ -260,6 +267,16 @@ class Config(_Section):
                 f"({p.per_device_train_batch_size}) out in prompt groups of params.num_generations "
                 f"({p.num_generations}): make the batch a multiple of num_generations"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _strict_needs_float32(self):
+        if self.coordinator.verify != "off" and self.coordinator.verify_tolerance == "strict":
+            if self.worker.dtype in ("bfloat16", "float16"):
+                raise ValueError(
+                    f"coordinator.verify_tolerance strict leaves no room for {self.worker.dtype} rounding: every "
+                    "worker must generate in float32; set worker.dtype: float32, or coordinator.verify_tolerance: wide"
+                )
         return self
 
     def worker_batch(self, live_workers: int) -> int:

@@ -52,8 +52,11 @@ class Tolerance:
         return self.absolute + self.relative * warped.nan_to_num(neginf=0.0, posinf=0.0).abs().amax(-1)
 
 
-# by the verifier's dtype; float32 (the product's verifier): benchmarks/proof/results/proof-smollm2.md
+# by the verifier's dtype; float32 (the product's verifier, wide enough for a bfloat16 worker):
+# benchmarks/proof/results/proof-smollm2.md, proof-smollm2-far.md
 TOLERANCE = {torch.float32: Tolerance(1e-3, 0.02), torch.bfloat16: Tolerance(1.0), torch.float16: Tolerance(0.25)}
+# a float32 verifier of float32 workers (``coordinator.verify_tolerance: strict``): rounding only, no bfloat16
+STRICT = Tolerance(1e-3, 1e-3)
 CHUNK = 256  # positions warped and perturbed at once (memory: CHUNK × vocab scores, and the hash's temporaries)
 
 
@@ -98,6 +101,12 @@ class Verdict:
 def default_tolerance(dtype: torch.dtype) -> Tolerance:
     """The tolerance for a verifier computing in ``dtype``."""
     return TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16])
+
+
+def run_tolerance(verify_tolerance: str) -> Tolerance:
+    """The float32 verifier's tolerance for a run's ``coordinator.verify_tolerance``: ``wide`` covers a bfloat16 or
+    float32 worker, ``strict`` float32 workers only (every worker of such a run generates in float32)."""
+    return STRICT if verify_tolerance == "strict" else TOLERANCE[torch.float32]
 
 
 def teacher_batch(

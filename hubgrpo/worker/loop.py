@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from hubgrpo import layout, runrepo
 from hubgrpo.error_codes import stop_codes
 from hubgrpo.errors import (
+    ConfigError,
     CoordinatorError,
     HubGrpoError,
     InvalidSubmission,
@@ -115,7 +116,10 @@ class Worker:
         if self.engine is None:
             from hubgrpo.worker.engine import RoundEngine
 
+            if strict_verify(self.cfg) and self.cfg.worker.dtype == "auto":  # not bf16 on a GPU: float32 rounds
+                self.cfg.worker.dtype = "float32"
             self.engine = RoundEngine(self.cfg, worker=self.name)
+            check_precision(self.cfg, self.engine)
         if self.tracker is None:
             from hubgrpo.tracking import make_tracker
 
@@ -361,6 +365,23 @@ class Worker:
                 show(step, metrics)
 
         return on_step
+
+
+def strict_verify(cfg) -> bool:
+    """Whether the run's verifier replays strictly (``coordinator.verify_tolerance: strict``): float32 rounds only."""
+    return cfg.coordinator.verify != "off" and cfg.coordinator.verify_tolerance == "strict"
+
+
+def check_precision(cfg, engine) -> None:
+    """A worker of a strictly verified run whose model is not float32 stops before its first lease instead of
+    being excluded by its first verdict (``worker.dtype: auto`` resolves to float32 there)."""
+    dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+    if strict_verify(cfg) and dtype != "float32":
+        raise ConfigError(
+            f"this run verifies rollouts strictly (coordinator.verify_tolerance: strict) and this worker's model is "
+            f"{dtype}: the verifier would reject its honest rounds",
+            hint="the run's config must leave worker.dtype at auto or float32, or set verify_tolerance: wide",
+        )
 
 
 def _wait_hint(err: HubGrpoError, default: float) -> float:

@@ -150,7 +150,7 @@ class Verifier:
 
     def replay(self, lease: layout.Lease, data: layout.Rollouts, key: bytes) -> dict:
         """Replay the chosen completions of the round's first generation batch with the leased version."""
-        from hubgrpo.proof.verify import verify_completions
+        from hubgrpo.proof.verify import run_tolerance, verify_completions
         from hubgrpo.task.rewards import completion_text
         from hubgrpo.task.rollouts import lease_params
 
@@ -189,6 +189,7 @@ class Verifier:
             temperature=p["temperature"],
             top_p=p["top_p"],
             top_k=p.get("top_k"),
+            tolerance=run_tolerance(self.cfg.coordinator.verify_tolerance),
             stop=engine.trainer.eos_token_ids,
             max_length=int(p["max_completion_length"]),
         )

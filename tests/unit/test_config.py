@@ -137,3 +137,14 @@ def test_lr_schedule_wsd_is_transformers_warmup_stable_decay_over_the_versions()
                                                      num_cycles=0.5)) for v in range(13))
     with pytest.raises(ConfigError, match=r"rounds.lr_warmup .* exceed 1"):
         loads(MINIMAL + "rounds: {lr_schedule: wsd, lr_warmup: 0.6, lr_decay: 0.5}")
+
+
+def test_a_strictly_verified_run_refuses_bfloat16_workers_and_names_the_fix():
+    strict = "coordinator:\n  verify: sample\n  verify_tolerance: strict\n"
+    with pytest.raises(ConfigError) as ei:
+        loads(MINIMAL + strict + "worker:\n  dtype: bfloat16\n", source="s.yaml")
+    assert "verify_tolerance strict" in str(ei.value) and "worker.dtype: float32" in str(ei.value)
+    assert loads(MINIMAL + strict).coordinator.verify_tolerance == "strict"  # dtype auto: float32 rounds
+    assert loads(MINIMAL + strict.replace("sample", "'off'") + "worker:\n  dtype: bfloat16\n")  # nothing replays
+    wide = loads(MINIMAL + "coordinator:\n  verify: sample\nworker:\n  dtype: bfloat16\n")  # the default
+    assert wide.coordinator.verify_tolerance == "wide"

@@ -154,3 +154,21 @@ def test_the_recorded_token_must_be_within_the_tolerance_of_the_replayed_choice(
     assert mismatch[3] and deficit[3] == math.inf  # outside the vocabulary
     _, strict, _ = replay(scores, tokens, 3, zero, zero, Warp(), tolerance=gap / 2)
     assert strict[1]
+
+
+def test_a_strict_run_catches_a_token_a_wide_one_tolerates():
+    """coordinator.verify_tolerance: the wide rule lets a token lie 2 % of the position's largest |score| below the
+    replayed choice (bfloat16 rounding does that); the strict one 0.1 %: a flip that a lower temperature makes at a
+    near tie is a mismatch there."""
+    from hubgrpo.proof.verify import run_tolerance
+
+    zero = torch.zeros(1, dtype=torch.long)
+    noise = gumbel(3, zero, zero, 6)[0]
+    order = noise.argsort(descending=True)
+    scores = torch.zeros(1, 6)
+    scores[0, order[1]] = float(noise[order[0]] - noise[order[1]]) - 0.2  # the runner-up 0.2 below the top
+    scores[0, order[-1]] = -20.0  # the largest |score|: 20, so wide tolerates 0.401, strict 0.021
+    runner_up = order[1:2]
+    for rule, caught in (("wide", False), ("strict", True)):
+        _, mismatch, deficit = replay(scores, runner_up, 3, zero, zero, Warp(), tolerance=run_tolerance(rule))
+        assert float(deficit[0]) == pytest.approx(0.2, abs=1e-4) and bool(mismatch[0]) is caught, rule

@@ -95,3 +95,18 @@ def test_keyed_sampling_off_leaves_trls_sampling():
     engine.trainer.keyed_log = []
     engine.train_steps(rows, 1, seed=SEED)
     assert engine.trainer.keyed is None and engine.trainer.keyed_log == []
+
+
+@pytest.mark.timeout(120)
+def test_a_bfloat16_worker_stops_before_a_strictly_verified_run_leases_to_it():
+    from hubgrpo.errors import ConfigError
+    from hubgrpo.worker.engine import RoundEngine
+    from hubgrpo.worker.loop import check_precision
+    from tests.support.coord_helpers import make_config
+
+    engine = RoundEngine(make_config(**{"worker.dtype": "bfloat16"}), worker="w")
+    strict = make_config(**{"coordinator.verify": "sample", "coordinator.verify_tolerance": "strict"})
+    with pytest.raises(ConfigError) as ei:
+        check_precision(strict, engine)
+    assert "bfloat16" in str(ei.value) and "verify_tolerance" in (ei.value.hint or "")
+    check_precision(make_config(**{"coordinator.verify": "sample"}), engine)  # wide: bfloat16 is covered
