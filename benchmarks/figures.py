@@ -37,7 +37,7 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
     ("gpu", "Do rounds and merges run on a GPU?", ["gpu_smoke"]),
     ("task", "Which built-in task keeps SmolLM2 learning for hundreds of steps?", ["task-headroom"]),
     ("proof", "Can a verifier show that the leased policy wrote a round's completions?",
-     ["proof-smollm2-bf16", "proof-smollm2", "proof-tiny"]),
+     ["proof-smollm2-far", "proof-smollm2-bf16", "proof-smollm2", "proof-tiny"]),
 ]
 
 

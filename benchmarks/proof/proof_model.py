@@ -154,11 +154,12 @@ def settings() -> dict:
     """The tolerances read off, by label: absolute ones, relative ones, and the product's (``default``)."""
     import torch
 
-    from hubgrpo.proof.verify import Tolerance, default_tolerance
+    from hubgrpo.proof.verify import Tolerance, default_tolerance, run_tolerance
 
     out = {f"{a}": Tolerance(a) for a in ABSOLUTE}
     out |= {f"1e-3+{r}×max": Tolerance(1e-3, r) for r in RELATIVE}
-    return out | {"default": default_tolerance(torch.float32)}
+    # the product's two rules: ``default`` (coordinator.verify_tolerance: wide), ``strict`` (float32 workers only)
+    return out | {"default": default_tolerance(torch.float32), "strict": run_tolerance("strict")}
 
 
 def fails(found: list[tuple[float, float]], tol) -> bool:
@@ -349,6 +350,12 @@ def headline(res: dict) -> str:
         out += (f"; forgeries that change the checked completion caught in ≥ "
                 f"{worst['caught_of_differing'] / worst['differs']:.1%} (weakest: {worst['attack']}, "
                 f"{worst['differs']} rounds)" + (f"; {', '.join(same)}: never changed it" if same else ""))
+    fp32 = [h for h in res["honest"] if h["worker"] == "fp32" and "strict" in h["false_alarms"]]
+    if differing and fp32:  # coordinator.verify_tolerance: strict, float32 workers only
+        worst = min(differing, key=lambda r: r["caught"]["strict"] / r["differs"])
+        out += (f"; strict (float32 workers): {sum(h['false_alarms']['strict'] for h in fp32)} false alarms in "
+                f"{sum(h['rounds'] for h in fp32)}, forgeries caught in ≥ "
+                f"{worst['caught']['strict'] / worst['differs']:.1%} (weakest: {worst['attack']})")
     if res["cost"]:
         out += f"; verification {res['cost']['share_of_training']:.1%} of a round's training"
     return out
