@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,23 +160,18 @@ def _spawn(args: list[str], threads: int, allow: list[str] | None, log: Path) ->
         TOKENIZERS_PARALLELISM="false",
         HUBGRPO_PARENT_PID=str(os.getpid()),
     )  # a process whose run is gone stops (worker.orphaned)
-    cmd = [sys.executable, "-m", "hubgrpo.cli", *args, "--threads", str(threads)]
+    cmd = [*_nicer(), sys.executable, "-m", "hubgrpo.cli", *args, "--threads", str(threads)]
     cmd += [x for f in allow or [] for x in ("--allow-reward", f)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        return subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_nicer if os.name == "posix" else None,
-        )
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _nicer() -> None:
-    """In a spawned process before it runs hubgrpo (POSIX): ``SPAWN_NICE`` nicer than the coordinator."""
-    os.nice(SPAWN_NICE)
+def _nicer() -> list[str]:
+    """``nice -n SPAWN_NICE`` before the command where the system has it (it execs the command: same process). Not
+    ``preexec_fn``, which can deadlock a child forked from a process with threads."""
+    found = shutil.which("nice") if os.name == "posix" else None
+    return [found, "-n", str(SPAWN_NICE)] if found else []
 
 
 def stop_workers(procs: list, timeout: float = 20.0) -> None:
