@@ -164,14 +164,26 @@ def _spawn(args: list[str], threads: int, allow: list[str] | None, log: Path) ->
     cmd += [x for f in allow or [] for x in ("--allow-reward", f)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    _nicer_group(proc.pid)
+    return proc
 
 
 def _nicer() -> list[str]:
     """``nice -n SPAWN_NICE`` before the command where the system has it (it execs the command: same process). Not
-    ``preexec_fn``, which can deadlock a child forked from a process with threads."""
-    found = shutil.which("nice") if os.name == "posix" else None
+    ``preexec_fn``, which can deadlock a child forked from a process with threads; not on macOS, where the system's
+    ``nice`` drops the ``DYLD_*`` variables some torch installs need."""
+    found = shutil.which("nice") if os.name == "posix" and sys.platform != "darwin" else None
     return [found, "-n", str(SPAWN_NICE)] if found else []
+
+
+def _nicer_group(pid: int) -> None:
+    """Linux with autogroup scheduling: a process in a session of its own (``start_new_session``) is scheduled as its
+    own group, where its nice value weighs only against itself; the group's nice is what yields (best effort)."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(SPAWN_NICE))
+    except OSError:  # no autogroup here (or not allowed): the process's own nice is what counts
+        pass
 
 
 def stop_workers(procs: list, timeout: float = 20.0) -> None:

@@ -62,7 +62,12 @@ def simulate(
         help="Held-out reward for time_to_target_s (default: --until-reward, else 90% of the way to the best reached).",
     ),
     eval_samples: int = typer.Option(32, "--eval-samples", min=1, help="Held-out prompts scored per version."),
-    eval_every: int = typer.Option(1, "--eval-every", min=1, help="Score every k-th version."),
+    eval_every: int = typer.Option(
+        1,
+        "--eval-every",
+        min=1,
+        help="Score every k-th version (--until-reward stops at the first scored one past it).",
+    ),
     eval_sampled: int = typer.Option(
         0,
         "--eval-sampled",

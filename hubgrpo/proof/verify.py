@@ -19,7 +19,8 @@ there.
 ``Verdict.passes()`` applies a round's rule (``RoundRule``: at most so many mismatches, and no completion ending
 wrongly), by default the one for the verifier's precision (``RULES``). The product's verifier computes in float32
 (``hubgrpo.worker.verifier``); its tolerance covers a float32 or bfloat16 worker and was chosen from the honest and
-forged rounds of ``benchmarks/proof/proof_model.py`` (``benchmarks/proof/results/proof-smollm2.md``). The bfloat16
+forged rounds of ``benchmarks/proof/proof_model.py`` (``benchmarks/proof/results/proof-smollm2.md``); a run with
+``coordinator.verify_tolerance: strict`` uses ``STRICT`` instead, for float32 workers only. The bfloat16
 and float16 entries are for experiments (``benchmarks/proof/proof_bench.py``): a lower-precision verifier needs a
 tolerance so wide that it lets subtle forgeries through.
 """

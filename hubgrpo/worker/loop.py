@@ -372,10 +372,22 @@ def strict_verify(cfg) -> bool:
     return cfg.coordinator.verify != "off" and cfg.coordinator.verify_tolerance == "strict"
 
 
+def full_float32() -> None:
+    """float32 matrix products in float32, not TF32 (which a GPU may use for them): strict replays allow rounding
+    only (``hubgrpo.proof.verify.STRICT``, measured with worker and verifier on this CPU)."""
+    import torch
+
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def check_precision(cfg, engine) -> None:
     """A worker of a strictly verified run whose model is not float32 stops before its first lease instead of
     being excluded by its first verdict (``worker.dtype: auto`` resolves to float32 there)."""
     dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+    if strict_verify(cfg):
+        full_float32()
     if strict_verify(cfg) and dtype != "float32":
         raise ConfigError(
             f"this run verifies rollouts strictly (coordinator.verify_tolerance: strict) and this worker's model is "

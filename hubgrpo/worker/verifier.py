@@ -64,6 +64,10 @@ class Verifier:
         if threads:
             self.cfg.worker.threads = threads
         self.cfg.worker.dtype = "float32"  # the precision the tolerance is measured for (hubgrpo.proof.verify)
+        if self.cfg.coordinator.verify_tolerance == "strict":
+            from hubgrpo.worker.loop import full_float32
+
+            full_float32()
         self.engine, self.poll_s, self.sleep = engine, float(poll_s), sleep
         self.owns_engine = engine is None  # nobody else changes its model: the leased adapter can stay loaded
         self.loaded: tuple[int, str] | None = None  # (version, adapter id) of the adapter in the engine's model
