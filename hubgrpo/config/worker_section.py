@@ -16,7 +16,7 @@ class WorkerSection(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="auto: bf16 on CUDA, fp32 on CPU; fp32 everywhere in a run with coordinator.verify_tolerance: "
-        "strict."
+        "strict.",
     )
     threads: int | None = Field(
         None, gt=0, description="torch threads per worker (`hubgrpo worker --threads`); None = cores // local workers."

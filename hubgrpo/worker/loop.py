@@ -114,12 +114,7 @@ class Worker:
     def run(self) -> list[dict]:
         """The loop. Returns the coordinator's answer (or the refusal) for every round."""
         if self.engine is None:
-            from hubgrpo.worker.engine import RoundEngine
-
-            if strict_verify(self.cfg) and self.cfg.worker.dtype == "auto":  # not bf16 on a GPU: float32 rounds
-                self.cfg.worker.dtype = "float32"
-            self.engine = RoundEngine(self.cfg, worker=self.name)
-            check_precision(self.cfg, self.engine)
+            self.engine = make_engine(self.cfg, self.name)
         if self.tracker is None:
             from hubgrpo.tracking import make_tracker
 
@@ -380,6 +375,18 @@ def full_float32() -> None:
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+def make_engine(cfg, name: str):
+    """The worker's round engine; in a strictly verified run in float32 (``worker.dtype: auto`` would be bf16 on a
+    GPU), checked (``check_precision``)."""
+    from hubgrpo.worker.engine import RoundEngine
+
+    if strict_verify(cfg) and cfg.worker.dtype == "auto":
+        cfg.worker.dtype = "float32"
+    engine = RoundEngine(cfg, worker=name)
+    check_precision(cfg, engine)
+    return engine
 
 
 def check_precision(cfg, engine) -> None:

@@ -110,3 +110,17 @@ def test_a_bfloat16_worker_stops_before_a_strictly_verified_run_leases_to_it():
         check_precision(strict, engine)
     assert "bfloat16" in str(ei.value) and "verify_tolerance" in (ei.value.hint or "")
     check_precision(make_config(**{"coordinator.verify": "sample"}), engine)  # wide: bfloat16 is covered
+
+
+@pytest.mark.timeout(120)
+def test_a_strictly_verified_run_resolves_auto_to_float32_in_its_workers():
+    from hubgrpo.worker.loop import make_engine
+    from tests.support.coord_helpers import make_config
+
+    cfg = make_config(**{"coordinator.verify": "sample", "coordinator.verify_tolerance": "strict"})
+    engine = make_engine(cfg, "w")
+    assert cfg.worker.dtype == "float32" and next(engine.model.parameters()).dtype.is_floating_point
+    assert str(next(engine.model.parameters()).dtype) == "torch.float32"
+    wide = make_config(**{"coordinator.verify": "sample"})
+    make_engine(wide, "w")
+    assert wide.worker.dtype == "auto", "a wide run leaves the worker's precision to its machine"
