@@ -110,6 +110,14 @@ def run_tolerance(verify_tolerance: str) -> Tolerance:
     return STRICT if verify_tolerance == "strict" else TOLERANCE[torch.float32]
 
 
+def full_float32() -> None:
+    """float32 matrix products in float32, not TF32 (which a GPU may use for them): ``STRICT`` allows rounding only
+    (measured with worker and verifier on one CPU). For a strict run's workers and verifier."""
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def teacher_batch(
     prompts_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad: int
 ) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -367,23 +367,16 @@ def strict_verify(cfg) -> bool:
     return cfg.coordinator.verify != "off" and cfg.coordinator.verify_tolerance == "strict"
 
 
-def full_float32() -> None:
-    """float32 matrix products in float32, not TF32 (which a GPU may use for them): strict replays allow rounding
-    only (``hubgrpo.proof.verify.STRICT``, measured with worker and verifier on this CPU)."""
-    import torch
-
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-
-
 def make_engine(cfg, name: str):
     """The worker's round engine; in a strictly verified run in float32 (``worker.dtype: auto`` would be bf16 on a
     GPU), checked (``check_precision``)."""
+    from hubgrpo.proof.verify import full_float32
     from hubgrpo.worker.engine import RoundEngine
 
-    if strict_verify(cfg) and cfg.worker.dtype == "auto":
-        cfg.worker.dtype = "float32"
+    if strict_verify(cfg):
+        full_float32()
+        if cfg.worker.dtype == "auto":
+            cfg.worker.dtype = "float32"
     engine = RoundEngine(cfg, worker=name)
     check_precision(cfg, engine)
     return engine
@@ -393,8 +386,6 @@ def check_precision(cfg, engine) -> None:
     """A worker of a strictly verified run whose model is not float32 stops before its first lease instead of
     being excluded by its first verdict (``worker.dtype: auto`` resolves to float32 there)."""
     dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
-    if strict_verify(cfg):
-        full_float32()
     if strict_verify(cfg) and dtype != "float32":
         raise ConfigError(
             f"this run verifies rollouts strictly (coordinator.verify_tolerance: strict) and this worker's model is "

@@ -65,7 +65,7 @@ class Verifier:
             self.cfg.worker.threads = threads
         self.cfg.worker.dtype = "float32"  # the precision the tolerance is measured for (hubgrpo.proof.verify)
         if self.cfg.coordinator.verify_tolerance == "strict":
-            from hubgrpo.worker.loop import full_float32
+            from hubgrpo.proof.verify import full_float32
 
             full_float32()
         self.engine, self.poll_s, self.sleep = engine, float(poll_s), sleep
