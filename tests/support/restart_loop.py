@@ -37,9 +37,22 @@ def _status(url: str) -> dict:
         return c.status()
 
 
+def _beyond(status: dict) -> bool:
+    """A checkpoint past version 0 exists (the history keeps two tags whatever the kill) and two versions since."""
+    cp = status["checkpoint"]["version"]
+    return cp >= 1 and status["version"] >= cp + 2
+
+
+def _after(status: dict, restart: tuple) -> bool:
+    """Three versions since the restart, and a checkpoint newer than the one it resumed from."""
+    _, _, held, first = restart
+    return status["version"] >= first + 3 and status["checkpoint"]["version"] > held.version
+
+
 def kill_loop(store, emu_url: str, tmp_path: Path, kills: int, seed: int = 36) -> tuple[list, list]:
     """Serve the run, keep four workers busy, SIGKILL and restart the coordinator ``kills`` times at random
-    moments (each once versions beyond the last checkpoint exist). Returns (restarts, the workers' answers); a
+    moments (each once a checkpoint past v0 and versions beyond the last one exist; after the last restart, once
+    it checkpointed again). Returns (restarts, the workers' answers); a
     restart is (live version before the kill, its last checkpoint then, the repo's state at the kill, the version
     the restarted one reported first)."""
     from hubgrpo.space.api import free_port
@@ -55,8 +68,7 @@ def kill_loop(store, emu_url: str, tmp_path: Path, kills: int, seed: int = 36) -
         for t in threads:
             t.start()
         for k in range(kills):
-            wait_for(lambda: _status(url)["version"] >= _status(url)["checkpoint"]["version"] + 2, 120,
-                     "versions beyond the last checkpoint")
+            wait_for(lambda: _beyond(_status(url)), 120, "a checkpoint past v0 and versions beyond it")
             time.sleep(rng.uniform(0.0, 3.0))  # any moment: mid-merge, mid-checkpoint, mid-upload
             before = _status(url)
             kill(proc)
@@ -66,7 +78,8 @@ def kill_loop(store, emu_url: str, tmp_path: Path, kills: int, seed: int = 36) -
             restarts.append((before["version"], before["checkpoint"]["version"], held, after["version"]))
             # the checkpoint it resumes from is no older than the last one it reported before the kill
             assert after["version"] >= held.version >= before["checkpoint"]["version"], restarts
-        wait_for(lambda: _status(url)["version"] >= restarts[-1][3] + 3, 120, "versions after the last restart")
+        # the restarted coordinator checkpoints once more, so that the history holds a tag made after the restart
+        wait_for(lambda: _after(_status(url), restarts[-1]), 120, "a checkpoint after the last restart")
     finally:
         stop.set()
         for t in threads:
