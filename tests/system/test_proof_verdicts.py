@@ -273,3 +273,87 @@ def test_completions_of_another_adapter_exclude_their_worker(sharp_run, tmp_path
     assert client.status()["verify"]["excluded"] == ["w2"]
     with pytest.raises(Refused):
         client.lease("w2")
+
+
+
+def _near_miss(model, engine, lease, batch, warp) -> tuple[int, int, int] | None:
+    """(completion, position, token) of batch 0: a token other than the recorded one whose perturbed score lies
+    below the replayed choice by more than the ``strict`` tolerance and less than half the ``wide`` one."""
+    import torch
+
+    from hubgrpo.proof.noise import gumbel
+    from hubgrpo.proof.verify import STRICT, completion_logits, run_tolerance, teacher_batch
+
+    ids, mask, length = teacher_batch(batch.prompt_ids, batch.completion_ids, engine.tokenizer.pad_token_id)
+    logits = completion_logits(model, ids, mask, length)
+    stop = engine.trainer.eos_token_ids
+    for i, c in enumerate(batch.completion_ids):
+        warped = warp.apply(logits[i, : len(c)])
+        noise = gumbel(lease.seed, torch.full((len(c),), i), torch.arange(len(c)), warped.size(-1))
+        deficit = (warped + noise).amax(-1, keepdim=True) - (warped + noise)
+        inside = (deficit > STRICT.at(warped)[:, None]) & (deficit < 0.5 * run_tolerance("wide").at(warped)[:, None])
+        inside[:, stop] = False  # the completion keeps its end
+        hits = inside.nonzero().tolist()
+        if hits:
+            return i, *hits[0]
+    return None
+
+
+def _continued(model, engine, lease, prompt: list[int], prefix: list[int], warp, most: int) -> list[int]:
+    """``prefix`` continued as the lease's keyed sampling continues it (completion 0's noise is row ``index``)."""
+    import torch
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    from hubgrpo.proof.sampling import KeyedGumbelProcessor, cut_at_eos
+
+    stop = engine.trainer.eos_token_ids
+    if len(prefix) >= most or prefix[-1] in stop:
+        return prefix
+    ids = torch.tensor([prompt + prefix])
+    config = GenerationConfig(max_new_tokens=most - len(prefix), do_sample=False, eos_token_id=stop,
+                              pad_token_id=engine.tokenizer.pad_token_id)
+    processor = KeyedGumbelProcessor(lease.seed, torch.tensor([warp.index]), len(prompt), warp.warp)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                         logits_processor=LogitsProcessorList([processor]))
+    return prefix + cut_at_eos(out[:, ids.size(1):], stop)[0]
+
+
+@pytest.mark.timeout(300)
+def test_the_verifier_replays_with_its_runs_tolerance(served_run, tmp_path):
+    """One token of an honest round replaced by a near miss — a token the leased version and the lease's noise rank
+    just below the one they choose, within the tolerance of ``coordinator.verify_tolerance: wide``, beyond that of
+    ``strict`` — and the rest of its completion sampled on from there as the lease samples: a verifier of a wide run
+    passes the round, one of a strict run fails it."""
+    from types import SimpleNamespace
+
+    from hubgrpo.proof.sampling import Warp
+    from hubgrpo.task.rollouts import lease_params, read
+
+    run, engine = served_run, served_run["engine"]
+    verifier = Verifier(run["store"], CoordinatorClient(run["url"], retries=2), engine=engine,
+                        workdir=tmp_path / "verifier", budget=1.0)
+    for name in ("w4", "w5", "w6", "w7", "w8"):  # a near miss is not in every round of the tiny model
+        lease, out = train_round(run, name)
+        data = read(out / layout.ROLLOUTS_FILE, 1 << 30)
+        batch, p = data.batches[0], lease_params(verifier.cfg, lease)
+        warp = Warp(p["temperature"], p.get("top_k"), p["top_p"])
+        assert verifier.replay(lease, data, b"k" * 32)["passed"]  # honest, and the leased version is loaded
+        model = engine.trainer.model.eval()
+        found = _near_miss(model, engine, lease, batch, warp)
+        if found:
+            break
+        model.train()
+    assert found, "no near miss in five rounds"
+    i, pos, token = found
+    keyed = SimpleNamespace(index=i, warp=warp)
+    forged = _continued(model, engine, lease, batch.prompt_ids[i], batch.completion_ids[i][:pos] + [token], keyed,
+                        int(p["max_completion_length"]))
+    model.train()
+    batch.completion_ids[i] = forged
+    batch.completions[i] = engine.tokenizer.decode(forged, skip_special_tokens=True)
+    assert verifier.cfg.coordinator.verify_tolerance == "wide"  # the default
+    wide = verifier.replay(lease, data, b"k" * 32)
+    assert wide["passed"] and wide["mismatches"] == 0, wide
+    verifier.cfg.coordinator.verify_tolerance = "strict"  # the run's setting, read from its config
+    strict = verifier.replay(lease, data, b"k" * 32)
+    assert not strict["passed"] and strict["mismatches"] == 1, strict
