@@ -53,13 +53,13 @@ MODES = {
                         "set": ["rounds.steps=5", "worker.threads=1"]},
     # the task with headroom (two or three one-digit terms): held-out still rises after 100 steps: 200 steps of budget
     "mixed-sampled": {"config": "configs/addition-mixed.yaml", "budget_steps": 200,
-                      # scored every 2nd version (a 64-prompt sampled score costs three training steps); N
-                      # machines every N/2-th: half a machine's step, finer than N = 1's two steps
+                      # scored every 2nd version (a 64-prompt sampled score costs about four training steps); N
+                      # machines every N-th: once per machine step on average, finer than N = 1's two steps
                       "eval": ["--eval-sampled", "1", "--eval-samples", "64", "--eval-every", "2"],
                       # the learning rate's schedule (wsd) spans the single machine's 200 versions, as `hubgrpo
                       # train --steps 200` spans its steps: at the config's 400, N = 1 ends before the decay that
                       # lifts the score past its first plateau (~0.6), and the target is that plateau's
-                      "every": lambda n: max(2, n // 2), "set": ["worker.threads=1", "rounds.versions=200"]},
+                      "every": lambda n: max(2, n), "set": ["worker.threads=1", "rounds.versions=200"]},
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
 PLAIN = ["merge.outer_lr=1", "merge.outer_momentum=0", "merge.nesterov=false"]
