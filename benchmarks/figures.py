@@ -20,8 +20,8 @@ README = HERE / "README.md"
 START, END = "<!-- figures:start (python benchmarks/figures.py) -->", "<!-- figures:end -->"
 QUESTIONS = [  # folder, the question, the current result(s) that answer it
     ("speedup", "How much sooner do 2 real machines reach a training target than one process?",
-     ["speedup-real-demo-nice", "speedup-real-demo-seq", "side-by-side-demo", "side-by-side-addition-mixed", "speedup-real-demo",
-      "speedup-real-quota"]),
+     ["speedup-real-demo-nice", "speedup-real-demo-seq", "side-by-side-demo", "side-by-side-addition-mixed",
+      "speedup-real-demo", "speedup-real-quota"]),
     ("scaleout", "How does the speed-up grow with N machines (simulated)?",
      ["scaleout-mixed", "scaleout-smollm2-shipped", "scaleout-smollm2-quota"]),
     ("simulator", "Does the simulator reproduce the real 2-machine runs?", ["scaleout-validate-replay6-validate"]),
@@ -35,7 +35,8 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
     ("soak", "What does a long run leave in the repo and on disks?", ["soak"]),
     ("restart", "What does a coordinator killed at any moment lose?", ["restart-loss"]),
     ("gpu", "Do rounds and merges run on a GPU?", ["gpu_smoke"]),
-    ("task", "Which built-in task keeps SmolLM2 learning for hundreds of steps?", ["task-headroom"]),
+    ("task", "Which built-in task keeps SmolLM2 learning for hundreds of steps?",
+     ["task-headroom", "task-headroom-s1"]),
     ("proof", "Can a verifier show that the leased policy wrote a round's completions?",
      ["proof-smollm2-far", "proof-smollm2-bf16", "proof-smollm2", "proof-tiny"]),
 ]
