@@ -191,7 +191,8 @@ def test_workers_without_write_access_run_a_hub_run_under_the_commit_quota(tmp_p
     print(f"{len(merged)} rounds merged into {versions} versions; {run_commits} commits of the run repo")
     assert run_commits <= versions + 2 < len(merged) + 1, (run_commits, len(merged), messages)
     assert stats["quota_429"] == 0, stats
-    assert {r.worker for v in state.versions for r in v.merged} == {"w0", "w1"}
+    # every merged round is one of theirs (a worker that starts late can find all rounds taken: quorum 2, 3 versions)
+    assert {r.worker for v in state.versions for r in v.merged} <= {"w0", "w1"}
 
 
 @pytest.mark.timeout(240)
