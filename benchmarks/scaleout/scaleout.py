@@ -51,14 +51,13 @@ MODES = {
     "smollm2-sampled": {"config": "configs/demo.yaml", "budget_steps": 40,
                         "eval": ["--eval-sampled", "1", "--eval-samples", "64"],
                         "set": ["rounds.steps=5", "worker.threads=1"]},
-    # the task with headroom (two or three one-digit terms): held-out still rises after 100 steps: 200 steps of budget
+    # two or three one-digit terms (configs/addition-mixed.yaml; its headroom is seed 0's so far): 200 steps of budget
     "mixed-sampled": {"config": "configs/addition-mixed.yaml", "budget_steps": 200,
                       # scored every 2nd version (a 64-prompt sampled score costs about four training steps); N
                       # machines every N-th: once per machine step on average, finer than N = 1's two steps
                       "eval": ["--eval-sampled", "1", "--eval-samples", "64", "--eval-every", "2"],
                       # the learning rate's schedule (wsd) spans the single machine's 200 versions, as `hubgrpo
-                      # train --steps 200` spans its steps: at the config's 400, N = 1 ends before the decay that
-                      # lifts the score past its first plateau (~0.6), and the target is that plateau's
+                      # train --steps 200` spans its steps (the config's 400 would end N = 1 before the decay)
                       "every": lambda n: max(2, n), "set": ["worker.threads=1", "rounds.versions=200"]},
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}

@@ -275,7 +275,6 @@ def test_completions_of_another_adapter_exclude_their_worker(sharp_run, tmp_path
         client.lease("w2")
 
 
-
 def _near_miss(model, engine, lease, batch, warp) -> tuple[int, int, int] | None:
     """(completion, position, token) of batch 0: a token other than the recorded one whose perturbed score lies
     below the replayed choice by more than the ``strict`` tolerance and less than half the ``wide`` one."""
@@ -299,8 +298,8 @@ def _near_miss(model, engine, lease, batch, warp) -> tuple[int, int, int] | None
     return None
 
 
-def _continued(model, engine, lease, prompt: list[int], prefix: list[int], warp, most: int) -> list[int]:
-    """``prefix`` continued as the lease's keyed sampling continues it (completion 0's noise is row ``index``)."""
+def _continued(model, engine, lease, prompt: list[int], prefix: list[int], index: int, warp, most: int) -> list[int]:
+    """``prefix`` (of completion ``index`` of the round) continued as the lease's keyed sampling continues it."""
     import torch
     from transformers import GenerationConfig, LogitsProcessorList
 
@@ -312,7 +311,7 @@ def _continued(model, engine, lease, prompt: list[int], prefix: list[int], warp,
     ids = torch.tensor([prompt + prefix])
     config = GenerationConfig(max_new_tokens=most - len(prefix), do_sample=False, eos_token_id=stop,
                               pad_token_id=engine.tokenizer.pad_token_id)
-    processor = KeyedGumbelProcessor(lease.seed, torch.tensor([warp.index]), len(prompt), warp.warp)
+    processor = KeyedGumbelProcessor(lease.seed, torch.tensor([index]), len(prompt), warp)
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
                          logits_processor=LogitsProcessorList([processor]))
     return prefix + cut_at_eos(out[:, ids.size(1):], stop)[0]
@@ -324,8 +323,6 @@ def test_the_verifier_replays_with_its_runs_tolerance(served_run, tmp_path):
     just below the one they choose, within the tolerance of ``coordinator.verify_tolerance: wide``, beyond that of
     ``strict`` — and the rest of its completion sampled on from there as the lease samples: a verifier of a wide run
     passes the round, one of a strict run fails it."""
-    from types import SimpleNamespace
-
     from hubgrpo.proof.sampling import Warp
     from hubgrpo.task.rollouts import lease_params, read
 
@@ -345,8 +342,7 @@ def test_the_verifier_replays_with_its_runs_tolerance(served_run, tmp_path):
         model.train()
     assert found, "no near miss in five rounds"
     i, pos, token = found
-    keyed = SimpleNamespace(index=i, warp=warp)
-    forged = _continued(model, engine, lease, batch.prompt_ids[i], batch.completion_ids[i][:pos] + [token], keyed,
+    forged = _continued(model, engine, lease, batch.prompt_ids[i], batch.completion_ids[i][:pos] + [token], i, warp,
                         int(p["max_completion_length"]))
     model.train()
     batch.completion_ids[i] = forged
