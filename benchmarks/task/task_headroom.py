@@ -39,6 +39,8 @@ CANDIDATES = {  # name -> overrides of configs/demo.yaml
     "addition1x3-g8": ["data.options={digits: 1, terms: 3, size: 5000}", "params.num_generations=8",
                        "params.per_device_train_batch_size=16"],
     "addition2to3": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}"],
+    "addition2to3-lr1e4": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}",
+                           "params.learning_rate=1e-4"],
     "addition3": ["data.options={digits: 2, terms: 3, size: 5000}"],
     "arithmetic": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 1, size: 5000}"],
     "arithmetic2": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 2, size: 5000}",
