@@ -2,6 +2,8 @@
 
     python benchmarks/learning/learning.py            # builtin:tiny on its toy reward (~15 min, 3 seeds)
     python benchmarks/learning/learning.py --full     # SmolLM2-135M on addition, the demo task (~1 hour, 2 cores)
+    python benchmarks/learning/learning.py --mixed --variants baseline,async-4w --seeds 0,1,2,3,4
+                                                      # SmolLM2 on configs/addition-mixed.yaml, the default recipe
     python benchmarks/learning/learning.py --variants baseline,async-4w   # a subset
     python benchmarks/learning/learning.py --quick    # the script checked: baseline and async-1w, 8 steps, 1 seed
 
@@ -63,6 +65,10 @@ MODES = {  # config, total GRPO steps T, eval prompts, greedy eval
               "set": ["rounds.steps=4"]},
     "full": {"config": "configs/demo.yaml", "steps": 40, "eval": 100, "greedy": True, "repeats": 1,
              "set": ["rounds.steps=5"]},
+    # the task that keeps learning, with the default recipe (no override: async-Nw is the recipe users get)
+    # held-out sampled at the training temperature, as the task's headroom and the simulations score it
+    "mixed": {"config": "configs/addition-mixed.yaml", "steps": 100, "eval": 100, "greedy": False, "repeats": 2,
+              "set": []},
 }
 VARIANTS = {  # name: (workers, overrides); quorum is 1 unless set
     "async-1w": (1, []),
@@ -323,16 +329,17 @@ def headline(report: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="SmolLM2-135M on addition instead of the tiny model")
+    ap.add_argument("--mixed", action="store_true", help="SmolLM2-135M on configs/addition-mixed.yaml, 100 steps")
     ap.add_argument("--variants", default=None, help=f"comma-separated subset of {ALL}")
-    ap.add_argument("--name", default=None, help="results file stem (default: learning, or learning-full)")
-    ap.add_argument("--steps", type=int, help="total GRPO steps per variant (default: 48 tiny, 40 full)")
+    ap.add_argument("--name", default=None, help="results file stem (default: learning, learning-full or learning-mixed)")
+    ap.add_argument("--steps", type=int, help="total GRPO steps per variant (default: 48 tiny, 40 full, 100 mixed)")
     ap.add_argument("--set", action="append", default=[],
                     help="extra config override for every variant, the baseline included")
-    ap.add_argument("--seeds", default=None, help="comma-separated training seeds (default: 0,1,2 tiny, 0 full)")
+    ap.add_argument("--seeds", default=None, help="comma-separated training seeds (default: 0,1,2 tiny, 0 full and mixed)")
     options(ap, __file__)
     args = ap.parse_args()
     meta = start(args.quick)
-    mode_name = "full" if args.full else "quick"
+    mode_name = "mixed" if args.mixed else "full" if args.full else "quick"
     mode = dict(MODES[mode_name])
     if args.quick:  # a check of the script: two variants, 2 versions of 4-step rounds, 8 held-out prompts
         mode.update(steps=8, eval=8, repeats=1)
@@ -350,7 +357,7 @@ def main() -> None:
     batch = cfg.params.per_device_train_batch_size * cfg.params.gradient_accumulation_steps
     mode["samples"] = mode["steps"] * batch  # the baseline's samples: every variant is compared at (at most) these
     tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-learning-"))
-    seeds = [int(x) for x in (args.seeds or ("0" if args.full or args.quick else "0,1,2")).split(",")]
+    seeds = [int(x) for x in (args.seeds or ("0" if args.full or args.mixed or args.quick else "0,1,2")).split(",")]
     results = []
     for seed in seeds:
         for name in names:
@@ -364,7 +371,7 @@ def main() -> None:
             r["samples_generated"] = r["rounds_submitted"] * cfg.rounds.steps * cfg.params.per_device_train_batch_size
     out = results_dir(args, __file__)
     out.mkdir(parents=True, exist_ok=True)
-    stem = args.name or ("learning" if mode_name == "quick" else "learning-full")
+    stem = args.name or ("learning" if mode_name == "quick" else f"learning-{mode_name}")
     report = {"mode": mode_name, "config": mode["config"], "steps": mode["steps"], "batch": batch,
               "eval": mode["eval"], "greedy": mode["greedy"], "repeats": mode["repeats"], "seeds": seeds,
               "initial": initial, "png": f"{stem}.png", "overrides": args.set,
