@@ -176,7 +176,8 @@ def run_variant(name: str, mode: dict, tmp: Path, seed: int) -> dict:
                  f"rounds.versions={versions}", f"params.seed={seed}",
                  f"project_name=learning-{name}-s{seed}", "coordinator.round_timeout_s=3600"]
     since = time.time()
-    wall = hubgrpo("run", mode["config"], "--workers", str(workers), "--repo", str(repo), *sets(overrides))
+    # no evaluator: the final adapters are scored here, and `hubgrpo run` would wait for it to score every version
+    wall = hubgrpo("run", mode["config"], "--workers", str(workers), "--no-eval", "--repo", str(repo), *sets(overrides))
     store = LocalStore(repo)
     state = runrepo.read_state(store)
     t0, samples, curve = state.started_at or since, 0, []
@@ -329,13 +330,13 @@ def headline(report: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="SmolLM2-135M on addition instead of the tiny model")
-    ap.add_argument("--mixed", action="store_true", help="SmolLM2-135M on configs/addition-mixed.yaml, 100 steps")
+    ap.add_argument("--mixed", action="store_true", help="SmolLM2-135M on addition-mixed.yaml, 100 steps")
     ap.add_argument("--variants", default=None, help=f"comma-separated subset of {ALL}")
-    ap.add_argument("--name", default=None, help="results file stem (default: learning, learning-full or learning-mixed)")
+    ap.add_argument("--name", default=None, help="results file stem (default: learning or learning-MODE)")
     ap.add_argument("--steps", type=int, help="total GRPO steps per variant (default: 48 tiny, 40 full, 100 mixed)")
     ap.add_argument("--set", action="append", default=[],
                     help="extra config override for every variant, the baseline included")
-    ap.add_argument("--seeds", default=None, help="comma-separated training seeds (default: 0,1,2 tiny, 0 full and mixed)")
+    ap.add_argument("--seeds", default=None, help="comma-separated training seeds (default: 0,1,2 tiny, else 0)")
     options(ap, __file__)
     args = ap.parse_args()
     meta = start(args.quick)
