@@ -21,6 +21,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import CancelledError
 from contextlib import contextmanager
 from urllib.parse import urljoin, urlsplit
 
@@ -90,6 +91,8 @@ def http_failure(e: BaseException, where: str) -> Exception:
         )
     if isinstance(e, (httpx.TransportError, TimeoutError, ConnectionError)):
         return Unavailable(f"{type(e).__name__}: {e}")
+    if isinstance(e, CancelledError):  # gradio_client: the app's event stream ended before the job's answer
+        return Unavailable("the coordinator's event stream closed before the answer came (CancelledError)")
     return CoordinatorError(
         f"unexpected answer from the coordinator at {where}: {type(e).__name__}: {wire_text(str(e), 300)}",
         code="protocol",
