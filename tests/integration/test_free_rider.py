@@ -68,6 +68,7 @@ def test_a_version_of_free_riders_alone_leaves_the_adapter_as_it_was(tmp_path):
     run = Run(tmp_path)  # quorum 1: the free-rider's round alone makes the version
     try:
         run.honest_version()
+        run.saved_state()  # the honest version's checkpoint (its adapter) is in the repo: versions go live first
         before = run.store.read(layout.ADAPTER_WEIGHTS)
         ride = free_ride(run)
         version = run.wait_merged(ride["submission_id"])
