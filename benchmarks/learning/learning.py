@@ -227,7 +227,9 @@ def evaluate(results: list[dict], mode: dict, tmp: Path) -> dict[int, float]:
 
     initial = {}
     for seed in sorted({r["seed"] for r in results}):
-        cfg = load_config(ROOT / mode["config"], overrides=[*mode["set"], f"params.seed={seed}"])
+        # with --set (threads, data): the adapters are scored on the task and machine settings they trained with
+        extra = [*mode["set"], *mode.get("extra", [])]
+        cfg = load_config(ROOT / mode["config"], overrides=[*extra, f"params.seed={seed}"])
         engine = RoundEngine(cfg, worker="eval")
 
         def score(path) -> float:
