@@ -65,7 +65,7 @@ MODES = {  # config, total GRPO steps T, eval prompts, greedy eval
               "set": ["rounds.steps=4"]},
     "full": {"config": "configs/demo.yaml", "steps": 40, "eval": 100, "greedy": True, "repeats": 1,
              "set": ["rounds.steps=5"]},
-    # the task that keeps learning, with the default recipe (no override: async-Nw is the recipe users get)
+    # the harder task, with the default recipe (no override: async-Nw is the recipe users get)
     # held-out sampled at the training temperature, as the task's headroom and the simulations score it
     "mixed": {"config": "configs/addition-mixed.yaml", "steps": 100, "eval": 100, "greedy": False, "repeats": 2,
               "set": []},
@@ -119,13 +119,18 @@ ALL = ["baseline", *SYNC, *SINGLE, *VARIANTS]
 DEFAULT = [n for n in ALL if not n.startswith(("ffa", "keep", "demo", "sync", "single"))]
 
 
+def mode_overrides(mode: dict) -> list[str]:
+    """The mode's own config overrides, then ``--set``'s (``mode["extra"]``)."""
+    return [*mode["set"], *mode.get("extra", [])]
+
+
 def run_baseline(mode: dict, tmp: Path, seed: int, name: str = "baseline") -> dict:
     """`hubgrpo train` for the mode's steps; a SYNC name: k x the batch for steps / k at a scaled rate; a SINGLE
     name: its batch for as many steps as the baseline's samples allow."""
     from hubgrpo.config import load_config
 
     k, lr_mult = SYNC.get(name, (1, 1.0))
-    base = [*mode["set"], *mode.get("extra", [])]
+    base = mode_overrides(mode)
     p = load_config(ROOT / mode["config"], overrides=base).params
     batch = SINGLE.get(name, k * p.per_device_train_batch_size)
     steps = mode["steps"] * p.per_device_train_batch_size // batch
@@ -148,8 +153,7 @@ def variant_config(name: str, mode: dict):
     """A variant's config: the mode's config with the mode's, ``--set``'s and the variant's overrides."""
     from hubgrpo.config import load_config
 
-    return load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", []),
-                                                         *variant_overrides(name, mode)])
+    return load_config(ROOT / mode["config"], overrides=[*mode_overrides(mode), *variant_overrides(name, mode)])
 
 
 def variant_overrides(name: str, mode: dict) -> list[str]:
@@ -158,7 +162,7 @@ def variant_overrides(name: str, mode: dict) -> list[str]:
 
     extra = list(VARIANTS[name][1])
     if name in LR_MULT:
-        lr = load_config(ROOT / mode["config"], overrides=[*mode["set"], *mode.get("extra", [])]).params.learning_rate
+        lr = load_config(ROOT / mode["config"], overrides=mode_overrides(mode)).params.learning_rate
         extra.append(f"params.learning_rate={LR_MULT[name] * lr!r}")
     return extra
 
@@ -228,8 +232,7 @@ def evaluate(results: list[dict], mode: dict, tmp: Path) -> dict[int, float]:
     initial = {}
     for seed in sorted({r["seed"] for r in results}):
         # with --set (threads, data): the adapters are scored on the task and machine settings they trained with
-        extra = [*mode["set"], *mode.get("extra", [])]
-        cfg = load_config(ROOT / mode["config"], overrides=[*extra, f"params.seed={seed}"])
+        cfg = load_config(ROOT / mode["config"], overrides=[*mode_overrides(mode), f"params.seed={seed}"])
         engine = RoundEngine(cfg, worker="eval")
 
         def score(path) -> float:
@@ -360,7 +363,7 @@ def main() -> None:
     batch = cfg.params.per_device_train_batch_size * cfg.params.gradient_accumulation_steps
     mode["samples"] = mode["steps"] * batch  # the baseline's samples: every variant is compared at (at most) these
     tmp = Path(tempfile.mkdtemp(prefix="hubgrpo-learning-"))
-    seeds = [int(x) for x in (args.seeds or ("0" if args.full or args.mixed or args.quick else "0,1,2")).split(",")]
+    seeds = [int(x) for x in (args.seeds or ("0,1,2" if mode_name == "quick" and not args.quick else "0")).split(",")]
     results = []
     for seed in seeds:
         for name in names:

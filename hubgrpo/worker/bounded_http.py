@@ -93,6 +93,8 @@ def http_failure(e: BaseException, where: str) -> Exception:
         return Unavailable(f"{type(e).__name__}: {e}")
     if isinstance(e, CancelledError):  # gradio_client: the app's event stream ended before the job's answer
         return Unavailable("the coordinator's event stream closed before the answer came (CancelledError)")
+    if isinstance(e, KeyError) and e.args == ("unexpected_error",):  # gradio_client has no status for it
+        return Unavailable("the app's event stream failed before the answer (it stopped or broke)")
     return CoordinatorError(
         f"unexpected answer from the coordinator at {where}: {type(e).__name__}: {wire_text(str(e), 300)}",
         code="protocol",

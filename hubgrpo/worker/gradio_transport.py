@@ -127,11 +127,6 @@ class GradioTransport:
                 code="protocol",
                 hint="client and coordinator versions may differ",
             ) from None
-        except KeyError as e:
-            if e.args != ("unexpected_error",):  # gradio_client has no status for the app's "stream failed"
-                raise http_failure(e, self.src) from None
-            self.close()
-            raise Unavailable("the app's event stream failed before the answer (it stopped or broke)") from None
         except Exception as e:  # deliberate: gradio_client raises many types; classify, reconnect next time
             failure = http_failure(e, self.src)
             if isinstance(failure, Unavailable):
