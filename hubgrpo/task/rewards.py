@@ -129,6 +129,17 @@ def exact_answer(prompts, completions, answer=None, **kwargs) -> list[float]:
     return out
 
 
+def close_answer(prompts, completions, answer=None, **kwargs) -> list[float]:
+    """Partial credit by distance: 1 / (1 + |number - reference|), 0.0 without a number. Added to
+    ``exact_answer``, it gives a group whose completions are all wrong a signal (nearer is better)."""
+    answer = _need("answer", answer, "close_answer")
+    out = []
+    for c, ref in zip(completions, answer):
+        got, want = parse_number(completion_text(c)), reference_number(ref)
+        out.append(0.0 if got is None or want is None else 1.0 / (1.0 + min(abs(got - want), 1e9)))
+    return out
+
+
 def answer_format(prompts, completions, **kwargs) -> list[float]:
     """1.0 for a non-empty ``<answer>…</answer>``; 0.5 for an answer begun and not closed (``<answer>12``) or closed
     and not opened (``12</answer>``); else 0.0. A tag named in a sentence (``…inside <answer> and…``, an echo of
@@ -191,7 +202,7 @@ def countdown(prompts, completions, numbers=None, target=None, **kwargs) -> list
 
 
 BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
-    f.__name__: f for f in (exact_answer, answer_format, length_penalty, char_fraction, countdown)
+    f.__name__: f for f in (exact_answer, close_answer, answer_format, length_penalty, char_fraction, countdown)
 }
 
 

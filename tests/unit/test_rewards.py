@@ -9,8 +9,8 @@ import pytest
 
 from hubgrpo.config import RewardConfig
 from hubgrpo.errors import RewardError
-from hubgrpo.task.rewards import (Reward, answer_format, char_fraction, countdown, exact_answer, length_penalty,
-                             load_function, load_rewards, parse_number, weighted_rewards)
+from hubgrpo.task.rewards import (Reward, answer_format, char_fraction, close_answer, countdown, exact_answer,
+                                  length_penalty, load_function, load_rewards, parse_number, weighted_rewards)
 
 
 def shout_reward(prompts, completions, **kwargs):
@@ -31,6 +31,14 @@ def test_exact_answer_parses_tags_last_numbers_and_gsm8k_references():
     assert parse_number("x <answer>3.5</answer>") == 3.5
     with pytest.raises(RewardError, match="needs a 'answer' column"):
         exact_answer(None, ["1"])
+
+
+def test_close_answer_gives_credit_by_distance_and_none_without_a_number():
+    completions = ["<answer>12</answer>", "<answer>13</answer>", "it is 9", "no number", "<answer>-8</answer>"]
+    got = close_answer(None, completions, answer=["12", "12", "12", "12", "12"])
+    assert got == [1.0, 0.5, 0.25, 0.0, pytest.approx(1 / 21)]
+    with pytest.raises(RewardError, match="needs a 'answer' column"):
+        close_answer(None, ["1"])
 
 
 def test_other_builtins():
