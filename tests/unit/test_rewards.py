@@ -9,8 +9,19 @@ import pytest
 
 from hubgrpo.config import RewardConfig
 from hubgrpo.errors import RewardError
-from hubgrpo.task.rewards import (Reward, answer_format, char_fraction, close_answer, countdown, exact_answer,
-                                  length_penalty, load_function, load_rewards, parse_number, weighted_rewards)
+from hubgrpo.task.rewards import (
+    Reward,
+    answer_format,
+    char_fraction,
+    close_answer,
+    countdown,
+    exact_answer,
+    length_penalty,
+    load_function,
+    load_rewards,
+    parse_number,
+    weighted_rewards,
+)
 
 
 def shout_reward(prompts, completions, **kwargs):
