@@ -8,8 +8,10 @@ A round has the shape of the model's config (SmolLM2-135M: ``configs/demo.yaml``
 is one completion (``hubgrpo.proof.selection.choose`` takes at least one; a second one only when it fits the 10 %
 budget): its verdict is the verdict on that completion. So each simulated round here is its checked completion:
 sampled with keyed Gumbel-max by the worker (``generate_keyed``, the processor the worker's trainer uses) and
-replayed by the verifier; the completions the verifier does not read are not generated. ``--per-call`` rounds
-share a generate call and a seed, each with its own completion index. The leased version is the adapter after
+replayed by the verifier; the completions the verifier does not read are not generated. ``--per-call`` completions
+share a generate call and a seed, each with its own completion index. Another shape (``--set``, e.g. longer
+completions in bigger rounds) has room for more than one checked completion in the budget: ``--checked N`` makes
+each simulated round N of them (a round fails when any of them does). The leased version is the adapter after
 ``--steps`` real GRPO steps from version 0 (the older adapters: version 0, and one step before the lease's;
 after 3 steps no checked token of version 0 differs from the lease's: ``--steps 40`` puts a real distance between them).
 
@@ -72,15 +74,16 @@ class Bench:
         return self.models[key]
 
 
-def setup(name: str, steps: int = STEPS) -> Bench:
-    """The engine of the model's config (one thread), and the adapters: version 0, the leased one, one step before."""
+def setup(name: str, steps: int = STEPS, overrides: tuple[str, ...] = ()) -> Bench:
+    """The engine of the model's config with ``overrides`` (one thread), and the adapters: version 0, the leased
+    one, one step before."""
     import torch
 
     from hubgrpo.config import load_config
     from hubgrpo.worker.engine import RoundEngine
     from tests.support.proof_support import SHARP, adapter_state, sharpen
 
-    engine = RoundEngine(load_config(ROOT / CONFIGS[name], overrides=["worker.threads=1"]), worker="w")
+    engine = RoundEngine(load_config(ROOT / CONFIGS[name], overrides=[*overrides, "worker.threads=1"]), worker="w")
     scale = SHARP if name == "tiny" else 1.0
     if scale != 1.0:
         sharpen(engine.model, scale)
@@ -171,19 +174,25 @@ def count(found: list[list[tuple[float, float]]]) -> dict:
     return {k: sum(fails(f, tol) for f in found) for k, tol in settings().items()}
 
 
-def honest(b: Bench, rounds: int, per_call: int, worker: str, checker: str, threads: int) -> dict:
-    """False alarms of honest rounds: a ``worker``-precision worker at ``threads`` threads, a ``checker``-precision
-    verifier on one thread."""
+def grouped(per_completion: list, checked: int) -> list:
+    """Per-completion lists joined into rounds of ``checked`` consecutive completions (a round's checked sample)."""
+    return [sum(per_completion[i:i + checked], []) for i in range(0, len(per_completion), checked)]
+
+
+def honest(b: Bench, rounds: int, per_call: int, worker: str, checker: str, threads: int, checked: int = 1) -> dict:
+    """False alarms of honest rounds of ``checked`` checked completions: a ``worker``-precision worker at
+    ``threads`` threads, a ``checker``-precision verifier on one thread."""
     import torch
 
     found: list[list[tuple[float, float]]] = []
     tokens, t0 = 0, time.perf_counter()
-    for g in range(-(-rounds // per_call)):
+    for g in range(-(-rounds * checked // per_call)):
         seed, _, prompts = call_rounds(b, g, per_call)
         torch.set_num_threads(threads)
         completions = sample(b, b.model("leased", DTYPES[worker]), prompts, seed)
         found += deficits(b, b.model("leased", DTYPES[checker]), prompts, completions, seed)
         tokens += sum(map(len, completions))
+    found = grouped(found, checked)
     return {"worker": worker, "verifier": checker, "worker_threads": threads, "rounds": len(found),
             "tokens": tokens, "seconds": time.perf_counter() - t0,
             "largest_deficit": max((f[0][0] for f in found if f), default=0.0),
@@ -220,22 +229,23 @@ def forge(b: Bench, kind: str, prompts, rows, seed: int, honest_ids) -> list[lis
     return sample(b, b.model(state), prompts, seed)
 
 
-def attack(b: Bench, kind: str, rounds: int, per_call: int, tolerance, cache: dict) -> dict:
-    """Catch rates of one attack kind against a float32 verifier (``caught_of_differing``: at ``tolerance``);
-    ``cache``: the honest completions of each call, shared by the kinds."""
+def attack(b: Bench, kind: str, rounds: int, per_call: int, tolerance, cache: dict, checked: int = 1) -> dict:
+    """Catch rates of one attack kind against a float32 verifier (``caught_of_differing``: at ``tolerance``), on
+    rounds of ``checked`` checked completions; ``cache``: the honest completions of each call, shared by the kinds."""
     from tests.support.proof_support import random_adapter
 
     b.states.setdefault("other", random_adapter(b.states["leased"], seed=99, scale=_other_scale(b)))
     row = {"attack": kind, "rounds": 0, "differs": 0, "caught_of_differing": 0, "tokens": 0, "deficits": []}
-    for g in range(-(-rounds // per_call)):
+    for g in range(-(-rounds * checked // per_call)):
         seed, rows, prompts = call_rounds(b, 10_000 + g, per_call)
         if g not in cache:
             cache[g] = sample(b, b.model("leased"), prompts, seed)
         forged = forge(b, kind, prompts, rows, seed, cache[g])
-        found = deficits(b, b.model("leased"), prompts, forged, seed)
-        differs = [f != h for f, h in zip(forged, cache[g])]
+        found = grouped(deficits(b, b.model("leased"), prompts, forged, seed), checked)
+        changed = [[f != h] for f, h in zip(forged, cache[g])]
+        differs = [any(c) for c in grouped(changed, checked)]
         row["deficits"] += found
-        row["rounds"] += len(forged)
+        row["rounds"] += len(found)
         row["differs"] += sum(differs)
         row["caught_of_differing"] += sum(fails(f, tolerance) for f, d in zip(found, differs) if d)
         row["tokens"] += sum(map(len, forged))
@@ -295,6 +305,10 @@ def recount(res: dict) -> None:
         row["caught"] = count([[tuple(x) for x in f] for f in row["deficits"]])
 
 
+def _sets(a: dict) -> str:
+    return "".join(f" `--set {o}`" for o in a.get("overrides") or [])
+
+
 def _label(tol: dict) -> str:
     return f"{tol['absolute']:g} + {tol['relative']:g} × max |warped score|"
 
@@ -302,8 +316,9 @@ def _label(tol: dict) -> str:
 def markdown(res: dict) -> str:
     a, tol, keys = res["args"], _label(res["tolerance"]), list(settings())
     lines = [f"# Proof of rollouts on {res['model']}: {res['headline']}", "",
-             f"`{CONFIGS[a['model']]}` rounds ({res['shape']}), each simulated round its checked completion "
-             f"(module docstring); {a['per_call']} rounds per generate call; leased version: "
+             f"`{CONFIGS[a['model']]}`{_sets(a)} rounds ({res['shape']}), each simulated round its "
+             f"{a.get('checked', 1)} checked completion(s) "
+             f"(module docstring); {a['per_call']} completions per generate call; leased version: "
              f"{a.get('steps', STEPS)} GRPO steps from version 0. The product's rule (`default`): a float32 "
              f"verifier, tolerance {tol} at each "
              "position (a recorded token further below the replay's top perturbed score is a mismatch; none "
@@ -377,9 +392,9 @@ def run_unit(b: Bench, unit: str, args, cache: dict) -> dict:
     if kind == "cost":
         return cost(b)
     if kind == "attack":
-        return attack(b, what, args.attack_rounds, args.per_call, settings()["default"], cache)
+        return attack(b, what, args.attack_rounds, args.per_call, settings()["default"], cache, args.checked)
     worker, checker, threads = what.split("/")
-    return honest(b, args.rounds, args.per_call, worker, checker, int(threads))
+    return honest(b, args.rounds, args.per_call, worker, checker, int(threads), args.checked)
 
 
 def main() -> None:
@@ -392,6 +407,10 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="worker thread counts")
     ap.add_argument("--pairs", default="fp32/fp32,bf16/fp32", help="worker/verifier precisions")
     ap.add_argument("--steps", type=int, default=STEPS, help="GRPO steps from version 0 to the leased version")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override (repeatable), e.g. params.max_completion_length=96: another round shape")
+    ap.add_argument("--checked", type=int, default=1, help="completions a simulated round has checked: as many as "
+                    "the 10 %% budget holds for the shape (the cost line shows what `choose` took on a real round)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--finish", action="store_true", help="write the result from the units done so far, no run")
     ap.add_argument("--render", type=Path, help="re-read a result's JSON at today's default tolerance, no run")
@@ -404,7 +423,9 @@ def main() -> None:
     partial = folder / f"{name}.partial.json"
     state = json.loads(partial.read_text()) if partial.exists() else {"meta": start(args.quick), "done": {}}
     if not args.finish:
-        b, cache = setup(args.model, args.steps), {}
+        if args.per_call % args.checked:
+            raise SystemExit(f"--per-call {args.per_call} is not a multiple of --checked {args.checked}")
+        b, cache = setup(args.model, args.steps, tuple(args.overrides)), {}
         p = b.params
         state["model"] = b.engine.cfg.base_model  # type: ignore[attr-defined]
         state["shape"] = (f"{p['per_device_train_batch_size'] // p['num_generations']} prompts × "
