@@ -14,7 +14,7 @@ import inspect
 from hubgrpo.config import Config
 from hubgrpo.errors import ConfigError, DataError
 from hubgrpo.task.procedural import BUILTIN_TASKS
-from hubgrpo.task.rewards import BUILTIN_REWARDS
+from hubgrpo.task.builtins import BUILTIN_REWARDS
 
 # transformers.SchedulerType's values (tests/system/test_recipe.py keeps this list equal to the installed enum)
 SCHEDULERS = (

@@ -132,7 +132,7 @@ def test_extract_answer_finds_what_the_regex_finds_in_linear_time():
     import random
     import time
 
-    from hubgrpo.task.rewards import _TAG, extract_answer
+    from hubgrpo.task.builtins import _TAG, extract_answer
 
     rng = random.Random(0)
     parts = ["<answer>", "</answer>", "a", " ", "1", "<", ">", "</answer", "answer>", "\n"]
