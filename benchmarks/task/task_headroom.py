@@ -44,6 +44,10 @@ CANDIDATES = {  # name -> overrides of configs/demo.yaml
     "addition2to3-close": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}",
                            'rewards=[{function: "builtin:exact_answer", weight: 1.0}, '
                            '{function: "builtin:close_answer", weight: 0.5}, ' + FORMAT + "]"],
+    "addition2to3-close-lr1e4": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}",
+                                 'rewards=[{function: "builtin:exact_answer", weight: 1.0}, '
+                                 '{function: "builtin:close_answer", weight: 0.5}, ' + FORMAT + "]",
+                                 "params.learning_rate=1e-4"],
     "addition3": ["data.options={digits: 2, terms: 3, size: 5000}"],
     "arithmetic": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 1, size: 5000}"],
     "arithmetic2": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 2, size: 5000}",
