@@ -45,7 +45,7 @@ from benchmarks.common import TINY, options, results_dir, start, write  # noqa: 
 CONFIGS = {"smollm2": "configs/demo.yaml", "tiny": TINY}
 STEPS = 3  # GRPO steps from version 0 to the leased version (default of --steps)
 ABSOLUTE = (1e-3, 0.03, 0.1, 0.2, 0.3, 0.5)  # false alarms and catch rates are read at each tolerance
-RELATIVE = (0.005, 0.01, 0.02, 0.03)  # (1e-3 + this × the position's largest |warped score|)
+RELATIVE = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05)  # (1e-3 + this × the position's largest |warped score|)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
@@ -384,7 +384,8 @@ def units(args) -> list[str]:
     threads = args.threads.split(",")
     first = [f"honest:{p}/{threads[0]}" for p in reversed(pairs)]  # the mixed-precision pair first
     rest = [f"honest:{p}/{t}" for t in threads[1:] for p in reversed(pairs)]
-    return [*first, *[f"attack:{k}" for k in (*ATTACKS, "older_by_one_step")], "cost", *rest]
+    out = [*first, *[f"attack:{k}" for k in (*ATTACKS, "older_by_one_step")], "cost", *rest]
+    return [u for u in out if not args.only or u.startswith(tuple(args.only.split(",")))]
 
 
 def run_unit(b: Bench, unit: str, args, cache: dict) -> dict:
@@ -411,6 +412,8 @@ def main() -> None:
                     help="a config override (repeatable), e.g. params.max_completion_length=96: another round shape")
     ap.add_argument("--checked", type=int, default=1, help="completions a simulated round has checked: as many as "
                     "the 10 %% budget holds for the shape (the cost line shows what `choose` took on a real round)")
+    ap.add_argument("--only", default="", help="run only the units starting with these (comma-separated), "
+                    "e.g. honest: for false alarms alone")
     ap.add_argument("--name", default=None)
     ap.add_argument("--finish", action="store_true", help="write the result from the units done so far, no run")
     ap.add_argument("--render", type=Path, help="re-read a result's JSON at today's default tolerance, no run")
