@@ -303,6 +303,19 @@ def test_proof_model_quick_then_rendered_again(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_proof_model_another_shape_with_rounds_of_two_checked_completions(tmp_path):
+    """``--set`` changes the round's shape, ``--checked 2`` makes each round two completions, ``--only`` keeps the
+    honest units."""
+    run("proof/proof_model.py", tmp_path, "--set", "params.max_completion_length=6", "--checked", "2",
+        "--only", "honest:", timeout=360)
+    r = shaped(tmp_path / "proof-tiny.json")
+    assert "≤ 6 tokens" in r["shape"] and not r["attacks"] and not r["cost"] and not r["units_left"]
+    assert all(h["rounds"] == 8 and 16 <= h["tokens"] <= 16 * 6 for h in r["honest"])
+    assert "2 checked completion(s)" in (tmp_path / "proof-tiny.md").read_text()
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_speedup_real_quick_then_the_simulator_replays_it(tmp_path):
     run("speedup/speedup_real.py", tmp_path, timeout=360)
