@@ -36,7 +36,9 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
     ("restart", "What does a coordinator killed at any moment lose?", ["restart-loss"]),
     ("gpu", "Do rounds and merges run on a GPU?", ["gpu_smoke"]),
     ("task", "Which built-in task keeps SmolLM2 learning for hundreds of steps?",
-     ["task-headroom", "task-headroom-s1", "task-headroom-s2", "task-headroom-lr-s1"]),
+     ["task-headroom-close-lr-s0", "task-headroom-close-lr-s1", "task-headroom-close-lr-s2",
+      "task-headroom-close-s1", "task-headroom-close-s2", "task-headroom", "task-headroom-s1", "task-headroom-s2",
+      "task-headroom-lr-s1"]),
     ("proof", "Can a verifier show that the leased policy wrote a round's completions?",
      ["proof-smollm2-far", "proof-smollm2-bf16", "proof-smollm2", "proof-tiny"]),
 ]
