@@ -13,8 +13,8 @@ import inspect
 
 from hubgrpo.config import Config
 from hubgrpo.errors import ConfigError, DataError
-from hubgrpo.task.procedural import BUILTIN_TASKS
 from hubgrpo.task.builtins import BUILTIN_REWARDS
+from hubgrpo.task.procedural import BUILTIN_TASKS
 
 # transformers.SchedulerType's values (tests/system/test_recipe.py keeps this list equal to the installed enum)
 SCHEDULERS = (
