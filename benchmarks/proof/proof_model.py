@@ -242,8 +242,8 @@ def attack(b: Bench, kind: str, rounds: int, per_call: int, tolerance, cache: di
             cache[g] = sample(b, b.model("leased"), prompts, seed)
         forged = forge(b, kind, prompts, rows, seed, cache[g])
         found = grouped(deficits(b, b.model("leased"), prompts, forged, seed), checked)
-        changed = [[f != h] for f, h in zip(forged, cache[g])]
-        differs = [any(c) for c in grouped(changed, checked)]
+        changed = [f != h for f, h in zip(forged, cache[g])]
+        differs = [any(changed[i:i + checked]) for i in range(0, len(changed), checked)]
         row["deficits"] += found
         row["rounds"] += len(found)
         row["differs"] += sum(differs)

@@ -31,6 +31,8 @@ from benchmarks import common  # noqa: E402
 from benchmarks.common import hubgrpo, sets  # noqa: E402
 
 FORMAT = '{function: "builtin:answer_format", weight: 0.5}'
+CLOSE = ('rewards=[{function: "builtin:exact_answer", weight: 1.0}, {function: "builtin:close_answer", weight: 0.5}, '
+         + FORMAT + "]")  # exact + partial credit for a near miss + format
 CANDIDATES = {  # name -> overrides of configs/demo.yaml
     "addition1": [],  # the demo task itself: the reference that saturates
     "addition2": ["data.options={digits: 2, terms: 2, size: 5000}"],
@@ -41,12 +43,8 @@ CANDIDATES = {  # name -> overrides of configs/demo.yaml
     "addition2to3": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}"],
     "addition2to3-lr1e4": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}",
                            "params.learning_rate=1e-4"],
-    "addition2to3-close": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}",
-                           'rewards=[{function: "builtin:exact_answer", weight: 1.0}, '
-                           '{function: "builtin:close_answer", weight: 0.5}, ' + FORMAT + "]"],
-    "addition2to3-close-lr1e4": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}",
-                                 'rewards=[{function: "builtin:exact_answer", weight: 1.0}, '
-                                 '{function: "builtin:close_answer", weight: 0.5}, ' + FORMAT + "]",
+    "addition2to3-close": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}", CLOSE],
+    "addition2to3-close-lr1e4": ["data.options={digits: 1, terms: 3, min_terms: 2, size: 5000}", CLOSE,
                                  "params.learning_rate=1e-4"],
     "addition3": ["data.options={digits: 2, terms: 3, size: 5000}"],
     "arithmetic": ["data.path=builtin:arithmetic", "data.options={terms: 3, digits: 1, size: 5000}"],

@@ -93,25 +93,24 @@ def _need(column: str, values: Any, name: str) -> Sequence:
 # ------------------------------------------------------------------------------------------ built-ins
 
 
+def _distances(completions, answer, name: str) -> list[float | None]:
+    """|completion's number − reference ``answer``'s number| per completion; None where either has no number."""
+    out: list[float | None] = []
+    for c, ref in zip(completions, _need("answer", answer, name)):
+        got, want = parse_number(completion_text(c)), reference_number(ref)
+        out.append(None if got is None or want is None else abs(got - want))
+    return out
+
+
 def exact_answer(prompts, completions, answer=None, **kwargs) -> list[float]:
     """1.0 when the completion's number equals the reference ``answer``'s number, else 0.0."""
-    answer = _need("answer", answer, "exact_answer")
-    out = []
-    for c, ref in zip(completions, answer):
-        got, want = parse_number(completion_text(c)), reference_number(ref)
-        out.append(1.0 if got is not None and want is not None and abs(got - want) < 1e-6 else 0.0)
-    return out
+    return [1.0 if d is not None and d < 1e-6 else 0.0 for d in _distances(completions, answer, "exact_answer")]
 
 
 def close_answer(prompts, completions, answer=None, **kwargs) -> list[float]:
     """Partial credit by distance: 1 / (1 + |number - reference|), 0.0 without a number. Added to
     ``exact_answer``, it gives a group whose completions are all wrong a signal (nearer is better)."""
-    answer = _need("answer", answer, "close_answer")
-    out = []
-    for c, ref in zip(completions, answer):
-        got, want = parse_number(completion_text(c)), reference_number(ref)
-        out.append(0.0 if got is None or want is None else 1.0 / (1.0 + min(abs(got - want), 1e9)))
-    return out
+    return [0.0 if d is None else 1.0 / (1.0 + d) for d in _distances(completions, answer, "close_answer")]
 
 
 def answer_format(prompts, completions, **kwargs) -> list[float]:
