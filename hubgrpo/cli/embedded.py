@@ -322,21 +322,8 @@ def _serve_and_watch(
         else None
     )
     start = time.time()
-    status = client.status()
     try:
-        while not status["finished"]:
-            time.sleep(1.0)
-            status = client.status()
-            if on_status:
-                on_status(status, procs)
-            if all(p.poll() is not None for p in procs):
-                raise StoreError(
-                    "every worker process exited before the run finished",
-                    hint=f"see the logs in {runrepo.cache_root() / 'logs' / cfg.project_name}",
-                )
-            if max_wall_s and time.time() - start > max_wall_s:
-                log.warning("stopping after max_wall_s=%s", max_wall_s)
-                break
+        status = _watch(client, procs, on_status, max_wall_s, log_dir)
         stop_workers(procs)
         if evaluator is not None and status["finished"]:
             _wait_for(evaluator, EVAL_WAIT_S)  # it scores the last versions, then exits
@@ -346,6 +333,24 @@ def _serve_and_watch(
         stop_workers(procs + [p for p in (evaluator, verifier) if p is not None])
         app.close()
     status["wall_s"] = time.time() - start
+    return status
+
+
+def _watch(client, procs: list, on_status, max_wall_s: float | None, log_dir: Path) -> dict:
+    """The run's status every second until it finishes (or ``max_wall_s`` passes); an error when every worker
+    process has exited before that."""
+    start = time.time()
+    status = client.status()
+    while not status["finished"]:
+        time.sleep(1.0)
+        status = client.status()
+        if on_status:
+            on_status(status, procs)
+        if all(p.poll() is not None for p in procs):
+            raise StoreError("every worker process exited before the run finished", hint=f"see the logs in {log_dir}")
+        if max_wall_s and time.time() - start > max_wall_s:
+            log.warning("stopping after max_wall_s=%s", max_wall_s)
+            break
     return status
 
 
