@@ -95,8 +95,8 @@ class CoordinatorSection(_Section):
         "wide",
         description="How far below the replayed choice a recorded token may lie (hubgrpo.proof.verify): wide = "
         "0.001 + 0.06 x the position's largest |logit / T|, which covers bfloat16 and float32 workers; strict = "
-        "0.001 + 0.0001 x, float32 workers only (worker.dtype must resolve to float32), which catches forgeries "
-        "that change a few tokens by little: benchmarks/proof/results/proof-smollm2-long.md.",
+        "0.0005 + 0.00001 x, float32 workers only (worker.dtype must resolve to float32), which catches forgeries "
+        "that change a few tokens by little: benchmarks/proof/results/proof-smollm2-long-s1.md.",
     )
     trusted: list[str] = Field(
         default_factory=list,
