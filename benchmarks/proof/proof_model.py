@@ -357,7 +357,7 @@ def headline(res: dict) -> str:
     rounds = sum(h["rounds"] for h in res["honest"])
     alarms = sum(h["false_alarms"]["default"] for h in res["honest"])
     pairs = ", ".join(sorted({f"{h['worker']} worker/{h['verifier']} verifier" for h in res["honest"]}))
-    out = f"{alarms} false alarms in {rounds} honest rounds ({pairs})"
+    out = f"{alarms} false alarms in {rounds} honest rounds ({pairs})" if rounds else "forged rounds only"
     differing = [r for r in res["attacks"] if r["differs"]]
     if differing:  # a forgery whose checked completion is the honest one cannot be caught: its rate is the others'
         worst = min(differing, key=lambda r: r["caught_of_differing"] / r["differs"])
@@ -366,11 +366,13 @@ def headline(res: dict) -> str:
                 f"{worst['caught_of_differing'] / worst['differs']:.1%} (weakest: {worst['attack']}, "
                 f"{worst['differs']} rounds)" + (f"; {', '.join(same)}: never changed it" if same else ""))
     fp32 = [h for h in res["honest"] if h["worker"] == "fp32" and "strict" in h["false_alarms"]]
-    if differing and fp32:  # coordinator.verify_tolerance: strict, float32 workers only
+    if differing:  # coordinator.verify_tolerance: strict, float32 workers only
         worst = min(differing, key=lambda r: r["caught"]["strict"] / r["differs"])
-        out += (f"; strict (float32 workers): {sum(h['false_alarms']['strict'] for h in fp32)} false alarms in "
-                f"{sum(h['rounds'] for h in fp32)}, forgeries caught in ≥ "
-                f"{worst['caught']['strict'] / worst['differs']:.1%} (weakest: {worst['attack']})")
+        alarms = (f"{sum(h['false_alarms']['strict'] for h in fp32)} false alarms in {sum(h['rounds'] for h in fp32)}, "
+                  if fp32 else "")
+        out += (f"; strict (float32 workers): {alarms}forgeries caught in ≥ "
+                f"{worst['caught']['strict'] / worst['differs']:.1%} (weakest: {worst['attack']}, "
+                f"{worst['caught']['strict']} of {worst['differs']})")
     if res["cost"]:
         out += f"; verification {res['cost']['share_of_training']:.1%} of a round's training"
     return out
