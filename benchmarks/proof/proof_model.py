@@ -368,9 +368,9 @@ def headline(res: dict) -> str:
     fp32 = [h for h in res["honest"] if h["worker"] == "fp32" and "strict" in h["false_alarms"]]
     if differing:  # coordinator.verify_tolerance: strict, float32 workers only
         worst = min(differing, key=lambda r: r["caught"]["strict"] / r["differs"])
-        alarms = (f"{sum(h['false_alarms']['strict'] for h in fp32)} false alarms in {sum(h['rounds'] for h in fp32)}, "
-                  if fp32 else "")
-        out += (f"; strict (float32 workers): {alarms}forgeries caught in ≥ "
+        strict_alarms = (f"{sum(h['false_alarms']['strict'] for h in fp32)} false alarms in "
+                         f"{sum(h['rounds'] for h in fp32)}, " if fp32 else "")
+        out += (f"; strict (float32 workers): {strict_alarms}forgeries caught in ≥ "
                 f"{worst['caught']['strict'] / worst['differs']:.1%} (weakest: {worst['attack']}, "
                 f"{worst['caught']['strict']} of {worst['differs']})")
     if res["cost"]:
