@@ -31,6 +31,7 @@ mkdir -p "$results"
 log=$results/gpu_check.log
 {
   nvidia-smi || echo "gpu_check: no nvidia-smi"
+  cc --version 2>&1 | head -1 || echo "gpu_check: no C compiler (triton, torch.compile need one)"
   "$PY" -c "import torch, trl, peft, transformers, datasets, pydantic, huggingface_hub as h, accelerate as a
 print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.version.cuda)
 print('trl', trl.__version__, 'peft', peft.__version__, 'transformers', transformers.__version__, 'datasets',

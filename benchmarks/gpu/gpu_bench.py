@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing (e.g. a bare GPU machine)
 
 from benchmarks.common import options, results_dir, start, write  # noqa: E402
+from benchmarks.gpu.gpu_replay import agreement, agreement_lines, keyed_record, weights_sum  # noqa: E402
 from benchmarks.gpu.gpu_smoke import environment, lease, random_model, run_part  # noqa: E402
 
 SHAPE_NAMES = {"smollm2": "smollm2-135m", "qwen0.5b": "qwen2.5-0.5b"}  # --shapes: short name → gpu_smoke.SHAPES
@@ -58,12 +59,13 @@ SAME = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "m
 NOT_SETTINGS = {"output_dir", "logging_dir", "run_name", "max_steps", "hub_token"}  # left out of the comparison
 
 
-def bench_config(base_model: str, device: str, quick: bool, steps_per_round: int | None):
-    """configs/demo.yaml on ``base_model``: 16 completions per step of 128 tokens (16 tokens with ``quick``)."""
+def bench_config(base_model: str, device: str, quick: bool, steps_per_round: int | None, decode: str = "auto"):
+    """configs/demo.yaml on ``base_model``: 16 completions per step of 128 tokens (16 tokens with ``quick``),
+    generation decoded as ``decode`` (``worker.decode``)."""
     from hubgrpo.config import load_config
 
     sets = [f"base_model={base_model}", f"worker.device={device}", "params.per_device_train_batch_size=16",
-            f"params.max_completion_length={16 if quick else 128}"]
+            f"params.max_completion_length={16 if quick else 128}", f"worker.decode={decode}"]
     if steps_per_round:
         sets.append(f"rounds.steps={steps_per_round}")
     return load_config(ROOT / "configs" / "demo.yaml", overrides=sets)
@@ -131,8 +133,11 @@ def _peak(cuda: bool) -> int | None:
 
 
 def _fresh(cuda: bool) -> None:
+    """Memory freed and the compiled code forgotten (``torch._dynamo.reset``): each part compiles as a fresh worker
+    process would (inductor's on-disk cache of kernels stays, as it does between a machine's processes)."""
     import torch
 
+    torch._dynamo.reset()
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
@@ -154,17 +159,23 @@ def hubgrpo_side(cfg, run: argparse.Namespace, tmp: Path, out: dict) -> dict:
     spr = cfg.rounds.steps
     per_round = cfg.params.per_device_train_batch_size // cfg.params.num_generations * spr
     warm, measured = -(-run.warmup // spr), -(-run.steps // spr)  # whole rounds
-    adapter, walls = engine.init_adapter(tmp / "v0"), []
+    adapter, walls, rounds = engine.init_adapter(tmp / "v0"), [], []  # rounds: every round's seconds
     for i in range(warm + measured):
         if i >= warm and walls and time.perf_counter() > run.deadline:
             break
         t = time.perf_counter()
         engine.run_round(adapter, lease(spr, i, per_round), tmp / f"r{i}")
+        wall = time.perf_counter() - t  # save_adapter copied the weights back: the device is idle
+        rounds.append(round(wall, 3))
         if i >= warm:
-            walls.append(time.perf_counter() - t)  # save_adapter copied the weights back: the device is idle
+            walls.append(wall)
+        # every round starts from the version-0 adapter and generates before it trains: the same policy and noise
+        # (lease i's) for every decode mode
+        out.setdefault("keyed", []).append(keyed_record(engine, seed=i))
     steps = m.steps[warm * spr:]
     result = {"s_per_step": round(statistics.median(w / spr for w in walls), 3), **summary(steps, walls),
-              "steps_per_round": spr, "rounds": len(walls), "setup_s": round(setup_s, 2), "peak_gpu_mib": _peak(cuda),
+              "steps_per_round": spr, "rounds": len(walls), "round_s": rounds, "setup_s": round(setup_s, 2),
+              "peak_gpu_mib": _peak(cuda),
               "params_m": round(sum(p.numel() for p in engine.trainer.model.parameters()) / 1e6, 1),
               "trainable_m": round(sum(p.numel() for p in engine.trainer.model.parameters()
                                        if p.requires_grad) / 1e6, 2)}
@@ -199,6 +210,7 @@ def trl_side(cfg, run: argparse.Namespace, tmp: Path, out: dict) -> dict:
     from trl import GRPOTrainer
 
     from hubgrpo.task.data import PromptSource
+    from hubgrpo.worker.decode import compile_decoding, decode_mode
     from hubgrpo.worker.models import resolve_dtype
 
     cuda = run.device.startswith("cuda")
@@ -215,6 +227,8 @@ def trl_side(cfg, run: argparse.Namespace, tmp: Path, out: dict) -> dict:
     args = trl_args(cfg, run, str(tmp / "trl"), dtype)
     trainer = GRPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, peft_config=lora)
+    if decode_mode(cfg.worker.decode, run.device) == "compiled":  # the same generation settings as the worker's
+        compile_decoding(trainer)
     m = meter(cuda, run.deadline, keep=run.warmup + 1)
     m.attach(trainer, cfg.params.max_completion_length)
     out["grpo_args"] = trainer.args.to_dict()
@@ -222,6 +236,7 @@ def trl_side(cfg, run: argparse.Namespace, tmp: Path, out: dict) -> dict:
     trainer.train()
     steps = m.steps[run.warmup:]
     result = {"s_per_step": round(statistics.median(s["s"] for s in steps), 3), **summary(steps),
+              "step_s": [round(s["s"], 3) for s in m.steps],
               "setup_s": round(setup_s, 2), "peak_gpu_mib": _peak(cuda),
               "trainable_m": round(sum(p.numel() for p in trainer.model.parameters() if p.requires_grad) / 1e6, 2)}
     del trainer, model
@@ -237,19 +252,25 @@ def differences(a: dict, b: dict) -> dict:
 def one_shape(row: dict, run: argparse.Namespace, tmp: Path, save) -> dict:
     """Both sides on one shape's random model (built once) into ``row``, each side guarded; their ratio and the
     settings in which they differ. ``save()`` after each side."""
-    name = row["shape"]
+    name, decode = row["shape"], row["decode"]
     row["vocab_size"] = None if run.quick else VOCAB[name]
     folder = tmp / name
-    random_model(name, folder, run.quick, row["vocab_size"])
-    cfg = bench_config(str(folder), run.device, run.quick, run.steps_per_round)
+    if not (folder / "config.json").exists():  # one random model per shape, shared by the decode modes
+        random_model(name, folder, run.quick, row["vocab_size"])
+    row["weights_sum"] = weights_sum(folder)  # a CPU verifier rebuilds the same model (gpu_replay.py)
+    cfg = bench_config(str(folder), run.device, run.quick, run.steps_per_round, decode)
+    if decode == "eager":  # eager steps are long on a GPU: fewer of them
+        run = argparse.Namespace(**{**vars(run), "warmup": run.eager_warmup, "steps": run.eager_steps})
     seen: dict[str, dict] = {"hubgrpo": {}, "trl": {}}
     for side, fn in (("hubgrpo", hubgrpo_side), ("trl", trl_side)):
         if time.perf_counter() > run.deadline:
             row[side] = {"ok": False, "error": f"skipped: past the {run.budget_s:.0f}-s budget"}
         else:
-            row[side] = run_part(f"{name} {side}", lambda fn=fn, side=side: fn(cfg, run, tmp / f"{name}-{side}",
-                                                                                 seen[side]))
+            row[side] = run_part(f"{name} {decode} {side}", lambda fn=fn, side=side: fn(
+                cfg, run, tmp / f"{name}-{decode}-{side}", seen[side]))
         save()
+    if seen["hubgrpo"].get("keyed"):
+        row["keyed"] = seen["hubgrpo"]["keyed"]
     length = cfg.params.per_device_train_batch_size * cfg.params.max_completion_length
     for side in ("hubgrpo", "trl"):  # every completion ran to the limit: both sides generated the same tokens
         if row[side]["ok"]:
@@ -262,6 +283,11 @@ def one_shape(row: dict, run: argparse.Namespace, tmp: Path, save) -> dict:
     return row
 
 
+def label(row: dict, sep: str = " | ") -> str:
+    """A row's shape and decode mode, as table cells (or words)."""
+    return f"{row['shape']}{sep}{row.get('decode', 'eager')}"
+
+
 def _cell(side: dict, key: str):
     return "–" if side.get(key) is None else side[key]
 
@@ -272,28 +298,31 @@ def markdown(report: dict) -> str:
              "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()), "",
              f"{s['completions_per_step']} completions per step ({s['num_generations']} per prompt), every one "
              f"{s['max_completion_length']} tokens (min_new_tokens on both sides); {s['warmup']} warm-up step(s), "
-             f"then {s['steps']} measured; hubgrpo in rounds of {s['steps_per_round']} step(s). s/step: the median; "
+             f"then {s['steps']} measured ({s.get('eager_warmup', s['warmup'])} and {s.get('eager_steps', s['steps'])} "
+             "when eager; decode: worker.decode, TRL's generation set alike); "
+             f"hubgrpo in rounds of {s['steps_per_round']} step(s). s/step: the median; "
              "hubgrpo's is a round's wall clock over its steps, the trainer's is on_step_begin to on_step_end.", "",
-             "| shape | side | s/step | trainer s/step | generate s/step | generated tok/s | tok/s in generate | "
-             "peak GPU MiB | trainable M | setup s | hubgrpo / TRL |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| shape | decode | side | s/step | trainer s/step | generate s/step | generated tok/s | "
+             "tok/s in generate | peak GPU MiB | trainable M | setup s | hubgrpo / TRL |", "|---" * 12 + "|"]
     for row in report["shapes"]:
         for side in ("hubgrpo", "trl"):
             r = row.get(side) or {"ok": False, "error": "not run"}
             ratio = row.get("ratio", "–") if side == "hubgrpo" else ""
             if not r["ok"]:
-                lines.append(f"| {row['shape']} | {side} | failed: {r['error'][:200]} ||||||||{ratio} |")
+                lines.append(f"| {label(row)} | {side} | failed: {r['error'][:200]} ||||||||{ratio} |")
                 continue
-            lines.append(f"| {row['shape']} | {side} | {r['s_per_step']} | {r['trainer_s_per_step']} | "
+            lines.append(f"| {label(row)} | {side} | {r['s_per_step']} | {r['trainer_s_per_step']} | "
                          f"{r['generate_s_per_step']} | {r['tokens_per_s']} | {r['generate_tokens_per_s']} | "
                          f"{_cell(r, 'peak_gpu_mib')} | {r['trainable_m']} | {r['setup_s']} | {ratio} |")
     for row in report["shapes"]:
         full = [f"{side} {'yes' if row[side]['full_length'] else 'NO'}" for side in ("hubgrpo", "trl")
                 if "full_length" in (row.get(side) or {})]
         if full:
-            lines += ["", f"{row['shape']}: every completion {s['max_completion_length']} tokens: {', '.join(full)}"]
+            lines += ["", f"{label(row, ' ')}: every completion {s['max_completion_length']} tokens: {', '.join(full)}"]
         if row.get("settings_differ") is not None:
             diff = ", ".join(f"{k} {v[0]!r} / {v[1]!r}" for k, v in row["settings_differ"].items())
-            lines += ["", f"{row['shape']}: GRPOConfig fields that differ (hubgrpo / TRL): {diff or 'none'}"]
+            lines += ["", f"{label(row, ' ')}: GRPOConfig fields that differ (hubgrpo / TRL): {diff or 'none'}"]
+    lines += agreement_lines(report.get("agreement") or [])
     return "\n".join(lines) + "\n"
 
 
@@ -303,11 +332,11 @@ def headline(report: dict) -> str:
         h, t = row.get("hubgrpo") or {}, row.get("trl") or {}
         if h.get("ok") and t.get("ok") and "ratio" in row:
             peak = f", peak {h['peak_gpu_mib']} MiB" if h["peak_gpu_mib"] is not None else ""
-            parts.append(f"{row['shape']} hubgrpo {h['s_per_step']} s/step against TRL {t['s_per_step']} "
+            parts.append(f"{label(row, ' ')} hubgrpo {h['s_per_step']} s/step against TRL {t['s_per_step']} "
                          f"({row['ratio']}×), {h['tokens_per_s']} generated tok/s{peak}")
         else:
-            parts.append(f"{row['shape']}: " + "; ".join(f"{k} {'ok' if x.get('ok') else 'failed' if x else 'not run'}"
-                                                          for k, x in (("hubgrpo", h), ("trl", t))))
+            said = {k: "ok" if x.get("ok") else "failed" if x else "not run" for k, x in (("hubgrpo", h), ("trl", t))}
+            parts.append(f"{label(row, ' ')}: " + "; ".join(f"{k} {v}" for k, v in said.items()))
     s = report["settings"]
     where = report["environment"].get("gpu", report["environment"]["device"])
     return f"{where}, {s['completions_per_step']} × {s['max_completion_length']} tokens: " + "; ".join(parts)
@@ -321,6 +350,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=4, help="measured steps per side")
     ap.add_argument("--steps-per-round", type=int, default=None, help="hubgrpo's round length (default: the "
                     "config's, the recipe's 1)")
+    ap.add_argument("--decode", default="compiled,eager", help="worker.decode modes, in this order (both sides "
+                    "decode alike: TRL gets the static cache and compiling too)")
+    ap.add_argument("--eager-warmup", type=int, default=1, help="warm-up steps of an eager part")
+    ap.add_argument("--eager-steps", type=int, default=2, help="measured steps of an eager part")
     ap.add_argument("--budget-s", type=float, default=420, help="no part starts, and no side measures on, past "
                     "this many seconds from the start")
     options(ap, __file__)  # --quick: tiny shapes, 1 warm-up + 1 measured step, 16-token completions
@@ -331,6 +364,11 @@ def parse() -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown shape(s) {unknown}: use {', '.join(SHAPE_NAMES)}")
     run.shapes = [SHAPE_NAMES.get(s, s) for s in run.shapes.split(",")]
+    run.decode = run.decode.split(",")
+    if not set(run.decode) <= {"compiled", "eager"}:
+        ap.error(f"--decode {run.decode}: use compiled, eager or both")
+    if run.quick:
+        run.eager_warmup, run.eager_steps = min(run.eager_warmup, 1), min(run.eager_steps, 1)
     run.deadline = time.perf_counter() + run.budget_s
     return run
 
@@ -340,6 +378,9 @@ def main() -> int:
     meta = start(run.quick)
     import torch
 
+    for limit in ("recompile_limit", "cache_size_limit"):  # one process measures several models: each compiles
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 64)
     if run.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_bench: no CUDA device here (run it on a GPU machine, or pass --device cpu --quick)", file=sys.stderr)
         return 2
@@ -347,7 +388,8 @@ def main() -> int:
     report: dict = {"environment": environment(run.device), "settings": {
         "config": "configs/demo.yaml", "completions_per_step": cfg.params.per_device_train_batch_size,
         "num_generations": cfg.params.num_generations, "max_completion_length": cfg.params.max_completion_length,
-        "warmup": run.warmup, "steps": run.steps, "steps_per_round": cfg.rounds.steps,
+        "warmup": run.warmup, "steps": run.steps, "steps_per_round": cfg.rounds.steps, "decode": run.decode,
+        "eager_warmup": run.eager_warmup, "eager_steps": run.eager_steps,
         "budget_s": run.budget_s, "lora": cfg.lora.model_dump(), "loss_type": cfg.params.loss_type,
         "beta": cfg.params.beta, "temperature": cfg.params.temperature,
         "full_length": "min_new_tokens = max_completion_length on both sides"}, "shapes": []}
@@ -357,8 +399,8 @@ def main() -> int:
         write(folder, "gpu_bench", report, markdown(report), meta, headline(report))
 
     with tempfile.TemporaryDirectory(prefix="hubgrpo-gpu-bench-") as tmp:
-        for name in run.shapes:
-            row: dict = {"shape": name}
+        for decode, name in [(d, n) for d in run.decode for n in run.shapes]:  # every shape compiled first
+            row: dict = {"shape": name, "decode": decode}
             report["shapes"].append(row)
             if time.perf_counter() > run.deadline:
                 row["hubgrpo"] = row["trl"] = {"ok": False, "error": f"skipped: past the {run.budget_s:.0f}-s budget"}
@@ -368,6 +410,8 @@ def main() -> int:
                 row.setdefault("hubgrpo", failed)
                 row.setdefault("trl", failed)
             save()
+        report["agreement"] = agreement(report["shapes"])
+        save()
     print(markdown(report))
     return 0 if all(r.get("hubgrpo", {}).get("ok") and r.get("trl", {}).get("ok") for r in report["shapes"]) else 1
 

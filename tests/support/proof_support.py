@@ -49,6 +49,19 @@ def sharpen(model, scale: float = SHARP) -> None:
     model.get_output_embeddings().weight.data *= scale
 
 
+def sharp_engine(overrides: list[str]) -> RoundEngine:
+    """A tiny-model engine (``tiny_config`` with ``overrides``), sharpened, with a non-zero adapter."""
+    from tests.support.models_fixture import tiny_config
+
+    engine = RoundEngine(tiny_config(overrides))
+    sharpen(engine.model)
+    torch.manual_seed(1)
+    for name, p in engine.trainer.model.named_parameters():
+        if "lora_B" in name:  # B = 0 at version 0: make the adapter matter
+            p.data.normal_(0, 0.5)
+    return engine
+
+
 def verifier(engine: RoundEngine, state: dict, dtype: torch.dtype = torch.float32, scale: float = 1.0):
     """A fresh model (base + adapter ``state``) in eval mode and ``dtype``, as a verifier loads it: never a copy of
     the trainer's model, whose ``forward`` accelerate wrapped in closures that still call the original."""

@@ -210,17 +210,28 @@ def test_gpu_smoke_on_the_cpu(tmp_path):
     assert r["merge"]["ok"] and all(x["ok"] for x in r["rounds"]), r
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_gpu_bench_on_the_cpu(tmp_path):
-    """A worker's rounds and a bare GRPOTrainer on one tiny shape: both measured, every completion run to the
-    length limit on both sides, and the two trainers' GRPOConfigs differ only in logging and reward weights."""
+    """A worker's rounds and a bare GRPOTrainer on one tiny shape, decoded compiled (on a CPU: the static cache)
+    and eager: both measured, every completion run to the length limit on both sides, the two trainers'
+    GRPOConfigs differ only in logging and reward weights, and the two decode modes sample the same tokens. The
+    replay script then checks the recorded rounds as a CPU verifier would: none fails, even under strict."""
     run("gpu/gpu_bench.py", tmp_path, "--device", "cpu", "--shapes", "smollm2")
-    row = shaped(tmp_path / "gpu_bench.json")["shapes"][0]
-    assert row["hubgrpo"]["ok"] and row["trl"]["ok"], row
-    assert row["hubgrpo"]["full_length"] and row["trl"]["full_length"]
-    assert row["hubgrpo"]["measured_steps"] == row["trl"]["measured_steps"] == 1
-    assert row["ratio"] > 0 and row["hubgrpo"]["tokens_per_s"] > 0 and row["trl"]["tokens_per_s"] > 0
-    assert set(row["settings_differ"]) <= {"logging_steps", "reward_weights"}, row["settings_differ"]
+    report = shaped(tmp_path / "gpu_bench.json")
+    assert [r["decode"] for r in report["shapes"]] == ["compiled", "eager"]
+    for row in report["shapes"]:
+        assert row["hubgrpo"]["ok"] and row["trl"]["ok"], row
+        assert row["hubgrpo"]["full_length"] and row["trl"]["full_length"]
+        assert row["hubgrpo"]["measured_steps"] == row["trl"]["measured_steps"] == 1
+        assert row["ratio"] > 0 and row["hubgrpo"]["tokens_per_s"] > 0 and row["trl"]["tokens_per_s"] > 0
+        assert set(row["settings_differ"]) <= {"logging_steps", "reward_weights"}, row["settings_differ"]
+    (agree,) = report["agreement"]
+    assert agree["completions"] == 32 and agree["identical"] == 32, agree
+    run("gpu/gpu_replay.py", tmp_path, "--verify", str(tmp_path / "gpu_bench.json"))
+    rows = shaped(tmp_path / "gpu-replay.json")["rows"]
+    assert len(rows) == 2 and all(r["weights_match"] for r in rows), rows
+    for rule in ("wide", "strict"):
+        assert all(r[rule]["completions"] == 32 and r[rule]["failed_completions"] == 0 for r in rows), rows
 
 
 @pytest.mark.timeout(180)

@@ -17,7 +17,7 @@ from tests.support.proof_support import (
     adapter_state,
     forge,
     record_round,
-    sharpen,
+    sharp_engine,
     truncated,
     verifier,
     verify_batch,
@@ -29,13 +29,7 @@ SEED = 7
 
 def _engine(share: bool) -> RoundEngine:
     """The tiny model sharpened (``proof_support.sharpen``) with a non-zero adapter."""
-    engine = RoundEngine(tiny_config([f"worker.share_prompts={str(share).lower()}", "worker.threads=1"]))
-    sharpen(engine.model)
-    torch.manual_seed(1)
-    for name, p in engine.trainer.model.named_parameters():
-        if "lora_B" in name:  # B = 0 at version 0: make the adapter matter
-            p.data.normal_(0, 0.5)
-    return engine
+    return sharp_engine([f"worker.share_prompts={str(share).lower()}", "worker.threads=1"])
 
 
 @pytest.mark.parametrize("share", [True, False], ids=["sharing", "trl"])
