@@ -13,6 +13,7 @@ random base model; round i samples with lease i's noise) and a hash of the rando
   bfloat16 worker, the GPU's dtype) and the ``strict`` one (float32 workers only), and reports mismatches.
 
     python benchmarks/gpu/gpu_replay.py --verify benchmarks/gpu/results/gpu_bench.json [--name gpu-replay]
+    python benchmarks/gpu/gpu_replay.py --noise --results DIR   # on the GPU machine: its keyed noise against its CPU's
 
 The GPU sides generate with ``min_new_tokens`` = the completion length (every completion runs to the limit), so the
 end-of-sequence tokens are masked at every completion position while generating; the replay masks them alike (a
@@ -162,13 +163,55 @@ def replay(row: dict, tmp: Path, quick: bool = False) -> dict:
     return out
 
 
+def noise_check(folder: Path, meta: dict) -> None:
+    """The keyed noise on the GPU against the same noise on its CPU (``hubgrpo.proof.noise``): the 32-bit hashes
+    must be equal bit for bit, the Gumbel values within float rounding of ``log``. Writes ``gpu-noise``."""
+    import torch
+
+    from hubgrpo.proof.noise import gumbel, hash_bits
+
+    rows = torch.arange(64, dtype=torch.int64)
+    positions = torch.arange(64, dtype=torch.int64) * 7
+    out: dict = {"device": torch.cuda.get_device_name(0), "vocab": 151936, "rows": 64}
+    for seed in (0, 2**40 + 3, -5):
+        cpu_bits = hash_bits(seed, rows, positions, out["vocab"])
+        gpu_bits = hash_bits(seed, rows.cuda(), positions.cuda(), out["vocab"]).cpu()
+        g_cpu, g_gpu = (
+            gumbel(seed, rows, positions, out["vocab"]),
+            gumbel(seed, rows.cuda(), positions.cuda(), out["vocab"]).cpu(),
+        )
+        out[f"seed {seed}"] = {
+            "hash_bits_equal": bool(torch.equal(cpu_bits, gpu_bits)),
+            "gumbel_max_abs_difference": float((g_cpu - g_gpu).abs().max()),
+        }
+    head = "; ".join(
+        f"{k}: hashes equal {v['hash_bits_equal']}, Gumbel within {v['gumbel_max_abs_difference']:.2e}"
+        for k, v in out.items()
+        if k.startswith("seed")
+    )
+    lines = [
+        "# Keyed noise: GPU against CPU",
+        "",
+        f"{out['device']}, {out['rows']} rows × {out['vocab']} entries per seed.",
+        "",
+        head,
+    ]
+    write(folder, "gpu-noise", out, "\n".join(lines) + "\n", meta, head)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--verify", required=True, type=Path, help="gpu_bench.json of a GPU run")
+    ap.add_argument("--verify", type=Path, help="gpu_bench.json of a GPU run")
+    ap.add_argument("--noise", action="store_true", help="on a GPU machine: the keyed noise against the CPU's")
     ap.add_argument("--name", default="gpu-replay", help="result file name")
     options(ap, __file__)
     run = ap.parse_args()
     meta = start(run.quick)
+    if run.noise:
+        noise_check(results_dir(run, __file__), meta)
+        return 0
+    if run.verify is None:
+        ap.error("give --verify RESULT.json (or --noise on a GPU machine)")
     bench = json.loads(run.verify.read_text())
     rows = [r for r in bench["shapes"] if r.get("keyed") and r.get("weights_sum")]
     report: dict = {"source": str(run.verify), "gpu": bench["environment"], "rows": []}
