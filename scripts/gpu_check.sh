@@ -10,6 +10,10 @@
 # under `timeout` with its result files written into $OUT when it is set (else benchmarks/gpu/results). The log is
 # $OUT/gpu_check.log too. Exit status: the benchmark's (124: the timeout struck; the files keep what it measured).
 # A tree copied without git records no commit: set HUBGRPO_BENCH_COMMIT to the commit sent (benchmarks/common.py).
+# Before the benchmark it checks the keyed noise on the GPU against its CPU (gpu_replay.py --noise, seconds). The
+# benchmark measures both decode modes (worker.decode compiled, then eager) on both shapes and records each round's
+# keyed completions; back on a CPU machine, `python benchmarks/gpu/gpu_replay.py --verify gpu_bench.json` replays
+# them as a CPU verifier would.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=(trl==1.16.0 transformers==5.24.0 peft==0.21.2 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
@@ -37,6 +41,8 @@ print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.versi
 print('trl', trl.__version__, 'peft', peft.__version__, 'transformers', transformers.__version__, 'datasets',
       datasets.__version__, 'huggingface_hub', h.__version__, 'accelerate', a.__version__)" \
     || { echo "gpu_check: an import failed: carry the wheels (bash scripts/gpu_check.sh --wheels, here)"; exit 3; }
+  PYTHONUNBUFFERED=1 timeout 60 "$PY" benchmarks/gpu/gpu_replay.py --noise --results "$results" \
+    || echo "gpu_check: the noise check failed"
   PYTHONUNBUFFERED=1 timeout -k 10 ${GPU_CHECK_TIMEOUT_S:-480} "$PY" benchmarks/gpu/gpu_bench.py --results "$results" "$@"
 } 2>&1 | tee "$log"
 exit "${PIPESTATUS[0]}"

@@ -59,7 +59,7 @@ SAME = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "m
 NOT_SETTINGS = {"output_dir", "logging_dir", "run_name", "max_steps", "hub_token"}  # left out of the comparison
 
 
-def bench_config(base_model: str, device: str, quick: bool, steps_per_round: int | None, decode: str = "auto"):
+def bench_config(base_model: str, device: str, quick: bool, steps_per_round: int | None, decode: str = "eager"):
     """configs/demo.yaml on ``base_model``: 16 completions per step of 128 tokens (16 tokens with ``quick``),
     generation decoded as ``decode`` (``worker.decode``)."""
     from hubgrpo.config import load_config
@@ -210,7 +210,7 @@ def trl_side(cfg, run: argparse.Namespace, tmp: Path, out: dict) -> dict:
     from trl import GRPOTrainer
 
     from hubgrpo.task.data import PromptSource
-    from hubgrpo.worker.decode import compile_decoding, decode_mode
+    from hubgrpo.worker.decode import compile_decoding
     from hubgrpo.worker.models import resolve_dtype
 
     cuda = run.device.startswith("cuda")
@@ -227,7 +227,7 @@ def trl_side(cfg, run: argparse.Namespace, tmp: Path, out: dict) -> dict:
     args = trl_args(cfg, run, str(tmp / "trl"), dtype)
     trainer = GRPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, peft_config=lora)
-    if decode_mode(cfg.worker.decode, run.device) == "compiled":  # the same generation settings as the worker's
+    if cfg.worker.decode == "compiled":  # the same generation settings as the worker's
         compile_decoding(trainer)
     m = meter(cuda, run.deadline, keep=run.warmup + 1)
     m.attach(trainer, cfg.params.max_completion_length)

@@ -27,12 +27,12 @@ class WorkerSection(_Section):
         "loss's forward and backward (the same numbers up to float rounding); false: TRL's own path, which repeats "
         "the prompt for every completion.",
     )
-    decode: Literal["auto", "eager", "compiled"] = Field(
-        "auto",
-        description="How generation decodes (hubgrpo.worker.decode). compiled: a static key/value cache and the "
-        "decoding step compiled by transformers' generate (torch.compile with CUDA graphs; the first round pays the "
-        "compilation; on a CPU only the static cache); eager: a growing cache, nothing compiled, prompts shared; "
-        "auto: compiled on CUDA, eager elsewhere. Figures: benchmarks/gpu/results/gpu_bench.md.",
+    decode: Literal["eager", "compiled"] = Field(
+        "eager",
+        description="How generation decodes (hubgrpo.worker.decode). eager: a growing cache, nothing compiled, prompts "
+        "shared; compiled: a static key/value cache and the decoding step compiled by transformers' generate "
+        "(torch.compile with CUDA graphs on a GPU; the first round pays the compilation; on a CPU only the static "
+        "cache). compiled is unmeasured on a GPU so far: benchmarks/gpu/gpu_bench.py measures both.",
     )
     keyed_sampling: bool = Field(
         True,

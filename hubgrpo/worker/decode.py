@@ -11,23 +11,16 @@ prefill stays eager, and so does everything that samples (hubgrpo's keyed noise,
 computes the same model, so the distribution sampled is unchanged (``benchmarks/gpu/gpu_bench.py`` reports what
 the two give on the same adapter and noise, and their speed).
 
-- ``eager``: a growing ``DynamicCache``, nothing compiled; prompt sharing (``hubgrpo.worker.sharing``) applies.
+- ``eager`` (the default): a growing ``DynamicCache``, nothing compiled; prompt sharing (``hubgrpo.worker.sharing``)
+  applies.
 - ``compiled``: the static cache and the compiled step. The first round pays the compilation (and another when a
   longer prompt grows the cache); transformers compiles only on accelerators (CUDA, XPU, MPS), so on a CPU this is
-  the static cache alone.
-- ``auto``: ``compiled`` on CUDA, ``eager`` elsewhere.
+  the static cache alone. It stays opt-in until a GPU run of ``gpu_bench.py`` has measured it.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-
-def decode_mode(setting: str, device: str) -> str:
-    """``eager`` or ``compiled`` for ``worker.decode`` on ``device``."""
-    if setting == "auto":
-        return "compiled" if device.startswith("cuda") else "eager"
-    return setting
 
 
 def compile_decoding(trainer: Any) -> None:

@@ -41,7 +41,7 @@ from hubgrpo.task.data import PromptSource, truncate_prompt
 from hubgrpo.task.rewards import load_rewards
 from hubgrpo.task.rollouts import weighted_mean
 from hubgrpo.worker.adapter_io import check_adapter, save_adapter
-from hubgrpo.worker.decode import compile_decoding, decode_mode
+from hubgrpo.worker.decode import compile_decoding
 from hubgrpo.worker.grpo_trainer import (
     ROUND_PARAMS,
     SCHEDULE_ARGS,
@@ -159,7 +159,7 @@ class RoundEngine:
                 self._rebaser.after_generation(trainer.state.global_step)
 
         self._meter.wrap(trainer, after_generation)
-        if decode_mode(self.cfg.worker.decode, self.device) == "compiled":
+        if self.cfg.worker.decode == "compiled":
             compile_decoding(trainer)
         return trainer
 

@@ -6,18 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from hubgrpo.worker.decode import decode_mode
 from tests.support.models_fixture import tiny_cache  # noqa: F401  (fixture)
 from tests.support.proof_support import SHARP, record_round, sharp_engine, verifier, verify_batch
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("tiny_cache")]
-
-
-def test_auto_compiles_on_cuda_only():
-    assert decode_mode("auto", "cuda:1") == "compiled"
-    assert decode_mode("auto", "cpu") == "eager"
-    assert decode_mode("compiled", "cpu") == "compiled"
-    assert decode_mode("eager", "cuda") == "eager"
 
 
 def test_compiled_decoding_samples_the_tokens_eager_decoding_samples():
