@@ -46,12 +46,12 @@ def sets(overrides: list[str]) -> list[str]:
 
 
 def _stamp(cmd: list) -> dict:
-    """The command and the sha256 of its config (cmd[1]) as parsed: a changed setting is another run, an edited
-    comment is not."""
+    """The command and the sha256 of its config (cmd[1]) as parsed, defaults left out: a changed setting is another
+    run; an edited comment, or a field the code gained with a default that leaves the run as it was, is not."""
     from hubgrpo.config import load_config
 
     config = ROOT / str(cmd[1]) if len(cmd) > 1 else None
-    digest = hashlib.sha256(load_config(config).model_dump_json().encode()).hexdigest() \
+    digest = hashlib.sha256(load_config(config).model_dump_json(exclude_defaults=True).encode()).hexdigest() \
         if config and config.is_file() else None
     return {"command": [str(c) for c in cmd], "config_sha256": digest}
 
