@@ -279,12 +279,15 @@ def to_markdown(args, rows: list[dict]) -> str:
 
 
 def headline(args, rows: list[dict]) -> str:
+    task = Path(str(getattr(args, "config", "") or "")).stem or "?"
     xs = [r["speedup_train_reward"] for r in rows if r.get("speedup_train_reward")]
     if not xs:
-        return f"N = 2 did not reach a training reward of {args.target} in {args.versions} versions"
+        return f"{task}: N = 2 did not reach a training reward of {args.target} in {args.versions} versions"
     sd = f" ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else ""
-    return (f"N = 2 reaches a training reward of {args.target} {statistics.mean(xs):.2f}×{sd} sooner than one "
-            f"process ({len(xs)} of {len(rows)} runs; run repo: "
+    ps = [r["speedup_process"] for r in rows if r.get("speedup_process")]
+    start = f", {statistics.mean(ps):.2f}× from process start" if ps else ""
+    return (f"{task}: N = 2 reaches a training reward of {args.target} {statistics.mean(xs):.2f}×{sd} sooner than "
+            f"one process from the first lease{start} ({len(xs)} of {len(rows)} runs; run repo: "
             f"{'Hub quota' if getattr(args, 'hub_quota', None) else 'local folder'})")
 
 
