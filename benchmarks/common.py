@@ -45,15 +45,20 @@ def sets(overrides: list[str]) -> list[str]:
     return [x for o in overrides for x in ("--set", o)]
 
 
+# part of every cached run's stamp: bump it when a default changes what a run does (its cached results go stale)
+STAMP_EPOCH = 1
+
+
 def _stamp(cmd: list) -> dict:
-    """The command and the sha256 of its config (cmd[1]) as parsed, defaults left out: a changed setting is another
-    run; an edited comment, or a field the code gained with a default that leaves the run as it was, is not."""
+    """The command, the sha256 of its config (cmd[1]) as parsed with defaults left out, and ``STAMP_EPOCH``: a
+    changed setting is another run; an edited comment, or a field the code gained with a default that leaves the run
+    as it was, is not; a changed default is once ``STAMP_EPOCH`` is bumped."""
     from hubgrpo.config import load_config
 
     config = ROOT / str(cmd[1]) if len(cmd) > 1 else None
     digest = hashlib.sha256(load_config(config).model_dump_json(exclude_defaults=True).encode()).hexdigest() \
         if config and config.is_file() else None
-    return {"command": [str(c) for c in cmd], "config_sha256": digest}
+    return {"command": [str(c) for c in cmd], "config_sha256": digest, "epoch": STAMP_EPOCH}
 
 
 def cached_run(out: Path, cmd: list, result_file: str) -> dict:
@@ -155,14 +160,21 @@ def footer(meta: dict) -> str:
     return text
 
 
+def _replace(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, never a part of it (a run killed mid-write)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 def write(folder: Path, name: str, data: dict, markdown: str, meta: dict, headline: str | None = None) -> Path:
     """``folder/name.json`` ({"meta", "headline", **data}) and ``folder/name.md`` (``markdown`` and the meta);
     the JSON's path."""
     meta = {**meta, "finished": utc(), "load": {**meta.get("load", {}), "end": _load()}}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
-    path.write_text(json.dumps({"meta": meta, "headline": headline, **data}, indent=1, default=str) + "\n")
-    (folder / f"{name}.md").write_text(markdown.rstrip("\n") + "\n\n" + footer(meta) + "\n")
+    _replace(path, json.dumps({"meta": meta, "headline": headline, **data}, indent=1, default=str) + "\n")
+    _replace(folder / f"{name}.md", markdown.rstrip("\n") + "\n\n" + footer(meta) + "\n")
     print(f"wrote {path} and {name}.md", flush=True)
     return path
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU benchmark (benchmarks/gpu/gpu_bench.py) as one command on a bare GPU machine that reaches no registry.
 #   bash scripts/gpu_check.sh --wheels       # on a machine where pip works: the wheels the GPU image lacks, into .whl/
-#   bash scripts/gpu_check.sh [BENCH ARGS]   # on the GPU machine: about 5-8 min on one H200, at most 8 (timeout)
+#   bash scripts/gpu_check.sh [BENCH ARGS]   # on the GPU machine: the benchmark at most GPU_CHECK_TIMEOUT_S
+#                                            # (default 480 s), plus ~30 s of installing and checks before it and
+#                                            # at most 60 s of the noise check after it
 # The GPU image has torch, transformers 5.17, accelerate, huggingface_hub and safetensors, but no trl, datasets or
 # pydantic: --wheels downloads them (~19 MB, pinned to the versions the benchmark was written against, with
 # transformers 5.24 and peft 0.21.2: the versions of the last GPU run) for CPython 3.12 on x86-64; git ignores
@@ -10,7 +12,9 @@
 # under `timeout` with its result files written into $OUT when it is set (else benchmarks/gpu/results). The log is
 # $OUT/gpu_check.log too. Exit status: the benchmark's (124: the timeout struck; the files keep what it measured).
 # A tree copied without git records no commit: set HUBGRPO_BENCH_COMMIT to the commit sent (benchmarks/common.py).
-# Before the benchmark it checks the keyed noise on the GPU against its CPU (gpu_replay.py --noise, seconds). The
+# Before the benchmark it prints whether torch.compile builds a CUDA kernel here (Triton needs a C compiler and
+# Python's headers; without them the compiled parts fail in seconds and the eager ones still run); after it, it
+# checks the keyed noise on the GPU against its CPU (gpu_replay.py --noise, seconds). The
 # benchmark measures both decode modes (worker.decode compiled, then eager) on both shapes and records each round's
 # keyed completions; back on a CPU machine, `python benchmarks/gpu/gpu_replay.py --verify gpu_bench.json` replays
 # them as a CPU verifier would.
@@ -36,13 +40,19 @@ log=$results/gpu_check.log
 {
   nvidia-smi || echo "gpu_check: no nvidia-smi"
   cc --version 2>&1 | head -1 || echo "gpu_check: no C compiler (triton, torch.compile need one)"
+  timeout 120 "$PY" -c "import os, sysconfig, torch
+print('Python.h', os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))
+f = torch.compile(lambda x: x * 2 + 1)
+print('torch.compile on cuda:', f(torch.ones(4, device='cuda')).tolist())" || echo "gpu_check: torch.compile failed"
   "$PY" -c "import torch, trl, peft, transformers, datasets, pydantic, huggingface_hub as h, accelerate as a
 print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.version.cuda)
 print('trl', trl.__version__, 'peft', peft.__version__, 'transformers', transformers.__version__, 'datasets',
       datasets.__version__, 'huggingface_hub', h.__version__, 'accelerate', a.__version__)" \
     || { echo "gpu_check: an import failed: carry the wheels (bash scripts/gpu_check.sh --wheels, here)"; exit 3; }
+  PYTHONUNBUFFERED=1 timeout -k 10 ${GPU_CHECK_TIMEOUT_S:-480} "$PY" benchmarks/gpu/gpu_bench.py --results "$results" "$@"
+  status=$?
   PYTHONUNBUFFERED=1 timeout 60 "$PY" benchmarks/gpu/gpu_replay.py --noise --results "$results" \
     || echo "gpu_check: the noise check failed"
-  PYTHONUNBUFFERED=1 timeout -k 10 ${GPU_CHECK_TIMEOUT_S:-480} "$PY" benchmarks/gpu/gpu_bench.py --results "$results" "$@"
+  exit $status
 } 2>&1 | tee "$log"
 exit "${PIPESTATUS[0]}"

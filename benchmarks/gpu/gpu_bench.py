@@ -268,9 +268,9 @@ def one_shape(row: dict, run: argparse.Namespace, tmp: Path, save) -> dict:
         else:
             row[side] = run_part(f"{name} {decode} {side}", lambda fn=fn, side=side: fn(
                 cfg, run, tmp / f"{name}-{decode}-{side}", seen[side]))
+        if seen["hubgrpo"].get("keyed"):  # the rounds' completions: saved with the first side, for agreement
+            row["keyed"] = seen["hubgrpo"]["keyed"]
         save()
-    if seen["hubgrpo"].get("keyed"):
-        row["keyed"] = seen["hubgrpo"]["keyed"]
     length = cfg.params.per_device_train_batch_size * cfg.params.max_completion_length
     for side in ("hubgrpo", "trl"):  # every completion ran to the limit: both sides generated the same tokens
         if row[side]["ok"]:
@@ -353,7 +353,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--decode", default="compiled,eager", help="worker.decode modes, in this order (both sides "
                     "decode alike: TRL gets the static cache and compiling too)")
     ap.add_argument("--eager-warmup", type=int, default=1, help="warm-up steps of an eager part")
-    ap.add_argument("--eager-steps", type=int, default=2, help="measured steps of an eager part")
+    ap.add_argument("--eager-steps", type=int, default=1, help="measured steps of an eager part")
     ap.add_argument("--budget-s", type=float, default=420, help="no part starts, and no side measures on, past "
                     "this many seconds from the start")
     options(ap, __file__)  # --quick: tiny shapes, 1 warm-up + 1 measured step, 16-token completions
@@ -396,10 +396,11 @@ def main() -> int:
     folder = results_dir(run, __file__)
 
     def save() -> None:
+        report["agreement"] = agreement(report["shapes"])
         write(folder, "gpu_bench", report, markdown(report), meta, headline(report))
 
     with tempfile.TemporaryDirectory(prefix="hubgrpo-gpu-bench-") as tmp:
-        for decode, name in [(d, n) for d in run.decode for n in run.shapes]:  # every shape compiled first
+        for name, decode in [(n, d) for n in run.shapes for d in run.decode]:  # shape by shape, compiled first
             row: dict = {"shape": name, "decode": decode}
             report["shapes"].append(row)
             if time.perf_counter() > run.deadline:
@@ -410,8 +411,6 @@ def main() -> int:
                 row.setdefault("hubgrpo", failed)
                 row.setdefault("trl", failed)
             save()
-        report["agreement"] = agreement(report["shapes"])
-        save()
     print(markdown(report))
     return 0 if all(r.get("hubgrpo", {}).get("ok") and r.get("trl", {}).get("ok") for r in report["shapes"]) else 1
 

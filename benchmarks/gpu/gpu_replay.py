@@ -6,8 +6,9 @@ round starts from the version-0 adapter, whose LoRA B is 0, and generates before
 random base model; round i samples with lease i's noise) and a hash of the random model's weights. Here:
 
 - ``agreement``: for each shape measured in both modes, how many completions the two modes sampled identically
-  and how far they agree (tokens before the first difference): rounding of the compiled step against the eager one
-  can flip a near tie, after which the completion goes its own way.
+  and how far they agree (tokens before the first difference). The two paths compute the same model with other
+  kernels (eager: a growing cache and prompt sharing; compiled: a static cache and the compiled step), and their
+  rounding can flip a near tie, after which the completion goes its own way.
 - ``--verify RESULT.json`` (on this CPU, after the GPU run): rebuilds each shape's random model (the same seed; its
   weights hash must match the GPU's), replays every recorded completion in float32 under the ``wide`` tolerance (a
   bfloat16 worker, the GPU's dtype) and the ``strict`` one (float32 workers only), and reports mismatches.
