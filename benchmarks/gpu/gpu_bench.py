@@ -255,9 +255,11 @@ def one_shape(row: dict, run: argparse.Namespace, tmp: Path, save) -> dict:
     name, decode = row["shape"], row["decode"]
     row["vocab_size"] = None if run.quick else VOCAB[name]
     folder = tmp / name
-    if not (folder / "config.json").exists():  # one random model per shape, shared by the decode modes
+    digest = tmp / f"{name}.weights_sum"
+    if not digest.exists():  # one random model per shape, shared by the decode modes
         random_model(name, folder, run.quick, row["vocab_size"])
-    row["weights_sum"] = weights_sum(folder)  # a CPU verifier rebuilds the same model (gpu_replay.py)
+        digest.write_text(weights_sum(folder))  # a CPU verifier rebuilds the same model (gpu_replay.py)
+    row["weights_sum"] = digest.read_text()
     cfg = bench_config(str(folder), run.device, run.quick, run.steps_per_round, decode)
     if decode == "eager":  # eager steps are long on a GPU: fewer of them
         run = argparse.Namespace(**{**vars(run), "warmup": run.eager_warmup, "steps": run.eager_steps})

@@ -54,6 +54,7 @@ def keyed_record(engine, seed: int) -> dict:
 
 def weights_sum(folder: Path) -> str:
     """sha256 over the model's tensors (name, dtype, shape, bytes), in name order: equal weights, equal hash."""
+    import torch
     from safetensors.torch import load_file
 
     digest = hashlib.sha256()
@@ -62,7 +63,7 @@ def weights_sum(folder: Path) -> str:
         for name in sorted(tensors):
             t = tensors[name].contiguous()
             digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-            digest.update(t.view(-1).view(__import__("torch").uint8).numpy().tobytes())
+            digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
