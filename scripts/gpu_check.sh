@@ -39,7 +39,7 @@ mkdir -p "$results"
 log=$results/gpu_check.log
 {
   nvidia-smi || echo "gpu_check: no nvidia-smi"
-  cc --version 2>&1 | head -1 || echo "gpu_check: no C compiler (triton, torch.compile need one)"
+  if command -v cc >/dev/null; then cc --version | head -1; else echo "gpu_check: no C compiler (triton needs one)"; fi
   timeout 120 "$PY" -c "import os, sysconfig, torch
 print('Python.h', os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))
 f = torch.compile(lambda x: x * 2 + 1)
