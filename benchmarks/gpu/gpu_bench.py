@@ -228,7 +228,7 @@ def trl_side(cfg, run: argparse.Namespace, tmp: Path, out: dict) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, peft_config=lora)
     if cfg.worker.decode == "compiled":  # the same generation settings as the worker's
-        compile_decoding(trainer)
+        compile_decoding(trainer, (cfg.params.max_prompt_length or 0) + cfg.params.max_completion_length)
     m = meter(cuda, run.deadline, keep=run.warmup + 1)
     m.attach(trainer, cfg.params.max_completion_length)
     out["grpo_args"] = trainer.args.to_dict()

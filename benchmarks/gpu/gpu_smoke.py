@@ -56,7 +56,8 @@ def environment(device: str) -> dict:
     for name in ("transformers", "trl", "peft"):
         env[name] = __import__(name).__version__
     if device.startswith("cuda"):
-        env.update(gpu=torch.cuda.get_device_name(0), capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+        capability = ".".join(map(str, torch.cuda.get_device_capability(0)))
+        env.update(gpu=torch.cuda.get_device_name(0), capability=capability,
                    bf16=torch.cuda.is_bf16_supported(), gpu_memory_gib=round(
                        torch.cuda.get_device_properties(0).total_memory / 2**30, 1))
     return env
@@ -162,7 +163,8 @@ def rounds_part(name: str, device: str, steps: int, rounds: int, quick: bool, tm
         "tokens_per_round": statistics.median(s.tokens for s in timed),
         "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
         "gpu_mib_after_each_round": [round(x) for x in after],
-        "model_dtype": str(engine.trainer.model.dtype), "adapter_dtypes": sorted({str(v.dtype) for v in saved.values()}),
+        "model_dtype": str(engine.trainer.model.dtype),
+        "adapter_dtypes": sorted({str(v.dtype) for v in saved.values()}),
         "all_parameters_on_device": on_device, "device": subs[0].device,
         "eval_greedy_16_prompts": round(eval_reward, 4), "eval_s": round(eval_s, 2),
     }

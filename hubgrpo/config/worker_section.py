@@ -30,9 +30,10 @@ class WorkerSection(_Section):
     decode: Literal["eager", "compiled"] = Field(
         "eager",
         description="How generation decodes (hubgrpo.worker.decode). eager: a growing cache, nothing compiled, prompts "
-        "shared; compiled: a static key/value cache and the decoding step compiled by transformers' generate "
-        "(torch.compile with CUDA graphs on a GPU; the first round pays the compilation; on a CPU only the static "
-        "cache). compiled is unmeasured on a GPU so far: benchmarks/gpu/gpu_bench.py measures both.",
+        "shared; compiled: a static key/value cache kept for the worker's life and the decoding step compiled by "
+        "transformers' generate (torch.compile with CUDA graphs on a GPU; the first round pays the compilation; on "
+        "a CPU only the static cache; prompts shared in the loss only). compiled is unmeasured on a GPU so far: "
+        "benchmarks/gpu/gpu_bench.py measures both.",
     )
     keyed_sampling: bool = Field(
         True,

@@ -3,33 +3,96 @@
 Decoding a small model is bound by launching its kernels, not by arithmetic: every new token runs each layer's
 linear maps, LoRA's two extra products per map, the norms and the attention as separate kernels, about as many
 per token as the model has operations. transformers' ``generate`` has the remedy built in: with a static
-key/value cache (``cache_implementation="static"``, preallocated to the longest prompt plus the completion length)
-its decoding step has one shape, and ``generate`` compiles it with ``torch.compile`` (mode ``reduce-overhead``:
-CUDA graphs), so a token costs one graph replay. TRL builds its generation config with ``disable_compile=True``;
-``compile_decoding`` turns compiling back on for the trainer's config and asks for the static cache. The prompt's
-prefill stays eager, and so does everything that samples (hubgrpo's keyed noise, the warpers): the compiled call
-computes the same model, so the distribution sampled is unchanged (``benchmarks/gpu/gpu_bench.py`` reports what
-the two give on the same adapter and noise, and their speed).
+key/value cache its decoding step has one shape, and ``generate`` compiles it with ``torch.compile`` (mode
+``reduce-overhead``: CUDA graphs), so a token costs one graph replay. TRL builds its generation config with
+``disable_compile=True``; ``compile_decoding`` turns compiling back on and gives ``generate`` a static cache that
+outlives the call (``StaticCaches``). transformers would build a new cache for every call (``cache_implementation=
+"static"``): new tensors, so the CUDA graphs recorded over the last call's cache would be re-recorded every round.
+The prompt's prefill stays eager, and so does everything that samples (hubgrpo's keyed noise, the warpers): the
+compiled call computes the same model, so the distribution sampled is unchanged (``benchmarks/gpu/gpu_bench.py``
+reports what the two give on the same adapter and noise, and their speed).
 
 - ``eager`` (the default): a growing ``DynamicCache``, nothing compiled; prompt sharing (``hubgrpo.worker.sharing``)
-  applies.
-- ``compiled``: the static cache and the compiled step. The first round pays the compilation (and another when a
-  longer prompt grows the cache); transformers compiles only on accelerators (CUDA, XPU, MPS), so on a CPU this is
-  the static cache alone. It stays opt-in until a GPU run of ``gpu_bench.py`` has measured it.
+  applies to generation and to the loss.
+- ``compiled``: one static cache per generation batch size, kept for the worker's life and cleared before each
+  call, and the compiled step. The first round pays the compilation; the cache is sized for
+  ``max_prompt_length + max_completion_length`` (rounded up), so a longer prompt does not recompile unless it
+  exceeds that. Prompt sharing still applies to the loss, not to generation. transformers compiles only on
+  accelerators (CUDA, XPU, MPS), so on a CPU this is the static cache alone. It stays opt-in until a GPU run of
+  ``gpu_bench.py`` has measured it.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+ROUND_TO = 64  # cache lengths are multiples of this: a handful of shapes, so few compilations
 
-def compile_decoding(trainer: Any) -> None:
-    """A static cache and ``generate``'s compiled decoding step for a GRPOTrainer's generation (TRL's config
-    disables compiling); ``generation_kwargs``, which TRL lays over the model's own config while generating, gets
-    the cache too."""
+
+class StaticCaches:
+    """A model's ``generate`` with a ``StaticCache`` kept across calls, one per batch size, cleared before each
+    call; calls it cannot serve (their own cache, beams, no cache, no ``max_new_tokens``) go through unchanged."""
+
+    def __init__(self, model: Any, original: Any, min_length: int = 0) -> None:
+        self.model, self.original, self.min_length = model, original, min_length
+        self.caches: dict[int, Any] = {}  # batch size → its cache
+        self.lengths: dict[int, int] = {}  # batch size → the tokens its cache holds
+        self.built = 0  # caches built (a new one also means a new compiled graph on an accelerator)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ids, config = kwargs.get("input_ids"), kwargs.get("generation_config", None)
+        if config is None or args or ids is None or not self.serves(config) or {"cache", "past_key_values"} & set(kwargs):
+            return self.original(*args, **kwargs)
+        return self.original(**kwargs, cache=self.cache(ids.size(0), ids.size(1) + config.max_new_tokens))
+
+    @staticmethod
+    def serves(config: Any) -> bool:
+        """Whether a call with this generation config can decode over a kept cache: one sequence per row, a cache,
+        none named, and a bound on new tokens."""
+        if config is None or config.cache_implementation is not None or config.use_cache is False:
+            return False
+        one = (config.num_beams or 1) == 1 and (config.num_return_sequences or 1) == 1
+        return one and bool(config.max_new_tokens)
+
+    def cache(self, batch: int, length: int) -> Any:
+        """The batch size's cache, cleared, at least ``length`` long (a longer one replaces it)."""
+        from transformers import StaticCache
+
+        cache = self.caches.get(batch)
+        if cache is not None and self.lengths[batch] >= length:
+            cache.reset()
+            return cache
+        size = -(-max(length, self.min_length) // ROUND_TO) * ROUND_TO
+        cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=size)
+        self.caches[batch], self.lengths[batch] = cache, size
+        self.built += 1
+        return cache
+
+
+def static_caches(model: Any) -> StaticCaches | None:
+    """The ``StaticCaches`` a model generates with (``compile_decoding``), or None."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    found = inner.__dict__.get("generate")
+    return found if isinstance(found, StaticCaches) else None
+
+
+def compile_decoding(trainer: Any, longest: int = 0) -> StaticCaches:
+    """A kept static cache and ``generate``'s compiled decoding step for a GRPOTrainer's generation (TRL's config
+    disables compiling). The cache sits on the transformers model under PEFT's wrapper, so every path that reaches
+    ``generate`` (keyed sampling, TRL's own call) gets it; ``longest``: the prompt and completion tokens it is sized
+    for at first (``max_prompt_length + max_completion_length``)."""
     config = trainer.generation_config
-    config.cache_implementation = "static"
+    config.cache_implementation = None
     config.disable_compile = False
     kwargs = getattr(trainer, "generation_kwargs", None)
     if isinstance(kwargs, dict):
-        kwargs["cache_implementation"] = "static"
+        kwargs["cache_implementation"] = None
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    found = static_caches(inner)
+    if found is not None:
+        return found
+    keeper = StaticCaches(inner, functools.partial(type(inner).generate, inner), longest)
+    inner.generate = keeper
+    return keeper

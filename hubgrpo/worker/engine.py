@@ -160,7 +160,7 @@ class RoundEngine:
 
         self._meter.wrap(trainer, after_generation)
         if self.cfg.worker.decode == "compiled":
-            compile_decoding(trainer)
+            compile_decoding(trainer, (params["max_prompt_length"] or 0) + params["max_completion_length"])
         return trainer
 
     def _ensure_trainer(self, params: dict) -> float:
