@@ -42,7 +42,8 @@ class StaticCaches:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ids, config = kwargs.get("input_ids"), kwargs.get("generation_config", None)
-        if config is None or args or ids is None or not self.serves(config) or {"cache", "past_key_values"} & set(kwargs):
+        own = {"cache", "past_key_values"} & set(kwargs)
+        if args or ids is None or config is None or own or not self.serves(config):
             return self.original(*args, **kwargs)
         return self.original(**kwargs, cache=self.cache(ids.size(0), ids.size(1) + config.max_new_tokens))
 

@@ -40,7 +40,7 @@ from hubgrpo.proof.sampling import KeyedSampling
 from hubgrpo.task.data import PromptSource, truncate_prompt
 from hubgrpo.task.rewards import load_rewards
 from hubgrpo.task.rollouts import weighted_mean
-from hubgrpo.worker.adapter_io import check_adapter, save_adapter
+from hubgrpo.worker.adapter_io import LiveAdapter, check_adapter, save_adapter
 from hubgrpo.worker.decode import compile_decoding
 from hubgrpo.worker.grpo_trainer import (
     ROUND_PARAMS,
@@ -89,6 +89,7 @@ class RoundEngine:
         self._workdir = tempfile.TemporaryDirectory(prefix="hubgrpo-trainer-")
         self._meter = GenerationMeter()  # TRL's generation: seconds, completions, tokens
         self._params = self._merge_params({})
+        self._live: LiveAdapter | None = None  # the trainer's adapter bound to its parameters (``_live_adapter``)
         self.trainer = self._build_trainer(self._params)
         self._init_state = {k: v.detach().clone() for k, v in self._adapter_state().items()}
         self._fresh_optimizer = True
@@ -185,24 +186,42 @@ class RoundEngine:
 
     # -------------------------------------------------------------------------------------- adapters
 
+    def _live_adapter(self) -> LiveAdapter | None:
+        """The trainer's adapter bound to its parameters (``LiveAdapter``; rebuilt with the trainer), or None."""
+        if self._live is None or self._live.model is not self.trainer.model:
+            self._live = LiveAdapter(self.trainer.model)
+        return self._live if self._live.params is not None else None
+
     def _adapter_state(self) -> dict[str, torch.Tensor]:
+        live = self._live_adapter()
+        if live is not None:
+            return live.state()
         # save_embedding_layers=False: no full embeddings are trained, and "auto" looks up the base model on the Hub
         return get_peft_model_state_dict(self.trainer.model, adapter_name="default", save_embedding_layers=False)
 
     def load_adapter(self, adapter_dir: str | Path) -> None:
         """Load a PEFT adapter folder into the model; ``ModelError`` unless its config, keys and shapes fit."""
         state = check_adapter(Path(adapter_dir), self._adapter_state(), self.cfg.lora)
+        live = self._live_adapter()
+        if live is not None:
+            live.load(state)
+            return
         result: Any = set_peft_model_state_dict(self.trainer.model, state, adapter_name="default")  # peft: `namedtuple`
         if result.unexpected_keys:
             raise ModelError(f"{adapter_dir}: peft did not place {sorted(result.unexpected_keys)[:3]}")
 
     def save_adapter(self, out_dir: str | Path) -> Path:
         """Write the current "default" adapter (adapter_model.safetensors + adapter_config.json) to ``out_dir``."""
-        return save_adapter(self.trainer.model, Path(out_dir))
+        live = self._live_adapter()
+        return live.save(Path(out_dir)) if live is not None else save_adapter(self.trainer.model, Path(out_dir))
 
     def init_adapter(self, out_dir: str | Path) -> Path:
         """Write the version-0 adapter: LoRA B = 0 (equal to the base model), A as PEFT draws it from params.seed."""
-        set_peft_model_state_dict(self.trainer.model, self._init_state)
+        live = self._live_adapter()
+        if live is not None:
+            live.load(self._init_state)
+        else:
+            set_peft_model_state_dict(self.trainer.model, self._init_state)
         return self.save_adapter(out_dir)
 
     # -------------------------------------------------------------------------------------- training
