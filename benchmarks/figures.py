@@ -23,7 +23,7 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
      ["speedup-real-addition-mixed", "speedup-real-demo-nice", "speedup-real-demo-seq", "side-by-side-demo", "side-by-side-addition-mixed",
       "speedup-real-demo", "speedup-real-quota"]),
     ("scaleout", "How does the speed-up grow with N machines (simulated)?",
-     ["scaleout-mixed-close-n2", "scaleout-mixed-close-s01", "scaleout-mixed", "scaleout-smollm2-shipped", "scaleout-smollm2-quota"]),
+     ["scaleout-mixed-close", "scaleout-mixed", "scaleout-smollm2-shipped", "scaleout-smollm2-quota"]),
     ("simulator", "Does the simulator reproduce the real 2-machine runs?", ["scaleout-validate-replay6-validate"]),
     ("learning", "Does a fleet learn as much per sample as one process?",
      ["learning-mixed-close-pooled", "learning-mixed-pooled", "learning-full-b4-pooled", "learning-b4-tiny-pooled"]),
