@@ -249,6 +249,14 @@ def differences(a: dict, b: dict) -> dict:
             if k not in NOT_SETTINGS and a.get(k) != b.get(k)}
 
 
+def compile_counts() -> dict:
+    """torch's running counts of compiled graphs and of calls that skipped CUDA graphs (a part's difference says
+    whether its decoding compiled once and replayed graphs, or recompiled / fell back)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": counters["stats"]["unique_graphs"], "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
+
+
 def one_shape(row: dict, run: argparse.Namespace, tmp: Path, save) -> dict:
     """Both sides on one shape's random model (built once) into ``row``, each side guarded; their ratio and the
     settings in which they differ. ``save()`` after each side."""
@@ -268,8 +276,10 @@ def one_shape(row: dict, run: argparse.Namespace, tmp: Path, save) -> dict:
         if time.perf_counter() > run.deadline:
             row[side] = {"ok": False, "error": f"skipped: past the {run.budget_s:.0f}-s budget"}
         else:
+            before = compile_counts()
             row[side] = run_part(f"{name} {decode} {side}", lambda fn=fn, side=side: fn(
                 cfg, run, tmp / f"{name}-{decode}-{side}", seen[side]))
+            row[side]["compile"] = {k: v - before[k] for k, v in compile_counts().items()}
         if seen["hubgrpo"].get("keyed"):  # the rounds' completions: saved with the first side, for agreement
             row["keyed"] = seen["hubgrpo"]["keyed"]
         save()
@@ -321,6 +331,10 @@ def markdown(report: dict) -> str:
                 if "full_length" in (row.get(side) or {})]
         if full:
             lines += ["", f"{label(row, ' ')}: every completion {s['max_completion_length']} tokens: {', '.join(full)}"]
+        counts = [f"{side} {row[side]['compile']['graphs']} graph(s), {row[side]['compile']['cudagraph_skips']} "
+                  "CUDA-graph skip(s)" for side in ("hubgrpo", "trl") if "compile" in (row.get(side) or {})]
+        if counts and row.get("decode") == "compiled":
+            lines += ["", f"{label(row, ' ')}: compiled: {', '.join(counts)}"]
         if row.get("settings_differ") is not None:
             diff = ", ".join(f"{k} {v[0]!r} / {v[1]!r}" for k, v in row["settings_differ"].items())
             lines += ["", f"{label(row, ' ')}: GRPOConfig fields that differ (hubgrpo / TRL): {diff or 'none'}"]

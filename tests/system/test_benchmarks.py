@@ -224,6 +224,7 @@ def test_gpu_bench_on_the_cpu(tmp_path):
         assert row["hubgrpo"]["full_length"] and row["trl"]["full_length"]
         assert row["hubgrpo"]["measured_steps"] == row["trl"]["measured_steps"] == 1
         assert row["ratio"] > 0 and row["hubgrpo"]["tokens_per_s"] > 0 and row["trl"]["tokens_per_s"] > 0
+        assert row["hubgrpo"]["compile"] == row["trl"]["compile"] == {"graphs": 0, "cudagraph_skips": 0}  # a CPU
         assert set(row["settings_differ"]) <= {"logging_steps", "reward_weights"}, row["settings_differ"]
     (agree,) = report["agreement"]
     assert agree["completions"] == 32 and agree["identical"] == 32, agree
