@@ -91,6 +91,23 @@ def save_adapter(peft_model, out_dir: Path) -> Path:
     return out_dir
 
 
+def _bound(state: dict[str, torch.Tensor], model) -> dict[str, torch.nn.Parameter] | None:
+    """Each saved name's parameter: the one whose whole storage the state's tensor views (same data pointer, shape,
+    stride and dtype; no parameter twice); None when any tensor is not such a view."""
+    by_pointer = {p.data_ptr(): p for p in model.parameters()}
+    params: dict[str, torch.nn.Parameter] = {}
+    taken: set[int] = set()
+    for key, view in state.items():
+        param = by_pointer.get(view.data_ptr())
+        if param is None or id(param) in taken:
+            return None
+        if (param.shape, param.stride(), param.dtype) != (view.shape, view.stride(), view.dtype):
+            return None
+        params[key] = param
+        taken.add(id(param))
+    return params
+
+
 class LiveAdapter:
     """A PeftModel's "default" adapter as PEFT saves it (the same keys), bound to the live parameters: found once
     from PEFT's state dict, whose tensors are views of them. ``params`` is None when some saved tensor is not a
@@ -101,15 +118,7 @@ class LiveAdapter:
 
         self.model = peft_model
         state = get_peft_model_state_dict(peft_model, adapter_name="default", save_embedding_layers=False)
-        by_pointer = {p.data_ptr(): p for p in peft_model.parameters()}
-        params: dict[str, torch.nn.Parameter] | None = {}
-        for key, view in state.items():
-            param = by_pointer.get(view.data_ptr())
-            if params is None or param is None or param.shape != view.shape or param.dtype != view.dtype:
-                params = None
-                continue
-            params[key] = param
-        self.params = params
+        self.params = _bound(state, peft_model)
         self.config: bytes | None = None  # adapter_config.json as PEFT wrote it at the first save
 
     def state(self) -> dict[str, torch.Tensor]:

@@ -30,6 +30,16 @@ from typing import Any
 ROUND_TO = 64  # cache lengths are multiples of this: a handful of shapes, so few compilations
 
 
+def generation_field(config: Any, model: Any, name: str) -> Any:
+    """A generation setting as ``generate`` sees it: the call's config, or where that leaves it unset (None) the
+    model's own generation config (``generate`` fills those fields from it)."""
+    value = getattr(config, name, None)
+    if value is None:
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        value = getattr(getattr(inner, "generation_config", None), name, None)
+    return value
+
+
 class StaticCaches:
     """A model's ``generate`` with a ``StaticCache`` kept across calls, one per batch size, cleared before each
     call; calls it cannot serve (their own cache, beams, no cache, no ``max_new_tokens``) go through unchanged."""
@@ -42,19 +52,25 @@ class StaticCaches:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ids, config = kwargs.get("input_ids"), kwargs.get("generation_config", None)
-        own = {"cache", "past_key_values"} & set(kwargs)
-        if args or ids is None or config is None or own or not self.serves(config):
+        own = {"cache", "past_key_values", "max_new_tokens", "max_length"} & set(kwargs)  # a cache or a length
+        new_tokens = self.serves(config) if config is not None else None
+        if args or ids is None or own or not new_tokens:
             return self.original(*args, **kwargs)
-        return self.original(**kwargs, cache=self.cache(ids.size(0), ids.size(1) + config.max_new_tokens))
+        return self.original(**kwargs, cache=self.cache(ids.size(0), ids.size(1) + new_tokens))
 
-    @staticmethod
-    def serves(config: Any) -> bool:
-        """Whether a call with this generation config can decode over a kept cache: one sequence per row, a cache,
-        none named, and a bound on new tokens."""
-        if config is None or config.cache_implementation is not None or config.use_cache is False:
-            return False
-        one = (config.num_beams or 1) == 1 and (config.num_return_sequences or 1) == 1
-        return one and bool(config.max_new_tokens)
+    def serves(self, config: Any) -> int | None:
+        """The new tokens a call with this generation config makes, when it can decode over a kept cache: one
+        sequence per row, a cache, none named, a bound on new tokens. ``generate`` fills each field the call's
+        config leaves unset from the model's own generation config, so this reads them the same way."""
+
+        def field(name: str) -> Any:
+            return generation_field(config, self.model, name)
+
+        if field("cache_implementation") is not None or field("use_cache") is False:
+            return None
+        if (field("num_beams") or 1) != 1 or (field("num_return_sequences") or 1) != 1:
+            return None
+        return field("max_new_tokens") or None
 
     def cache(self, batch: int, length: int) -> Any:
         """The batch size's cache, cleared, at least ``length`` long (a longer one replaces it)."""
@@ -94,6 +110,8 @@ def compile_decoding(trainer: Any, longest: int = 0) -> StaticCaches:
     found = static_caches(inner)
     if found is not None:
         return found
+    if getattr(inner, "generation_config", None) is not None:
+        inner.generation_config.cache_implementation = None  # the kept cache replaces the model's own choice
     keeper = StaticCaches(inner, functools.partial(type(inner).generate, inner), longest)
     inner.generate = keeper
     return keeper

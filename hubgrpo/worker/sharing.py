@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from hubgrpo.worker.decode import static_caches
+from hubgrpo.worker.decode import generation_field, static_caches
 from hubgrpo.worker.keyed import KeyedGRPOTrainer
 
 
@@ -83,7 +83,10 @@ def shared_generate(original, model, *args, **kwargs):
     extra = set(kwargs) - {"input_ids", "attention_mask", "generation_config", "logits_processor"}
     if args or extra or ids is None or mask is None or ids.size(1) < 2 or not bool(mask[:, -1].all()):
         return original(*args, **kwargs)
-    if config is not None and (config.cache_implementation or (config.num_beams or 1) > 1):
+    if (
+        generation_field(config, model, "cache_implementation")
+        or (generation_field(config, model, "num_beams") or 1) > 1
+    ):
         return original(*args, **kwargs)
     if static_caches(model) is not None:  # worker.decode: compiled decodes over its kept static cache
         return original(*args, **kwargs)

@@ -84,3 +84,19 @@ def test_forced_compilation_on_the_cpu_compiles_once_over_rounds():
     assert compiled == [b.completion_ids for log in logs["eager"] for b in log]
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert graphs == 1, dict(torch._dynamo.utils.counters["stats"])
+
+
+def test_a_model_that_names_its_own_cache_still_generates_the_same_tokens():
+    """generate fills the unset fields of a call's config from the model's own generation config: a model that
+    names a cache implementation must not get a second cache from the keeper (transformers refuses both)."""
+    logs = {}
+    for decode in ("eager", "compiled"):
+        engine = sharp_engine([f"worker.decode={decode}", "worker.threads=1"])
+        inner = engine.trainer.model.get_base_model()
+        if decode == "compiled":
+            assert inner.generation_config.cache_implementation is None  # cleared when the keeper was installed
+        inner.generation_config.cache_implementation = "static"  # as a model's generation_config.json may say
+        logs[decode] = record_round(engine, engine.prompt_rows(range(8)), 1, 7)[0]
+        keeper = static_caches(engine.trainer.model)
+        assert keeper is None or keeper.built == 0  # the call went to transformers' own cache
+    assert [b.completion_ids for b in logs["compiled"]] == [b.completion_ids for b in logs["eager"]]

@@ -56,3 +56,14 @@ def test_a_rebuilt_trainer_gets_a_new_live_adapter():
     assert again is not live and again is not None and again.model is engine.trainer.model
     pointers = {p.data_ptr() for p in engine.trainer.model.parameters()}
     assert all(t.data_ptr() in pointers for t in engine._adapter_state().values())
+
+
+def test_a_state_that_is_not_the_parameters_themselves_is_not_bound():
+    from hubgrpo.worker.adapter_io import _bound
+
+    layer = torch.nn.Linear(4, 4, bias=False)
+    assert _bound({"w": layer.weight.detach()}, layer) == {"w": layer.weight}
+    assert _bound({"w": layer.weight.detach().T}, layer) is None  # same storage, transposed
+    assert _bound({"w": layer.weight.detach()[:2]}, layer) is None  # a part of it
+    assert _bound({"a": layer.weight.detach(), "b": layer.weight.detach()}, layer) is None  # one parameter twice
+    assert _bound({"w": layer.weight.detach().clone()}, layer) is None  # a copy
