@@ -131,7 +131,8 @@ def run_workers(args, tmp: Path, seed: int, hub: HubQuota | None = None) -> dict
 
     repo = f"alice/speedup-s{seed}-{int(time.time())}" if hub else str(tmp / f"run-s{seed}")
     since = time.time()
-    wall = hubgrpo("run", args.config, "--workers", "2", "--repo", repo, "--no-eval", *sets(
+    piped = ["--pipeline"] if args.pipeline else []
+    wall = hubgrpo("run", args.config, "--workers", "2", "--repo", repo, "--no-eval", *piped, *sets(
         [*args.set, *args.run_set, f"rounds.versions={args.versions}", f"params.seed={seed}",
          f"project_name=speedup-s{seed}"]), env=hub.env() if hub else None)
     store = hub.store(repo) if hub else LocalStore(repo)
@@ -255,6 +256,7 @@ def to_markdown(args, rows: list[dict]) -> str:
     lines = ["# Real speed-up on this machine: train (1 core) vs run --workers 2", "",
              f"Config `{args.config}`{' with ' + ', '.join(args.set) if args.set else ''}"
              f"{'; the run with ' + ', '.join(args.run_set) if args.run_set else ''}"
+             f"{'; rounds pipelined (hubgrpo run --pipeline)' if getattr(args, 'pipeline', False) else ''}"
              f"{'; train taken from ' + ', '.join(map(str, args.train_from)) if args.train_from else ''}; train {args.train_steps} "
              f"steps; run {args.versions} versions; target training reward {args.target} (train: mean of 5 steps; "
              f"run: the versions' merged rounds over as many samples); held-out: greedy on {args.eval} prompts. "
@@ -307,6 +309,8 @@ def main() -> None:
     ap.add_argument("--eval-sampled", type=int, default=0, help="0: greedy; k: mean of k sampled passes")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--run-set", action="append", default=[], help="KEY=VALUE for the run only")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="hubgrpo run --pipeline: each worker delivers a round while it trains the next")
     ap.add_argument("--train-from", type=Path, action="append", default=[],
                     help="an earlier result JSON: reuse its train runs (repeat for several files)")
     ap.add_argument("--name", default="speedup-real")

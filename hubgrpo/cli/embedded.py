@@ -116,13 +116,21 @@ SPAWN_NICE = 5
 
 
 def spawn_workers(
-    repo: str, url: str, n: int, *, log_dir: Path, threads: int | None = None, allow: list[str] | None = None
+    repo: str,
+    url: str,
+    n: int,
+    *,
+    log_dir: Path,
+    threads: int | None = None,
+    allow: list[str] | None = None,
+    pipeline: bool = False,
 ) -> list:
     """Start N ``hubgrpo worker`` processes with torch threads split between them (cores // N each); ``allow``:
-    the config's non-built-in reward functions (the owner runs their own config here). They are started before
-    the run repo and the coordinator are up and wait for them (``--wait``), loading their libraries meanwhile."""
+    the config's non-built-in reward functions (the owner runs their own config here); ``pipeline``: their
+    ``--pipeline``. They are started before the run repo and the coordinator are up and wait for them
+    (``--wait``), loading their libraries meanwhile."""
     threads = threads or max(1, (os.cpu_count() or 1) // n)
-    wait = ["--wait", str(WORKER_WAIT_S)]
+    wait = ["--wait", str(WORKER_WAIT_S), *(["--pipeline"] if pipeline else [])]
     return [
         _spawn(
             ["worker", "--repo", repo, "--coordinator", url, "--name", f"worker{i}", *wait],
@@ -212,9 +220,10 @@ def run(
     force: bool = False,
     evaluate: bool = True,
     eval_samples: int = 16,
+    pipeline: bool = False,
 ) -> dict:
     """Run until ``rounds.versions`` versions exist (or Ctrl-C / max_wall_s), then let the evaluator score the
-    last versions (``evaluate``); return the final status."""
+    last versions (``evaluate``); return the final status. ``pipeline``: the workers' ``--pipeline``."""
     from hubgrpo.space.wire import free_port
     from hubgrpo.task.rewards import foreign_code
 
@@ -226,7 +235,7 @@ def run(
     log_dir = runrepo.cache_root() / "logs" / cfg.project_name
     url = f"http://127.0.0.1:{port}"
     # the workers first: they import their libraries while this process makes the repo and starts the coordinator
-    procs = spawn_workers(repo_arg, url, workers, log_dir=log_dir, allow=foreign_code(cfg.rewards))
+    procs = spawn_workers(repo_arg, url, workers, log_dir=log_dir, allow=foreign_code(cfg.rewards), pipeline=pipeline)
     import torch
 
     threads = torch.get_num_threads()

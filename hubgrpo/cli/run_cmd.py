@@ -225,6 +225,9 @@ def run(
         True, "--eval/--no-eval", help="Run `hubgrpo evaluate` beside the workers: a held-out score for every version."
     ),
     eval_samples: int = typer.Option(16, "--eval-samples", min=1, help="Held-out prompts per version."),
+    pipeline: bool = typer.Option(
+        False, "--pipeline/--no-pipeline", help="The local workers' --pipeline (hubgrpo worker --help)."
+    ),
 ) -> None:
     """A whole run: coordinator on 127.0.0.1 + N local workers (+ an evaluator) until rounds.versions versions;
     with `backend: hf-jobs` the coordinator on a Space and backend_options.workers HF Jobs instead."""
@@ -269,6 +272,7 @@ def run(
         on_status=_live_printer(),
         evaluate=evaluate,
         eval_samples=eval_samples,
+        pipeline=pipeline,
     )
     print_run_report(status, store, cfg)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -254,3 +255,23 @@ def test_an_ffa_run_with_rebase_runs_through_the_installed_command(tmp_path):
         else {}
     for m in (m for v in state.versions for m in v.merged if m.submission_id in filed):
         assert m.base_version >= filed[m.submission_id]
+
+
+@pytest.mark.timeout(600)
+def test_a_pipelined_run_through_the_installed_command(tmp_path):
+    """hubgrpo run --pipeline: its workers deliver each round while they train the next (their rounds say so) and
+    the run finishes with every round merged once."""
+    repo, cache = tmp_path / "run", tmp_path / "cache"
+    exe = Path(sys.executable).with_name("hubgrpo")
+    env = dict(os.environ, HUBGRPO_CACHE=str(cache))
+    r = subprocess.run([str(exe), "run", str(TINY), "--workers", "2", "--repo", str(repo), "--no-eval", "--pipeline",
+                        "--set", "rounds.steps=1", "--set", "rounds.versions=6", "--set", "merge.quorum=1",
+                        "--set", "coordinator.heartbeat_interval_s=1"], capture_output=True, text=True, timeout=560,
+                       env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    state = runrepo.read_state(LocalStore(repo))
+    assert state.finished and state.version == 6
+    assert len(state.merged_ids) == len(set(state.merged_ids))
+    rounds = [json.loads(line) for f in sorted((cache / "worker").glob("*/rounds.jsonl"))
+              for line in f.read_text().splitlines()]
+    assert rounds and any(x.get("pipelined") for x in rounds), rounds[:2]
