@@ -282,6 +282,7 @@ def to_markdown(args, rows: list[dict]) -> str:
 
 def headline(args, rows: list[dict]) -> str:
     task = Path(str(getattr(args, "config", "") or "")).stem or "?"
+    task += ", rounds pipelined" if getattr(args, "pipeline", False) else ""
     xs = [r["speedup_train_reward"] for r in rows if r.get("speedup_train_reward")]
     if not xs:
         return f"{task}: N = 2 did not reach a training reward of {args.target} in {args.versions} versions"
