@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -111,32 +112,42 @@ def _bound(state: dict[str, torch.Tensor], model) -> dict[str, torch.nn.Paramete
 class LiveAdapter:
     """A PeftModel's "default" adapter as PEFT saves it (the same keys), bound to the live parameters: found once
     from PEFT's state dict, whose tensors are views of them. ``params`` is None when some saved tensor is not a
-    whole parameter (then callers use PEFT's functions)."""
+    whole parameter; then every method uses PEFT's own function."""
 
     def __init__(self, peft_model) -> None:
+        self.model = peft_model
+        self.params = _bound(self._peft_state(), peft_model)
+        self.config: bytes | None = None  # adapter_config.json as PEFT wrote it at the first save
+
+    def _peft_state(self) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
 
-        self.model = peft_model
-        state = get_peft_model_state_dict(peft_model, adapter_name="default", save_embedding_layers=False)
-        self.params = _bound(state, peft_model)
-        self.config: bytes | None = None  # adapter_config.json as PEFT wrote it at the first save
+        # save_embedding_layers=False: no full embeddings are trained, and "auto" looks up the base model on the Hub
+        return get_peft_model_state_dict(self.model, adapter_name="default", save_embedding_layers=False)
 
     def state(self) -> dict[str, torch.Tensor]:
         """Key → the parameter's tensor (a view, as PEFT's state dict gives it)."""
-        assert self.params is not None
+        if self.params is None:
+            return self._peft_state()
         return {k: p.detach() for k, p in self.params.items()}
 
     @torch.no_grad()
-    def load(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy a checked state (``check_adapter``: the same keys and shapes) into the parameters."""
-        assert self.params is not None
+    def load(self, state: dict[str, torch.Tensor], source: str = "adapter") -> None:
+        """Copy a checked state (``check_adapter``: the same keys and shapes) into the parameters; ``source`` names
+        it in an error."""
+        if self.params is None:
+            from peft import set_peft_model_state_dict
+
+            result: Any = set_peft_model_state_dict(self.model, state, adapter_name="default")  # peft: `namedtuple`
+            if result.unexpected_keys:
+                raise ModelError(f"{source}: peft did not place {sorted(result.unexpected_keys)[:3]}")
+            return
         for key, param in self.params.items():
             param.copy_(state[key])
 
     def save(self, out_dir: Path) -> Path:
         """The adapter folder PEFT's ``save_pretrained`` writes (its config bytes from the first save)."""
-        assert self.params is not None
-        if self.config is None:
+        if self.params is None or self.config is None:
             save_adapter(self.model, out_dir)
             self.config = (out_dir / ADAPTER_CONFIG).read_bytes()
             return out_dir

@@ -30,13 +30,17 @@ from typing import Any
 ROUND_TO = 64  # cache lengths are multiples of this: a handful of shapes, so few compilations
 
 
+def _inner(model: Any) -> Any:
+    """The transformers model under PEFT's wrapper (the model itself without one)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def generation_field(config: Any, model: Any, name: str) -> Any:
     """A generation setting as ``generate`` sees it: the call's config, or where that leaves it unset (None) the
     model's own generation config (``generate`` fills those fields from it)."""
     value = getattr(config, name, None)
     if value is None:
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-        value = getattr(getattr(inner, "generation_config", None), name, None)
+        value = getattr(getattr(_inner(model), "generation_config", None), name, None)
     return value
 
 
@@ -89,8 +93,7 @@ class StaticCaches:
 
 def static_caches(model: Any) -> StaticCaches | None:
     """The ``StaticCaches`` a model generates with (``compile_decoding``), or None."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    found = inner.__dict__.get("generate")
+    found = _inner(model).__dict__.get("generate")
     return found if isinstance(found, StaticCaches) else None
 
 
@@ -105,8 +108,7 @@ def compile_decoding(trainer: Any, longest: int = 0) -> StaticCaches:
     kwargs = getattr(trainer, "generation_kwargs", None)
     if isinstance(kwargs, dict):
         kwargs["cache_implementation"] = None
-    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = _inner(trainer.accelerator.unwrap_model(trainer.model_wrapped))
     found = static_caches(inner)
     if found is not None:
         return found

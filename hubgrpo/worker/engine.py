@@ -1,7 +1,7 @@
 """One worker's round: GRPO steps with TRL's GRPOTrainer on a PeftModel, from a given adapter to a submission.
 
 ``RoundEngine`` keeps ONE GRPOTrainer across rounds (one trainer, many rounds): each
-round loads the round's adapter into the trainer's PeftModel with ``set_peft_model_state_dict`` (after a strict
+round loads the round's adapter into the trainer's PeftModel (``adapter_io.LiveAdapter``, after a strict
 key/shape check), swaps in the round's prompts and step count, resets AdamW unless ``rounds.reset_optimizer`` is
 false, trains, and saves only the "default" adapter. A lease whose ``params`` change something fixed at trainer
 construction (batch shape, sampling, loss, KL…) rebuilds the trainer on a freshly loaded base model.
@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import PrinterCallback, set_seed
 
 from hubgrpo.card import adapter_base_name
@@ -40,7 +39,7 @@ from hubgrpo.proof.sampling import KeyedSampling
 from hubgrpo.task.data import PromptSource, truncate_prompt
 from hubgrpo.task.rewards import load_rewards
 from hubgrpo.task.rollouts import weighted_mean
-from hubgrpo.worker.adapter_io import LiveAdapter, check_adapter, save_adapter
+from hubgrpo.worker.adapter_io import LiveAdapter, check_adapter
 from hubgrpo.worker.decode import compile_decoding
 from hubgrpo.worker.grpo_trainer import (
     ROUND_PARAMS,
@@ -179,49 +178,34 @@ class RoundEngine:
         )
         self._params = params
         self.trainer = self._build_trainer(params)
-        set_peft_model_state_dict(self.trainer.model, state)
+        self._live_adapter().load(state)
         self._fresh_optimizer = True
         self._optimizers.clear()  # they hold the old trainer's parameters
         return time.perf_counter() - start
 
     # -------------------------------------------------------------------------------------- adapters
 
-    def _live_adapter(self) -> LiveAdapter | None:
-        """The trainer's adapter bound to its parameters (``LiveAdapter``; rebuilt with the trainer), or None."""
+    def _live_adapter(self) -> LiveAdapter:
+        """The trainer's adapter bound to its parameters (``LiveAdapter``; rebuilt with the trainer)."""
         if self._live is None or self._live.model is not self.trainer.model:
             self._live = LiveAdapter(self.trainer.model)
-        return self._live if self._live.params is not None else None
+        return self._live
 
     def _adapter_state(self) -> dict[str, torch.Tensor]:
-        live = self._live_adapter()
-        if live is not None:
-            return live.state()
-        # save_embedding_layers=False: no full embeddings are trained, and "auto" looks up the base model on the Hub
-        return get_peft_model_state_dict(self.trainer.model, adapter_name="default", save_embedding_layers=False)
+        return self._live_adapter().state()
 
     def load_adapter(self, adapter_dir: str | Path) -> None:
         """Load a PEFT adapter folder into the model; ``ModelError`` unless its config, keys and shapes fit."""
         state = check_adapter(Path(adapter_dir), self._adapter_state(), self.cfg.lora)
-        live = self._live_adapter()
-        if live is not None:
-            live.load(state)
-            return
-        result: Any = set_peft_model_state_dict(self.trainer.model, state, adapter_name="default")  # peft: `namedtuple`
-        if result.unexpected_keys:
-            raise ModelError(f"{adapter_dir}: peft did not place {sorted(result.unexpected_keys)[:3]}")
+        self._live_adapter().load(state, str(adapter_dir))
 
     def save_adapter(self, out_dir: str | Path) -> Path:
         """Write the current "default" adapter (adapter_model.safetensors + adapter_config.json) to ``out_dir``."""
-        live = self._live_adapter()
-        return live.save(Path(out_dir)) if live is not None else save_adapter(self.trainer.model, Path(out_dir))
+        return self._live_adapter().save(Path(out_dir))
 
     def init_adapter(self, out_dir: str | Path) -> Path:
         """Write the version-0 adapter: LoRA B = 0 (equal to the base model), A as PEFT draws it from params.seed."""
-        live = self._live_adapter()
-        if live is not None:
-            live.load(self._init_state)
-        else:
-            set_peft_model_state_dict(self.trainer.model, self._init_state)
+        self._live_adapter().load(self._init_state)
         return self.save_adapter(out_dir)
 
     # -------------------------------------------------------------------------------------- training
