@@ -11,6 +11,8 @@ no lease may be based on them any more (``evict``). A checkpointed version that 
 
 from __future__ import annotations
 
+import logging
+import re
 import shutil
 import threading
 import uuid
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from hubgrpo.store.base import Store
 
 FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)
+log = logging.getLogger(__name__)
 
 
 class VersionCache:
@@ -40,6 +43,7 @@ class VersionCache:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._dirs: dict[int, tuple[str, Path]] = {}  # version → (adapter id, folder)
+        self.cleared = _clear_leftovers(self.root)
 
     def put(self, version: int, files: dict[str, bytes | Path]) -> str:
         """Keep ``files`` (the two adapter files: bytes or paths) as ``version``; returns its adapter id."""
@@ -98,6 +102,25 @@ class VersionCache:
     def versions(self) -> list[int]:
         with self._lock:
             return sorted(self._dirs)
+
+
+def _clear_leftovers(root: Path) -> int:
+    """Delete the version folders an earlier process left in ``root`` (a coordinator restarted with the same
+    workdir, or every ``hubgrpo run`` of one project): nothing reads them, a version that is needed again comes from
+    its tag, and a long run's or many runs' folders would otherwise fill the disk. Only this cache's own names
+    (``<version>-<adapter id>``, ``.tmp-<hex>``), never through a link. How many left."""
+    gone = 0
+    for entry in root.iterdir():
+        if not _LEFTOVER.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        gone += 1
+    if gone:
+        log.info("removed %d version folders an earlier coordinator left in %s", gone, root)
+    return gone
+
+
+_LEFTOVER = re.compile(r"\d+-[0-9a-f]{40}|\.tmp-[0-9a-f]{32}")
 
 
 class AdapterCache:

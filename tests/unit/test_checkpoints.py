@@ -104,6 +104,30 @@ def test_a_restart_resumes_from_the_checkpoint_and_refuses_rounds_on_the_version
         c2.version_dir(4, c.ids[4])
 
 
+def test_a_coordinator_on_the_same_workdir_clears_what_an_earlier_one_left(tmp_path):
+    """Every `hubgrpo run` of a project uses one workdir: the version folders of earlier processes go at start (19 GB
+    had piled up on one machine), never another file, never through a link, and the run goes on from its tags."""
+    store, c, clock = setup_run(tmp_path, **{"coordinator.checkpoint_every_s": 86400})
+    _versions(store, c, tmp_path, 4, clock)
+    root = tmp_path / "work" / "versions"
+    left = sorted(p.name for p in root.iterdir())
+    assert len(left) >= 2 and all("-" in name for name in left)
+    (root / (".tmp-" + "0" * 32)).mkdir()  # a process killed mid-put
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    (root / ("9-" + "a" * 40)).symlink_to(victim, target_is_directory=True)
+    (root / "notes").mkdir()  # not a name of the cache's
+    c2 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")  # the first one died
+    assert c2.versions.cleared == len(left) + 1
+    own = {c2.versions.path(v).name for v in c2.versions.versions()}
+    assert own == {f"0-{c.ids[0]}"}  # the checkpoint it loaded, made again from its tag
+    assert {p.name for p in root.iterdir()} == {"notes", "9-" + "a" * 40, *own}
+    assert (victim / "keep.txt").read_text() == "mine"
+    lease = c2.lease("again")  # v0 (the checkpoint) comes back from its tag
+    assert c2.submit(lease, committed_round(store, c2, lease, tmp_path, seed=9))["status"] == "merged"
+
+
 @pytest.mark.timeout(180)
 def test_the_eval_gate_never_starts_a_merge_from_a_version_the_coordinator_no_longer_has(tmp_path):
     """With ``merge.eval_gate`` a merge starts from the best-scored version after a bad score; that version may be a
