@@ -28,6 +28,7 @@ import functools
 from typing import Any
 
 ROUND_TO = 64  # cache lengths are multiples of this: a handful of shapes, so few compilations
+KEPT = 2  # batch sizes whose caches are kept (a round's generation and one other, held-out scoring say): GBs each
 
 
 def _inner(model: Any) -> Any:
@@ -45,8 +46,8 @@ def generation_field(config: Any, model: Any, name: str) -> Any:
 
 
 class StaticCaches:
-    """A model's ``generate`` with a ``StaticCache`` kept across calls, one per batch size, cleared before each
-    call; calls it cannot serve (their own cache, beams, no cache, no ``max_new_tokens``) go through unchanged."""
+    """A model's ``generate`` with a ``StaticCache`` kept across calls, one per batch size (the ``KEPT`` most
+    recently used), cleared before each call; calls it cannot serve (their own cache, beams, no cache, no ``max_new_tokens``) go through unchanged."""
 
     def __init__(self, model: Any, original: Any, min_length: int = 0) -> None:
         self.model, self.original, self.min_length = model, original, min_length
@@ -80,10 +81,13 @@ class StaticCaches:
         """The batch size's cache, cleared, at least ``length`` long (a longer one replaces it)."""
         from transformers import StaticCache
 
-        cache = self.caches.get(batch)
+        cache = self.caches.pop(batch, None)
         if cache is not None and self.lengths[batch] >= length:
             cache.reset()
+            self.caches[batch] = cache  # the most recently used last
             return cache
+        for old in list(self.caches)[: max(0, len(self.caches) - KEPT + 1)]:  # the least recently used go
+            del self.caches[old], self.lengths[old]
         size = -(-max(length, self.min_length) // ROUND_TO) * ROUND_TO
         cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=size)
         self.caches[batch], self.lengths[batch] = cache, size

@@ -54,6 +54,18 @@ def test_a_prompt_longer_than_the_cache_gets_a_longer_cache_and_the_same_tokens(
     assert keeper.cache(2, 10) is longer  # a shorter call reuses the longer cache
 
 
+def test_only_the_most_recently_used_batch_sizes_keep_a_cache():
+    engine = sharp_engine(["worker.decode=compiled", "worker.threads=1"])
+    keeper = static_caches(engine.trainer.model)
+    assert keeper is not None
+    eight = keeper.cache(8, 10)
+    keeper.cache(3, 10)  # held-out scoring at another batch size, say
+    assert keeper.cache(8, 10) is eight  # used again: the most recent
+    keeper.cache(5, 10)  # a third size: the least recently used (3) goes, the round's own stays
+    assert sorted(keeper.caches) == sorted(keeper.lengths) == [5, 8]
+    assert keeper.cache(8, 10) is eight and keeper.built == 3
+
+
 def _widened(engine, rows, words: int) -> list[dict]:
     """The rows with ``words`` more words in their prompts (prompts of another length: another cache shape)."""
     out = engine.prompt_rows(rows)
