@@ -47,7 +47,8 @@ def generation_field(config: Any, model: Any, name: str) -> Any:
 
 class StaticCaches:
     """A model's ``generate`` with a ``StaticCache`` kept across calls, one per batch size (the ``KEPT`` most
-    recently used), cleared before each call; calls it cannot serve (their own cache, beams, no cache, no ``max_new_tokens``) go through unchanged."""
+    recently used), cleared before each call; calls it cannot serve (their own cache, beams, no cache, no
+    ``max_new_tokens``) go through unchanged."""
 
     def __init__(self, model: Any, original: Any, min_length: int = 0) -> None:
         self.model, self.original, self.min_length = model, original, min_length
