@@ -18,7 +18,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import IO, TYPE_CHECKING, cast
 
 from hubgrpo import layout, runrepo
 from hubgrpo.coordinator import admission, checkpoint
@@ -43,7 +43,14 @@ class VersionCache:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._dirs: dict[int, tuple[str, Path]] = {}  # version → (adapter id, folder)
-        self.cleared = _clear_leftovers(self.root)
+        self._owner = _own(self.root)  # held for the process's life: a live coordinator's folders stay
+        self.cleared = _clear_leftovers(self.root) if self._owner is not None else 0
+
+    def close(self) -> None:
+        """Let a later coordinator on this root clear what this one leaves (done when the process ends)."""
+        if self._owner is not None:
+            self._owner.close()
+            self._owner = None
 
     def put(self, version: int, files: dict[str, bytes | Path]) -> str:
         """Keep ``files`` (the two adapter files: bytes or paths) as ``version``; returns its adapter id."""
@@ -104,11 +111,29 @@ class VersionCache:
             return sorted(self._dirs)
 
 
+def _own(root: Path) -> IO[bytes] | None:
+    """An exclusive lock on ``root/.lock`` (the open file holds it; the OS drops it when the process dies), or None
+    when another live coordinator holds it (two runs of one project at once) or the platform has no ``flock``."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: leftovers are never cleared
+        return None
+    handle = (root / ".lock").open("ab")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        log.info("another coordinator uses %s: its version folders are left alone", root)
+        return None
+    return handle
+
+
 def _clear_leftovers(root: Path) -> int:
     """Delete the version folders an earlier process left in ``root`` (a coordinator restarted with the same
     workdir, or every ``hubgrpo run`` of one project): nothing reads them, a version that is needed again comes from
     its tag, and a long run's or many runs' folders would otherwise fill the disk. Only this cache's own names
-    (``<version>-<adapter id>``, ``.tmp-<hex>``), never through a link. How many left."""
+    (``<version>-<adapter id>``, ``.tmp-<hex>``), never through a link, and only by the root's owner (``_own``).
+    How many left."""
     gone = 0
     for entry in root.iterdir():
         if not _LEFTOVER.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
