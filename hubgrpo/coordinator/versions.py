@@ -11,17 +11,15 @@ no lease may be based on them any more (``evict``). A checkpointed version that 
 
 from __future__ import annotations
 
-import logging
-import re
 import shutil
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, cast
 
 from hubgrpo import layout, runrepo
-from hubgrpo.coordinator import admission, checkpoint
+from hubgrpo.coordinator import admission, checkpoint, workdir
 from hubgrpo.errors import CoordinatorError, InvalidSubmission, MergeError, NotFound, RateLimited, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -32,22 +30,20 @@ if TYPE_CHECKING:
     from hubgrpo.store.base import Store
 
 FILES = (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)
-log = logging.getLogger(__name__)
 
 
 class VersionCache:
-    """Folders of recent versions under ``root`` (the coordinator's workdir); thread-safe."""
+    """Folders of recent versions in this process's own folder under ``root`` (``hubgrpo.coordinator.workdir``:
+    folders that coordinators now gone left there are deleted first); thread-safe."""
 
     def __init__(self, root: Path):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.cleared = workdir.clear_dead(Path(root))  # what coordinators that are gone left there
+        self.root, self._owner = workdir.own_folder(Path(root))  # this process's own, locked while it lives
         self._lock = threading.Lock()
         self._dirs: dict[int, tuple[str, Path]] = {}  # version → (adapter id, folder)
-        self._owner = _own(self.root)  # held for the process's life: a live coordinator's folders stay
-        self.cleared = _clear_leftovers(self.root) if self._owner is not None else 0
 
     def close(self) -> None:
-        """Let a later coordinator on this root clear what this one leaves (done when the process ends)."""
+        """Let a later coordinator on this root clear what this one leaves (done anyway when the process ends)."""
         if self._owner is not None:
             self._owner.close()
             self._owner = None
@@ -109,43 +105,6 @@ class VersionCache:
     def versions(self) -> list[int]:
         with self._lock:
             return sorted(self._dirs)
-
-
-def _own(root: Path) -> IO[bytes] | None:
-    """An exclusive lock on ``root/.lock`` (the open file holds it; the OS drops it when the process dies), or None
-    when another live coordinator holds it (two runs of one project at once) or the platform has no ``flock``."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: leftovers are never cleared
-        return None
-    handle = (root / ".lock").open("ab")
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        log.info("another coordinator uses %s: its version folders are left alone", root)
-        return None
-    return handle
-
-
-def _clear_leftovers(root: Path) -> int:
-    """Delete the version folders an earlier process left in ``root`` (a coordinator restarted with the same
-    workdir, or every ``hubgrpo run`` of one project): nothing reads them, a version that is needed again comes from
-    its tag, and a long run's or many runs' folders would otherwise fill the disk. Only this cache's own names
-    (``<version>-<adapter id>``, ``.tmp-<hex>``), never through a link, and only by the root's owner (``_own``).
-    How many left."""
-    gone = 0
-    for entry in root.iterdir():
-        if not _LEFTOVER.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
-            continue
-        shutil.rmtree(entry, ignore_errors=True)
-        gone += 1
-    if gone:
-        log.info("removed %d version folders an earlier coordinator left in %s", gone, root)
-    return gone
-
-
-_LEFTOVER = re.compile(r"\d+-[0-9a-f]{40}|\.tmp-[0-9a-f]{32}")
 
 
 class AdapterCache:

@@ -28,7 +28,7 @@ import functools
 from typing import Any
 
 ROUND_TO = 64  # cache lengths are multiples of this: a handful of shapes, so few compilations
-KEPT = 2  # batch sizes whose caches are kept (a round's generation and one other, held-out scoring say): GBs each
+KEPT = 3  # batch sizes whose caches are kept: a round's generation, held-out scoring's full and last batches
 
 
 def _inner(model: Any) -> Any:

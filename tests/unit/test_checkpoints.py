@@ -7,6 +7,8 @@ served route and the chaos of kills are in tests/integration/test_checkpoint_res
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -105,30 +107,36 @@ def test_a_restart_resumes_from_the_checkpoint_and_refuses_rounds_on_the_version
 
 
 def test_a_coordinator_on_the_same_workdir_clears_what_an_earlier_one_left(tmp_path):
-    """Every `hubgrpo run` of a project uses one workdir: the version folders of earlier processes go at start (19 GB
-    had piled up on one machine), never another file, never through a link, never while their coordinator lives
-    (two runs of one project at once), and the run goes on from its tags."""
+    """Every `hubgrpo run` of a project uses one workdir: the version folders of processes that are gone go at
+    start (19 GB had piled up on one machine), a live coordinator's never (two runs of one project at once, even
+    after a third restarts beside them), never another file, never through a link; the run goes on from its tags."""
     store, c, clock = setup_run(tmp_path, **{"coordinator.checkpoint_every_s": 86400})
     _versions(store, c, tmp_path, 4, clock)
-    root = tmp_path / "work" / "versions"
-    left = sorted(p.name for p in root.iterdir() if p.name != ".lock")  # the owner's lock (versions._own)
-    assert len(left) >= 2 and all("-" in name for name in left)
-    (root / (".tmp-" + "0" * 32)).mkdir()  # a process killed mid-put
+    base = tmp_path / "work" / "versions"
+    first = c.versions.root
+    assert first.parent == base and len([p for p in first.iterdir() if p.name != ".lock"]) >= 2
+    old = [base / ("7-" + "b" * 40), base / (".tmp-" + "0" * 32)]  # what releases before wrote in the root
+    for folder in old:
+        folder.mkdir()
+        (folder / "adapter_model.safetensors").write_bytes(b"w")
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("mine")
-    (root / ("9-" + "a" * 40)).symlink_to(victim, target_is_directory=True)
-    (root / "notes").mkdir()  # not a name of the cache's
+    (base / ("9-" + "a" * 40)).symlink_to(victim, target_is_directory=True)
+    (base / "notes").mkdir()  # not a name of the cache's
     beside = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")  # while the first one lives
-    assert beside.versions.cleared == 0 and set(left) <= {p.name for p in root.iterdir()}
+    assert beside.versions.cleared == len(old) and first.is_dir()
     assert all(c.versions.path(v) is not None for v in c.versions.versions())  # the live run's folders stay
     c.versions.close()  # the first one died (the OS drops its lock)
-    beside.versions.close()
     c2 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")
-    assert c2.versions.cleared == len(left) + 1
-    own = {c2.versions.path(v).name for v in c2.versions.versions()}
-    assert own == {f"0-{c.ids[0]}"}  # the checkpoint it loaded, made again from its tag
-    assert {p.name for p in root.iterdir()} == {".lock", "notes", "9-" + "a" * 40, *own}
+    assert c2.versions.cleared == 1 and not first.exists()
+    assert all(beside.versions.path(v) is not None for v in beside.versions.versions())  # still live: kept
+    assert {p.name for p in base.iterdir()} == {
+        "notes",
+        "9-" + "a" * 40,
+        beside.versions.root.name,
+        c2.versions.root.name,
+    }
     assert (victim / "keep.txt").read_text() == "mine"
     lease = c2.lease("again")  # v0 (the checkpoint) comes back from its tag
     assert c2.submit(lease, committed_round(store, c2, lease, tmp_path, seed=9))["status"] == "merged"
@@ -184,28 +192,30 @@ def test_after_a_lost_checkpoint_cas_the_next_merge_starts_from_the_winners_adap
 
 
 def test_a_live_coordinator_process_keeps_its_folders_and_its_death_frees_them(tmp_path):
-    """The owner's lock across real processes: while a process holds the versions root nothing of it is cleared;
-    once it is killed (no clean exit) the next coordinator clears what it left."""
+    """The owner's lock across real processes: while a process lives nothing of it is cleared; once it is killed
+    (no clean exit) the next coordinator clears what it left."""
     import subprocess
     import sys
 
     from hubgrpo.coordinator.versions import VersionCache
 
-    root = tmp_path / "versions"
+    base = tmp_path / "versions"
     code = (
         "import sys, time, pathlib; from hubgrpo.coordinator.versions import VersionCache; "
-        f"v = VersionCache(pathlib.Path({str(root)!r})); "
-        "v.put(3, {'adapter_model.safetensors': b'w', 'adapter_config.json': b'{}'}); print('up', flush=True); "
+        f"v = VersionCache(pathlib.Path({str(base)!r})); "
+        "v.put(3, {'adapter_model.safetensors': b'w', 'adapter_config.json': b'{}'}); print(v.root, flush=True); "
         "time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
-        beside = VersionCache(root)
-        assert beside.cleared == 0 and [p.name[:2] for p in root.iterdir() if p.name != ".lock"] == ["3-"]
+        assert proc.stdout is not None
+        theirs = Path(proc.stdout.readline().strip())
+        beside = VersionCache(base)
+        assert beside.cleared == 0 and [p.name[:2] for p in theirs.iterdir() if p.name != ".lock"] == ["3-"]
         beside.close()
     finally:
         proc.kill()
         proc.wait(timeout=30)
-    after = VersionCache(root)
-    assert after.cleared == 1 and [p.name for p in root.iterdir()] == [".lock"]
+    after = VersionCache(base)
+    assert after.cleared == 2 and not theirs.exists()  # the killed process's folder and the closed one's
+    assert [p.name for p in base.iterdir()] == [after.root.name]

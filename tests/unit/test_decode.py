@@ -59,11 +59,12 @@ def test_only_the_most_recently_used_batch_sizes_keep_a_cache():
     keeper = static_caches(engine.trainer.model)
     assert keeper is not None
     eight = keeper.cache(8, 10)
-    keeper.cache(3, 10)  # held-out scoring at another batch size, say
-    assert keeper.cache(8, 10) is eight  # used again: the most recent
-    keeper.cache(5, 10)  # a third size: the least recently used (3) goes, the round's own stays
-    assert sorted(keeper.caches) == sorted(keeper.lengths) == [5, 8]
-    assert keeper.cache(8, 10) is eight and keeper.built == 3
+    sixteen = keeper.cache(16, 10)  # held-out scoring's full batches
+    keeper.cache(3, 10)  # and its last one
+    assert keeper.cache(8, 10) is eight and keeper.cache(16, 10) is sixteen  # used again: the most recent
+    keeper.cache(5, 10)  # a fourth size: the least recently used (3) goes
+    assert sorted(keeper.caches) == sorted(keeper.lengths) == [5, 8, 16]
+    assert keeper.cache(8, 10) is eight and keeper.built == 4
 
 
 def _widened(engine, rows, words: int) -> list[dict]:
