@@ -45,7 +45,7 @@ class VersionCache:
     def close(self) -> None:
         """Let a later coordinator on this root clear what this one leaves (done anyway when the process ends)."""
         if self._owner is not None:
-            self._owner.close()
+            workdir.release(self.root, self._owner)
             self._owner = None
 
     def put(self, version: int, files: dict[str, bytes | Path]) -> str:

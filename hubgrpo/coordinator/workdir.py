@@ -7,7 +7,8 @@ dies). A new process deletes every sibling folder whose lock it can take: its ow
 versions any more (a version needed again comes from its tag), and a long run's or many runs' folders would otherwise
 fill the disk (19 GB had piled up on one machine). Live coordinators on one root (two runs of one project at once)
 never touch each other's folders. The version folders of releases before this one (``<version>-<id>``, ``.tmp-<hex>``
-directly in the root) are deleted too. Never through a link. Without ``flock`` (Windows) nothing is deleted.
+directly in the root) are deleted too once none of them changed for an hour. Never through a link. Without ``flock``
+(Windows) nothing is deleted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import IO
@@ -23,52 +25,70 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 LOCK = ".lock"
+OLD_QUIET_S = 3600  # an older release's folders go only when none changed for this long (its coordinator is gone)
 _PROCESS = re.compile(r"p[0-9]+-[0-9a-f]{12}")
 _OLD = re.compile(r"[0-9]+-[0-9a-f]{40}|\.tmp-[0-9a-f]{32}")  # written by releases before per-process folders
+_OWNED: set[str] = set()  # this process's own folders (where locks belong to the process, as on NFS, not the file)
 
 
 def own_folder(root: Path) -> tuple[Path, IO[bytes] | None]:
-    """A new folder for this process under ``root`` and the open file that holds its lock (None without
-    ``flock``). The folder gets its final name only once locked, so no sibling ever sees it unlocked."""
+    """A new folder for this process under ``root`` and the open file that holds its lock. The folder gets its
+    final name only once locked, so no sibling ever sees it unlocked; where it cannot be locked (no ``flock``, or a
+    file system that refuses it) it keeps its ``.new-`` name, which nothing ever deletes."""
     root.mkdir(parents=True, exist_ok=True)
     name = f"p{os.getpid()}-{uuid.uuid4().hex[:12]}"
     fresh = root / f".new-{name}"
     fresh.mkdir()
     handle = (fresh / LOCK).open("ab")
-    owner: IO[bytes] | None = handle if _try_lock(handle) else None  # a fresh file: None only without flock
-    if owner is None:
+    if not _try_lock(handle.fileno()):
         handle.close()
+        if _has_flock():
+            log.warning("cannot lock %s (a network file system?): its version folders stay after this run", fresh)
+        return fresh, None
     fresh.rename(root / name)
-    return root / name, owner
+    _OWNED.add(str(root / name))
+    return root / name, handle
+
+
+def release(folder: Path, handle: IO[bytes]) -> None:
+    """Drop this process's lock on its ``folder``: a later coordinator may delete it."""
+    _OWNED.discard(str(folder))
+    handle.close()
 
 
 def clear_dead(root: Path) -> int:
     """Delete what coordinators that are gone left under ``root``; how many folders went."""
     if not root.is_dir() or not _has_flock():
         return 0
-    gone = 0
-    for entry in root.iterdir():
-        if entry.is_symlink() or not entry.is_dir():
-            continue
-        if _OLD.fullmatch(entry.name):
-            gone += _remove(entry)
-        elif _PROCESS.fullmatch(entry.name):
-            gone += _remove_if_dead(entry)
+    entries = [e for e in root.iterdir() if not e.is_symlink() and e.is_dir()]
+    old = [e for e in entries if _OLD.fullmatch(e.name)]
+    gone = sum(_remove(e) for e in old) if old and _quiet(old) else 0
+    gone += sum(_remove_if_dead(e) for e in entries if _PROCESS.fullmatch(e.name) and str(e) not in _OWNED)
     if gone:
         log.info("removed %d version folders that earlier coordinators left in %s", gone, root)
     return gone
 
 
-def _remove_if_dead(folder: Path) -> int:
-    """Remove ``folder`` when its owner's lock can be taken (held while removing); 1 when it went."""
+def _quiet(folders: list[Path]) -> bool:
+    """Whether none of an older release's ``folders`` changed within ``OLD_QUIET_S`` (no lock tells if it runs)."""
     try:
-        handle = (folder / LOCK).open("ab")
-    except OSError:  # gone meanwhile, or not ours to open
+        newest = max(f.stat().st_mtime for f in folders)
+    except OSError:
+        return False
+    return time.time() - newest > OLD_QUIET_S
+
+
+def _remove_if_dead(folder: Path) -> int:
+    """Remove ``folder`` when its owner's lock can be taken (held while removing); 1 when it went. The lock file
+    is opened read-only, never through a link, never created: a folder without one is not a coordinator's."""
+    try:
+        fd = os.open(folder / LOCK, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
         return 0
-    with handle:
-        if not _try_lock(handle):
-            return 0  # its coordinator lives
-        return _remove(folder)
+    try:
+        return _remove(folder) if _try_lock(fd) else 0  # not lockable: its coordinator lives
+    finally:
+        os.close(fd)
 
 
 def _remove(folder: Path) -> int:
@@ -84,14 +104,14 @@ def _has_flock() -> bool:
     return True
 
 
-def _try_lock(handle: IO[bytes]) -> bool:
-    """An exclusive lock on ``handle`` without waiting; False when another open file holds one (or no flock)."""
+def _try_lock(fd: int) -> bool:
+    """An exclusive lock on ``fd`` without waiting; False when another open file holds one (or no flock)."""
     try:
         import fcntl
     except ImportError:
         return False
     try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return False
     return True

@@ -7,6 +7,8 @@ served route and the chaos of kills are in tests/integration/test_checkpoint_res
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -119,11 +121,15 @@ def test_a_coordinator_on_the_same_workdir_clears_what_an_earlier_one_left(tmp_p
     for folder in old:
         folder.mkdir()
         (folder / "adapter_model.safetensors").write_bytes(b"w")
+        os.utime(folder, (time.time() - 7200,) * 2)  # untouched for two hours: its coordinator is gone
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("mine")
-    (base / ("9-" + "a" * 40)).symlink_to(victim, target_is_directory=True)
+    links = ["9-" + "a" * 40, "p123-0123456789ab"]  # named like the cache's folders, old and new
+    for name in links:
+        (base / name).symlink_to(victim, target_is_directory=True)
     (base / "notes").mkdir()  # not a name of the cache's
+    (base / ".new-p1-0123456789ab").mkdir()  # a process that died between mkdir and lock: never deleted
     beside = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")  # while the first one lives
     assert beside.versions.cleared == len(old) and first.is_dir()
     assert all(c.versions.path(v) is not None for v in c.versions.versions())  # the live run's folders stay
@@ -131,12 +137,8 @@ def test_a_coordinator_on_the_same_workdir_clears_what_an_earlier_one_left(tmp_p
     c2 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")
     assert c2.versions.cleared == 1 and not first.exists()
     assert all(beside.versions.path(v) is not None for v in beside.versions.versions())  # still live: kept
-    assert {p.name for p in base.iterdir()} == {
-        "notes",
-        "9-" + "a" * 40,
-        beside.versions.root.name,
-        c2.versions.root.name,
-    }
+    mine = {beside.versions.root.name, c2.versions.root.name}
+    assert {p.name for p in base.iterdir()} == {"notes", ".new-p1-0123456789ab", *links, *mine}
     assert (victim / "keep.txt").read_text() == "mine"
     lease = c2.lease("again")  # v0 (the checkpoint) comes back from its tag
     assert c2.submit(lease, committed_round(store, c2, lease, tmp_path, seed=9))["status"] == "merged"
@@ -219,3 +221,17 @@ def test_a_live_coordinator_process_keeps_its_folders_and_its_death_frees_them(t
     after = VersionCache(base)
     assert after.cleared == 2 and not theirs.exists()  # the killed process's folder and the closed one's
     assert [p.name for p in base.iterdir()] == [after.root.name]
+
+
+def test_an_older_releases_folders_stay_while_they_change(tmp_path):
+    """Folders an older release wrote in the root (no lock to ask) go only once none changed for an hour."""
+    from hubgrpo.coordinator.versions import VersionCache
+
+    base = tmp_path / "versions"
+    recent, stale = base / ("3-" + "c" * 40), base / ("2-" + "d" * 40)
+    for folder in (recent, stale):
+        folder.mkdir(parents=True)
+    os.utime(stale, (time.time() - 7200,) * 2)
+    assert VersionCache(base).cleared == 0 and recent.is_dir() and stale.is_dir()  # one changed a moment ago
+    os.utime(recent, (time.time() - 4000,) * 2)
+    assert VersionCache(base).cleared == 2 and not recent.exists() and not stale.exists()
