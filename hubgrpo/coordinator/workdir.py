@@ -22,6 +22,11 @@ import uuid
 from pathlib import Path
 from typing import IO
 
+try:
+    import fcntl
+except ImportError:  # Windows: nothing is locked, so nothing is ever deleted
+    fcntl = None  # type: ignore[assignment]
+
 log = logging.getLogger(__name__)
 
 LOCK = ".lock"
@@ -42,7 +47,7 @@ def own_folder(root: Path) -> tuple[Path, IO[bytes] | None]:
     handle = (fresh / LOCK).open("ab")
     if not _try_lock(handle.fileno()):
         handle.close()
-        if _has_flock():
+        if fcntl is not None:
             log.warning("cannot lock %s (a network file system?): its version folders stay after this run", fresh)
         return fresh, None
     fresh.rename(root / name)
@@ -58,7 +63,7 @@ def release(folder: Path, handle: IO[bytes]) -> None:
 
 def clear_dead(root: Path) -> int:
     """Delete what coordinators that are gone left under ``root``; how many folders went."""
-    if not root.is_dir() or not _has_flock():
+    if not root.is_dir() or fcntl is None:
         return 0
     entries = [e for e in root.iterdir() if not e.is_symlink() and e.is_dir()]
     old = [e for e in entries if _OLD.fullmatch(e.name)]
@@ -96,19 +101,9 @@ def _remove(folder: Path) -> int:
     return 0 if folder.exists() else 1
 
 
-def _has_flock() -> bool:
-    try:
-        import fcntl  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _try_lock(fd: int) -> bool:
     """An exclusive lock on ``fd`` without waiting; False when another open file holds one (or no flock)."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
