@@ -123,14 +123,14 @@ def spawn_workers(
     log_dir: Path,
     threads: int | None = None,
     allow: list[str] | None = None,
-    pipeline: bool = False,
+    pipeline: bool | None = None,
 ) -> list:
     """Start N ``hubgrpo worker`` processes with torch threads split between them (cores // N each); ``allow``:
     the config's non-built-in reward functions (the owner runs their own config here); ``pipeline``: their
-    ``--pipeline``. They are started before the run repo and the coordinator are up and wait for them
-    (``--wait``), loading their libraries meanwhile."""
+    ``--pipeline`` (None: the config's ``worker.pipeline``). They are started before the run repo and the
+    coordinator are up and wait for them (``--wait``), loading their libraries meanwhile."""
     threads = threads or max(1, (os.cpu_count() or 1) // n)
-    wait = ["--wait", str(WORKER_WAIT_S), *(["--pipeline"] if pipeline else [])]
+    wait = ["--wait", str(WORKER_WAIT_S), *([] if pipeline is None else [f"--{'' if pipeline else 'no-'}pipeline"])]
     return [
         _spawn(
             ["worker", "--repo", repo, "--coordinator", url, "--name", f"worker{i}", *wait],
@@ -220,7 +220,7 @@ def run(
     force: bool = False,
     evaluate: bool = True,
     eval_samples: int = 16,
-    pipeline: bool = False,
+    pipeline: bool | None = None,
 ) -> dict:
     """Run until ``rounds.versions`` versions exist (or Ctrl-C / max_wall_s), then let the evaluator score the
     last versions (``evaluate``); return the final status. ``pipeline``: the workers' ``--pipeline``."""

@@ -117,11 +117,12 @@ def worker(
     allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
     gpus: str = typer.Option(None, "--gpus", help=GPUS_HELP),
     pipeline: bool = typer.Option(
-        False,
+        None,
         "--pipeline/--no-pipeline",
         help="Deliver each round while the next one trains, and ask the next lease ahead (the run allows it with "
-        "coordinator.leases_per_worker ≥ 2). Off by default: its rounds arrive older (benchmarks/LOG.md, "
-        "2026-12-05); --no-pipeline: lease, train, deliver, submit in sequence.",
+        "coordinator.leases_per_worker ≥ 2); --no-pipeline: lease, train, deliver, submit in sequence. Default: "
+        "the run config's worker.pipeline (off unless the config turns it on: its rounds start from an older "
+        "version, which wins on some tasks and loses on others; benchmarks/speedup/).",
     ),
     wait: float = typer.Option(
         0.0,
@@ -150,7 +151,7 @@ def worker(
         host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40].strip("-.")
         name = f"{host or 'worker'}-{secrets.token_hex(2)}"
     if chosen is not None:
-        rest = ["--pipeline"] if pipeline else []
+        rest = [] if pipeline is None else ["--pipeline" if pipeline else "--no-pipeline"]
         raise typer.Exit(
             _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose, rest)
         )
@@ -226,7 +227,9 @@ def run(
     ),
     eval_samples: int = typer.Option(16, "--eval-samples", min=1, help="Held-out prompts per version."),
     pipeline: bool = typer.Option(
-        False, "--pipeline/--no-pipeline", help="The local workers' --pipeline (hubgrpo worker --help)."
+        None,
+        "--pipeline/--no-pipeline",
+        help="The local workers' --pipeline (hubgrpo worker --help). Default: the config's worker.pipeline.",
     ),
 ) -> None:
     """A whole run: coordinator on 127.0.0.1 + N local workers (+ an evaluator) until rounds.versions versions;

@@ -22,6 +22,7 @@ RECIPE_KEYS = (
     "rounds.lr_schedule",
     "rounds.lr_warmup",
     "rounds.lr_decay",
+    "worker.pipeline",
 )
 
 
@@ -55,6 +56,7 @@ def describe(cfg: Config) -> str:
         + (f" (or {m.staleness_per_worker:g} per live worker)" if m.staleness_per_worker else ""),
         "AdamW kept across rounds" if not r.reset_optimizer else "fresh AdamW each round",
         f"{r.lr_schedule} learning rate over the run",
+        "rounds pipelined" if cfg.worker.pipeline else "rounds in sequence",
     ]
     if m.outer_lr != 1 or m.outer_momentum:
         words.append(f"outer lr {m.outer_lr:g}, momentum {m.outer_momentum:g}{' (Nesterov)' if m.nesterov else ''}")

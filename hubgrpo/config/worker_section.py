@@ -41,3 +41,10 @@ class WorkerSection(_Section):
         "seed, the completion's index in the round and its position (hubgrpo.proof): the same distribution as "
         "sampling, and a verifier holding the model can replay each choice; false: TRL's own random sampling.",
     )
+    pipeline: bool = Field(
+        False,
+        description="Deliver each round while the next one trains and ask the next lease ahead (`hubgrpo worker "
+        "--pipeline`; the run must allow it: coordinator.leases_per_worker >= 2). Its rounds start from an older "
+        "version: it won on configs/addition-mixed.yaml and lost on configs/demo.yaml (benchmarks/speedup/). "
+        "`hubgrpo worker --pipeline/--no-pipeline` overrides it; `hubgrpo simulate` runs rounds in sequence.",
+    )

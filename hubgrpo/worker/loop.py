@@ -82,7 +82,7 @@ class Worker:
         threads: int | None = None,
         upload_via: str | None = None,
         allow_code: list[str] | None = None,
-        pipeline: bool = False,
+        pipeline: bool | None = None,
     ):
         """``upload_via="coordinator"``: send submissions to the coordinator's ``upload`` endpoint instead of
         committing them (for workers without write access to the run repo; see ``hubgrpo.space.upload``); None:
@@ -90,7 +90,7 @@ class Worker:
         coordinator``, else the store). ``allow_code``: the non-built-in reward functions (``module:function``,
         ``file.py:function``) of the run's config that this worker's owner allows to run; any other one stops
         the worker before it trains. ``pipeline``: deliver each round while the next one trains
-        (``hubgrpo.worker.pipeline``; ``hubgrpo worker --pipeline``)."""
+        (``hubgrpo.worker.pipeline``; ``hubgrpo worker --pipeline``); None: the run config's ``worker.pipeline``."""
         from hubgrpo.worker.delivery import upload_route
 
         self.store, self.client, self.name, self.user = store, client, layout.check_name(name), user
@@ -107,7 +107,7 @@ class Worker:
         self.results: list[dict] = []
         self.tracker: Tracker | None = None  # made in run()
         self.steps_done = 0
-        self.pipeline = pipeline
+        self.pipeline = self.cfg.worker.pipeline if pipeline is None else pipeline
         self.in_use: list[str] = []  # adapter ids a round trains from or a lease fetched ahead will: never pruned
         self._record_lock = threading.Lock()
 

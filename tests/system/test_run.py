@@ -259,13 +259,14 @@ def test_an_ffa_run_with_rebase_runs_through_the_installed_command(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_a_pipelined_run_through_the_installed_command(tmp_path):
-    """hubgrpo run --pipeline: its workers deliver each round while they train the next (their rounds say so) and
-    the run finishes with every round merged once."""
+    """A config with worker.pipeline (as configs/addition-mixed.yaml): the workers of hubgrpo run, started without
+    --pipeline, read it from the run and deliver each round while they train the next (their rounds say so); the
+    run finishes with every round merged once."""
     repo, cache = tmp_path / "run", tmp_path / "cache"
     exe = Path(sys.executable).with_name("hubgrpo")
     env = dict(os.environ, HUBGRPO_CACHE=str(cache))
-    r = subprocess.run([str(exe), "run", str(TINY), "--workers", "2", "--repo", str(repo), "--no-eval", "--pipeline",
-                        "--set", "rounds.steps=1", "--set", "rounds.versions=6", "--set", "merge.quorum=1",
+    r = subprocess.run([str(exe), "run", str(TINY), "--workers", "2", "--repo", str(repo), "--no-eval",
+                        "--set", "worker.pipeline=true", "--set", "rounds.steps=1", "--set", "rounds.versions=6", "--set", "merge.quorum=1",
                         "--set", "coordinator.heartbeat_interval_s=1"], capture_output=True, text=True, timeout=560,
                        env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

@@ -91,6 +91,19 @@ def test_one_lease_per_worker_runs_the_rounds_in_sequence(tmp_path):
     assert not any(r.get("pipelined") for r in results)
 
 
+@pytest.mark.timeout(60)
+def test_the_run_config_turns_pipelining_on_and_the_worker_flag_wins_over_it(tmp_path):
+    store, coord, client = _run(tmp_path, **{"rounds.versions": 3, "worker.pipeline": "true"})
+    results = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
+                     workdir=tmp_path / "w1").run()  # no flag: the config's worker.pipeline
+    assert results and all(r.get("pipelined") for r in results if r["status"] in ("merged", "admitted"))
+    store, coord, client = _run(tmp_path / "off", **{"rounds.versions": 3, "worker.pipeline": "true"})
+    results = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
+                     workdir=tmp_path / "off" / "w1", pipeline=False).run()  # --no-pipeline
+    assert coord.state.version == 3 and max(client.held) == 1
+    assert results and not any(r.get("pipelined") for r in results)
+
+
 class SlowSubmitClient(CountingClient):
     """The first submit takes ``delay`` seconds (a slow upload or a long verdict); every lease is recorded."""
 
