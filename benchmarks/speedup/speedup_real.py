@@ -252,11 +252,24 @@ def mean_lines(rows: list[dict]) -> list[str]:
     return ["", *out] if out else []
 
 
+def pipelined_by(args) -> str:
+    """What pipelines the run's rounds: the flag, the config's worker.pipeline, or nothing ("")."""
+    if getattr(args, "pipeline", False):
+        return "hubgrpo run --pipeline"
+    if not getattr(args, "config", None):
+        return ""
+    from hubgrpo.config import load_config
+
+    sets = [*getattr(args, "set", []), *getattr(args, "run_set", [])]
+    cfg = load_config(args.config, overrides=sets, warn=False)
+    return "the config's worker.pipeline" if cfg.worker.pipeline else ""
+
+
 def to_markdown(args, rows: list[dict]) -> str:
     lines = ["# Real speed-up on this machine: train (1 core) vs run --workers 2", "",
              f"Config `{args.config}`{' with ' + ', '.join(args.set) if args.set else ''}"
              f"{'; the run with ' + ', '.join(args.run_set) if args.run_set else ''}"
-             f"{'; rounds pipelined (hubgrpo run --pipeline)' if getattr(args, 'pipeline', False) else ''}"
+             f"{'; rounds pipelined (' + pipelined_by(args) + ')' if pipelined_by(args) else ''}"
              f"{'; train taken from ' + ', '.join(map(str, args.train_from)) if args.train_from else ''}; train {args.train_steps} "
              f"steps; run {args.versions} versions; target training reward {args.target} (train: mean of 5 steps; "
              f"run: the versions' merged rounds over as many samples); held-out: greedy on {args.eval} prompts. "
@@ -282,7 +295,7 @@ def to_markdown(args, rows: list[dict]) -> str:
 
 def headline(args, rows: list[dict]) -> str:
     task = Path(str(getattr(args, "config", "") or "")).stem or "?"
-    task += ", rounds pipelined" if getattr(args, "pipeline", False) else ""
+    task += ", rounds pipelined" if pipelined_by(args) else ""
     xs = [r["speedup_train_reward"] for r in rows if r.get("speedup_train_reward")]
     if not xs:
         return f"{task}: N = 2 did not reach a training reward of {args.target} in {args.versions} versions"
