@@ -81,13 +81,14 @@ def coordinator(
 
     from hubgrpo.cli.embedded import coordinator_secret
     from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.coordinator.workdir import for_store
     from hubgrpo.space.api import serve, stop
     from hubgrpo.space.auth import make_auth
     from hubgrpo.space.guard import is_loopback
 
     _logging(verbose)
     store = _store(repo)
-    coord = Coordinator(store, coordinator_secret(store), allow_code=allow_reward)
+    coord = Coordinator(store, coordinator_secret(store), allow_code=allow_reward, workdir=for_store(store.location))
     auth = None if is_loopback(host) else make_auth(coord)
     app, url = serve(coord, host=host, port=port, auth=auth, uploads=True)  # no non-loopback host without auth
     typer.echo(f"coordinator for {store.location} at {url}" + ("" if auth is None else " (auth on)"))

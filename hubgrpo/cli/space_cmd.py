@@ -56,6 +56,7 @@ def space(
 
     from hubgrpo.cli.embedded import coordinator_secret
     from hubgrpo.coordinator.core import Coordinator
+    from hubgrpo.coordinator.workdir import for_store
     from hubgrpo.space.api import stop
     from hubgrpo.space.app import serve_space
     from hubgrpo.space.auth import make_auth
@@ -66,7 +67,7 @@ def space(
         level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     store = open_store(repo, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"))
-    coord = Coordinator(store, coordinator_secret(store), allow_code=allow_reward)
+    coord = Coordinator(store, coordinator_secret(store), allow_code=allow_reward, workdir=for_store(store.location))
     auth = make_auth(coord)
     check_exposure(host, auth)  # no Hub owner and no coordinator.allowed_users: loopback only
     app, url = serve_space(

@@ -7,6 +7,7 @@ keeps what the repo cannot know: live leases keep their prompts, adapters of thi
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -45,7 +46,8 @@ class RepoStateMixin:
         state = runrepo.read_state(self.store, head)
         shas = reconcile.version_shas(self.store, state.version)  # tags a crashed gc or merge left missing
         history = self.store.history(limit=200)
-        adapter = runrepo.adapter_at(self.store, shas[state.version], self.workdir / "checkpoint")
+        # a folder of its own per read: two coordinators on one workdir never write into each other's
+        adapter = runrepo.adapter_at(self.store, shas[state.version], self.workdir / "checkpoint" / uuid.uuid4().hex)
         return {
             "head": head,
             "cfg": runrepo.read_config(self.store, head),

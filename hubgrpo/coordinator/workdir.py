@@ -1,7 +1,8 @@
 """One folder per coordinator process under a shared root, and what dead processes left there.
 
-Every ``hubgrpo run`` of a project uses one workdir (``~/.cache/hubgrpo/coordinator/<project>``), and so does a
-coordinator restarted on it. Each process keeps its versions in a folder of its own, ``p<pid>-<hex>``, holding an
+Every ``hubgrpo run`` of a project uses one workdir (``~/.cache/hubgrpo/coordinator/<project>``), every
+``hubgrpo coordinator`` and ``hubgrpo space`` of a run one per run (``for_store``), and so does a coordinator
+restarted on it. Each process keeps its versions in a folder of its own, ``p<pid>-<hex>``, holding an
 exclusive ``flock`` on the folder's ``.lock`` for its whole life (the OS drops it when the process dies, however it
 dies). A new process deletes every sibling folder whose lock it can take: its owner is gone, nothing reads those
 versions any more (a version needed again comes from its tag), and a long run's or many runs' folders would otherwise
@@ -13,6 +14,7 @@ directly in the root) are deleted too once none of them changed for an hour. Nev
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -34,6 +36,16 @@ OLD_QUIET_S = 3600  # an older release's folders go only when none changed for t
 _PROCESS = re.compile(r"p[0-9]+-[0-9a-f]{12}")
 _OLD = re.compile(r"[0-9]+-[0-9a-f]{40}|\.tmp-[0-9a-f]{32}")  # written by releases before per-process folders
 _OWNED: set[str] = set()  # this process's own folders (where locks belong to the process, as on NFS, not the file)
+
+
+def for_store(location: str) -> Path:
+    """The workdir of a coordinator started on its own (``hubgrpo coordinator``, ``hubgrpo space``) for the
+    run at ``location``: one per run under hubgrpo's cache, so that a restarted coordinator clears what the one
+    before it left (a fresh temporary folder per start would keep every earlier process's versions forever)."""
+    from hubgrpo.runrepo import cache_root
+
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "-", location.rstrip("/").rsplit("/", 1)[-1])[:40].strip("-.") or "run"
+    return cache_root() / "coordinator" / f"{tail}-{hashlib.sha256(location.encode()).hexdigest()[:12]}"
 
 
 def own_folder(root: Path) -> tuple[Path, IO[bytes] | None]:
