@@ -30,16 +30,17 @@ JOIN_ON_EXIT_S = 30.0  # on Ctrl-C, how long the round being delivered may take 
 
 
 def pipelines(cfg) -> bool:
-    """Whether the run lets a worker deliver a round while it trains the next: two live leases per worker, and a
-    round one version older than its lease's admitted (a staleness limit above 0, or rebased rounds)."""
-    m = cfg.merge
-    return cfg.coordinator.leases_per_worker >= 2 and (m.max_staleness > 0 or m.staleness_per_worker > 0 or m.rebase)
+    """Whether the run lets a worker deliver a round while it trains the next (``config.recipe.allows_pipelining``)."""
+    from hubgrpo.config.recipe import allows_pipelining
+
+    return allows_pipelining(cfg)
 
 
-def fetch_ahead(w: Worker) -> Lease | None | object:
+def fetch_ahead(w: Worker, protected: dict[str, str]) -> Lease | None | object:
     """The next lease and its adapter, asked once while another round trains; None when the run is finished,
     ``NOT_NOW`` when the coordinator wants a wait or is out of reach (the worker then leases after the delivery,
-    as in sequence: a trained round never waits behind a lease asked ahead)."""
+    as in sequence: a trained round never waits behind a lease asked ahead). ``protected``: lease id → the adapter
+    id this call kept from pruning (``Worker.in_use``), for ``Piped.unprotect``."""
     try:
         lease = w.client.lease(w.name, w.user)
     except (Refused, RateLimited, CoordinatorError) as e:
@@ -52,6 +53,7 @@ def fetch_ahead(w: Worker) -> Lease | None | object:
     try:  # the download too, off the training's path (the round's own call then finds it cached)
         check_lease_bounds(w.cfg, lease)
         w.in_use.append(lease.base_sha)  # kept from pruning until its round has loaded it (``Worker.train``)
+        protected[lease.lease_id] = lease.base_sha
         w.client.adapter(lease.base_version, lease.base_sha, w.workdir / "adapters", adapter_limit(w.cfg))
     except (HubGrpoError, OSError) as e:  # the round itself downloads it (and says what is wrong)
         log.info("could not fetch version %s ahead: %s", lease.base_version, e)
@@ -69,7 +71,7 @@ class Piped:
         self.holding: Lease | None = None  # the lease of the round on the worker's thread, until handed off
         self.trained: Trained | None = None  # that round once trained, until handed off
         self.in_flight: str | None = None  # the lease id being delivered
-        self.fetched: set[str] = set()  # lease ids fetched ahead (their adapters are protected: ``Worker.in_use``)
+        self.protected: dict[str, str] = {}  # lease id fetched ahead → its adapter id, kept in ``Worker.in_use``
 
     def wanted(self) -> bool:
         return not self.finished and (self.w.max_rounds is None or self.leases < self.w.max_rounds)
@@ -88,11 +90,11 @@ class Piped:
         handoff, self.handoff = self.handoff, None
         out = handoff.join()
         waited = time.time() - t
+        for gone in out.lost:  # fetched ahead, then refused or given back: its adapter may be pruned again
+            self.unprotect(gone)
         if out.answer is not None:
             self.w.collect(out.answer | out.extra | {"pipelined": True})
         lease = out.lease if isinstance(out.lease, Lease) else None
-        if lease is not None:
-            self.fetched.add(lease.lease_id)
         if out.error is not None:
             if lease is not None:
                 self.unprotect(lease)
@@ -111,7 +113,7 @@ class Piped:
         self.in_flight = trained.hb.lease.lease_id
         self.handoff = Handoff(
             lambda: w._guarded(trained.hb.lease, lambda: w.finish(trained)),
-            (lambda: fetch_ahead(w)) if ahead else None,
+            (lambda: fetch_ahead(w, self.protected)) if ahead else None,
             keep=w.client.heartbeat,
             interval=max(1.0, w.cfg.coordinator.heartbeat_interval_s),
             release=w._release,
@@ -121,10 +123,9 @@ class Piped:
 
     def unprotect(self, lease: Lease) -> None:
         """A lease fetched ahead has been trained (or given up): its adapter needs no protection from pruning."""
-        if lease.lease_id in self.fetched:
-            self.fetched.discard(lease.lease_id)
-            if lease.base_sha in self.w.in_use:
-                self.w.in_use.remove(lease.base_sha)
+        sha = self.protected.pop(lease.lease_id, None)
+        if sha is not None and sha in self.w.in_use:
+            self.w.in_use.remove(sha)
 
     def take(self, lease: Lease) -> Lease:
         """A lease the worker is about to train: never the id of the round being delivered (a coordinator that
@@ -148,6 +149,8 @@ class Piped:
             release_quietly(self.w._release, self.holding)
         if self.handoff is not None:
             out = self.handoff.abandon(JOIN_ON_EXIT_S)
+            for gone in out.lost:
+                self.unprotect(gone)
             if out.answer is not None:
                 self.w.collect(out.answer | out.extra | {"pipelined": True})
 

@@ -36,6 +36,7 @@ class Outcome:
     fetched: bool = False  # a lease was asked for (None then means: the run is finished)
     error: BaseException | None = None
     extra: dict = field(default_factory=dict)
+    lost: list[Lease] = field(default_factory=list)  # leases fetched ahead, then given back or refused a heartbeat
 
 
 class Handoff:
@@ -70,11 +71,13 @@ class Handoff:
                 out.lease = self._fetch()
                 if isinstance(out.lease, Lease) and self._abandoned.is_set():  # the worker left meanwhile
                     self._release(out.lease)
+                    out.lost.append(out.lease)
                     out.lease = None
                 while isinstance(out.lease, Lease) and self._keep and not self._taken.wait(self._interval):
                     try:
                         out.lease = self._keep(out.lease)
                     except LeaseError:  # expired or refused: the worker leases anew after its round
+                        out.lost.append(out.lease)
                         out.lease, out.fetched = None, False
                     except CoordinatorError as e:  # unreachable: try at the next beat, unless our run is gone
                         if e.code == "orphaned":
@@ -89,6 +92,7 @@ class Handoff:
         out = self.join(timeout)
         if isinstance(out.lease, Lease):
             self._release(out.lease)
+            out.lost.append(out.lease)
             out.lease = None
         return out
 

@@ -11,7 +11,7 @@ import pytest
 
 from hubgrpo.coordinator.core import Coordinator
 from hubgrpo.coordinator.repo_init import init_repo
-from hubgrpo.errors import RateLimited, Refused
+from hubgrpo.errors import LeaseError, RateLimited, Refused
 from hubgrpo.store.local import LocalStore
 from hubgrpo.worker.loop import Worker
 from tests.support.coord_helpers import make_config, write_adapter
@@ -96,12 +96,41 @@ def test_the_run_config_turns_pipelining_on_and_the_worker_flag_wins_over_it(tmp
     store, coord, client = _run(tmp_path, **{"rounds.versions": 3, "worker.pipeline": "true"})
     results = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
                      workdir=tmp_path / "w1").run()  # no flag: the config's worker.pipeline
-    assert results and all(r.get("pipelined") for r in results if r["status"] in ("merged", "admitted"))
+    merged = [r for r in results if r["status"] in ("merged", "admitted")]
+    assert len(merged) >= 3 and all(r.get("pipelined") for r in merged) and max(client.held) == 2
     store, coord, client = _run(tmp_path / "off", **{"rounds.versions": 3, "worker.pipeline": "true"})
     results = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
                      workdir=tmp_path / "off" / "w1", pipeline=False).run()  # --no-pipeline
     assert coord.state.version == 3 and max(client.held) == 1
     assert results and not any(r.get("pipelined") for r in results)
+
+
+class SlowEngine(FakeEngine):
+    def run_round(self, *a, **k):
+        time.sleep(1.3)  # past the 1-s keep-alive of a lease fetched ahead
+        return super().run_round(*a, **k)
+
+
+class AheadExpires(CountingClient):
+    """A coordinator that refuses every keep-alive of a lease fetched ahead (a restart, or a hostile one)."""
+
+    def heartbeat(self, lease):
+        if threading.current_thread().name == "hubgrpo-handoff":
+            self.coord.release(lease)
+            raise LeaseError("lease expired", code="expired")
+        return super().heartbeat(lease)
+
+
+@pytest.mark.timeout(120)
+def test_a_lease_fetched_ahead_then_refused_lets_its_adapter_be_pruned(tmp_path):
+    store, coord, _ = _run(tmp_path, **{"rounds.versions": 5, "coordinator.heartbeat_interval_s": 1})
+    client = AheadExpires(coord, {})
+    worker = Worker(store, client, name="w1", engine=SlowEngine(), sleep=lambda s: None, progress=False,
+                    workdir=tmp_path / "w1", pipeline=True)
+    worker.run()
+    assert coord.state.version == 5
+    assert worker.in_use == []  # no adapter stays protected by a lease that is gone
+    assert len(list((tmp_path / "w1" / "adapters").iterdir())) <= 3  # so the cache stays bounded
 
 
 class SlowSubmitClient(CountingClient):
