@@ -140,7 +140,7 @@ def _check_folder(c: Coordinator, lease: Lease, sub_id: str, commit: str) -> Pen
     """Fetch the submission from the run's inbox (the repo at ``commit``, or an inbox): names and sizes are checked
     in the listing first, against ``submission_limit``, so an oversized folder is refused before it is read."""
     tag = hashlib.sha256(commit.encode()).hexdigest()[:12]  # the participant's commit never names the folder
-    dest = c.workdir / "submissions" / f"{sub_id}-{tag}"
+    dest = c.scratch / "submissions" / f"{sub_id}-{tag}"  # this process's: another coordinator's never shares it
     limit = submission_limit(c, lease)
     try:
         folder = c.inbox.fetch(lease.base_version, sub_id, commit, dest, max_bytes=limit)

@@ -85,6 +85,7 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         self.momentum: merging.Momentum = None  # outer momentum tensors, or a reader of the repo's (re-read lazily)
         self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (rounds.balance)
         self.versions = VersionCache(self.workdir / "versions")  # live and recent versions (the adapter route)
+        self.scratch = self.versions.root / "scratch"  # downloads being read or checked: go with this process's folder
         self.checkpointing: int | None = None  # the version a checkpoint commit is reading from the cache now
         self.ids: dict[int, str] = {}  # version → adapter id (what leases carry as base_sha), this lineage only
         repo = self.read_repo()

@@ -76,7 +76,7 @@ def reload_if_rewritten(c: Coordinator) -> bool:
     repo = c.read_repo()
     with c.lock:
         if c.state.version != version or c.merging is not None or repo["state"].version == c.checkpoint.version:
-            shutil.rmtree(repo["adapter"], ignore_errors=True)  # not adopted: the version cache has its copy
+            shutil.rmtree(repo["download"], ignore_errors=True)  # not adopted: the version cache has its copy
         if c.state.version != version or c.merging is not None:
             return False
         moved = sorted(v for v, sha in held.items() if repo["shas"].get(v) != sha)

@@ -28,7 +28,7 @@ class RepoStateMixin:
     """What the coordinator loads from its run repo (``Coordinator`` inherits it)."""
 
     store: Store
-    workdir: Path
+    scratch: Path
     clock: Callable[[], float]
     head: str
     cfg: Config
@@ -46,8 +46,8 @@ class RepoStateMixin:
         state = runrepo.read_state(self.store, head)
         shas = reconcile.version_shas(self.store, state.version)  # tags a crashed gc or merge left missing
         history = self.store.history(limit=200)
-        # a folder of its own per read: two coordinators on one workdir never write into each other's
-        adapter = runrepo.adapter_at(self.store, shas[state.version], self.workdir / "checkpoint" / uuid.uuid4().hex)
+        download = self.scratch / uuid.uuid4().hex  # one per read; the whole folder goes once adopted (or not)
+        adapter = runrepo.adapter_at(self.store, shas[state.version], download)
         return {
             "head": head,
             "cfg": runrepo.read_config(self.store, head),
@@ -55,6 +55,7 @@ class RepoStateMixin:
             "shas": shas,
             "history": [c.created_at for c in history],
             "adapter": adapter,
+            "download": download,
             "head_at": next((c.created_at for c in history if c.sha == head), None),
         }
 

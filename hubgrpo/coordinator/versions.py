@@ -166,7 +166,7 @@ class VersionsMixin:
     state: RunState
     cfg: Config
     store: Store
-    workdir: Path
+    scratch: Path
     clock: Callable[[], float]
     versions: VersionCache
     adapters: AdapterCache
@@ -188,7 +188,7 @@ class VersionsMixin:
         self.ids[version] = self.versions.put(
             version, {n: repo["adapter"] / n for n in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)}
         )
-        shutil.rmtree(repo["adapter"], ignore_errors=True)  # the version cache holds its copy
+        shutil.rmtree(repo.get("download", repo["adapter"]), ignore_errors=True)  # the version cache holds its copy
         at = repo.get("head_at")
         self.checkpoint = checkpoint.Checkpoint(
             version=version, sha=repo["head"], at=min(at, now) if at is not None else now
@@ -236,11 +236,12 @@ class VersionsMixin:
                 "restarted since",
                 hint="lease again and train on the current version",
             )
-        fetched = runrepo.adapter_at(self.store, sha, self.workdir / "checkpoint" / uuid.uuid4().hex)
-        try:  # a folder of its own per call: two threads reading the same evicted version never share one
+        download = self.scratch / uuid.uuid4().hex  # a folder of its own per call: two threads reading the same
+        fetched = runrepo.adapter_at(self.store, sha, download)  # evicted version never share one
+        try:
             self.versions.put(version, {n: fetched / n for n in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)})
         finally:
-            shutil.rmtree(fetched, ignore_errors=True)
+            shutil.rmtree(download, ignore_errors=True)
         folder = self.versions.path(version)
         assert folder is not None, "put() just stored it"
         return folder

@@ -45,7 +45,7 @@ def for_store(location: str) -> Path:
     from hubgrpo.runrepo import cache_root
 
     tail = re.sub(r"[^A-Za-z0-9._-]+", "-", location.rstrip("/").rsplit("/", 1)[-1])[:40].strip("-.") or "run"
-    return cache_root() / "coordinator" / f"{tail}-{hashlib.sha256(location.encode()).hexdigest()[:12]}"
+    return cache_root() / "coordinator" / f"{tail}-{hashlib.sha256(os.fsencode(location)).hexdigest()[:12]}"
 
 
 def own_folder(root: Path) -> tuple[Path, IO[bytes] | None]:

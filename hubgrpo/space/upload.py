@@ -280,7 +280,10 @@ class Uploads:
         self.batcher = SubmissionBatcher(
             coord, batch_size=batch_size, batch_wait_s=batch_wait_s, on_merge_due=on_merge_due
         )
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hubgrpo-uploads-"))
+        scratch = getattr(coord, "scratch", None)  # the coordinator process's own folder: cleared after it
+        self.workdir = Path(
+            workdir or (scratch / "uploads" if scratch else tempfile.mkdtemp(prefix="hubgrpo-uploads-"))
+        )
         self.wait_timeout_s = float(wait_timeout_s)
 
     def handle(self, lease: Lease, files) -> dict:

@@ -59,6 +59,6 @@ def test_a_coordinator_restarted_on_a_run_clears_what_the_killed_one_left(tmp_pa
         (live,) = [p for p in (workdir / "versions").iterdir() if p.name.startswith("p")]
         assert live != dead and not dead.exists()
         assert [p.name for p in (tmp_path / "cache" / "coordinator").iterdir()] == [workdir.name]
-        assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("hubgrpo-coord-")]
+        assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("hubgrpo-")]  # nor uploads
     finally:
         _kill(second)

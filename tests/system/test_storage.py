@@ -37,7 +37,9 @@ def test_old_submission_folders_leave_the_head_and_the_coordinator_keeps_no_copi
     assert submission_folders(store) == by_version[5] | by_version[6]  # keep_submissions: 2 (the default)
     for v in range(1, 5):  # the history still has them
         assert by_version[v] <= submission_folders(store, c.shas[v])
-    assert not any((c.workdir / "submissions").iterdir())  # admitted submissions live in memory, not on disk
+    assert (c.scratch / "submissions").is_dir()  # where they were fetched to be checked
+    assert not any((c.scratch / "submissions").iterdir())  # admitted submissions live in memory, not on disk
+    assert not any(p.is_file() for p in c.scratch.rglob("*"))  # nor the adapters read from the repo
     assert not (c.workdir / "adapters").exists() or not any((c.workdir / "adapters").rglob("*.safetensors"))
     c.cfg.coordinator.keep_submissions = None  # keep everything
     run_versions(store, tmp_path, 1, c)

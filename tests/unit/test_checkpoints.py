@@ -235,3 +235,17 @@ def test_an_older_releases_folders_stay_while_they_change(tmp_path):
     assert VersionCache(base).cleared == 0 and recent.is_dir() and stale.is_dir()  # one changed a moment ago
     os.utime(recent, (time.time() - 4000,) * 2)
     assert VersionCache(base).cleared == 2 and not recent.exists() and not stale.exists()
+
+
+def test_a_runs_own_workdir_stays_in_the_cache_and_differs_per_run(tmp_path, monkeypatch):
+    from hubgrpo.coordinator.workdir import for_store
+
+    monkeypatch.setenv("HUBGRPO_CACHE", str(tmp_path / "cache"))
+    root = (tmp_path / "cache" / "coordinator").resolve()
+    hostile = ["alice/run1", "alice/run-1", "alice/run.1", "../../etc", "/", "", "a/..", "s3://b/x/../../y",
+               "https://hub.example/alice/run1", "x" * 5000, "run\u202e1", "bad\udcffname", "con", "a\x00b"]
+    places = [for_store(s) for s in hostile]
+    for place in places:
+        assert place.parent.resolve() == root and len(place.name) <= 60 and place.name.isascii(), place
+    assert len(set(places)) == len(hostile)  # two runs never share one
+    assert for_store("alice/run1") == for_store("alice/run1")  # a restart finds its predecessor's
