@@ -259,10 +259,11 @@ def pipelined_by(args) -> str:
     if not getattr(args, "config", None):
         return ""
     from hubgrpo.config import load_config
+    from hubgrpo.config.recipe import allows_pipelining
 
     sets = [*getattr(args, "set", []), *getattr(args, "run_set", [])]
-    cfg = load_config(args.config, overrides=sets, warn=False)
-    return "the config's worker.pipeline" if cfg.worker.pipeline else ""
+    cfg = load_config(ROOT / args.config, overrides=sets, warn=False)
+    return "the config's worker.pipeline" if cfg.worker.pipeline and allows_pipelining(cfg) else ""
 
 
 def to_markdown(args, rows: list[dict]) -> str:

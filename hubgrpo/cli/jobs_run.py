@@ -26,9 +26,12 @@ class JobHandle:
         return None if self.stage in ("SCHEDULING", "RUNNING") else self.stage
 
 
-def run_on_jobs(cfg: Config, repo: str, *, on_status=None, max_wall_s: float | None = None) -> dict:
+def run_on_jobs(
+    cfg: Config, repo: str, *, on_status=None, max_wall_s: float | None = None, pipeline: bool | None = None
+) -> dict:
     """Initialise ``repo`` (kept when it is already a run), deploy the Space, start the jobs, watch until the run
-    finishes; return the final status (with ``wall_s`` and ``jobs``)."""
+    finishes; return the final status (with ``wall_s`` and ``jobs``). ``pipeline``: the workers' ``--pipeline``
+    (None: the config's ``worker.pipeline``)."""
     from huggingface_hub import get_token
 
     from hubgrpo.cli.embedded import coordinator_secret, ensure_repo
@@ -51,6 +54,7 @@ def run_on_jobs(cfg: Config, repo: str, *, on_status=None, max_wall_s: float | N
         image=opts.image,
         install=opts.install,
         endpoint=endpoint,
+        worker_args=[] if pipeline is None else ["--pipeline" if pipeline else "--no-pipeline"],
     )
     api = jobs.hf_api(token, endpoint)
     store = open_store(repo, token=token, endpoint=endpoint)

@@ -47,6 +47,9 @@ def launch(
         "requirement or wheel URL.",
     ),
     allow_reward: list[str] = typer.Option([], "--allow-reward", help="Passed to each worker (repeatable)."),
+    pipeline: bool = typer.Option(
+        None, "--pipeline/--no-pipeline", help="Passed to each worker (default: the run config's worker.pipeline)."
+    ),
     prefix: str = typer.Option(
         "job", "--prefix", help="Worker names: PREFIX-<i>-<hex> (with -gpuN on multi-GPU flavors)."
     ),
@@ -58,6 +61,7 @@ def launch(
     from hubgrpo.launch import jobs
 
     worker_args = [a for r in allow_reward for a in ("--allow-reward", r)]
+    worker_args += [] if pipeline is None else ["--pipeline" if pipeline else "--no-pipeline"]
     specs = jobs.worker_specs(
         repo,
         coordinator,

@@ -257,7 +257,7 @@ def run(
             f"hubgrpo run {cfg.project_name}: {opts.workers} HF Jobs ({opts.flavor}), bucket {repo}, "
             f"coordinator {opts.coordinator}, target {cfg.rounds.versions} versions"
         )
-        status = run_on_jobs(cfg, repo, on_status=_live_printer(), max_wall_s=max_wall_s)
+        status = run_on_jobs(cfg, repo, on_status=_live_printer(), max_wall_s=max_wall_s, pipeline=pipeline)
         print_run_report(status, _store(repo), cfg)
         return
     repo = repo or f"./runs/{cfg.project_name}"

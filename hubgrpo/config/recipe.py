@@ -44,6 +44,23 @@ def differences(cfg: Config) -> dict[str, tuple[Any, Any]]:
     return {key: (_get(cfg, key), defaults[key]) for key in RECIPE_KEYS if _get(cfg, key) != defaults[key]}
 
 
+def allows_pipelining(cfg: Config) -> bool:
+    """Whether the run lets a worker deliver a round while it trains the next: two live leases per worker, and a
+    round one version older than its lease's admitted (a staleness limit above 0, or rebased rounds)."""
+    m = cfg.merge
+    return cfg.coordinator.leases_per_worker >= 2 and (m.max_staleness > 0 or m.staleness_per_worker > 0 or m.rebase)
+
+
+def _schedule(cfg: Config) -> str:
+    if not cfg.worker.pipeline:
+        return "rounds in sequence"
+    return (
+        "rounds pipelined"
+        if allows_pipelining(cfg)
+        else "rounds in sequence (worker.pipeline, but the run allows one lease per worker or no stale round)"
+    )
+
+
 def describe(cfg: Config) -> str:
     """One line: the recipe ``cfg`` trains with (ffa + rebase, quorum 1, 1-step rounds, ...), and whether it is
     the default."""
@@ -56,7 +73,7 @@ def describe(cfg: Config) -> str:
         + (f" (or {m.staleness_per_worker:g} per live worker)" if m.staleness_per_worker else ""),
         "AdamW kept across rounds" if not r.reset_optimizer else "fresh AdamW each round",
         f"{r.lr_schedule} learning rate over the run",
-        "rounds pipelined" if cfg.worker.pipeline else "rounds in sequence",
+        _schedule(cfg),
     ]
     if m.outer_lr != 1 or m.outer_momentum:
         words.append(f"outer lr {m.outer_lr:g}, momentum {m.outer_momentum:g}{' (Nesterov)' if m.nesterov else ''}")

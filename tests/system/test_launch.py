@@ -65,6 +65,11 @@ def test_dry_run_prints_the_specs_and_the_token_goes_only_as_a_secret():
     local = _cli("launch", "--repo", "./runs/x", "--coordinator", "alice/s", "--dry-run")
     assert local.returncode == 2 and "not a Hub repo id" in local.stderr
     assert run_label("alice/run.1") != run_label("alice/run-1")  # sanitised, yet distinct
+    for flag in ("--pipeline", "--no-pipeline"):  # a participant's choice over the run config's worker.pipeline
+        r = _cli("launch", "--repo", "alice/run1", "--coordinator", "alice/run1-space", "--dry-run", "--json", flag)
+        assert r.returncode == 0 and all(f" {flag}" in s["command"][2] for s in json.loads(r.stdout)), r.stderr
+    assert "pipeline" not in json.loads(_cli("launch", "--repo", "alice/run1", "--coordinator", "alice/run1-space",
+                                             "--dry-run", "--json").stdout)[0]["command"][2]
 
 
 @pytest.mark.timeout(420)

@@ -265,10 +265,10 @@ def test_a_pipelined_run_through_the_installed_command(tmp_path):
     repo, cache = tmp_path / "run", tmp_path / "cache"
     exe = Path(sys.executable).with_name("hubgrpo")
     env = dict(os.environ, HUBGRPO_CACHE=str(cache))
+    sets = ["worker.pipeline=true", "rounds.steps=1", "rounds.versions=6", "merge.quorum=1",
+            "coordinator.heartbeat_interval_s=1"]
     r = subprocess.run([str(exe), "run", str(TINY), "--workers", "2", "--repo", str(repo), "--no-eval",
-                        "--set", "worker.pipeline=true", "--set", "rounds.steps=1", "--set", "rounds.versions=6", "--set", "merge.quorum=1",
-                        "--set", "coordinator.heartbeat_interval_s=1"], capture_output=True, text=True, timeout=560,
-                       env=env)
+                        *[x for s in sets for x in ("--set", s)]], capture_output=True, text=True, timeout=560, env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     state = runrepo.read_state(LocalStore(repo))
     assert state.finished and state.version == 6
