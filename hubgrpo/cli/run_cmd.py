@@ -230,7 +230,8 @@ def run(
     pipeline: bool = typer.Option(
         None,
         "--pipeline/--no-pipeline",
-        help="The local workers' --pipeline (hubgrpo worker --help). Default: the config's worker.pipeline.",
+        help="The workers' --pipeline (hubgrpo worker --help), local or HF Jobs. Default: the config's "
+        "worker.pipeline.",
     ),
 ) -> None:
     """A whole run: coordinator on 127.0.0.1 + N local workers (+ an evaluator) until rounds.versions versions;

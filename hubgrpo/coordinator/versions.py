@@ -188,7 +188,7 @@ class VersionsMixin:
         self.ids[version] = self.versions.put(
             version, {n: repo["adapter"] / n for n in (layout.ADAPTER_WEIGHTS, layout.ADAPTER_CONFIG)}
         )
-        shutil.rmtree(repo.get("download", repo["adapter"]), ignore_errors=True)  # the version cache holds its copy
+        shutil.rmtree(repo["download"], ignore_errors=True)  # the version cache holds its copy
         at = repo.get("head_at")
         self.checkpoint = checkpoint.Checkpoint(
             version=version, sha=repo["head"], at=min(at, now) if at is not None else now

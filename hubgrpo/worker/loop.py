@@ -216,21 +216,22 @@ class Worker:
         t0 = time.time()
         check_lease_bounds(self.cfg, lease)  # nothing downloaded or trained for a lease past the run's config
         self.in_use.append(lease.base_sha)
-        adapter_dir = self.client.adapter(
-            lease.base_version, lease.base_sha, self.workdir / "adapters", adapter_limit(self.cfg)
-        )  # from the coordinator: no repo read
-        t_download = time.time() - t0
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
-        out = self.workdir / "rounds" / sub_id
-        # the heartbeat runs until the round is delivered (``finish``): a round waiting for its delivery stays live
-        hb = Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s).__enter__()
-        try:
+        out, hb = self.workdir / "rounds" / sub_id, None
+        try:  # the download too: a failed one leaves its version protected from pruning no longer (finally)
+            adapter_dir = self.client.adapter(
+                lease.base_version, lease.base_sha, self.workdir / "adapters", adapter_limit(self.cfg)
+            )  # from the coordinator: no repo read
+            t_download = time.time() - t0
+            # the heartbeat runs until the round is delivered (``finish``): a round waiting for it stays live
+            hb = Heartbeat(self.client, lease, self.cfg.coordinator.heartbeat_interval_s).__enter__()
             bare = lease.model_copy(update={"uploads": {}})  # upload URLs never go into submission.json
             sub = self.engine.run_round(
                 adapter_dir, bare, out, on_step=self._progress(lease, hb), rebase=self._rebase_source()
             )
         except BaseException:
-            hb.__exit__()
+            if hb is not None:
+                hb.__exit__()
             runrepo.remove_tree(out, self.workdir / "rounds")
             raise
         finally:

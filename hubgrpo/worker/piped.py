@@ -57,6 +57,11 @@ def fetch_ahead(w: Worker, protected: dict[str, str]) -> Lease | None | object:
         w.client.adapter(lease.base_version, lease.base_sha, w.workdir / "adapters", adapter_limit(w.cfg))
     except (HubGrpoError, OSError) as e:  # the round itself downloads it (and says what is wrong)
         log.info("could not fetch version %s ahead: %s", lease.base_version, e)
+    except BaseException:  # the worker will not train it: the lease goes back, its adapter may be pruned
+        if protected.pop(lease.lease_id, None) is not None:
+            w.in_use.remove(lease.base_sha)
+        release_quietly(w._release, lease)
+        raise
     return lease
 
 
@@ -178,7 +183,10 @@ def run_piped(w: Worker) -> None:
             if lease is None and p.wanted():
                 lease = p.lease_now()
             lease_s = time.time() - t0 + waited
-        p.join()
+        last, _ = p.join()  # the run finished while a lease was fetched ahead: it goes back untrained
+        if last is not None:
+            p.unprotect(last)
+            release_quietly(w._release, last)
     except BaseException:
         p.close()
         raise

@@ -66,7 +66,7 @@ class Handoff:
         out = self.outcome
         try:
             out.answer = self._deliver()
-            if self._fetch is not None:
+            if self._fetch is not None and not self._abandoned.is_set():  # the worker left: nothing to fetch for
                 out.fetched = True
                 out.lease = self._fetch()
                 if isinstance(out.lease, Lease) and self._abandoned.is_set():  # the worker left meanwhile

@@ -65,6 +65,20 @@ def test_the_loop_waits_out_refusals_survives_outages_and_the_scan_finds_the_los
     assert coord.state.version == 2
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_failed_download_leaves_no_version_protected_from_pruning(tmp_path, pipeline):
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, make_config(**{"merge.quorum": 1, "rounds.versions": 3}), write_adapter(tmp_path / "v0", 0))
+    coord = Coordinator(store, SECRET, workdir=tmp_path / "coord")
+    cut = [CoordinatorError("connection reset", code="unreachable") for _ in range(2)]
+    worker = Worker(store, ScriptedClient(coord, {"adapter": cut}), name="w1", engine=FakeEngine(),
+                    sleep=lambda s: None, progress=False, workdir=tmp_path / "w1", pipeline=pipeline)
+    results = worker.run()
+    assert coord.state.version == 3 and sum(r["status"] == "error" for r in results) >= 1
+    assert worker.in_use == []  # every version may be pruned again once its round is over
+
+
 def test_the_loop_stops_on_what_it_cannot_wait_out(tmp_path):
     store = LocalStore(tmp_path / "repo")
     init_repo(store, make_config(), write_adapter(tmp_path / "v0", 0))
