@@ -131,7 +131,7 @@ def run_workers(args, tmp: Path, seed: int, hub: HubQuota | None = None) -> dict
 
     repo = f"alice/speedup-s{seed}-{int(time.time())}" if hub else str(tmp / f"run-s{seed}")
     since = time.time()
-    piped = ["--pipeline"] if args.pipeline else []
+    piped = [] if args.pipeline is None else ["--pipeline" if args.pipeline else "--no-pipeline"]
     wall = hubgrpo("run", args.config, "--workers", "2", "--repo", repo, "--no-eval", *piped, *sets(
         [*args.set, *args.run_set, f"rounds.versions={args.versions}", f"params.seed={seed}",
          f"project_name=speedup-s{seed}"]), env=hub.env() if hub else None)
@@ -254,8 +254,8 @@ def mean_lines(rows: list[dict]) -> list[str]:
 
 def pipelined_by(args) -> str:
     """What pipelines the run's rounds: the flag, the config's worker.pipeline, or nothing ("")."""
-    if getattr(args, "pipeline", False):
-        return "hubgrpo run --pipeline"
+    if getattr(args, "pipeline", None) is not None:
+        return "hubgrpo run --pipeline" if args.pipeline else ""
     if not getattr(args, "config", None):
         return ""
     from hubgrpo.config import load_config
@@ -324,8 +324,9 @@ def main() -> None:
     ap.add_argument("--eval-sampled", type=int, default=0, help="0: greedy; k: mean of k sampled passes")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--run-set", action="append", default=[], help="KEY=VALUE for the run only")
-    ap.add_argument("--pipeline", action="store_true",
-                    help="hubgrpo run --pipeline: each worker delivers a round while it trains the next")
+    ap.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
+                    help="hubgrpo run --pipeline: each worker delivers a round while it trains the next; "
+                         "--no-pipeline: in sequence; default: the config's worker.pipeline")
     ap.add_argument("--train-from", type=Path, action="append", default=[],
                     help="an earlier result JSON: reuse its train runs (repeat for several files)")
     ap.add_argument("--name", default="speedup-real")
