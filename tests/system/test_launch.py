@@ -81,7 +81,8 @@ def test_launch_starts_jobs_whose_workers_merge_versions_then_jobs_stop_cancels_
     from huggingface_hub import HfApi
 
     emu, repo = hub_emulator, "alice/jobsrun"
-    store = _tiny_run(emu, repo)
+    # state.json in the repo moves at checkpoints: one per version here, not one per 120 s (the Hub's default)
+    store = _tiny_run(emu, repo, [*RUN_CFG, "coordinator.checkpoint_every_versions=1"])
     app, url = serve(Coordinator(store, b"jobs-secret", workdir=tmp_path / "coord"), tick_interval=0.2)
     env = {"HF_TOKEN": TEST_TOKEN, "HF_ENDPOINT": emu.url, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what the jobs' processes inherit from the emulator
