@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hubgrpo import runrepo
 from hubgrpo.config import Config, from_env, placeholders
+from hubgrpo.config.recipe import pipeline_flag
 from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import ConfigError, StoreError
 from hubgrpo.store.base import Store
@@ -127,10 +128,9 @@ def spawn_workers(
 ) -> list:
     """Start N ``hubgrpo worker`` processes with torch threads split between them (cores // N each); ``allow``:
     the config's non-built-in reward functions (the owner runs their own config here); ``pipeline``: their
-    ``--pipeline`` (None: the config's ``worker.pipeline``). They are started before the run repo and the
-    coordinator are up and wait for them (``--wait``), loading their libraries meanwhile."""
+    ``--pipeline`` (None: the config's). Started before the repo and the coordinator are up, they wait (``--wait``)."""
     threads = threads or max(1, (os.cpu_count() or 1) // n)
-    wait = ["--wait", str(WORKER_WAIT_S), *([] if pipeline is None else [f"--{'' if pipeline else 'no-'}pipeline"])]
+    wait = ["--wait", str(WORKER_WAIT_S), *pipeline_flag(pipeline)]
     return [
         _spawn(
             ["worker", "--repo", repo, "--coordinator", url, "--name", f"worker{i}", *wait],

@@ -10,6 +10,7 @@ import os
 import time
 
 from hubgrpo.config import Config
+from hubgrpo.config.recipe import pipeline_flag
 from hubgrpo.errors import ConfigError, StoreError
 
 log = logging.getLogger("hubgrpo.cli.jobs_run")
@@ -54,7 +55,7 @@ def run_on_jobs(
         image=opts.image,
         install=opts.install,
         endpoint=endpoint,
-        worker_args=[] if pipeline is None else ["--pipeline" if pipeline else "--no-pipeline"],
+        worker_args=pipeline_flag(pipeline),
     )
     api = jobs.hf_api(token, endpoint)
     store = open_store(repo, token=token, endpoint=endpoint)

@@ -58,10 +58,10 @@ def launch(
 ) -> None:
     """Start N workers of a run on Hugging Face Jobs. Your token goes to each job as the secret HF_TOKEN, never
     in its command or environment; the jobs carry the label hubgrpo-run so `hubgrpo jobs` finds them."""
+    from hubgrpo.config.recipe import pipeline_flag
     from hubgrpo.launch import jobs
 
-    worker_args = [a for r in allow_reward for a in ("--allow-reward", r)]
-    worker_args += [] if pipeline is None else ["--pipeline" if pipeline else "--no-pipeline"]
+    worker_args = [a for r in allow_reward for a in ("--allow-reward", r)] + pipeline_flag(pipeline)
     specs = jobs.worker_specs(
         repo,
         coordinator,

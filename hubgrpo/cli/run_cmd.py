@@ -152,7 +152,9 @@ def worker(
         host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())[:40].strip("-.")
         name = f"{host or 'worker'}-{secrets.token_hex(2)}"
     if chosen is not None:
-        rest = [] if pipeline is None else ["--pipeline" if pipeline else "--no-pipeline"]
+        from hubgrpo.config.recipe import pipeline_flag
+
+        rest = pipeline_flag(pipeline)
         raise typer.Exit(
             _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose, rest)
         )

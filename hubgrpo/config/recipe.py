@@ -51,6 +51,11 @@ def allows_pipelining(cfg: Config) -> bool:
     return cfg.coordinator.leases_per_worker >= 2 and (m.max_staleness > 0 or m.staleness_per_worker > 0 or m.rebase)
 
 
+def pipeline_flag(pipeline: bool | None) -> list[str]:
+    """The ``hubgrpo worker`` argument that carries a choice over the config's ``worker.pipeline`` (None: none)."""
+    return [] if pipeline is None else ["--pipeline" if pipeline else "--no-pipeline"]
+
+
 def _schedule(cfg: Config) -> str:
     if not cfg.worker.pipeline:
         return "rounds in sequence"

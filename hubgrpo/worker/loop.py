@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hubgrpo import layout, runrepo
+from hubgrpo.config.recipe import allows_pipelining
 from hubgrpo.error_codes import stop_codes
 from hubgrpo.errors import (
     ConfigError,
@@ -38,7 +39,7 @@ from hubgrpo.worker.delivery import check_inbox_is_ours, commit_round, deliver
 from hubgrpo.worker.heartbeat import Heartbeat
 from hubgrpo.worker.lease_bounds import adapter_limit, check_lease_bounds
 from hubgrpo.worker.orphans import stop_if_orphaned
-from hubgrpo.worker.piped import pipelines, run_piped
+from hubgrpo.worker.piped import run_piped
 
 if TYPE_CHECKING:
     from hubgrpo.tracking import Tracker
@@ -122,7 +123,7 @@ class Worker:
         tracker = self.tracker
         if self.upload_via == "store":
             check_inbox_is_ours(self.cfg.hub.submissions, self.store, getattr(self.client, "target", ""))
-        if self.pipeline and pipelines(self.cfg):
+        if self.pipeline and allows_pipelining(self.cfg):
             run_piped(self)
         else:
             while self.max_rounds is None or len(self.results) < self.max_rounds:

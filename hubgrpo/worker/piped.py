@@ -29,13 +29,6 @@ NOT_NOW = object()  # a lease fetched ahead was refused as a second live lease: 
 JOIN_ON_EXIT_S = 30.0  # on Ctrl-C, how long the round being delivered may take to finish
 
 
-def pipelines(cfg) -> bool:
-    """Whether the run lets a worker deliver a round while it trains the next (``config.recipe.allows_pipelining``)."""
-    from hubgrpo.config.recipe import allows_pipelining
-
-    return allows_pipelining(cfg)
-
-
 def fetch_ahead(w: Worker, protected: dict[str, str]) -> Lease | None | object:
     """The next lease and its adapter, asked once while another round trains; None when the run is finished,
     ``NOT_NOW`` when the coordinator wants a wait or is out of reach (the worker then leases after the delivery,
