@@ -201,4 +201,6 @@ def test_a_run_with_submissions_on_s3_and_workers_without_credentials(tmp_path, 
     rows = version_rows(status, runrepo.version_shas(store), store)
     assert [r[0] for r in rows if f"{hub_emulator.url}/alice/s3subs/commit/" in r[-1]] == [2, 0]  # checkpoints
     assert [r[0] for r in rows if r[-1] == "-"] == [1]  # the Space's version links
-    assert {row[0] for row in leaderboard_rows(status)} == {"w0", "w1"}
+    board = leaderboard_rows(status)  # a worker that started late may find every round taken: not both, always
+    assert board and {row[0] for row in board} <= {"w0", "w1"}, board
+    assert sum(row[2] for row in board) >= len(state.merged_ids), board  # every merged round credited
