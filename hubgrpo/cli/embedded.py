@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,8 +33,6 @@ def ensure_repo(store: Store, cfg: Config, *, force: bool = False) -> None:
     head = store.head() if store.exists() else None
     if head is not None and store.exists_file("state.json", head) and not force:
         return
-    import tempfile
-
     from hubgrpo.worker.engine import RoundEngine
 
     with tempfile.TemporaryDirectory(prefix="hubgrpo-init-") as tmp:
@@ -341,6 +340,7 @@ def _serve_and_watch(
     finally:
         stop_workers(procs + [p for p in (evaluator, verifier) if p is not None])
         app.close()
+        coord.close()  # its version folder: what the next run of the project would delete anyway
     status["wall_s"] = time.time() - start
     return status
 

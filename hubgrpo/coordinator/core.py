@@ -306,6 +306,10 @@ class Coordinator(RepoStateMixin, VersionsMixin):
                 self.accept_quietly(p, count_commit=True)
         return len(prepared)
 
+    def close(self) -> None:
+        """The end of this coordinator (after its last ``flush``): its version folder and scratch are deleted."""
+        self.versions.close()
+
     def flush(self, *, force: bool = True) -> bool:
         """Commit a checkpoint — now (``force``: whatever is unsaved: versions, refusals, held-out scores), or when
         one is due (``checkpoint.due``); store I/O outside the lock. True when something was written. One checkpoint

@@ -43,7 +43,10 @@ class VersionCache:
         self._dirs: dict[int, tuple[str, Path]] = {}  # version → (adapter id, folder)
 
     def close(self) -> None:
-        """Let a later coordinator on this root clear what this one leaves (done anyway when the process ends)."""
+        """At the coordinator's end: its folder goes (nothing reads a gone process's versions: a restart starts
+        from the last checkpoint, as it would from a killed one), then its lock. Also a ``.new-`` folder that could
+        not be locked, which no later coordinator would delete."""
+        shutil.rmtree(self.root, ignore_errors=True)
         if self._owner is not None:
             workdir.release(self.root, self._owner)
             self._owner = None

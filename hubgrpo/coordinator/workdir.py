@@ -41,9 +41,15 @@ _OWNED: set[str] = set()  # this process's own folders (where locks belong to th
 def for_store(location: str) -> Path:
     """The workdir of a coordinator started on its own (``hubgrpo coordinator``, ``hubgrpo space``) for the
     run at ``location``: one per run under hubgrpo's cache, so that a restarted coordinator clears what the one
-    before it left (a fresh temporary folder per start would keep every earlier process's versions forever)."""
+    before it left (a fresh temporary folder per start would keep every earlier process's versions forever). A local
+    run's path counts once resolved."""
     from hubgrpo.runrepo import cache_root
 
+    if os.path.isabs(location):  # a local run repo: one workdir however its path is spelled (links, '..')
+        try:
+            location = os.path.realpath(location)
+        except (OSError, ValueError):
+            pass
     tail = re.sub(r"[^A-Za-z0-9._-]+", "-", location.rstrip("/").rsplit("/", 1)[-1])[:40].strip("-.") or "run"
     return cache_root() / "coordinator" / f"{tail}-{hashlib.sha256(os.fsencode(location)).hexdigest()[:12]}"
 
@@ -97,9 +103,10 @@ def _quiet(folders: list[Path]) -> bool:
 
 def _remove_if_dead(folder: Path) -> int:
     """Remove ``folder`` when its owner's lock can be taken (held while removing); 1 when it went. The lock file
-    is opened read-only, never through a link, never created: a folder without one is not a coordinator's."""
+    is opened for writing (NFS emulates ``flock`` with a POSIX lock, which an exclusive lock needs), never through a
+    link, never created: a folder without one, or one this user may not write, is not this coordinator's to clear."""
     try:
-        fd = os.open(folder / LOCK, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(folder / LOCK, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return 0
     try:

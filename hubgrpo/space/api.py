@@ -184,3 +184,6 @@ def stop(app: gr.Blocks, coord: CoordinatorLike) -> None:
         faulthandler.cancel_dump_traceback_later()
     faulthandler.dump_traceback_later(CLOSE_LIMIT_S, exit=True)  # stays armed through the interpreter's exit
     app.close()
+    close = getattr(coord, "close", None)
+    if close is not None:  # its version folder: what a restart would delete anyway
+        close()

@@ -133,7 +133,9 @@ def test_a_coordinator_on_the_same_workdir_clears_what_an_earlier_one_left(tmp_p
     beside = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")  # while the first one lives
     assert beside.versions.cleared == len(old) and first.is_dir()
     assert all(c.versions.path(v) is not None for v in c.versions.versions())  # the live run's folders stay
-    c.versions.close()  # the first one died (the OS drops its lock)
+    from hubgrpo.coordinator import workdir
+
+    workdir.release(first, c.versions._owner)  # the first one died (the OS drops its lock, deletes nothing)
     c2 = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")
     assert c2.versions.cleared == 1 and not first.exists()
     assert all(beside.versions.path(v) is not None for v in beside.versions.versions())  # still live: kept
@@ -142,6 +144,25 @@ def test_a_coordinator_on_the_same_workdir_clears_what_an_earlier_one_left(tmp_p
     assert (victim / "keep.txt").read_text() == "mine"
     lease = c2.lease("again")  # v0 (the checkpoint) comes back from its tag
     assert c2.submit(lease, committed_round(store, c2, lease, tmp_path, seed=9))["status"] == "merged"
+
+
+def test_a_coordinator_that_ends_deletes_its_own_folder_and_nothing_else(tmp_path, monkeypatch):
+    """``Coordinator.close`` (after the last checkpoint of `hubgrpo run`, `coordinator`, `space`): its versions and
+    scratch go, a live neighbour's stay; a folder it could not lock (``.new-``: no flock) goes too."""
+    from hubgrpo.coordinator import workdir
+
+    store, c, clock = setup_run(tmp_path)
+    _versions(store, c, tmp_path, 2, clock)
+    beside = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")
+    mine, theirs = c.versions.root, beside.versions.root
+    assert mine.is_dir() and c.scratch.parent == mine
+    c.close()
+    assert not mine.exists() and (theirs / workdir.LOCK).is_file()  # the neighbour lives on
+    monkeypatch.setattr(workdir, "_try_lock", lambda fd: False)  # a file system without flock
+    unlocked = Coordinator(store, SECRET, clock=clock, workdir=tmp_path / "work")
+    assert unlocked.versions.root.name.startswith(".new-") and unlocked.versions.root.is_dir()
+    unlocked.close()
+    assert not unlocked.versions.root.exists() and theirs.is_dir()
 
 
 @pytest.mark.timeout(180)
@@ -219,7 +240,8 @@ def test_a_live_coordinator_process_keeps_its_folders_and_its_death_frees_them(t
         proc.kill()
         proc.wait(timeout=30)
     after = VersionCache(base)
-    assert after.cleared == 2 and not theirs.exists()  # the killed process's folder and the closed one's
+    assert after.cleared == 1 and not theirs.exists()  # the killed process's folder (the closed one went at close)
+    assert not beside.root.exists()
     assert [p.name for p in base.iterdir()] == [after.root.name]
 
 
@@ -249,3 +271,9 @@ def test_a_runs_own_workdir_stays_in_the_cache_and_differs_per_run(tmp_path, mon
         assert place.parent.resolve() == root and len(place.name) <= 60 and place.name.isascii(), place
     assert len(set(places)) == len(hostile)  # two runs never share one
     assert for_store("alice/run1") == for_store("alice/run1")  # a restart finds its predecessor's
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "runs")
+    spellings = [tmp_path / "runs" / "r1", tmp_path / "runs" / "x" / ".." / "r1", tmp_path / "link" / "r1"]
+    assert len({for_store(str(s)) for s in spellings}) == 1  # a local run, however its path is spelled
+    assert for_store(str(tmp_path / "runs" / "r2")) != for_store(str(spellings[0]))
+    assert for_store("/a\x00b").parent.resolve() == root  # a path the OS refuses still gets a folder
