@@ -310,6 +310,9 @@ class Uploads:
             shutil.rmtree(folder, ignore_errors=True)
             c.record_refusal(lease, e)
             raise
+        except BaseException:  # an expired lease, a version the coordinator lost, ...: no bytes left behind
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         if outside_repo:
             return self._into_inbox(inbox.objects, lease, sub_id, decoded)
         item = self.batcher.add(QueuedSubmission(lease=lease, sub_id=sub_id, folder=folder))

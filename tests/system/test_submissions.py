@@ -112,6 +112,37 @@ def test_uploads_through_the_space_go_to_the_inbox(tmp_path):
     assert len(store.history()) == 1 and len(open_inbox(inbox).list(layout.SUBMISSIONS)) == len(layout.SUBMISSION_FILES)
 
 
+@pytest.mark.timeout(60)
+def test_an_upload_whose_check_fails_with_any_error_leaves_no_bytes_behind(tmp_path, monkeypatch):
+    """Not only a refused round: whatever error stops a check (here the adapter's read fails) removes the upload's
+    folder, so a stream of failing uploads cannot fill the coordinator's disk."""
+    import base64
+
+    from hubgrpo.coordinator import admission
+    from hubgrpo.space.upload import Uploads
+
+    store = LocalStore(tmp_path / "repo")
+    init_repo(store, make_config(), write_adapter(tmp_path / "v0", seed=0, b_scale=0.0), clock=FakeClock())
+    c = Coordinator(store, SECRET, workdir=tmp_path / "work")
+    uploads = Uploads(c, batch_size=1, batch_wait_s=0.0, workdir=tmp_path / "uploads")
+    real = admission.check_local
+
+    def failing(*args, **kwargs):
+        real(*args, **kwargs)  # every check passes, then the disk fails
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(admission, "check_local", failing)
+    try:
+        lease = c.lease("bob")
+        folder = round_folder(store, lease, tmp_path, seed=1)
+        files = {n: base64.b64encode((folder / n).read_bytes()).decode() for n in layout.SUBMISSION_FILES}
+        with pytest.raises(OSError):
+            uploads.handle(lease, files)
+    finally:
+        uploads.close()
+    assert list((tmp_path / "uploads").iterdir()) == []
+
+
 @pytest.mark.timeout(180)
 def test_s3_inbox_presigned_uploads_through_the_api(tmp_path, s3_bucket_url):
     """Leases over HTTP carry presigned upload URLs (POST forms capped in size: tests/integration/test_boxes_hostile.py);
@@ -163,7 +194,7 @@ def test_a_run_with_submissions_on_s3_and_workers_without_credentials(tmp_path, 
     inbox = f"{s3_bucket_url}/subs"
     cfg = load_config(ROOT / "configs" / "tiny.yaml", overrides=[
         "rounds.steps=2", "rounds.versions=2", "merge.quorum=2", "coordinator.heartbeat_interval_s=1",
-        f"hub.submissions={inbox}"])
+        "coordinator.checkpoint_every_s=3600", f"hub.submissions={inbox}"])  # no checkpoint mid-run, however slow
     store = HubStore("alice/s3subs", token=TEST_TOKEN, endpoint=hub_emulator.url)
     store.create()
     ensure_repo(store, cfg)
