@@ -44,6 +44,12 @@ def differences(cfg: Config) -> dict[str, tuple[Any, Any]]:
     return {key: (_get(cfg, key), defaults[key]) for key in RECIPE_KEYS if _get(cfg, key) != defaults[key]}
 
 
+PIPELINING_NEEDS = (
+    "this run allows it only with coordinator.leases_per_worker >= 2 and merge.max_staleness or "
+    "merge.staleness_per_worker above 0 (or merge.rebase on)"
+)
+
+
 def allows_pipelining(cfg: Config) -> bool:
     """Whether the run lets a worker deliver a round while it trains the next: two live leases per worker, and a
     round one version older than its lease's admitted (a staleness limit above 0, or rebased rounds)."""

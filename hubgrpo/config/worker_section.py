@@ -44,7 +44,8 @@ class WorkerSection(_Section):
     pipeline: bool = Field(
         False,
         description="Deliver each round while the next one trains and ask the next lease ahead (`hubgrpo worker "
-        "--pipeline`; the run must allow it: coordinator.leases_per_worker >= 2). Its rounds start from an older "
+        "--pipeline`; the run must allow it: coordinator.leases_per_worker >= 2, and merge.max_staleness or "
+        "merge.staleness_per_worker above 0 or merge.rebase on). Its rounds start from an older "
         "version: it won on configs/addition-mixed.yaml and lost on configs/demo.yaml (benchmarks/speedup/). "
         "`hubgrpo worker --pipeline/--no-pipeline` overrides it; `hubgrpo simulate` runs rounds in sequence.",
     )

@@ -43,6 +43,7 @@ from hubgrpo.layout import PROTOCOL_VERSION, Lease
 from hubgrpo.worker.bounded_http import OriginToken, Unavailable, token_may_go_to
 from hubgrpo.worker.http_transport import HttpTransport
 from hubgrpo.worker.json_body import Base64Text
+from hubgrpo.worker.lease_bounds import check_renewal
 
 if TYPE_CHECKING:
     from hubgrpo.worker.downloads import Downloader
@@ -201,8 +202,10 @@ class CoordinatorClient:
         return _as_lease(self._call("lease", worker, user, after_token=[PROTOCOL_VERSION]))
 
     def heartbeat(self, lease: Lease | dict) -> Lease:
-        """Extend ``lease``; returns the re-signed lease to use from now on. Raises ``LeaseError``."""
-        return _as_lease(self._call("heartbeat", _lease_dict(lease)))
+        """Extend ``lease``; returns the re-signed lease to use from now on. Raises ``LeaseError``, and
+        ``bad_lease`` when the answer is another round (``lease_bounds.check_renewal``)."""
+        old = lease if isinstance(lease, Lease) else _as_lease(lease)
+        return check_renewal(old, _as_lease(self._call("heartbeat", _lease_dict(lease))))
 
     def release(self, lease: Lease | dict) -> None:
         """Give ``lease`` back (the worker stops without submitting)."""

@@ -16,11 +16,15 @@ from hubgrpo.errors import CoordinatorError
 from hubgrpo.layout import Lease
 
 LEASE_PARAMS = ("learning_rate", "per_device_train_batch_size")  # what lease_params ever sets
+RENEWABLE = frozenset({"deadline", "signature", "uploads"})  # what a heartbeat changes in a lease
 MAX_STEPS_FACTOR = 4  # rounds.balance gives a slow machine's round at most 4 × rounds.steps
 
 
-def check_lease_bounds(cfg: Config, lease: Lease) -> None:
-    """Raise ``CoordinatorError("bad_lease")`` unless ``lease`` stays within what ``cfg`` lets a coordinator ask."""
+def check_lease_bounds(cfg: Config, lease: Lease, worker: str) -> None:
+    """Raise ``CoordinatorError("bad_lease")`` unless ``lease`` is one for ``worker`` (its round's folder is named
+    after both: another name could make two rounds share one) and stays within what ``cfg`` lets a coordinator ask."""
+    if lease.worker != worker:
+        _refuse(f"worker = {lease.worker!r}", f"this worker asked as {worker!r}")
     p = cfg.params
     for key, value in lease.params.items():
         if key not in LEASE_PARAMS:
@@ -36,6 +40,19 @@ def check_lease_bounds(cfg: Config, lease: Lease) -> None:
         _refuse(
             f"prompt_indices: {len(lease.prompt_indices)} prompts", f"a round of this run uses at most {max_prompts}"
         )
+
+
+def check_renewal(old: Lease, new: Lease) -> Lease:
+    """``new``, a heartbeat's answer for ``old``, unless it is another round: only its deadline, signature and
+    upload URLs may change (a new id or version would leave the worker's bookkeeping on the old one)."""
+    changed = [f for f in Lease.model_fields if f not in RENEWABLE and getattr(old, f) != getattr(new, f)]
+    if changed:
+        raise CoordinatorError(
+            f"the coordinator renewed lease {old.lease_id} as another round ({', '.join(changed)} changed)",
+            code="bad_lease",
+            hint="the worker keeps the lease it had; this coordinator is broken or hostile: check its URL",
+        )
+    return new
 
 
 def _refuse(what: str, why: str) -> None:

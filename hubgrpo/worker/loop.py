@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hubgrpo import layout, runrepo
-from hubgrpo.config.recipe import allows_pipelining
+from hubgrpo.config.recipe import PIPELINING_NEEDS, allows_pipelining
 from hubgrpo.error_codes import stop_codes
 from hubgrpo.errors import (
     ConfigError,
@@ -126,6 +126,8 @@ class Worker:
         if self.pipeline and allows_pipelining(self.cfg):
             run_piped(self)
         else:
+            if self.pipeline:
+                log.warning("pipelined rounds asked for, but %s: rounds run in sequence", PIPELINING_NEEDS)
             while self.max_rounds is None or len(self.results) < self.max_rounds:
                 t0 = time.time()
                 lease = self._lease()
@@ -215,7 +217,7 @@ class Worker:
     def train(self, lease: Lease) -> Trained:
         """Download the lease's version and train the round; its folder waits for ``finish``."""
         t0 = time.time()
-        check_lease_bounds(self.cfg, lease)  # nothing downloaded or trained for a lease past the run's config
+        check_lease_bounds(self.cfg, lease, self.name)  # nothing downloaded or trained for a lease not ours
         self.in_use.append(lease.base_sha)
         sub_id = layout.submission_id(lease.worker, lease.lease_id)
         out, hb = self.workdir / "rounds" / sub_id, None

@@ -44,7 +44,7 @@ def fetch_ahead(w: Worker, protected: dict[str, str]) -> Lease | None | object:
         log.info("no lease ahead (%s): %s; the next one is asked after this delivery", e.code, e.message)
         return NOT_NOW
     try:  # the download too, off the training's path (the round's own call then finds it cached)
-        check_lease_bounds(w.cfg, lease)
+        check_lease_bounds(w.cfg, lease, w.name)
         w.in_use.append(lease.base_sha)  # kept from pruning until its round has loaded it (``Worker.train``)
         protected[lease.lease_id] = lease.base_sha
         w.client.adapter(lease.base_version, lease.base_sha, w.workdir / "adapters", adapter_limit(w.cfg))
@@ -85,8 +85,8 @@ class Piped:
         if self.handoff is None:
             return None, 0.0
         t = time.time()
+        out = self.handoff.join()  # a Ctrl-C while waiting leaves the handoff for ``close`` to abandon
         handoff, self.handoff = self.handoff, None
-        out = handoff.join()
         waited = time.time() - t
         for gone in out.lost:  # fetched ahead, then refused or given back: its adapter may be pruned again
             self.unprotect(gone)

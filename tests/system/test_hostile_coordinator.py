@@ -122,6 +122,7 @@ BAD_LEASES = {
     "lease_id-over-long": {"lease_id": "a" * 65},
     "worker-path": {"worker": "../w1"},
     "run_id-path": {"run_id": "../../run"},
+    "worker-another-workers-name": {"worker": "w1-L"},  # rounds/w1-L-L000001 is also worker w1's lease L-L000001
     "uploads-outside-the-run": {"uploads": {"../../outside": "https://bucket.example/x"}},
     "uploads-file-url": {"uploads": {name: "file:///etc/passwd" for name in layout.SUBMISSION_FILES}},
     # sizes past the run's own config (hubgrpo.worker.lease_bounds): generate for ever, fill the memory
@@ -148,6 +149,28 @@ def test_a_lease_with_path_shaped_or_over_long_names_stops_the_worker(tmp_path, 
     assert e.value.code == "bad_lease" and next(iter(fields)) in e.value.message, e.value
     assert intact(victim)
     assert outside() == before
+    token_stayed_home(coord)
+
+
+RENEWED_AS_ANOTHER = {"lease_id": "L000002", "base_sha": "b" * 40, "base_version": 3, "worker": "w2",
+                      "prompt_indices": [7, 8], "params": {"learning_rate": 1e-9}}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("field", RENEWED_AS_ANOTHER, ids=RENEWED_AS_ANOTHER.keys())
+def test_a_heartbeat_that_answers_another_round_is_refused_and_the_old_lease_kept(tmp_path, field):
+    """A renewal may move the deadline and re-sign (and re-issue upload URLs), nothing else: a new id or version
+    would leave the worker's bookkeeping (the adapter it keeps from pruning, the round's folder) on the old one."""
+    wire = lease_dict()
+    lease, later = Lease.model_validate(wire), wire["deadline"] + 900
+    renewed = dict(wire, deadline=later, signature="1" * 64, uploads={})
+    hostile = sequence(answer(renewed), answer(dict(renewed, **{field: RENEWED_AS_ANOTHER[field]})))
+    with HostileCoordinator(heartbeat=hostile, **{"*": answer(None)}) as coord:
+        client = CoordinatorClient(coord.url, token=TOKEN, retries=0, timeout=5)
+        assert client.heartbeat(lease).deadline == later  # an honest renewal goes through
+        with pytest.raises(CoordinatorError) as e:
+            client.heartbeat(lease)
+    assert e.value.code == "bad_lease" and field in e.value.message and "L000001" in e.value.message, e.value
     token_stayed_home(coord)
 
 

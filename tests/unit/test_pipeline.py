@@ -82,13 +82,14 @@ def test_a_stop_raised_while_delivering_in_the_background_stops_the_worker(tmp_p
 
 
 @pytest.mark.timeout(60)
-def test_one_lease_per_worker_runs_the_rounds_in_sequence(tmp_path):
+def test_one_lease_per_worker_runs_the_rounds_in_sequence(tmp_path, caplog):
     store, coord, client = _run(tmp_path, **{"rounds.versions": 3, "coordinator.leases_per_worker": 1})
     worker = Worker(store, client, name="w1", engine=FakeEngine(), sleep=lambda s: None, progress=False,
                     workdir=tmp_path / "w1", pipeline=True)
     results = worker.run()
     assert coord.state.version == 3 and max(client.held) == 1
     assert not any(r.get("pipelined") for r in results)
+    assert "leases_per_worker >= 2" in caplog.text and "rounds run in sequence" in caplog.text  # says why
 
 
 @pytest.mark.timeout(60)
@@ -198,3 +199,39 @@ def test_a_run_that_admits_no_stale_round_runs_in_sequence(tmp_path):
                     workdir=tmp_path / "w1", pipeline=True)
     results = worker.run()
     assert [r["status"] for r in results].count("merged") == 4 and max(client.held) == 1
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_waiting_for_a_delivery_still_abandons_it_and_keeps_its_answer():
+    """Ctrl-C lands while the worker waits for the round being delivered (``Piped.join``): ``close`` must still
+    abandon that handoff, so it asks for no lease ahead once the delivery is done, and its answer is kept."""
+    from hubgrpo.worker.piped import Piped
+    from hubgrpo.worker.pipeline import Handoff
+
+    class Leaving:  # what ``Piped`` touches of a worker on its way out
+        def __init__(self):
+            self.collected, self.released, self.in_use = [], [], []
+
+        def collect(self, answer):
+            self.collected.append(answer)
+
+        def _release(self, lease):
+            self.released.append(lease)
+
+    delivering, fetched = threading.Event(), []
+    handoff = Handoff(lambda: (delivering.wait(10), {"status": "merged"})[1], lambda: fetched.append(1),
+                      release=lambda lease: None)
+    w = Leaving()
+    p = Piped(w)
+    p.handoff = handoff
+
+    def interrupted(timeout=None):
+        raise KeyboardInterrupt  # as a signal does inside the wait
+
+    handoff.join = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        p.join()
+    del handoff.join  # the real one again
+    delivering.set()
+    p.close()
+    assert w.collected == [{"status": "merged", "pipelined": True}] and fetched == []
