@@ -134,12 +134,15 @@ def test_stale_parent_commit_is_412(api):
 
 @pytest.mark.timeout(30)
 def test_409_while_another_commit_is_applied(api, hub_emulator):
-    hub_emulator.set_latency(0.6)
+    hub_emulator.set_latency(1.5)
     done = []
     slow = threading.Thread(target=lambda: done.append(
         api.create_commit("alice/r", [_add("slow", b"s")], commit_message="slow")))
     slow.start()
-    time.sleep(0.2)
+    lock = hub_emulator.state.repos[("model", "alice/r")].commit_lock
+    deadline = time.monotonic() + 10
+    while not lock.locked() and time.monotonic() < deadline:  # the slow commit is being applied
+        time.sleep(0.005)
     with pytest.raises(HfHubHTTPError) as info:
         api.create_commit("alice/r", [_add("fast", b"f")], commit_message="fast")
     slow.join(10)

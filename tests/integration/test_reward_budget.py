@@ -34,7 +34,7 @@ def patterned(prompts, completions, **kwargs):
     texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
     return [1.0 if EVIL.match(t) else 0.0 for t in texts]
 '''
-BUDGET_S = 3.0
+BUDGET_S = 6.0  # a fresh reward process must start within it on a loaded 2-core machine
 CHILD_MODULE = "hubgrpo.task.reward_process"
 
 
