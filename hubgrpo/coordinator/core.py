@@ -331,6 +331,10 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         with self.lock:
             return verdicts.record(self, *parsed)
 
+    def round_files(self, submission_id, base_version) -> dict:
+        """A round awaiting its verdict, for a verifier that cannot read the run's inbox (``verdicts.round_files``)."""
+        return verdicts.round_files(self, submission_id, base_version)
+
     @property
     def merge_wait_s(self) -> float:
         """How long the server lets a lease wait for a due or running merge (``lease_waits_for_merge_s``)."""

@@ -29,7 +29,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hubgrpo.space.api")
 
-ENDPOINTS = ("lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval", "record_verdict")
+ENDPOINTS = (
+    "lease",
+    "heartbeat",
+    "release",
+    "submit",
+    "verdict",
+    "status",
+    "record_eval",
+    "record_verdict",
+    "round_files",
+)
 LEASE_HOLD_S = 2.0  # longest a lease request holds a server thread waiting for a merge
 LEASE_RETRY_S = 1.0  # the wait_s of a ``merging`` refusal: when the worker asks again
 SYNC_SUBMIT_S = 600.0  # longest the synchronous (Gradio) submit waits for its round's check
@@ -58,6 +68,7 @@ class CoordinatorLike(Protocol):
     def status(self) -> dict: ...
     def record_eval(self, version: Any, reward: Any, samples: Any) -> dict: ...  # checks its hostile input
     def record_verdict(self, submission_id: Any, report: Any) -> dict: ...  # checks its hostile input
+    def round_files(self, submission_id: Any, base_version: Any) -> dict: ...  # checks its hostile input
     def tick(self) -> None: ...
     def warm_up(self) -> None: ...  # load what the first admission would (called before the launch)
     def scan_pass(self, *, force: bool = False) -> int: ...  # the repo scan when due (or now)
@@ -306,6 +317,21 @@ class CoordinatorApi:
         (default: the repo owner) may call it."""
         return self._as_evaluator(
             "record_verdict", token, protocol, request, lambda: self.coord.record_verdict(submission_id, report)
+        )
+
+    def round_files(
+        self,
+        submission_id: str,
+        base_version: int,
+        token: str | None = None,
+        protocol: Any = None,
+        request: gr.Request | None = None,
+    ) -> dict:
+        """The record and rollouts of a round awaiting its verdict (``hubgrpo evaluate --verify`` on a run whose
+        rounds are in an inbox it cannot read): ``{submission_id, files: {name: base64}}``. With auth, only
+        ``coordinator.evaluators`` may call it."""
+        return self._as_evaluator(
+            "round_files", token, protocol, request, lambda: self.coord.round_files(submission_id, base_version)
         )
 
     def _as_evaluator(self, name: str, token: str | None, protocol: Any, request: Any, call: Callable) -> dict:

@@ -48,7 +48,9 @@ if TYPE_CHECKING:
 PREFIX = "/hubgrpo/api"
 MAX_BODY = 1 << 20  # a lease, a commit id, a token: far below this
 BINARY = frozenset({"upload"})  # endpoints that also take a binary body (``hubgrpo.upload_body``)
-MUTATING = frozenset({"lease", "heartbeat", "release", "submit", "verdict", "record_eval", "record_verdict", "upload"})
+MUTATING = frozenset(
+    {"lease", "heartbeat", "release", "submit", "verdict", "record_eval", "record_verdict", "round_files", "upload"}
+)  # every endpoint but status: each needs a caller (round_files changes nothing, but hands out rounds' completions)
 MAX_DEPTH = 32  # a lease is 3 levels deep
 MAX_NUMBER = 40  # characters of one JSON number
 THREADS = 64  # endpoint calls running at once (each mostly waits: for the coordinator's lock, or a lease for a merge)

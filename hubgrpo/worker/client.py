@@ -28,6 +28,7 @@ and 5xx answers are retried with bounded exponential backoff and jitter, then be
 
 from __future__ import annotations
 
+import base64
 import random
 import re
 import time
@@ -303,6 +304,21 @@ class CoordinatorClient:
         "recorded"|"duplicate", "passed", "excluded"}``."""
         answer = self._call("record_verdict", str(submission_id), dict(report), after_token=[PROTOCOL_VERSION])
         return self._dict("record_verdict", answer)
+
+    def round_files(self, submission_id: str, base_version: int, names: tuple[str, ...]) -> dict[str, bytes]:
+        """The files ``names`` of a round awaiting its verdict, from the coordinator (``hubgrpo evaluate --verify`` on
+        a run whose rounds are in an inbox): exactly those names, each strict base64, or the error ``protocol``."""
+        answer = self._dict(
+            "round_files",
+            self._call("round_files", str(submission_id), int(base_version), after_token=[PROTOCOL_VERSION]),
+        )
+        files = answer.get("files")
+        if not isinstance(files, dict) or sorted(files) != sorted(names):
+            raise CoordinatorError(f"round_files answered other files than {list(names)}", code="protocol")
+        try:
+            return {n: base64.b64decode(files[n], validate=True) for n in names}
+        except (TypeError, ValueError) as e:
+            raise CoordinatorError(f"round_files answered a file that is not base64: {e}", code="protocol") from None
 
     def status(self) -> dict:
         """The run's public status."""

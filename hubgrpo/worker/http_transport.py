@@ -37,7 +37,8 @@ from hubgrpo.worker.json_body import Base64Text, json_body
 API_PREFIX = "/gradio_api"
 PLAIN_PREFIX = "/hubgrpo/api"  # the coordinator's plain routes (hubgrpo.space.routes)
 MAX_ANSWER_BYTES = 4 << 20  # the most of a coordinator's answer a worker reads (a lease, a verdict: a few KiB)
-MAX_STATUS_BYTES = 16 << 20  # ... of a status (every version's row and the unsaved refusals: MiBs in long runs)
+MAX_STATUS_BYTES = 16 << 20  # ... of a status (every version's row and the unsaved refusals: MiBs in long runs), or
+# of a round's files for a verifier (round_files: a rollouts file in base64)
 
 
 def _too_large(where: str, name: str, limit: int) -> CoordinatorError:
@@ -86,7 +87,7 @@ class HttpTransport:
         self, method: str, path: str, name: str, body: bytes | None = None, media: str = "application/json"
     ) -> tuple[int, bytes]:
         """(status, answer) of one request; a redirect or an oversized answer is refused."""
-        limit = MAX_STATUS_BYTES if name == "status" else MAX_ANSWER_BYTES
+        limit = MAX_STATUS_BYTES if name in ("status", "round_files") else MAX_ANSWER_BYTES
         headers = {"Content-Type": media} if body is not None else {}
         with self._client().stream(method, path, content=body, headers=headers) as resp:
             if 300 <= resp.status_code < 400:

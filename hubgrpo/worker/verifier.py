@@ -2,7 +2,7 @@
 
 The verifier runs where a model is (the evaluator role). It asks the coordinator's status which admitted rounds have
 no verdict yet (``verify.todo``, only with ``coordinator.verify: sample``), reads each round's submission.json and
-rollouts file from the run repo, and checks it (``check``):
+rollouts file (from the run repo, or through the coordinator), and checks it (``check``):
 
 - only the first generation batch is replayed: it is the one the leased version sampled (a later batch of a round
   of several steps was sampled by the worker's adapter after local steps, which nobody else holds);
@@ -16,10 +16,11 @@ rollouts file from the run repo, and checks it (``check``):
   generation ends (its first stop token last, or ``max_completion_length`` tokens: a worker cannot cut an honest
   completion short); the round passes by the rule for the verifier's precision.
 
-It reports each verdict through ``record_verdict`` (on a Space only ``coordinator.evaluators`` may). A round whose
-files are gone from the repo's head (``coordinator.keep_submissions``), or in an inbox (``hub.submissions``), or whose
-base version is no longer loadable, is skipped. ``once=True`` checks what is listed and returns; otherwise it follows
-new rounds until the run is finished.
+It reports each verdict through ``record_verdict`` (on a Space only ``coordinator.evaluators`` may). The rounds of a
+run with an inbox (``hub.submissions``: the coordinator's own disk, a bucket) come from the coordinator
+(``round_files``, evaluators only), which reads them there. A round whose files are gone
+(``coordinator.keep_submissions``), or whose base version is no longer loadable, is skipped. ``once=True`` checks
+what is listed and returns; otherwise it follows new rounds until the run is finished.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 
 from hubgrpo import layout, runrepo
-from hubgrpo.errors import CoordinatorError, HubGrpoError, wire_text
+from hubgrpo.errors import CoordinatorError, HubGrpoError, StoreError, wire_text
 from hubgrpo.proof.selection import BUDGET, choose, selection_key
 from hubgrpo.store.base import Store
 from hubgrpo.worker.evaluator import waiting_status
@@ -129,9 +130,10 @@ class Verifier:
         """The verdict on one round (a ``layout.VerdictReport`` as a dict)."""
         from hubgrpo.task import rollouts as rl
 
-        folder = self._folder(sub_id, base_version)
-        sub = layout.Submission.from_json(self.store.read(f"{folder}/{layout.SUBMISSION_FILE}"))
-        raw = self.store.read(f"{folder}/{layout.ROLLOUTS_FILE}")
+        record, raw = self._files(sub_id, base_version)
+        sub = layout.Submission.from_json(record)
+        if layout.submission_id(sub.lease.worker, sub.lease.lease_id) != sub_id:
+            raise StoreError(f"the files given for round {sub_id} are another round's", code="corrupt")
         local = self.workdir / "rounds" / sub_id
         local.mkdir(parents=True, exist_ok=True)
         (local / layout.ROLLOUTS_FILE).write_bytes(raw)
@@ -139,6 +141,16 @@ class Verifier:
         (local / layout.ROLLOUTS_FILE).unlink()
         key = selection_key(self.secret, hashlib.sha256(raw).digest())
         return self.replay(sub.lease, data, key)
+
+    def _files(self, sub_id: str, base_version: int) -> tuple[bytes, bytes]:
+        """The round's submission.json and rollouts file: from the run repo, or from the coordinator when the run's
+        rounds are in an inbox (``hub.submissions``: the coordinator's disk, a bucket), which it reads for us."""
+        if self.cfg.hub.submissions:
+            got = self.client.round_files(sub_id, base_version, (layout.SUBMISSION_FILE, layout.ROLLOUTS_FILE))
+            return got[layout.SUBMISSION_FILE], got[layout.ROLLOUTS_FILE]
+        folder = self._folder(sub_id, base_version)
+        record = self.store.read(f"{folder}/{layout.SUBMISSION_FILE}")
+        return record, self.store.read(f"{folder}/{layout.ROLLOUTS_FILE}")
 
     def _folder(self, sub_id: str, base_version: int) -> str:
         """The round's folder: under the base version the status names; a rebased round (``merge.rebase``) is

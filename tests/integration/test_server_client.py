@@ -185,7 +185,7 @@ def test_concurrent_leases_are_distinct(api, transport):
     assert coord.counter == 40 and len(coord.active) == 40
 
 
-@pytest.mark.timeout(40)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", [TRANSPORTS[0], TRANSPORTS[2]], ids=["http", "gradio"])
 def test_client_retries_until_the_app_comes_up(served, transport):
     port = free_port()
@@ -195,7 +195,7 @@ def test_client_retries_until_the_app_comes_up(served, transport):
         sleeps.append(seconds)
         time.sleep(min(seconds, 0.2))
 
-    c = client(f"http://127.0.0.1:{port}", transport, sleep=nap, retries=40)  # made before the app exists
+    c = client(f"http://127.0.0.1:{port}", transport, sleep=nap, retries=300)  # made before the app exists
     starter = threading.Timer(1.0, lambda: served(port=port))
     starter.start()
     try:
@@ -330,7 +330,8 @@ def test_build_app_adds_endpoints_to_an_existing_blocks():
     app = build_app(FakeCoordinator(), blocks=ui)
     assert app is ui
     assert sorted(app.get_api_info()["named_endpoints"]) == [
-        "/echo", "/heartbeat", "/lease", "/record_eval", "/record_verdict", "/release", "/status", "/submit", "/verdict"]
+        "/echo", "/heartbeat", "/lease", "/record_eval", "/record_verdict", "/release", "/round_files", "/status",
+        "/submit", "/verdict"]
 
 
 @pytest.mark.timeout(20)

@@ -29,7 +29,7 @@ from tests.support.space_support import (ALICE, BOB, MALLORY, SimWorker, make_ru
                                       write_adapter)
 
 PUBLIC_API = {"lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval", "record_verdict",
-              "upload"}
+              "round_files", "upload"}
 
 
 @pytest.fixture(scope="module")

@@ -183,6 +183,13 @@ def test_hostile_held_out_scores_are_refused_and_only_evaluators_record_them(tmp
             bob.record_eval(0, 0.5, 4)  # … but not score
         assert e.value.code == "auth" and "coordinator.evaluators" in e.value.hint
         assert alice.record_eval(0, 0.25, 4)["status"] == "recorded"
+        names = ("submission.json", "rollouts.json.gz")
+        with pytest.raises(Refused) as e:
+            bob.round_files("bob-box-1", 0, names)  # nor read anyone's rounds through the coordinator
+        assert e.value.code == "auth" and "coordinator.evaluators" in e.value.hint
+        with pytest.raises(InvalidSubmission) as e2:
+            alice.round_files("bob-box-1", 0, names)
+        assert e2.value.code == "bad_verdict" and "coordinator.verify: off" in e2.value.message
     finally:
         app.close()
 

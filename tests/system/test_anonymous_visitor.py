@@ -35,7 +35,7 @@ from tests.support import visitor_attacks as va
 from tests.support.space_support import ALICE, BOB, SimWorker, make_run, new_coordinator, start_emulator
 
 ENDPOINTS = ["lease", "heartbeat", "release", "submit", "verdict", "status", "record_eval", "record_verdict",
-             "upload"]
+             "round_files", "upload"]
 PLAIN = [f"/hubgrpo/api/{n}" for n in ENDPOINTS]
 GRADIO = ([f"/gradio_api/run/{n}" for n in ENDPOINTS] + [f"/gradio_api/call/{n}" for n in ENDPOINTS]
           + ["/gradio_api/queue/join", "/gradio_api/upload"])

@@ -245,6 +245,51 @@ def test_an_untrusted_round_merges_only_once_it_passed(held_run, tmp_path):
     assert merged[held["submission_id"]].weight == 1.0 and client.status()["version"] == 2
 
 
+@pytest.fixture(scope="module")
+def inbox_run(tiny_cache, tmp_path_factory):  # noqa: F811
+    """A held run (untrusted rounds merge once they passed) whose rounds are uploaded to the coordinator and kept on
+    its own disk (``hub.submissions: coordinator``, what ``hubgrpo init`` writes for a Hub run)."""
+    settings = [*SETTINGS, "merge.quorum=1", "coordinator.verify=untrusted", 'coordinator.trusted=["w1"]',
+                "hub.submissions=coordinator"]
+    with served_tiny_run(tmp_path_factory.mktemp("inbox"), settings, SECRET) as run:
+        yield run
+
+
+@pytest.mark.timeout(300)
+def test_rounds_kept_on_the_coordinators_disk_are_verified_through_it(inbox_run, tmp_path):
+    """The verifier cannot read the coordinator's disk: it asks ``round_files`` (evaluators only), which serves only
+    a round awaiting its verdict. Before it, every held round of a Hub run waited for a verdict that never came."""
+    import time
+
+    run = inbox_run
+    client = CoordinatorClient(run["url"], retries=2)
+    held_lease, held_out = train_round(run, "w2")
+    forged_lease, forged_out = train_round(run, "w3", forged=True)
+    held = client.upload(held_lease, held_out)
+    forged = client.upload(forged_lease, forged_out)
+    assert held["status"] == forged["status"] == "admitted" and not list(run["store"].list_files("submissions"))
+    time.sleep(1.0)  # the tick thread would have merged them by now (quorum 1)
+    status = client.status()
+    assert sorted(status["pending"]) == sorted([held["submission_id"], forged["submission_id"]])
+    todo = {t["submission_id"]: t["base_version"] for t in status["verify"]["todo"]}
+    names = (layout.SUBMISSION_FILE, layout.ROLLOUTS_FILE)
+    got = client.round_files(held["submission_id"], todo[held["submission_id"]], names)
+    assert got[layout.ROLLOUTS_FILE] == (held_out / layout.ROLLOUTS_FILE).read_bytes()  # the round as uploaded
+    for sub_id, base in [("w2-nosuchlease", 0), (held["submission_id"], 7), ("../../etc", 0), (held["submission_id"], "0")]:
+        with pytest.raises(InvalidSubmission) as e:  # only a round awaiting its verdict, as listed
+            client.round_files(sub_id, base, names) if isinstance(base, int) else run["coord"].round_files(sub_id, base)
+        assert e.value.code == "unknown_submission", e.value
+    shown = subprocess.run(  # the verifier as its owner runs it: through the installed entry point
+        [str(EXE), "evaluate", "--verify", "--once", "--repo", str(run["store"].location), "--coordinator", run["url"]],
+        capture_output=True, text=True, timeout=240)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "verified 2 rounds, 1 failed" in shown.stdout, shown.stdout
+    merged = wait_merged(run["coord"], held["submission_id"])  # merged once it passed
+    assert merged[held["submission_id"]].weight == 1.0
+    status = client.status()
+    assert status["verify"]["excluded"] == ["w3"] and forged["submission_id"] not in status["pending"]
+
+
 @pytest.mark.timeout(300)
 def test_completions_of_another_adapter_exclude_their_worker(sharp_run, tmp_path):
     """The round's update trained honestly from the leased version, its completions (and their rewards, token ids,
