@@ -81,7 +81,7 @@ def _open_page(url: str, shot: Path) -> dict:
             browser.close()
 
 
-@pytest.mark.timeout(85)
+@pytest.mark.timeout(240)  # a Space process, two versions and Chromium on a loaded 2-core machine
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium; .ci/run does)")
 def test_space_page_shows_leaderboard_and_reward_plot(tmp_path):
     pytest.importorskip("playwright", reason="playwright is not installed (the `test` extra installs it)")
