@@ -112,7 +112,7 @@ CODES: list[Code] = [
         ("bad_eval", "a `record_eval` report that does not parse"),
         ("unknown_version", "a score for a version the run does not have"),
         ("bad_verdict", "a `record_verdict` report that does not parse, or a run with `coordinator.verify: off`"),
-        ("unknown_submission", "a verdict on a round the coordinator has not admitted"),
+        ("unknown_submission", "a verdict on a round the coordinator has not admitted, or its files asked for"),
     ),
     *_codes(
         "CoordinatorError",
@@ -139,7 +139,11 @@ CODES: list[Code] = [
         "guard",
         ("redirect", "a 3xx, or a request to another origin"),
         ("too_large", "an answer past the cap"),
-        ("bad_lease", "a lease naming paths, not commit ids and names"),
+        (
+            "bad_lease",
+            "a lease naming paths (not commit ids and names) or another worker, or asking more than the run's config "
+            "allows; a renewal as another round (the worker keeps its lease)",
+        ),
     ),
     *_codes("CoordinatorError", "command", ("live", "`hubgrpo gc` on a run that looks live")),
 ]

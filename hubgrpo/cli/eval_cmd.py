@@ -28,7 +28,7 @@ def evaluate(
         False,
         "--verify",
         help="Instead of scoring versions, replay a sample of every admitted round with its leased version and record "
-        "a verdict (proof of rollouts; the run needs coordinator.verify: sample).",
+        "a verdict (proof of rollouts; the run needs coordinator.verify other than off).",
     ),
     verbose: bool = typer.Option(True, "--verbose/--quiet"),
 ) -> None:

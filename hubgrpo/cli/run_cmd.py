@@ -121,8 +121,9 @@ def worker(
         None,
         "--pipeline/--no-pipeline",
         help="Deliver each round while the next one trains, and ask the next lease ahead (the run allows it with "
-        "coordinator.leases_per_worker ≥ 2); --no-pipeline: lease, train, deliver, submit in sequence. Default: "
-        "the run config's worker.pipeline (off unless the config turns it on: its rounds start from an older "
+        "coordinator.leases_per_worker ≥ 2 and a stale round admitted: merge.max_staleness, "
+        "merge.staleness_per_worker or merge.rebase); --no-pipeline: lease, train, deliver, submit in sequence. "
+        "Default: the run config's worker.pipeline (off unless the config turns it on: its rounds start from an older "
         "version, which wins on some tasks and loses on others; benchmarks/speedup/).",
     ),
     wait: float = typer.Option(

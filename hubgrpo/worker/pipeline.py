@@ -9,7 +9,8 @@ live leases (the coordinator allows ``coordinator.leases_per_worker``, 2 by defa
 one it delivers, or the one it fetched ahead.
 
 What changes for the run: a round's lease is taken one round earlier, so it starts from a version one round
-older; with ``merge.rebase`` the round moves onto the newest version after its generation, as any round does.
+older; ``merge.rebase`` moves a round onto newer versions between its steps (a 1-step round only with
+``merge.rebase_after_generation``).
 Nothing else: the same checks on every answer (the handoff calls the worker's own lease, download and submit),
 one delivery at a time, and a refusal, an error or a stop on the background thread reaches the worker at the
 next handoff exactly as it would have in sequence.
