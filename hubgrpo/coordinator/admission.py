@@ -147,8 +147,11 @@ def _check_folder(c: Coordinator, lease: Lease, sub_id: str, commit: str) -> Pen
     except NotFound as e:
         raise InvalidSubmission("not_found", e.message, hint=e.hint) from None
     try:
-        return check_local(c, lease, folder, commit)
-    finally:  # the admitted adapter is in memory now: no copy stays on the coordinator's disk
+        pending = check_local(c, lease, folder, commit)
+        if c.cfg.coordinator.verify != "off":
+            c.kept.keep(sub_id, folder)  # the bytes a verifier must judge, not what the folder holds later
+        return pending
+    finally:  # the admitted adapter is in memory now: no copy of it stays on the coordinator's disk
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from hubgrpo import layout
 from hubgrpo.coordinator import admission, checkpoint, evals, lease_signing, leasing, merging, reconcile, verdicts
 from hubgrpo.coordinator.inflight import InFlight
+from hubgrpo.coordinator.kept import KeptRounds
 from hubgrpo.coordinator.repo_state import RepoStateMixin
 from hubgrpo.coordinator.scan import prepare_unseen
 from hubgrpo.coordinator.versions import AdapterCache, VersionCache, VersionsMixin
@@ -86,6 +87,7 @@ class Coordinator(RepoStateMixin, VersionsMixin):
         self.step_seconds: dict[str, float] = {}  # measured seconds per step of each worker (rounds.balance)
         self.versions = VersionCache(self.workdir / "versions")  # live and recent versions (the adapter route)
         self.scratch = self.versions.root / "scratch"  # downloads being read or checked: go with this process's folder
+        self.kept = KeptRounds(self.scratch / "kept")  # admitted rounds' record and rollouts, for the verifier
         self.checkpointing: int | None = None  # the version a checkpoint commit is reading from the cache now
         self.ids: dict[int, str] = {}  # version → adapter id (what leases carry as base_sha), this lineage only
         repo = self.read_repo()

@@ -207,12 +207,6 @@ class RepoInbox(Scanned):
     def upload_urls(self, lease, max_bytes: int) -> dict[str, str]:
         return {}
 
-    def read_round(self, base: int, sub_id: str, names, *, max_bytes: int, depth: int) -> dict[str, bytes]:
-        raise NotFound(
-            f"round {sub_id} is in the run repo {self.location}, not in an inbox",
-            hint="read it from the run repo's submissions/ folder",
-        )
-
     def prune(self, state, keep: int | None, max_age: int) -> int:
         """Nothing to do: a merge commit deletes the repo's finished folders (``pruning.merge_deletes``)."""
         return 0
@@ -284,31 +278,6 @@ class ObjectInbox(Scanned):
 
     def read_record(self, base: int, sub_id: str, revision: str | None) -> bytes:
         return self.objects.read(self._check_record_size(base, sub_id), max_bytes=RECORD_MAX)
-
-    def read_round(self, base: int, sub_id: str, names, *, max_bytes: int, depth: int) -> dict[str, bytes]:
-        """The files ``names`` of round ``sub_id`` (for a verifier that cannot read the inbox itself): its folder is
-        under ``base`` or, for a round that rebased onto ``base``, at most ``depth`` versions below; each file at
-        most ``max_bytes``. Store I/O: call without the coordinator's lock."""
-        for b in range(int(base), max(-1, int(base) - int(depth) - 1), -1):
-            prefix = layout.submission_dir(b, sub_id)
-            listed = dict(self.objects.list(prefix))
-            if f"{prefix}/{layout.SUBMISSION_FILE}" in listed:
-                break
-        else:
-            raise NotFound(
-                f"no files of round {sub_id} in {self.location}", hint="its files were pruned, or never came"
-            )
-        out = {}
-        for name in names:
-            size = listed.get(f"{prefix}/{name}")
-            if size is None or size > max_bytes:
-                raise StoreError(
-                    f"{self.location}/{prefix}/{name}: " + ("missing" if size is None else f"{size:,} bytes"),
-                    code="not_found" if size is None else "too_large",
-                    hint="a round's files are checked at admission; this one cannot be read again",
-                )
-            out[name] = self.objects.read(f"{prefix}/{name}", max_bytes=max_bytes)
-        return out
 
     def prune(self, state, keep: int | None, max_age: int) -> int:
         """Delete the objects of rounds finished as ``coordinator.keep_submissions`` says for folders in the repo

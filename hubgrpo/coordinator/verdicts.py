@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from hubgrpo import layout
-from hubgrpo.errors import InvalidSubmission, Refused
+from hubgrpo.errors import InvalidSubmission, NotFound, Refused, StoreError
 from hubgrpo.layout import RunState, VerdictRecord, VerdictReport
 
 if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
 
-ROUND_FILES = (layout.SUBMISSION_FILE, layout.ROLLOUTS_FILE)  # what a verifier replays a round from
+MAX_SERVED = 11 << 20  # a round's files served at most (in base64 within a verifier's 16 MiB answer cap)
 MAX_TODO = 256  # rounds the status lists for a verifier
 TODO_VERSIONS = 64  # merged rounds of the newest this many versions are listed (older folders left the head)
 MAX_KEPT = 50_000  # verdicts state.json keeps: every failed one, then the newest passed ones
@@ -177,35 +177,38 @@ def todo(c: Coordinator) -> list[dict]:
     for v in reversed(list(c.state.versions)[-TODO_VERSIONS:]):
         for m in v.merged:
             if len(out) >= MAX_TODO:
-                return out
+                break
             if m.submission_id not in done and m.weight > 0:
                 out.append({"submission_id": m.submission_id, "base_version": m.base_version, "worker": m.worker})
+    for row in out[:MAX_TODO]:  # what admission read: a verifier judges those bytes, not what the folder holds now
+        row["sha256"] = c.kept.digests(str(row["submission_id"]))
     return out[:MAX_TODO]
 
 
 def round_files(c: Coordinator, submission_id: Any, base_version: Any) -> dict:
-    """The record and rollouts of a round awaiting its verdict (``todo``), for a verifier that cannot read the run's
-    inbox (``hub.submissions: coordinator`` is this coordinator's disk; a bucket needs credentials): ``{submission_id,
-    files: {name: base64}}``. Hostile input: only a round ``todo`` lists, under the base version it lists."""
+    """The record and rollouts of a round awaiting its verdict (``todo``) as admission read them (``kept``), for a
+    verifier: ``{submission_id, files: {name: base64}}``. Hostile input: only a round ``todo`` lists; a round not
+    kept (admitted before a restart, or long ago) is ``not_found``, one over ``MAX_SERVED`` bytes ``too_large``."""
     if c.cfg.coordinator.verify == "off":
         raise InvalidSubmission("bad_verdict", "this run verifies no rounds (coordinator.verify: off)")
     listed = False
     if layout.is_name(submission_id) and type(base_version) is int:
         with c.lock:
-            listed = any(r["submission_id"] == submission_id and r["base_version"] == base_version for r in todo(c))
+            listed = any(r["submission_id"] == submission_id for r in todo(c))
     if not listed:
         raise InvalidSubmission(
             "unknown_submission",
-            f"round {str(submission_id)[:80]!r} of version {str(base_version)[:12]} awaits no verdict here",
-            hint="ask for a round the status lists under verify.todo, with its base_version",
+            f"round {str(submission_id)[:80]!r} awaits no verdict here",
+            hint="ask for a round the status lists under verify.todo",
         )
-    files = c.inbox.read_round(
-        base_version,
-        submission_id,
-        ROUND_FILES,
-        max_bytes=int(c.cfg.merge.max_submission_mb * 2**20),
-        depth=c.cfg.merge.lease_age_limit(),
-    )  # store I/O, outside the lock
+    files = c.kept.files(submission_id)
+    if files is None:
+        raise NotFound(
+            f"round {submission_id} is not kept by this coordinator process",
+            hint="it was admitted before a restart (or long ago): it cannot be verified as admitted",
+        )
+    if sum(map(len, files.values())) > MAX_SERVED:
+        raise StoreError(f"round {submission_id}'s files are over {MAX_SERVED:,} bytes", code="too_large")
     return {"submission_id": submission_id, "files": {n: base64.b64encode(b).decode("ascii") for n, b in files.items()}}
 
 

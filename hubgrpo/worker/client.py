@@ -308,10 +308,15 @@ class CoordinatorClient:
     def round_files(self, submission_id: str, base_version: int, names: tuple[str, ...]) -> dict[str, bytes]:
         """The files ``names`` of a round awaiting its verdict, from the coordinator (``hubgrpo evaluate --verify`` on
         a run whose rounds are in an inbox): exactly those names, each strict base64, or the error ``protocol``."""
-        answer = self._dict(
-            "round_files",
-            self._call("round_files", str(submission_id), int(base_version), after_token=[PROTOCOL_VERSION]),
-        )
+        try:
+            answer = self._dict(
+                "round_files",
+                self._call("round_files", str(submission_id), int(base_version), after_token=[PROTOCOL_VERSION]),
+            )
+        except CoordinatorError as e:
+            if e.code != "too_large":
+                raise
+            raise errors.StoreError(e.message, code="too_large", hint="this round is skipped") from None  # not a stop
         files = answer.get("files")
         if not isinstance(files, dict) or sorted(files) != sorted(names):
             raise CoordinatorError(f"round_files answered other files than {list(names)}", code="protocol")

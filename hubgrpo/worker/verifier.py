@@ -2,7 +2,8 @@
 
 The verifier runs where a model is (the evaluator role). It asks the coordinator's status which admitted rounds have
 no verdict yet (``verify.todo``, only with ``coordinator.verify: sample``), reads each round's submission.json and
-rollouts file (from the run repo, or through the coordinator), and checks it (``check``):
+rollouts file (from the run repo, or through the coordinator), which must be the bytes admission read (their sha256
+is listed beside the round: a round whose files changed since gets no verdict), and checks it (``check``):
 
 - only the first generation batch is replayed: it is the one the leased version sampled (a later batch of a round
   of several steps was sampled by the worker's adapter after local steps, which nobody else holds);
@@ -38,6 +39,8 @@ from hubgrpo.store.base import Store
 from hubgrpo.worker.evaluator import waiting_status
 
 log = logging.getLogger("hubgrpo.verifier")
+FILES = (layout.SUBMISSION_FILE, layout.ROLLOUTS_FILE)  # what a round is replayed from (``coordinator.kept``)
+AGAIN = frozenset({"unknown_submission", "unreachable", "unavailable", "rate_limited"})  # not the round's fault
 
 
 class Verifier:
@@ -84,16 +87,19 @@ class Verifier:
             self.engine = RoundEngine(self.cfg, worker="verifier")
         return self.engine
 
-    def todo(self, status: dict) -> list[tuple[str, int]]:
-        """(submission id, base version) of the rounds the status lists without a verdict (checked shapes)."""
+    def todo(self, status: dict) -> list[tuple[str, int, dict | None]]:
+        """(submission id, base version, sha256 of its files as admitted, when listed) of the rounds the status
+        lists without a verdict (checked shapes)."""
         rows = (status.get("verify") or {}).get("todo") if isinstance(status.get("verify"), dict) else None
         out = []
         for r in rows if isinstance(rows, list) else ():
             if not isinstance(r, dict) or not layout.is_name(r.get("submission_id")):
                 continue
-            base = r.get("base_version")
+            base, digests = r.get("base_version"), r.get("sha256")
+            if not (isinstance(digests, dict) and sorted(digests) == sorted(FILES)):
+                digests = None
             if type(base) is int and 0 <= base <= 10**9 and r["submission_id"] not in self.skipped:
-                out.append((r["submission_id"], base))
+                out.append((r["submission_id"], base, digests))
         return out
 
     def run(self, once: bool = False) -> list[dict]:
@@ -108,17 +114,18 @@ class Verifier:
             if not done:
                 self.sleep(self.poll_s)
 
-    def _check_and_record(self, sub_id: str, base_version: int) -> dict | None:
+    def _check_and_record(self, sub_id: str, base_version: int, digests: dict | None = None) -> dict | None:
         t0 = time.perf_counter()
         try:
-            report = self.check(sub_id, base_version)
+            report = self.check(sub_id, base_version, digests)
         except (HubGrpoError, OSError) as e:
             from hubgrpo.worker.loop import STOP_CODES
 
             if isinstance(e, CoordinatorError) and e.code in STOP_CODES:
                 raise
             log.info("round %s cannot be checked: %s", sub_id, getattr(e, "message", e))
-            self.skipped.add(sub_id)
+            if getattr(e, "code", None) not in AGAIN:  # a round merging meanwhile, an outage: asked again later
+                self.skipped.add(sub_id)
             return None
         self.seconds.append(time.perf_counter() - t0)
         answer = self.client.record_verdict(sub_id, report)
@@ -126,18 +133,24 @@ class Verifier:
         log.info("round %s: %s (%s)", sub_id, "passed" if report["passed"] else "FAILED", status)
         return {**report, "submission_id": sub_id, "status": status, "seconds": self.seconds[-1]}
 
-    def check(self, sub_id: str, base_version: int) -> dict:
-        """The verdict on one round (a ``layout.VerdictReport`` as a dict)."""
+    def check(self, sub_id: str, base_version: int, digests: dict | None = None) -> dict:
+        """The verdict on one round (a ``layout.VerdictReport`` as a dict); ``digests``: the sha256 of its files as
+        admitted (``status.verify.todo``), which the files read now must match."""
         from hubgrpo.task import rollouts as rl
 
-        record, raw = self._files(sub_id, base_version)
-        sub = layout.Submission.from_json(record)
+        files = dict(zip(FILES, self._files(sub_id, base_version)))
+        for name, blob in files.items():
+            if digests is not None and hashlib.sha256(blob).hexdigest() != digests[name]:
+                raise StoreError(f"{name} of round {sub_id} changed since it was admitted", code="changed")
+        sub = layout.Submission.from_json(files[layout.SUBMISSION_FILE])
         if layout.submission_id(sub.lease.worker, sub.lease.lease_id) != sub_id:
             raise StoreError(f"the files given for round {sub_id} are another round's", code="corrupt")
+        raw = files[layout.ROLLOUTS_FILE]
         local = self.workdir / "rounds" / sub_id
         local.mkdir(parents=True, exist_ok=True)
         (local / layout.ROLLOUTS_FILE).write_bytes(raw)
-        data = rl.read(local / layout.ROLLOUTS_FILE, rl.size_limit(self.cfg, sub.lease))
+        bounded = sub.lease.model_copy(update={"steps": min(sub.lease.steps, 4 * self.cfg.rounds.steps), "params": {}})
+        data = rl.read(local / layout.ROLLOUTS_FILE, rl.size_limit(self.cfg, bounded))  # the run's, not the record's
         (local / layout.ROLLOUTS_FILE).unlink()
         key = selection_key(self.secret, hashlib.sha256(raw).digest())
         return self.replay(sub.lease, data, key)
@@ -146,7 +159,7 @@ class Verifier:
         """The round's submission.json and rollouts file: from the run repo, or from the coordinator when the run's
         rounds are in an inbox (``hub.submissions``: the coordinator's disk, a bucket), which it reads for us."""
         if self.cfg.hub.submissions:
-            got = self.client.round_files(sub_id, base_version, (layout.SUBMISSION_FILE, layout.ROLLOUTS_FILE))
+            got = self.client.round_files(sub_id, base_version, FILES)
             return got[layout.SUBMISSION_FILE], got[layout.ROLLOUTS_FILE]
         folder = self._folder(sub_id, base_version)
         record = self.store.read(f"{folder}/{layout.SUBMISSION_FILE}")

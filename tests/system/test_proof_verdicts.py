@@ -6,6 +6,7 @@ submissions refused — across a restart of the coordinator."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -70,6 +71,14 @@ def train_round(run: dict, name: str, *, forged: bool = False):
     finally:
         engine.__dict__.pop("train_steps", None)
     return lease, out
+
+
+def honest_again(run: dict, lease, out: Path) -> Path:
+    """The round of ``lease`` trained again, honestly: the completions a forger would swap in after admission."""
+    adapter = CoordinatorClient(run["url"], retries=2).adapter(lease.base_version, lease.base_sha,
+                                                               run["tmp"] / "bases", 1 << 30)
+    run["engine"].run_round(adapter, lease, out)
+    return out
 
 
 def submit(run: dict, lease, out) -> dict:
@@ -245,6 +254,29 @@ def test_an_untrusted_round_merges_only_once_it_passed(held_run, tmp_path):
     assert merged[held["submission_id"]].weight == 1.0 and client.status()["version"] == 2
 
 
+@pytest.mark.timeout(300)
+def test_a_round_whose_files_change_after_admission_is_never_passed(held_run, tmp_path):
+    """The status lists the sha256 of each round's files as admission read them; a verifier that reads other bytes
+    from the repo (a forger committed clean completions over its admitted ones) records no verdict, so under
+    ``coordinator.verify: untrusted`` the round stays held, never merged."""
+    import time
+
+    run = held_run
+    client = CoordinatorClient(run["url"], retries=2)
+    lease, out = train_round(run, "w4", forged=True)
+    forged = submit(run, lease, out)
+    clean = honest_again(run, lease, tmp_path / "clean")  # the same lease, its completions this time honest
+    sub_id = forged["submission_id"]
+    path = layout.submission_path(lease.base_version, sub_id, layout.ROLLOUTS_FILE)
+    run["store"].commit({path: clean / layout.ROLLOUTS_FILE}, message="clean completions over the admitted ones")
+    row = next(t for t in client.status()["verify"]["todo"] if t["submission_id"] == sub_id)
+    assert row["sha256"][layout.ROLLOUTS_FILE] == hashlib.sha256((out / layout.ROLLOUTS_FILE).read_bytes()).hexdigest()
+    verifier = Verifier(run["store"], client, engine=run["engine"], workdir=tmp_path / "verifier")
+    assert sub_id not in [r["submission_id"] for r in verifier.run(once=True)]  # no verdict on other bytes
+    time.sleep(0.5)
+    assert sub_id in client.status()["pending"] and sub_id not in run["coord"].state.merged_ids
+
+
 @pytest.fixture(scope="module")
 def inbox_run(tiny_cache, tmp_path_factory):  # noqa: F811
     """A held run (untrusted rounds merge once they passed) whose rounds are uploaded to the coordinator and kept on
@@ -268,6 +300,10 @@ def test_rounds_kept_on_the_coordinators_disk_are_verified_through_it(inbox_run,
     held = client.upload(held_lease, held_out)
     forged = client.upload(forged_lease, forged_out)
     assert held["status"] == forged["status"] == "admitted" and not list(run["store"].list_files("submissions"))
+    inbox = Path(run["coord"].inbox.location)
+    [swapped] = inbox.rglob(f"{forged['submission_id']}/{layout.ROLLOUTS_FILE}")
+    swapped.unlink()  # after admission the forger puts clean completions in (a presigned POST can overwrite)
+    swapped.write_bytes((honest_again(run, forged_lease, tmp_path / "clean") / layout.ROLLOUTS_FILE).read_bytes())
     time.sleep(1.0)  # the tick thread would have merged them by now (quorum 1)
     status = client.status()
     assert sorted(status["pending"]) == sorted([held["submission_id"], forged["submission_id"]])
@@ -275,7 +311,7 @@ def test_rounds_kept_on_the_coordinators_disk_are_verified_through_it(inbox_run,
     names = (layout.SUBMISSION_FILE, layout.ROLLOUTS_FILE)
     got = client.round_files(held["submission_id"], todo[held["submission_id"]], names)
     assert got[layout.ROLLOUTS_FILE] == (held_out / layout.ROLLOUTS_FILE).read_bytes()  # the round as uploaded
-    for sub_id, base in [("w2-nosuchlease", 0), (held["submission_id"], 7), ("../../etc", 0), (held["submission_id"], "0")]:
+    for sub_id, base in [("w2-nosuchlease", 0), ("../../etc", 0), (held["submission_id"], "0")]:
         with pytest.raises(InvalidSubmission) as e:  # only a round awaiting its verdict, as listed
             client.round_files(sub_id, base, names) if isinstance(base, int) else run["coord"].round_files(sub_id, base)
         assert e.value.code == "unknown_submission", e.value
@@ -283,7 +319,7 @@ def test_rounds_kept_on_the_coordinators_disk_are_verified_through_it(inbox_run,
         [str(EXE), "evaluate", "--verify", "--once", "--repo", str(run["store"].location), "--coordinator", run["url"]],
         capture_output=True, text=True, timeout=240)
     assert shown.returncode == 0, shown.stderr[-3000:]
-    assert "verified 2 rounds, 1 failed" in shown.stdout, shown.stdout
+    assert "verified 2 rounds, 1 failed" in shown.stdout, shown.stdout  # the forged round judged as admitted
     merged = wait_merged(run["coord"], held["submission_id"])  # merged once it passed
     assert merged[held["submission_id"]].weight == 1.0
     status = client.status()
