@@ -140,6 +140,14 @@ class Lease(Record):
                 raise ValueError(f"the upload URL for {name} is not http(s): {url[:40]!r}")
         return value
 
+    def changed_from(self, other: Lease) -> list[str]:
+        """The fields in which this lease is another round than ``other``: all but what a renewal changes
+        (``RENEWED``: the deadline, the signature, the upload URLs)."""
+        return [f for f in type(self).model_fields if f not in RENEWED and getattr(self, f) != getattr(other, f)]
+
+
+RENEWED = frozenset({"deadline", "signature", "uploads"})  # what a heartbeat changes in a lease
+
 
 class StepMetrics(Record):
     """One GRPO optimizer step, as logged by TRL."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hubgrpo import layout
+from hubgrpo.coordinator.kept import Staged
 from hubgrpo.coordinator.norms import norm_limit
 from hubgrpo.errors import HubGrpoError, InvalidSubmission, LeaseError, NotFound
 from hubgrpo.layout import Lease, Submission
@@ -47,6 +48,7 @@ class Pending:
     update_norm: float | None = None
     reward_mean: float = 0.0  # recomputed from the round's rollouts (``verify``), never the reported one
     staleness_limit: int = 0  # the limit it was admitted under: a merge never holds it to a lower one
+    staged: Staged | None = None  # its record and rollouts as checked, for the verifier (``coordinator.kept``)
 
 
 @dataclass
@@ -148,8 +150,8 @@ def _check_folder(c: Coordinator, lease: Lease, sub_id: str, commit: str) -> Pen
         raise InvalidSubmission("not_found", e.message, hint=e.hint) from None
     try:
         pending = check_local(c, lease, folder, commit)
-        if c.cfg.coordinator.verify != "off":
-            c.kept.keep(sub_id, folder)  # the bytes a verifier must judge, not what the folder holds later
+        if c.cfg.coordinator.verify != "off":  # the bytes a verifier must judge, not what the folder holds later
+            pending.staged = c.kept.stage(folder, sub_id)  # the round's once accepted (``accept``)
         return pending
     finally:  # the admitted adapter is in memory now: no copy of it stays on the coordinator's disk
         shutil.rmtree(folder, ignore_errors=True)
@@ -298,8 +300,14 @@ def read_record(folder: Path, lease: Lease, sub_id: str) -> Submission:
             f"{layout.SUBMISSION_FILE} of {sub_id} is invalid: {first}",
             hint="numbers must be finite and in range; upgrade hubgrpo on the worker",
         ) from None
-    if (sub.lease.lease_id, sub.worker, sub.base_version) != (lease.lease_id, lease.worker, lease.base_version):
-        raise InvalidSubmission("lease_mismatch", f"{layout.SUBMISSION_FILE} of {sub_id} does not match its lease")
+    changed = sub.lease.changed_from(lease)  # a verifier replays with the record's lease: its seed, its sampling
+    if changed or (sub.worker, sub.base_version) != (lease.worker, lease.base_version):
+        raise InvalidSubmission(
+            "lease_mismatch",
+            f"{layout.SUBMISSION_FILE} of {sub_id} does not match its lease "
+            f"({', '.join(changed) or 'worker, base_version'})",
+            hint="write the lease as the coordinator signed it",
+        )
     # who trained it is the signed lease's word, not the record's (the leaderboard and the fleet count use it)
     return sub.model_copy(update={"lease": lease, "user": lease.user})
 
@@ -310,6 +318,7 @@ def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True) -> 
     lease, sub_id, now = prepared.lease, prepared.sub_id, c.clock()
     assert lease is not None, "a record without a lease is never accepted (Coordinator.accept_quietly)"
     if prepared.duplicate or sub_id in c.state.merged_ids or sub_id in c.pending:
+        c.kept.discard(prepared.pending.staged if prepared.pending else None)  # the first check's copy stays
         return {"status": "duplicate", "submission_id": sub_id, "version": c.state.version}
     c.active.pop(lease.lease_id, None)
     if count_commit and c.inbox.in_repo:  # a round in an inbox (hub.submissions) is no commit of the repo
@@ -325,12 +334,16 @@ def accept(c: Coordinator, prepared: Prepared, *, count_commit: bool = True) -> 
         except InvalidSubmission as e:
             err = e
     if err is not None:
+        c.kept.discard(pending.staged if pending else None)
         if not any(r.submission_id == sub_id for r in (*c.new_refusals, *c.state.refused)):
             c.refuse(sub_id, lease.worker, err, now, user=lease.user)  # once: a scan may race a submit
         raise err
     assert pending is not None
     pending.staleness_limit = staleness_limit(c, lease)
     c.pending[sub_id] = pending
+    if pending.staged is not None:
+        c.kept.commit(sub_id, pending.staged)
+        pending.staged = None
     from hubgrpo.coordinator.leasing import measure
 
     measure(c, lease, now)

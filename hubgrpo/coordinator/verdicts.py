@@ -26,13 +26,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from hubgrpo import layout
-from hubgrpo.errors import InvalidSubmission, NotFound, Refused, StoreError
+from hubgrpo.errors import InvalidSubmission, NotFound, Refused
 from hubgrpo.layout import RunState, VerdictRecord, VerdictReport
 
 if TYPE_CHECKING:
     from hubgrpo.coordinator.core import Coordinator
 
-MAX_SERVED = 11 << 20  # a round's files served at most (in base64 within a verifier's 16 MiB answer cap)
 MAX_TODO = 256  # rounds the status lists for a verifier
 TODO_VERSIONS = 64  # merged rounds of the newest this many versions are listed (older folders left the head)
 MAX_KEPT = 50_000  # verdicts state.json keeps: every failed one, then the newest passed ones
@@ -188,7 +187,8 @@ def todo(c: Coordinator) -> list[dict]:
 def round_files(c: Coordinator, submission_id: Any, base_version: Any) -> dict:
     """The record and rollouts of a round awaiting its verdict (``todo``) as admission read them (``kept``), for a
     verifier: ``{submission_id, files: {name: base64}}``. Hostile input: only a round ``todo`` lists; a round not
-    kept (admitted before a restart, or long ago) is ``not_found``, one over ``MAX_SERVED`` bytes ``too_large``."""
+    kept (admitted before a restart, or long ago) is ``not_found`` (admission refuses a verified round over
+    ``kept.MAX_SERVED`` bytes)."""
     if c.cfg.coordinator.verify == "off":
         raise InvalidSubmission("bad_verdict", "this run verifies no rounds (coordinator.verify: off)")
     listed = False
@@ -207,8 +207,6 @@ def round_files(c: Coordinator, submission_id: Any, base_version: Any) -> dict:
             f"round {submission_id} is not kept by this coordinator process",
             hint="it was admitted before a restart (or long ago): it cannot be verified as admitted",
         )
-    if sum(map(len, files.values())) > MAX_SERVED:
-        raise StoreError(f"round {submission_id}'s files are over {MAX_SERVED:,} bytes", code="too_large")
     return {"submission_id": submission_id, "files": {n: base64.b64encode(b).decode("ascii") for n, b in files.items()}}
 
 

@@ -16,7 +16,6 @@ from hubgrpo.errors import CoordinatorError
 from hubgrpo.layout import Lease
 
 LEASE_PARAMS = ("learning_rate", "per_device_train_batch_size")  # what lease_params ever sets
-RENEWABLE = frozenset({"deadline", "signature", "uploads"})  # what a heartbeat changes in a lease
 MAX_STEPS_FACTOR = 4  # rounds.balance gives a slow machine's round at most 4 × rounds.steps
 
 
@@ -45,7 +44,7 @@ def check_lease_bounds(cfg: Config, lease: Lease, worker: str) -> None:
 def check_renewal(old: Lease, new: Lease) -> Lease:
     """``new``, a heartbeat's answer for ``old``, unless it is another round: only its deadline, signature and
     upload URLs may change (a new id or version would leave the worker's bookkeeping on the old one)."""
-    changed = [f for f in Lease.model_fields if f not in RENEWABLE and getattr(old, f) != getattr(new, f)]
+    changed = new.changed_from(old)
     if changed:
         raise CoordinatorError(
             f"the coordinator renewed lease {old.lease_id} as another round ({', '.join(changed)} changed)",

@@ -1,9 +1,9 @@
 """``hubgrpo evaluate --verify``: replay a sample of every admitted round with its leased version (proof of rollouts).
 
 The verifier runs where a model is (the evaluator role). It asks the coordinator's status which admitted rounds have
-no verdict yet (``verify.todo``, only with ``coordinator.verify: sample``), reads each round's submission.json and
-rollouts file (from the run repo, or through the coordinator), which must be the bytes admission read (their sha256
-is listed beside the round: a round whose files changed since gets no verdict), and checks it (``check``):
+no verdict yet (``verify.todo``, with ``coordinator.verify`` other than off), gets each round's submission.json and
+rollouts file from the coordinator as admission read them (``round_files``: its copy, whose sha256 the status lists
+beside the round; a worker may have changed the round's folder since), and checks it (``check``):
 
 - only the first generation batch is replayed: it is the one the leased version sampled (a later batch of a round
   of several steps was sampled by the worker's adapter after local steps, which nobody else holds);
@@ -17,11 +17,10 @@ is listed beside the round: a round whose files changed since gets no verdict), 
   generation ends (its first stop token last, or ``max_completion_length`` tokens: a worker cannot cut an honest
   completion short); the round passes by the rule for the verifier's precision.
 
-It reports each verdict through ``record_verdict`` (on a Space only ``coordinator.evaluators`` may). The rounds of a
-run with an inbox (``hub.submissions``: the coordinator's own disk, a bucket) come from the coordinator
-(``round_files``, evaluators only), which reads them there. A round whose files are gone
-(``coordinator.keep_submissions``), or whose base version is no longer loadable, is skipped. ``once=True`` checks
-what is listed and returns; otherwise it follows new rounds until the run is finished.
+It reports each verdict through ``record_verdict`` (on a Space only ``coordinator.evaluators`` may, and ask for
+``round_files``). A round the coordinator no longer keeps (admitted before it restarted), or whose base version is
+no longer loadable, is skipped. ``once=True`` checks what is listed and returns; otherwise it follows new rounds
+until the run is finished.
 """
 
 from __future__ import annotations
@@ -118,30 +117,44 @@ class Verifier:
         t0 = time.perf_counter()
         try:
             report = self.check(sub_id, base_version, digests)
-        except (HubGrpoError, OSError) as e:
-            from hubgrpo.worker.loop import STOP_CODES
-
-            if isinstance(e, CoordinatorError) and e.code in STOP_CODES:
-                raise
-            log.info("round %s cannot be checked: %s", sub_id, getattr(e, "message", e))
-            if getattr(e, "code", None) not in AGAIN:  # a round merging meanwhile, an outage: asked again later
-                self.skipped.add(sub_id)
+        except (HubGrpoError, OSError, ValueError, IndexError, RecursionError) as e:  # a round's files, not ours
+            self._skip(sub_id, "cannot be checked", e)
             return None
         self.seconds.append(time.perf_counter() - t0)
-        answer = self.client.record_verdict(sub_id, report)
+        try:
+            answer = self.client.record_verdict(sub_id, report)
+        except HubGrpoError as e:
+            self._skip(sub_id, "verdict not recorded", e)
+            return None
         status = wire_text(answer.get("status"), 40)
+        if status == "duplicate":  # another verifier's came first: never asked again
+            self.skipped.add(sub_id)
         log.info("round %s: %s (%s)", sub_id, "passed" if report["passed"] else "FAILED", status)
         return {**report, "submission_id": sub_id, "status": status, "seconds": self.seconds[-1]}
 
+    def _skip(self, sub_id: str, what: str, e: BaseException) -> None:
+        """A round left for now (``AGAIN``: a round merging meanwhile, an outage) or for good; raises what stops."""
+        from hubgrpo.worker.loop import STOP_CODES
+
+        code = getattr(e, "code", None)
+        if isinstance(e, CoordinatorError) and code in STOP_CODES:
+            raise e
+        log.info("round %s %s: %s", sub_id, what, getattr(e, "message", e))
+        if code not in AGAIN:
+            self.skipped.add(sub_id)
+
     def check(self, sub_id: str, base_version: int, digests: dict | None = None) -> dict:
-        """The verdict on one round (a ``layout.VerdictReport`` as a dict); ``digests``: the sha256 of its files as
-        admitted (``status.verify.todo``), which the files read now must match."""
+        """The verdict on one round (a ``layout.VerdictReport`` as a dict), from its files as admission read them:
+        the coordinator's copy (``round_files``), whose sha256 must be ``digests`` (``status.verify.todo``). A
+        round the coordinator does not list with them (admitted before it restarted) cannot be judged as admitted."""
         from hubgrpo.task import rollouts as rl
 
-        files = dict(zip(FILES, self._files(sub_id, base_version)))
+        if digests is None:
+            raise StoreError(f"round {sub_id} is not kept as admitted by this coordinator", code="not_kept")
+        files = self.client.round_files(sub_id, base_version, FILES)
         for name, blob in files.items():
-            if digests is not None and hashlib.sha256(blob).hexdigest() != digests[name]:
-                raise StoreError(f"{name} of round {sub_id} changed since it was admitted", code="changed")
+            if hashlib.sha256(blob).hexdigest() != digests[name]:
+                raise StoreError(f"{name} of round {sub_id} is not the one admitted", code="changed")
         sub = layout.Submission.from_json(files[layout.SUBMISSION_FILE])
         if layout.submission_id(sub.lease.worker, sub.lease.lease_id) != sub_id:
             raise StoreError(f"the files given for round {sub_id} are another round's", code="corrupt")
@@ -154,28 +167,6 @@ class Verifier:
         (local / layout.ROLLOUTS_FILE).unlink()
         key = selection_key(self.secret, hashlib.sha256(raw).digest())
         return self.replay(sub.lease, data, key)
-
-    def _files(self, sub_id: str, base_version: int) -> tuple[bytes, bytes]:
-        """The round's submission.json and rollouts file: from the run repo, or from the coordinator when the run's
-        rounds are in an inbox (``hub.submissions``: the coordinator's disk, a bucket), which it reads for us."""
-        if self.cfg.hub.submissions:
-            got = self.client.round_files(sub_id, base_version, FILES)
-            return got[layout.SUBMISSION_FILE], got[layout.ROLLOUTS_FILE]
-        folder = self._folder(sub_id, base_version)
-        record = self.store.read(f"{folder}/{layout.SUBMISSION_FILE}")
-        return record, self.store.read(f"{folder}/{layout.ROLLOUTS_FILE}")
-
-    def _folder(self, sub_id: str, base_version: int) -> str:
-        """The round's folder: under the base version the status names; a rebased round (``merge.rebase``) is
-        listed under the version it moved onto, its folder is under its lease's, found in a listing."""
-        folder = layout.submission_dir(base_version, sub_id)
-        if self.store.exists_file(f"{folder}/{layout.SUBMISSION_FILE}"):
-            return folder
-        for path in self.store.list_files(layout.SUBMISSIONS + "/"):
-            parsed = layout.parse_submission_path(path)
-            if parsed is not None and parsed[1] == sub_id and parsed[0] <= base_version:
-                return layout.submission_dir(parsed[0], sub_id)
-        return folder  # not there: the read says so
 
     def replay(self, lease: layout.Lease, data: layout.Rollouts, key: bytes) -> dict:
         """Replay the chosen completions of the round's first generation batch with the leased version."""

@@ -255,26 +255,41 @@ def test_an_untrusted_round_merges_only_once_it_passed(held_run, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_round_whose_files_change_after_admission_is_never_passed(held_run, tmp_path):
-    """The status lists the sha256 of each round's files as admission read them; a verifier that reads other bytes
-    from the repo (a forger committed clean completions over its admitted ones) records no verdict, so under
-    ``coordinator.verify: untrusted`` the round stays held, never merged."""
-    import time
-
+def test_a_round_whose_files_change_after_admission_is_judged_as_admitted(held_run, tmp_path):
+    """A forger commits clean completions (the same lease, sampled honestly) over its admitted ones: the verifier
+    judges the bytes admission read (the coordinator's copy, whose sha256 the status lists), so the round fails and
+    its worker is excluded; under ``coordinator.verify: untrusted`` it merges with weight 0."""
     run = held_run
     client = CoordinatorClient(run["url"], retries=2)
     lease, out = train_round(run, "w4", forged=True)
     forged = submit(run, lease, out)
-    clean = honest_again(run, lease, tmp_path / "clean")  # the same lease, its completions this time honest
+    clean = honest_again(run, lease, tmp_path / "clean")
     sub_id = forged["submission_id"]
     path = layout.submission_path(lease.base_version, sub_id, layout.ROLLOUTS_FILE)
     run["store"].commit({path: clean / layout.ROLLOUTS_FILE}, message="clean completions over the admitted ones")
     row = next(t for t in client.status()["verify"]["todo"] if t["submission_id"] == sub_id)
     assert row["sha256"][layout.ROLLOUTS_FILE] == hashlib.sha256((out / layout.ROLLOUTS_FILE).read_bytes()).hexdigest()
     verifier = Verifier(run["store"], client, engine=run["engine"], workdir=tmp_path / "verifier")
-    assert sub_id not in [r["submission_id"] for r in verifier.run(once=True)]  # no verdict on other bytes
-    time.sleep(0.5)
-    assert sub_id in client.status()["pending"] and sub_id not in run["coord"].state.merged_ids
+    verdict = next(r for r in verifier.run(once=True) if r["submission_id"] == sub_id)
+    assert not verdict["passed"] and verdict["mismatches"] > 0, verdict
+    assert wait_merged(run["coord"], sub_id)[sub_id].weight == 0.0
+    assert "w4" in client.status()["verify"]["excluded"]
+
+
+@pytest.mark.timeout(300)
+def test_a_record_whose_lease_is_not_the_signed_one_is_refused(served_run, tmp_path):
+    """The verifier replays with the record's lease (its seed, its sampling settings): admission holds the record's
+    lease to the signed one, all but what a renewal changes."""
+    import json
+
+    run = served_run
+    lease, out = train_round(run, "w6")
+    record = json.loads((out / layout.SUBMISSION_FILE).read_text())
+    record["lease"]["seed"] += 1  # completions forged with this seed would replay as honest
+    (out / layout.SUBMISSION_FILE).write_text(json.dumps(record))
+    with pytest.raises(InvalidSubmission) as e:
+        submit(run, lease, out)
+    assert e.value.code == "lease_mismatch" and "seed" in e.value.message, e.value
 
 
 @pytest.fixture(scope="module")
