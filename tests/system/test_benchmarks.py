@@ -160,6 +160,7 @@ def test_api_latency_quick(tmp_path):
     assert len(rows) == 6 and all(r["lease"]["p50_ms"] > 0 and r["submit"]["p50_ms"] > 0 for r in rows)
 
 
+@pytest.mark.slow  # ~30 s each: CI's budget (their behaviour has CI tests of its own)
 @pytest.mark.timeout(240)
 def test_scaleout_quick_then_rescore_and_sim_quota_on_it(tmp_path):
     run("scaleout/scaleout.py", tmp_path, "--work", str(tmp_path / "work"))
@@ -235,6 +236,7 @@ def test_gpu_bench_on_the_cpu(tmp_path):
         assert all(r[rule]["completions"] == 32 and r[rule]["failed_completions"] == 0 for r in rows), rows
 
 
+@pytest.mark.slow  # ~30 s each: CI's budget (their behaviour has CI tests of its own)
 @pytest.mark.timeout(180)
 def test_restart_loss_quick(tmp_path):
     run("restart/restart_loss.py", tmp_path)
@@ -257,6 +259,7 @@ def test_upload_route_quick(tmp_path):
     assert small["sequential"]["mb_per_s"] > 0 and small["concurrent"]["rounds_per_s"] > 0
 
 
+@pytest.mark.slow  # ~30 s each: CI's budget (their behaviour has CI tests of its own)
 @pytest.mark.timeout(180)
 def test_anonymous_memory_quick(tmp_path):
     run("load/anonymous_memory.py", tmp_path)

@@ -288,9 +288,12 @@ def test_flood_of_hostile_submissions_interleaved_with_honest_ones(live, tmp_pat
 # ---------------------------------------------------------------------------------------------- 429 storm
 
 
+STORM_S = 20  # the Hub answers 429 (asking for this wait) to every commit this long
+
+
 @pytest.mark.timeout(240)
-def test_heartbeats_stay_fast_while_the_hub_answers_429_for_a_minute(tmp_path):
-    """Every commit answered 429 with a 60-s wait for a minute, while a merge is due: the merge makes its version
+def test_heartbeats_stay_fast_while_the_hub_answers_429_to_every_commit(tmp_path):
+    """Every commit answered 429 with a 20-s wait for 20 s, while a merge is due: the merge makes its version
     live without the Hub; its checkpoint commit waits (outside the API lock); heartbeats and status calls from 4
     workers keep answering in well under a second."""
     import statistics
@@ -316,7 +319,7 @@ def test_heartbeats_stay_fast_while_the_hub_answers_429_for_a_minute(tmp_path):
         beating = [client.lease(f"hb{i}") for i in range(4)]  # 4 more workers, training through the storm
         sha_a, sha_b = (push_submission(store, lease, tmp_path, seed=i) for i, lease in enumerate((a, b), 1))
         client.submit(a, sha_a)
-        emu.set_faults(1.0, ("429",), paths=("commit",), ratelimit_reset_s=60)  # the storm: every commit 429
+        emu.set_faults(1.0, ("429",), paths=("commit",), ratelimit_reset_s=STORM_S)  # every commit 429
         storm_started = time.time()
         assert client.submit(b, sha_b)["merge_due"]  # the merge's checkpoint commit now meets the storm
         latencies, stop = [], threading.Event()
@@ -332,7 +335,7 @@ def test_heartbeats_stay_fast_while_the_hub_answers_429_for_a_minute(tmp_path):
         threads = [threading.Thread(target=beat, args=(lease,)) for lease in beating]
         for t in threads:
             t.start()
-        time.sleep(60 - (time.time() - storm_started))
+        time.sleep(STORM_S - (time.time() - storm_started))
         stats_in_storm = emu.stats["faults"].get("429", 0)
         status = client.status()
         assert status["version"] == 1, "the merge needs no commit: its version is live during the storm"

@@ -136,20 +136,30 @@ def test_an_admitted_round_is_not_refused_when_the_fleet_shrinks(tmp_path):
 
 def test_the_trainer_of_a_round_is_its_signed_lease_not_its_record(tmp_path):
     """submission.json naming another user (to take their place on the leaderboard, or in the fleet count) is
-    overruled by the lease it was submitted with."""
+    overruled by the lease it was submitted with; a record whose lease names them is refused (``lease_mismatch``:
+    a verifier replays with the record's lease, so it must be the signed one)."""
     import json as _json
 
     store, c, _ = _setup(tmp_path, **{"merge.quorum": 1})
-    lease = c.lease("gpu1", user="mallory")
 
-    def claim_alice(folder):
-        rec = _json.loads((folder / layout.SUBMISSION_FILE).read_text())
-        rec["user"] = rec["lease"]["user"] = "alice"
-        (folder / layout.SUBMISSION_FILE).write_text(_json.dumps(rec))
+    def claim_alice(in_lease: bool):
+        def mutate(folder):
+            rec = _json.loads((folder / layout.SUBMISSION_FILE).read_text())
+            rec["user"] = "alice"
+            if in_lease:
+                rec["lease"]["user"] = "alice"
+            (folder / layout.SUBMISSION_FILE).write_text(_json.dumps(rec))
 
-    c.submit(lease, push_submission(store, lease, tmp_path, seed=1, mutate=claim_alice))
+        return mutate
+
+    forged = c.lease("gpu1", user="mallory")
+    with pytest.raises(InvalidSubmission) as e:
+        c.submit(forged, push_submission(store, forged, tmp_path, seed=1, mutate=claim_alice(True)))
+    assert e.value.code == "lease_mismatch" and "user" in e.value.message
+    lease = c.lease("gpu2", user="mallory")
+    c.submit(lease, push_submission(store, lease, tmp_path, seed=2, mutate=claim_alice(False)))
     entry = runrepo.read_state(store).versions[1].merged[0]
-    assert entry.user == "mallory" and "alice/gpu1" not in c.state.workers
+    assert entry.user == "mallory" and not [k for k in c.state.workers if k.startswith("alice/")]
 
 
 def test_staleness_limit_bounds():

@@ -105,5 +105,6 @@ def test_rounds_with_and_without_sharing_agree(tiny_cache):
         rewards.append([m.reward for m in result.step_metrics])
         states.append({k: v.clone() for k, v in engine._adapter_state().items()})
     assert rewards[0] == rewards[1]
-    for key, value in states[1].items():
-        assert torch.allclose(states[0][key], value, atol=1e-4), key
+    for key, value in states[1].items():  # 2 AdamW steps at lr 2e-2: an entry moves up to 4e-2, a wrong one by that
+        # much; a near-zero gradient that differs by rounding alone can move its entry ~1e-4 (Adam divides by √v)
+        assert torch.allclose(states[0][key], value, atol=5e-4), key
