@@ -153,6 +153,7 @@ def test_store_commit_quick(tmp_path):
     assert len(results) == 3 and all(isinstance(r, str) or r["commit_p50_ms"] > 0 for r in results.values())
 
 
+@pytest.mark.slow  # ~20 s: a timing tool, CI's budget
 @pytest.mark.timeout(120)
 def test_api_latency_quick(tmp_path):
     run("load/api_latency.py", tmp_path)
@@ -418,6 +419,7 @@ def test_task_headroom_smallest_run(tmp_path):
     assert [c["step"] for c in rows["addition1"]["curve"]] == [0, 1, 2]
 
 
+@pytest.mark.slow  # ~20 s: a timing tool, CI's budget
 @pytest.mark.timeout(240)
 def test_side_by_side_quick(tmp_path):
     run("speedup/side_by_side.py", tmp_path, timeout=200)
