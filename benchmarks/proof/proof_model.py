@@ -57,6 +57,8 @@ class Bench:
     states: dict
     scale: float = 1.0
     models: dict = field(default_factory=dict)
+    name: str = "smollm2"  # the model's key in CONFIGS, and the config overrides (a child process rebuilds it)
+    overrides: tuple[str, ...] = ()
 
     @property
     def params(self) -> dict:
@@ -100,7 +102,7 @@ def setup(name: str, steps: int = STEPS, overrides: tuple[str, ...] = ()) -> Ben
         rows = [(step * 8 + i) % len(engine.source) for i in range(8)]  # type: ignore[attr-defined]
         engine.train_steps(engine.prompt_rows(rows), 1, seed=3 + step)
     states["leased"] = adapter_state(engine.trainer.model)
-    return Bench(engine, states, scale)
+    return Bench(engine, states, scale, name=name, overrides=overrides)
 
 
 def call_rounds(b: Bench, g: int, per_call: int) -> tuple[int, list[dict], list[list[int]]]:
@@ -181,20 +183,26 @@ def grouped(per_completion: list, checked: int) -> list:
 
 def honest(b: Bench, rounds: int, per_call: int, worker: str, checker: str, threads: int, checked: int = 1) -> dict:
     """False alarms of honest rounds of ``checked`` checked completions: a ``worker``-precision worker at
-    ``threads`` threads, a ``checker``-precision verifier on one thread."""
+    ``threads`` threads, a ``checker``-precision verifier on one thread. A worker spec ending in ``-other``
+    (``fp32-other``) samples in a child process whose kernels round as another CPU's would (``other_cpu``)."""
     import torch
+
+    from benchmarks.proof.other_cpu import ENV, SUFFIX, sample_elsewhere
 
     found: list[list[tuple[float, float]]] = []
     tokens, t0 = 0, time.perf_counter()
-    for g in range(-(-rounds * checked // per_call)):
-        seed, _, prompts = call_rounds(b, g, per_call)
+    dtype, elsewhere = DTYPES[worker.removesuffix(SUFFIX)], worker.endswith(SUFFIX)
+    calls = [call_rounds(b, g, per_call) for g in range(-(-rounds * checked // per_call))]
+    child = sample_elsewhere(b, dtype, threads, [(s, p) for s, _, p in calls]) if elsewhere else {}
+    for g, (seed, _, prompts) in enumerate(calls):
         torch.set_num_threads(threads)
-        completions = sample(b, b.model("leased", DTYPES[worker]), prompts, seed)
+        completions = child["completions"][g] if child else sample(b, b.model("leased", dtype), prompts, seed)
         found += deficits(b, b.model("leased", DTYPES[checker]), prompts, completions, seed)
         tokens += sum(map(len, completions))
     found = grouped(found, checked)
     return {"worker": worker, "verifier": checker, "worker_threads": threads, "rounds": len(found),
-            "tokens": tokens, "seconds": time.perf_counter() - t0,
+            "worker_kernels": (" ".join(f"{k}={v}" for k, v in ENV.items()) + f" ({child['capability']})")
+            if child else "this process's", "tokens": tokens, "seconds": time.perf_counter() - t0,
             "largest_deficit": max((f[0][0] for f in found if f), default=0.0),
             "largest_ratio": max((d / m for f in found for d, m in f if m), default=0.0),
             "false_alarms": count(found), "deficits_above_0": sum(map(bool, found)), "deficits": found}
@@ -332,6 +340,9 @@ def markdown(res: dict) -> str:
         lines.append(f"| {h['worker']} | {h['verifier']} | {h['worker_threads']} | {h['rounds']} | {h['tokens']} | "
                      f"{h['largest_deficit']:.4f} | {h['largest_ratio']:.4f} | {h['deficits_above_0']} | "
                      + " | ".join(str(h["false_alarms"][k]) for k in keys) + " |")
+    lines += [f"\nWorker `{h['worker']}`: sampled in a child process with {h['worker_kernels']}, rounding as "
+              "another CPU's kernels would (`benchmarks/proof/other_cpu.py`)." for h in res["honest"]
+              if h["worker"].endswith("-other")]
     lines += ["", "Forged rounds (float32 worker's honest completions forged; float32 verifier), caught:", "",
               "| attack | rounds | checked completion differs from the honest one | caught of those (default) | "
               + " | ".join(keys) + " |", "|---|---|---|---|" + "---|" * len(keys)]
@@ -365,7 +376,7 @@ def headline(res: dict) -> str:
         out += (f"; forgeries that change the checked completion caught in ≥ "
                 f"{worst['caught_of_differing'] / worst['differs']:.1%} (weakest: {worst['attack']}, "
                 f"{worst['differs']} rounds)" + (f"; {', '.join(same)}: never changed it" if same else ""))
-    fp32 = [h for h in res["honest"] if h["worker"] == "fp32" and "strict" in h["false_alarms"]]
+    fp32 = [h for h in res["honest"] if h["worker"].startswith("fp32") and "strict" in h["false_alarms"]]
     if differing:  # coordinator.verify_tolerance: strict, float32 workers only
         worst = min(differing, key=lambda r: r["caught"]["strict"] / r["differs"])
         strict_alarms = (f"{sum(h['false_alarms']['strict'] for h in fp32)} false alarms in "
@@ -408,7 +419,8 @@ def main() -> None:
     ap.add_argument("--attack-rounds", type=int, default=128, help="forged rounds per attack kind")
     ap.add_argument("--per-call", type=int, default=32, help="rounds per generate call")
     ap.add_argument("--threads", default="1,2", help="worker thread counts")
-    ap.add_argument("--pairs", default="fp32/fp32,bf16/fp32", help="worker/verifier precisions")
+    ap.add_argument("--pairs", default="fp32/fp32,bf16/fp32", help="worker/verifier precisions; a worker "
+                    "ending in -other (fp32-other/fp32) samples with another CPU's rounding (other_cpu.py)")
     ap.add_argument("--steps", type=int, default=STEPS, help="GRPO steps from version 0 to the leased version")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override (repeatable), e.g. params.max_completion_length=96: another round shape")
