@@ -168,6 +168,14 @@ size. The training reward is the reward of what was submitted; the held-out rewa
 only by the run's evaluators) measures the model itself."""
 
 
+TOLERANCES = {
+    "strict": "(`verify_tolerance: strict`: float32 workers, a token may differ from the replayed choice by float32 "
+    "rounding only)",
+    "wide": "(`verify_tolerance: wide`: bfloat16 workers too, which lets through most forgeries that change tokens "
+    "by little)",
+}
+
+
 def proof_line(cfg: Config, state: RunState) -> str:
     """The card's proof-of-rollouts paragraph: what ``coordinator.verify`` checks, and the verdicts so far."""
     mode = cfg.coordinator.verify
@@ -177,8 +185,9 @@ def proof_line(cfg: Config, state: RunState) -> str:
     who = sorted({v.user or v.worker for v in failed})
     return (
         f"\n\n**Proof of rollouts** (`coordinator.verify: {mode}`): a verifier replays a sample of the completions "
-        "of each admitted round's first generation batch with the leased version and the lease's sampling noise; "
-        "a participant whose round fails is excluded"
+        "of each admitted round's first generation batch with the leased version and the lease's sampling noise "
+        + TOLERANCES[cfg.coordinator.verify_tolerance]
+        + "; a participant whose round fails is excluded"
         + (", and a round merges only once it passed" if mode == "all" else "")
         + (", and an untrusted participant's round merges only once it passed" if mode == "untrusted" else "")
         + f". So far {len(state.verdicts)} rounds checked, {len(failed)} failed"

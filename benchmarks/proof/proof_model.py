@@ -156,15 +156,17 @@ def deficits(b: Bench, model, prompts, completions, seed: int) -> list[list[tupl
 
 
 def settings() -> dict:
-    """The tolerances read off, by label: absolute ones, relative ones, and the product's (``default``)."""
+    """The tolerances read off, by label: absolute ones, relative ones, and the product's two (``wide``,
+    ``strict``)."""
     import torch
 
-    from hubgrpo.proof.verify import Tolerance, default_tolerance, run_tolerance
+    from hubgrpo.proof.verify import Tolerance, run_tolerance
 
     out = {f"{a}": Tolerance(a) for a in ABSOLUTE}
     out |= {f"1e-3+{r}×max": Tolerance(1e-3, r) for r in RELATIVE}
-    # the product's two rules: ``default`` (coordinator.verify_tolerance: wide), ``strict`` (float32 workers only)
-    return out | {"default": default_tolerance(torch.float32), "strict": run_tolerance("strict")}
+    # the product's two rules (coordinator.verify_tolerance): ``wide`` (bfloat16 or float32 workers), ``strict``
+    # (float32 workers; the default)
+    return out | {"wide": run_tolerance("wide"), "strict": run_tolerance("strict")}
 
 
 def fails(found: list[tuple[float, float]], tol) -> bool:
@@ -322,13 +324,18 @@ def _label(tol: dict) -> str:
 
 
 def markdown(res: dict) -> str:
+    from dataclasses import asdict
+
+    from hubgrpo.proof.verify import run_tolerance
+
     a, tol, keys = res["args"], _label(res["tolerance"]), list(settings())
     lines = [f"# Proof of rollouts on {res['model']}: {res['headline']}", "",
              f"`{CONFIGS[a['model']]}`{_sets(a)} rounds ({res['shape']}), each simulated round its "
              f"{a.get('checked', 1)} checked completion(s) "
              f"(module docstring); {a['per_call']} completions per generate call; leased version: "
-             f"{a.get('steps', STEPS)} GRPO steps from version 0. The product's rule (`default`): a float32 "
-             f"verifier, tolerance {tol} at each "
+             f"{a.get('steps', STEPS)} GRPO steps from version 0. The product's rules (a float32 verifier; "
+             "`coordinator.verify_tolerance`): `strict` (the default, float32 workers), tolerance "
+             f"{_label(asdict(run_tolerance('strict')))}, and `wide` (bfloat16 workers too), {tol}, at each "
              "position (a recorded token further below the replay's top perturbed score is a mismatch; none "
              "allowed), and every completion ends where generation ends. Columns: the same rounds read at other "
              "tolerances (absolute, or 0.001 + a share of the position's largest |warped score|).", "",
@@ -344,7 +351,7 @@ def markdown(res: dict) -> str:
               "another CPU's kernels would (`benchmarks/proof/other_cpu.py`)." for h in res["honest"]
               if h["worker"].endswith("-other")]
     lines += ["", "Forged rounds (float32 worker's honest completions forged; float32 verifier), caught:", "",
-              "| attack | rounds | checked completion differs from the honest one | caught of those (default) | "
+              "| attack | rounds | checked completion differs from the honest one | caught of those (wide) | "
               + " | ".join(keys) + " |", "|---|---|---|---|" + "---|" * len(keys)]
     for r in res["attacks"]:
         n = max(1, r["rounds"])
@@ -365,25 +372,27 @@ def markdown(res: dict) -> str:
 
 
 def headline(res: dict) -> str:
+    """Wide rule: false alarms (every pair) and the weakest catch rate; strict (float32 workers): the same."""
     rounds = sum(h["rounds"] for h in res["honest"])
-    alarms = sum(h["false_alarms"]["default"] for h in res["honest"])
+    alarms = sum(h["false_alarms"]["wide"] for h in res["honest"])
     pairs = ", ".join(sorted({f"{h['worker']} worker/{h['verifier']} verifier" for h in res["honest"]}))
-    out = f"{alarms} false alarms in {rounds} honest rounds ({pairs})" if rounds else "forged rounds only"
+    wide = [f"{alarms} false alarms in {rounds} honest rounds ({pairs})"] if rounds else []
     differing = [r for r in res["attacks"] if r["differs"]]
     if differing:  # a forgery whose checked completion is the honest one cannot be caught: its rate is the others'
         worst = min(differing, key=lambda r: r["caught_of_differing"] / r["differs"])
         same = [r["attack"] for r in res["attacks"] if not r["differs"]]
-        out += (f"; forgeries that change the checked completion caught in ≥ "
-                f"{worst['caught_of_differing'] / worst['differs']:.1%} (weakest: {worst['attack']}, "
-                f"{worst['differs']} rounds)" + (f"; {', '.join(same)}: never changed it" if same else ""))
+        wide.append(f"forgeries that change the checked completion caught in ≥ "
+                    f"{worst['caught_of_differing'] / worst['differs']:.1%} (weakest: {worst['attack']}, "
+                    f"{worst['differs']} rounds)" + (f"; {', '.join(same)}: never changed it" if same else ""))
     fp32 = [h for h in res["honest"] if h["worker"].startswith("fp32") and "strict" in h["false_alarms"]]
+    strict = [f"{sum(h['false_alarms']['strict'] for h in fp32)} false alarms in "
+              f"{sum(h['rounds'] for h in fp32)}"] if fp32 else []
     if differing:  # coordinator.verify_tolerance: strict, float32 workers only
         worst = min(differing, key=lambda r: r["caught"]["strict"] / r["differs"])
-        strict_alarms = (f"{sum(h['false_alarms']['strict'] for h in fp32)} false alarms in "
-                         f"{sum(h['rounds'] for h in fp32)}, " if fp32 else "")
-        out += (f"; strict (float32 workers): {strict_alarms}forgeries caught in ≥ "
-                f"{worst['caught']['strict'] / worst['differs']:.1%} (weakest: {worst['attack']}, "
-                f"{worst['caught']['strict']} of {worst['differs']})")
+        strict.append(f"forgeries caught in ≥ {worst['caught']['strict'] / worst['differs']:.1%} (weakest: "
+                      f"{worst['attack']}, {worst['caught']['strict']} of {worst['differs']})")
+    out = "; ".join([*(["wide rule: " + "; ".join(wide)] if wide else []),
+                     *(["strict (the default, float32 workers): " + ", ".join(strict)] if strict else [])])
     if res["cost"]:
         out += f"; verification {res['cost']['share_of_training']:.1%} of a round's training"
     return out
@@ -406,7 +415,7 @@ def run_unit(b: Bench, unit: str, args, cache: dict) -> dict:
     if kind == "cost":
         return cost(b)
     if kind == "attack":
-        return attack(b, what, args.attack_rounds, args.per_call, settings()["default"], cache, args.checked)
+        return attack(b, what, args.attack_rounds, args.per_call, settings()["wide"], cache, args.checked)
     worker, checker, threads = what.split("/")
     return honest(b, args.rounds, args.per_call, worker, checker, int(threads), args.checked)
 
@@ -465,7 +474,7 @@ def main() -> None:
 def finish(res: dict, folder: Path, name: str, meta: dict) -> None:
     from dataclasses import asdict
 
-    res["tolerance"] = asdict(settings()["default"])
+    res["tolerance"] = asdict(settings()["wide"])
     recount(res)
     res["headline"] = headline(res)
     write(folder, name, res, markdown(res), meta, res["headline"])

@@ -92,11 +92,12 @@ class CoordinatorSection(_Section):
         "coordinator.trusted; rounds must carry their token ids (worker.keyed_sampling). off = no verdicts.",
     )
     verify_tolerance: Literal["wide", "strict"] = Field(
-        "wide",
-        description="How far below the replayed choice a recorded token may lie (hubgrpo.proof.verify): wide = "
-        "0.001 + 0.06 x the position's largest |logit / T|, which covers bfloat16 and float32 workers; strict = "
-        "0.0005 + 0.00001 x, float32 workers only (worker.dtype must resolve to float32), which catches forgeries "
-        "that change a few tokens by little: benchmarks/proof/results/proof-smollm2-long-s1.md.",
+        "strict",
+        description="How far below the replayed choice a recorded token may lie (hubgrpo.proof.verify): strict = "
+        "0.0005 + 0.00001 x the position's largest |logit / T|, for float32 workers (with verification on, "
+        "worker.dtype auto resolves to float32 on every device), which catches forgeries that change a few tokens "
+        "by little; wide = 0.001 + 0.06 x, which also covers bfloat16 workers and lets most such forgeries "
+        "through (catch rates: benchmarks/proof/results/proof-smollm2-long.md, -long-s1.md).",
     )
     trusted: list[str] = Field(
         default_factory=list,
@@ -271,11 +272,19 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _strict_needs_float32(self):
+        if self.coordinator.verify != "off" and not self.worker.keyed_sampling:
+            raise ValueError(
+                f"coordinator.verify {self.coordinator.verify} replays rounds sampled with the lease's noise, and "
+                "worker.keyed_sampling false makes workers sample without it: every round would be refused at "
+                "admission; set worker.keyed_sampling: true, or coordinator.verify: off"
+            )
         if self.coordinator.verify != "off" and self.coordinator.verify_tolerance == "strict":
             if self.worker.dtype in ("bfloat16", "float16"):
                 raise ValueError(
-                    f"coordinator.verify_tolerance strict leaves no room for {self.worker.dtype} rounding: every "
-                    "worker must generate in float32; set worker.dtype: float32, or coordinator.verify_tolerance: wide"
+                    f"coordinator.verify_tolerance strict (the default with coordinator.verify on) leaves no room "
+                    f"for {self.worker.dtype} rounding: every worker must generate in float32; set worker.dtype: "
+                    "float32 or auto, or coordinator.verify_tolerance: wide (which lets through most forgeries that "
+                    "change tokens by little)"
                 )
         return self
 

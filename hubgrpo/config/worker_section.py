@@ -15,8 +15,8 @@ class WorkerSection(_Section):
     device: str = Field("auto", description="auto (cuda if available), cpu, cuda, cuda:1, mps.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
-        description="auto: bf16 on CUDA, fp32 on CPU; fp32 everywhere in a run with coordinator.verify_tolerance: "
-        "strict.",
+        description="auto: bf16 on CUDA, fp32 on CPU; fp32 everywhere in a run that verifies rollouts strictly "
+        "(coordinator.verify on, verify_tolerance strict: the default).",
     )
     threads: int | None = Field(
         None, gt=0, description="torch threads per worker (`hubgrpo worker --threads`); None = cores // local workers."

@@ -31,6 +31,44 @@ from hubgrpo.proof.noise import gumbel
 
 # sampling options of a GenerationConfig this module cannot replay; each must be off (None, or its neutral value)
 UNSUPPORTED = {"min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None}
+# options for which ``generate`` builds a logits processor of its own, applied before the keyed one and not replayed
+# by the verifier; each must be off in the call's config and, where that leaves it unset (None), in the model's own
+# generation config, which ``generate`` fills such fields from (a model's generation_config.json can carry them)
+PROCESSED = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "sequence_bias": None,
+    "min_length": 0,
+    "min_new_tokens": 0,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "exponential_decay_length_penalty": None,
+    "guidance_scale": 1.0,
+    "watermarking_config": None,
+}
+
+
+def check_processors(config: GenerationConfig, defaults: GenerationConfig | None) -> None:
+    """``ConfigError`` when ``generate`` would change the scores before the keyed processor (``PROCESSED``): the
+    worker would sample from scores the verifier does not compute, and its honest rounds would fail."""
+    used = {}
+    for key, neutral in PROCESSED.items():
+        value = getattr(config, key, None)
+        if value is None and defaults is not None:
+            value = getattr(defaults, key, None)
+        if value not in (None, neutral) and value != [] and value != {}:
+            used[key] = value
+    if used:
+        raise ConfigError(
+            f"keyed sampling cannot replay the generation options {used} (from the call or the model's "
+            "generation_config)",
+            hint="set them to their neutral values in the model's generation_config, or worker.keyed_sampling: false",
+        )
 
 
 @dataclass(frozen=True)
@@ -110,14 +148,23 @@ def greedy_config(config: GenerationConfig) -> GenerationConfig:
     return greedy
 
 
-def keyed_generate(original, sampling: KeyedSampling, *args, **kwargs):
-    """``model.generate`` (``original``) with a sampling config replaced by keyed Gumbel-max decoding.
+def keyed_generate(original, sampling: KeyedSampling, defaults: GenerationConfig | None, *args, **kwargs):
+    """``model.generate`` (``original``) with a sampling config replaced by keyed Gumbel-max decoding; ``defaults``:
+    the model's own generation config (``check_processors``).
 
-    Calls that do not sample (``do_sample`` false), or pass their own processors, go through unchanged."""
+    It wraps only the calls of a keyed round, whose completions are recorded as keyed: a call it cannot key (no
+    sampling config or input ids as keywords, ``do_sample`` false, processors of the caller's own) is a
+    ``ConfigError``, never a round of TRL's random sampling that the verifier would fail as forged."""
     config = kwargs.get("generation_config")
     ids = kwargs.get("input_ids")
     if args or config is None or ids is None or not config.do_sample or kwargs.get("logits_processor"):
-        return original(*args, **kwargs)
+        raise ConfigError(
+            "keyed sampling got a generate call it cannot key (positional arguments, no sampling generation_config "
+            "or input_ids, do_sample false, or logits processors of the caller's own)",
+            hint="leave TRL's generation settings (generation_kwargs) at their defaults, or set "
+            "worker.keyed_sampling: false (rounds then cannot be verified)",
+        )
+    check_processors(config, defaults)
     warp = Warp.of(config)
     processor = KeyedGumbelProcessor(sampling.seed, sampling.take(ids.size(0)), ids.size(1), warp)
     kwargs["generation_config"] = greedy_config(config)

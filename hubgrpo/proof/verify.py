@@ -18,10 +18,11 @@ there.
 ``Verdict`` counts positions checked, tolerated and mismatched, and completions that end wrongly;
 ``Verdict.passes()`` applies a round's rule (``RoundRule``: at most so many mismatches, and no completion ending
 wrongly), by default the one for the verifier's precision (``RULES``). The product's verifier computes in float32
-(``hubgrpo.worker.verifier``); its tolerance covers a float32 or bfloat16 worker and was chosen from the honest
-rounds of ``benchmarks/proof/proof_model.py`` (``benchmarks/proof/results/proof-smollm2-long-bf16.md``); a run with
-``coordinator.verify_tolerance: strict`` uses ``STRICT`` instead, for float32 workers only. The bfloat16
-and float16 entries are for experiments (``benchmarks/proof/proof_bench.py``): a lower-precision verifier needs a
+(``hubgrpo.worker.verifier``) with the run's ``coordinator.verify_tolerance`` (``run_tolerance``): ``STRICT`` by
+default, for float32 workers (rounding between processors and thread counts only), or the wide float32 entry of
+``TOLERANCE``, which also covers bfloat16 workers and was chosen from the honest rounds of
+``benchmarks/proof/proof_model.py`` (``benchmarks/proof/results/proof-smollm2-long-bf16.md``). The bfloat16 and
+float16 entries are for experiments (``benchmarks/proof/proof_bench.py``): a lower-precision verifier needs a
 tolerance so wide that it lets subtle forgeries through.
 """
 
@@ -56,9 +57,10 @@ class Tolerance:
 # by the verifier's dtype; float32 (the product's verifier, wide enough for a bfloat16 worker): chosen from honest
 # bfloat16 rounds of long completions (benchmarks/proof/results/proof-smollm2-long-bf16.md)
 TOLERANCE = {torch.float32: Tolerance(1e-3, 0.06), torch.bfloat16: Tolerance(1.0), torch.float16: Tolerance(0.25)}
-# a float32 verifier of float32 workers (``coordinator.verify_tolerance: strict``): rounding only, no bfloat16. Every
-# honest float32 deficit measured on one CPU was 0; the smaller a flip it tolerates, the more generations from the
-# version before the lease's it catches (benchmarks/proof/results/proof-smollm2-long-s1.md, -long-2.md)
+# a float32 verifier of float32 workers (``coordinator.verify_tolerance: strict``, the default): rounding only, no
+# bfloat16. The smaller a flip it tolerates, the more generations from the version before the lease's it catches
+# (benchmarks/proof/results/proof-smollm2-long-s1.md, -long-2.md); honest float32 workers on other kernels:
+# benchmarks/proof/results/proof-smollm2-other-cpu.md
 STRICT = Tolerance(5e-4, 1e-5)
 CHUNK = 256  # positions warped and perturbed at once (memory: CHUNK × vocab scores, and the hash's temporaries)
 
@@ -107,8 +109,8 @@ def default_tolerance(dtype: torch.dtype) -> Tolerance:
 
 
 def run_tolerance(verify_tolerance: str) -> Tolerance:
-    """The float32 verifier's tolerance for a run's ``coordinator.verify_tolerance``: ``wide`` covers a bfloat16 or
-    float32 worker, ``strict`` float32 workers only (every worker of such a run generates in float32)."""
+    """The float32 verifier's tolerance for a run's ``coordinator.verify_tolerance``: ``strict`` (the default) for
+    float32 workers only (every worker of such a run generates in float32), ``wide`` for bfloat16 or float32."""
     return STRICT if verify_tolerance == "strict" else TOLERANCE[torch.float32]
 
 

@@ -48,7 +48,9 @@ class KeyedGRPOTrainer(GRPOTrainer):
         model: Any = self.accelerator.unwrap_model(self.model_wrapped)
         _no_live_dropout(model)
         previous = model.__dict__.get("generate")  # a wrapper of a subclass's (prompt sharing), kept beneath
-        model.generate = functools.partial(keyed_generate, model.generate, self.keyed)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under PEFT's wrapper
+        defaults = getattr(base, "generation_config", None)  # generate fills the call's unset fields from it
+        model.generate = functools.partial(keyed_generate, model.generate, self.keyed, defaults)
         first = self.keyed.next_index
         try:
             out = generate(prompt_ids, images, multimodal_fields, *args, **kwargs)
@@ -65,8 +67,14 @@ class KeyedGRPOTrainer(GRPOTrainer):
 def _no_live_dropout(model) -> None:
     """``ConfigError`` when dropout would draw random masks while generating: a verifier could not replay it."""
     live = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0 and m.training]
+    live += [  # attention modules (Llama, Qwen2, ...) that drop attention weights in training mode by a float
+        f"{n}.attention_dropout"
+        for n, m in model.named_modules()
+        if m.training and isinstance(getattr(m, "attention_dropout", None), float) and m.attention_dropout > 0
+    ]
     if live:
         raise ConfigError(
             f"keyed sampling needs generation without dropout, and {live[0]} drops with p > 0",
-            hint="set lora.dropout: 0 (and the model's own dropout to 0), or worker.keyed_sampling: false",
+            hint="set lora.dropout: 0 (and the model's own dropout and attention_dropout to 0), or "
+            "worker.keyed_sampling: false",
         )

@@ -12,8 +12,9 @@ beside the round; a worker may have changed the round's folder since), and check
 - each chosen completion's prompt ids must be the leased prompt as TRL tokenises it (else a prompt could carry the
   answer), and its text must be what its token ids decode to (the rewards were computed on the text);
 - ``hubgrpo.proof.verify.verify_completions`` replays them with the leased version (loaded into the engine's model,
-  in eval mode, always in float32 whatever ``worker.dtype`` says: the tolerance covers a bfloat16 or float32 worker
-  against a float32 verifier), the lease's seed and sampling settings; every chosen completion must also end where
+  in eval mode, always in float32 whatever ``worker.dtype`` says) with the run's tolerance
+  (``coordinator.verify_tolerance``: strict, the default, for float32 workers; wide for bfloat16 ones too), the
+  lease's seed and sampling settings; every chosen completion must also end where
   generation ends (its first stop token last, or ``max_completion_length`` tokens: a worker cannot cut an honest
   completion short); the round passes by the rule for the verifier's precision.
 

@@ -309,9 +309,9 @@ def test_proof_model_quick_then_rendered_again(tmp_path):
     run("proof/proof_model.py", tmp_path, timeout=280)
     r = shaped(tmp_path / "proof-tiny.json")
     assert {(h["worker"], h["verifier"]) for h in r["honest"]} == {("fp32", "fp32"), ("bf16", "fp32")}
-    assert all(h["rounds"] == 8 and h["false_alarms"]["default"] <= h["rounds"] for h in r["honest"])
+    assert all(h["rounds"] == 8 and h["false_alarms"]["wide"] <= h["rounds"] for h in r["honest"])
     kinds = {a["attack"]: a for a in r["attacks"]}
-    assert len(kinds) == 9 and kinds["truncated"]["caught"]["default"] == 8 and not r["units_left"]
+    assert len(kinds) == 9 and kinds["truncated"]["caught"]["wide"] == 8 and not r["units_left"]
     assert r["cost"]["tokens_per_s"] > 0 and r["cost"]["checked_completions"] >= 1
     run("proof/proof_model.py", tmp_path, "--render", str(tmp_path / "proof-tiny.json"), quick=False)
     again = json.loads((tmp_path / "proof-tiny.json").read_text())

@@ -163,6 +163,7 @@ def test_an_honest_round_passes_and_a_forged_one_excludes_its_worker_across_a_re
 
     card = run_card(run["cfg"], again.state)
     assert "Proof of rollouts" in card and "2 rounds checked, 1 failed; excluded: w2." in card
+    assert "`verify_tolerance: strict`: float32 workers" in card  # the default, for a participant to read
 
 
 def _batch0_ids(folder) -> list[list[int]]:
@@ -443,9 +444,9 @@ def test_the_verifier_replays_with_its_runs_tolerance(served_run, tmp_path):
     model.train()
     batch.completion_ids[i] = forged
     batch.completions[i] = engine.tokenizer.decode(forged, skip_special_tokens=True)
-    assert verifier.cfg.coordinator.verify_tolerance == "wide"  # the default
+    assert verifier.cfg.coordinator.verify_tolerance == "strict"  # the default, read from the run's config
+    strict = verifier.replay(lease, data, b"k" * 32)
+    verifier.cfg.coordinator.verify_tolerance = "wide"  # a run that lets bfloat16 workers in
     wide = verifier.replay(lease, data, b"k" * 32)
     assert wide["passed"] and wide["mismatches"] == 0, wide
-    verifier.cfg.coordinator.verify_tolerance = "strict"  # the run's setting, read from its config
-    strict = verifier.replay(lease, data, b"k" * 32)
     assert not strict["passed"] and strict["mismatches"] == 1, strict

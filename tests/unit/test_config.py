@@ -139,6 +139,12 @@ def test_lr_schedule_wsd_is_transformers_warmup_stable_decay_over_the_versions()
         loads(MINIMAL + "rounds: {lr_schedule: wsd, lr_warmup: 0.6, lr_decay: 0.5}")
 
 
+def test_a_verified_run_refuses_workers_without_keyed_sampling():
+    with pytest.raises(ConfigError, match="worker.keyed_sampling: true, or coordinator.verify: off"):
+        loads(MINIMAL + "coordinator:\n  verify: untrusted\nworker:\n  keyed_sampling: false\n")
+    assert not loads(MINIMAL + "worker:\n  keyed_sampling: false\n").worker.keyed_sampling  # nothing replays
+
+
 def test_a_strictly_verified_run_refuses_bfloat16_workers_and_names_the_fix():
     strict = "coordinator:\n  verify: sample\n  verify_tolerance: strict\n"
     with pytest.raises(ConfigError) as ei:
@@ -146,5 +152,7 @@ def test_a_strictly_verified_run_refuses_bfloat16_workers_and_names_the_fix():
     assert "verify_tolerance strict" in str(ei.value) and "worker.dtype: float32" in str(ei.value)
     assert loads(MINIMAL + strict).coordinator.verify_tolerance == "strict"  # dtype auto: float32 rounds
     assert loads(MINIMAL + strict.replace("sample", "'off'") + "worker:\n  dtype: bfloat16\n")  # nothing replays
-    wide = loads(MINIMAL + "coordinator:\n  verify: sample\nworker:\n  dtype: bfloat16\n")  # the default
-    assert wide.coordinator.verify_tolerance == "wide"
+    with pytest.raises(ConfigError, match="the default with coordinator.verify on"):  # strict by default
+        loads(MINIMAL + "coordinator:\n  verify: sample\nworker:\n  dtype: bfloat16\n")
+    wide = loads(MINIMAL + "coordinator:\n  verify: sample\n  verify_tolerance: wide\nworker:\n  dtype: bfloat16\n")
+    assert wide.coordinator.verify_tolerance == "wide" and wide.worker.dtype == "bfloat16"

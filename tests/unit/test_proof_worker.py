@@ -91,6 +91,31 @@ def test_keyed_sampling_off_leaves_trls_sampling():
     assert engine.trainer.keyed is None and engine.trainer.keyed_log == []
 
 
+def test_a_keyed_round_refuses_what_the_verifier_would_not_replay():
+    """A model whose own generation config adds a processor (no repeated n-grams) or whose attention drops in
+    training mode would sample from scores the verifier does not compute: the round stops with a ConfigError
+    naming the option instead of producing honest rounds that fail as forged; the same for a generate call the
+    keyed wrapper cannot key."""
+    from hubgrpo.errors import ConfigError
+    from hubgrpo.proof.sampling import KeyedSampling, keyed_generate
+
+    engine = RoundEngine(tiny_config(["worker.threads=1"]))
+    rows = engine.prompt_rows(range(8))
+    base = engine.trainer.model.get_base_model()
+    base.generation_config.no_repeat_ngram_size = 2  # TRL's own config leaves it unset: generate takes the model's
+    with pytest.raises(ConfigError, match="no_repeat_ngram_size"):
+        engine.train_steps(rows, 1, seed=SEED)
+    base.generation_config.no_repeat_ngram_size = None
+    attention = next(m for m in base.modules() if isinstance(getattr(m, "attention_dropout", None), float))
+    attention.attention_dropout = 0.1
+    with pytest.raises(ConfigError, match="attention_dropout"):
+        engine.train_steps(rows, 1, seed=SEED)
+    attention.attention_dropout = 0.0
+    engine.train_steps(rows, 1, seed=SEED)  # both back to neutral: the round runs keyed
+    with pytest.raises(ConfigError, match="cannot key"):
+        keyed_generate(base.generate, KeyedSampling(SEED), None, input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
 @pytest.mark.timeout(120)
 def test_a_bfloat16_worker_stops_before_a_strictly_verified_run_leases_to_it():
     from hubgrpo.errors import ConfigError
@@ -103,7 +128,11 @@ def test_a_bfloat16_worker_stops_before_a_strictly_verified_run_leases_to_it():
     with pytest.raises(ConfigError) as ei:
         check_precision(strict, engine)
     assert "bfloat16" in str(ei.value) and "verify_tolerance" in (ei.value.hint or "")
-    check_precision(make_config(**{"coordinator.verify": "sample"}), engine)  # wide: bfloat16 is covered
+    default = make_config(**{"coordinator.verify": "sample"})
+    with pytest.raises(ConfigError):
+        check_precision(default, engine)  # strict is the default
+    wide = make_config(**{"coordinator.verify": "sample", "coordinator.verify_tolerance": "wide"})
+    check_precision(wide, engine)  # wide: bfloat16 is covered
 
 
 @pytest.mark.timeout(120)
@@ -111,10 +140,10 @@ def test_a_strictly_verified_run_resolves_auto_to_float32_in_its_workers():
     from hubgrpo.worker.loop import make_engine
     from tests.support.coord_helpers import make_config
 
-    cfg = make_config(**{"coordinator.verify": "sample", "coordinator.verify_tolerance": "strict"})
+    cfg = make_config(**{"coordinator.verify": "sample"})  # strict: the default
     engine = make_engine(cfg, "w")
     assert cfg.worker.dtype == "float32" and next(engine.model.parameters()).dtype.is_floating_point
     assert str(next(engine.model.parameters()).dtype) == "torch.float32"
-    wide = make_config(**{"coordinator.verify": "sample"})
+    wide = make_config(**{"coordinator.verify": "sample", "coordinator.verify_tolerance": "wide"})
     make_engine(wide, "w")
     assert wide.worker.dtype == "auto", "a wide run leaves the worker's precision to its machine"
