@@ -15,7 +15,7 @@ import pytest
 from tests.support.restart_loop import REPO, check_history, kill_loop
 from tests.support.space_support import make_run, start_emulator
 
-KILLS = 3
+KILLS = 2  # each restart starts a coordinator process (~15 s)
 
 
 def _setup(tmp_path):

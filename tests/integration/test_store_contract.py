@@ -217,24 +217,24 @@ def test_compare_and_swap_conflict_leaves_repo_unchanged(store_factory):
 @pytest.mark.timeout(180)
 def test_16_processes_commit_disjoint_paths(store_factory):
     store = store_factory("many")
-    _run_workers(store_factory, "many", "disjoint", workers=16, commits=20, timeout=170)
+    _run_workers(store_factory, "many", "disjoint", workers=16, commits=10, timeout=170)
     files = store.list_files("w")
-    assert len(files) == 320
+    assert len(files) == 160
     for w in (0, 7, 15):
-        for j in range(20):
+        for j in range(10):
             assert store.read(f"w/{w:02d}/{j:02d}.txt") == f"{w}-{j}".encode()
     messages = [c.message for c in store.history() if c.message.startswith("w")]
-    assert len(messages) == 320 and len(set(messages)) == 320, "a commit was lost or duplicated"
+    assert len(messages) == 160 and len(set(messages)) == 160, "a commit was lost or duplicated"
 
 
 @pytest.mark.timeout(180)
 def test_8_writers_increment_a_counter_with_cas(store_factory):
     store = store_factory("counter")
     store.commit({"counter.txt": b"0"}, message="counter starts at 0")
-    _run_workers(store_factory, "counter", "counter", workers=8, commits=10, timeout=170)
-    assert store.read("counter.txt") == b"80"
+    _run_workers(store_factory, "counter", "counter", workers=8, commits=6, timeout=170)
+    assert store.read("counter.txt") == b"48"
     incs = [c for c in store.history() if c.message.startswith("inc ")]
-    assert len(incs) == 80 and len({c.message for c in incs}) == 80
+    assert len(incs) == 48 and len({c.message for c in incs}) == 48
 
 
 @pytest.mark.timeout(60)

@@ -185,6 +185,7 @@ def test_round_quick(tmp_path):
     assert list(parts) == ["tiny"] and parts["tiny"]["rounds"]["s_per_step"] > 0
 
 
+@pytest.mark.slow  # ~15 s: a timing tool, CI's budget
 @pytest.mark.timeout(120)
 def test_round_overhead_quick(tmp_path):
     run("round/round_overhead.py", tmp_path)
@@ -192,6 +193,7 @@ def test_round_overhead_quick(tmp_path):
     assert len(r["rows"]) == 2 and r["objects"] > 0 and all(x["one_round_s"] > 0 for x in r["rows"])
 
 
+@pytest.mark.slow  # ~15 s: a timing tool, CI's budget
 @pytest.mark.timeout(120)
 def test_profile_step_quick(tmp_path):
     """Every phase of a step is timed, the timed phases fit inside the wall clock they are part of (what is left
@@ -205,6 +207,7 @@ def test_profile_step_quick(tmp_path):
     assert all(0 < r["rates"][k]["of_peak"] < 1.5 for k in ("prefill", "decode", "training"))
 
 
+@pytest.mark.slow  # ~15 s: a timing tool, CI's budget
 @pytest.mark.timeout(180)
 def test_gpu_smoke_on_the_cpu(tmp_path):
     run("gpu/gpu_smoke.py", tmp_path, "--device", "cpu", "--models", "smollm2-135m")
@@ -253,6 +256,7 @@ def test_upload_spans_quick(tmp_path):
     assert r["sent_mb"] < 0.6 * r["adapter_mb"] and len(r["protocol_6"]) > 5 and len(r["protocol_7"]) > 5
 
 
+@pytest.mark.slow  # ~15 s: a timing tool, CI's budget
 @pytest.mark.timeout(180)
 def test_upload_route_quick(tmp_path):
     run("load/upload_route.py", tmp_path)

@@ -242,41 +242,28 @@ def test_cli_run_on_an_s3_repo(tmp_path, s3_bucket_url, capsys, monkeypatch):
 
 
 @pytest.mark.timeout(600)
-def test_an_ffa_run_with_rebase_runs_through_the_installed_command(tmp_path):
-    """merge.rebase on real worker processes: the run finishes, no round is refused for its rebase, and a round
-    counted from a later version than its lease's (moved mid-round) is still filed under its lease's version."""
-    repo = tmp_path / "run"
-    exe = Path(sys.executable).with_name("hubgrpo")
-    r = subprocess.run([str(exe), "run", str(TINY), "--workers", "2", "--repo", str(repo), "--no-eval",
-                        "--set", "rounds.steps=6", "--set", "rounds.versions=4", "--set", "merge.quorum=1",
-                        "--set", "coordinator.heartbeat_interval_s=1", "--set", "merge.method=ffa",
-                        "--set", "merge.rebase=true"], capture_output=True, text=True, timeout=560)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    state = runrepo.read_state(LocalStore(repo))
-    assert state.finished and state.version == 4
-    assert not [x for x in state.refused if x.code == "bad_rebase"]
-    filed = {p.name: int(p.parent.name) for p in (repo / "submissions").glob("*/*")} if (repo / "submissions").exists() \
-        else {}
-    for m in (m for v in state.versions for m in v.merged if m.submission_id in filed):
-        assert m.base_version >= filed[m.submission_id]
-
-
-@pytest.mark.timeout(600)
-def test_a_pipelined_run_through_the_installed_command(tmp_path):
-    """A config with worker.pipeline (as configs/addition-mixed.yaml): the workers of hubgrpo run, started without
-    --pipeline, read it from the run and deliver each round while they train the next (their rounds say so); the
-    run finishes with every round merged once."""
+def test_a_pipelined_ffa_run_with_rebase_through_the_installed_command(tmp_path):
+    """A config with worker.pipeline (as configs/addition-mixed.yaml) and the default merge (ffa + rebase): the
+    workers of hubgrpo run, started without --pipeline, read it from the run and deliver each round while they
+    train the next (their rounds say so); the run finishes with every round merged once, no round is refused for
+    its rebase, and a round counted from a later version than its lease's (moved mid-round) is still filed under
+    its lease's version."""
     repo, cache = tmp_path / "run", tmp_path / "cache"
     exe = Path(sys.executable).with_name("hubgrpo")
     env = dict(os.environ, HUBGRPO_CACHE=str(cache))
-    sets = ["worker.pipeline=true", "rounds.steps=1", "rounds.versions=6", "merge.quorum=1",
-            "coordinator.heartbeat_interval_s=1"]
+    sets = ["worker.pipeline=true", "rounds.steps=3", "rounds.versions=6", "merge.quorum=1", "merge.method=ffa",
+            "merge.rebase=true", "coordinator.heartbeat_interval_s=1"]
     r = subprocess.run([str(exe), "run", str(TINY), "--workers", "2", "--repo", str(repo), "--no-eval",
                         *[x for s in sets for x in ("--set", s)]], capture_output=True, text=True, timeout=560, env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     state = runrepo.read_state(LocalStore(repo))
     assert state.finished and state.version == 6
     assert len(state.merged_ids) == len(set(state.merged_ids))
+    assert not [x for x in state.refused if x.code == "bad_rebase"]
+    filed = {p.name: int(p.parent.name) for p in (repo / "submissions").glob("*/*")} if (repo / "submissions").exists() \
+        else {}
+    for m in (m for v in state.versions for m in v.merged if m.submission_id in filed):
+        assert m.base_version >= filed[m.submission_id]
     rounds = [json.loads(line) for f in sorted((cache / "worker").glob("*/rounds.jsonl"))
               for line in f.read_text().splitlines()]
     assert rounds and any(x.get("pipelined") for x in rounds), rounds[:2]

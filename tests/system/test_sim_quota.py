@@ -99,8 +99,7 @@ def simulate_cmd(tmp: Path, *args: str, timeout: float = 240) -> subprocess.Comp
 def test_simulate_runs_under_the_hubs_quota_by_default_and_says_so(tmp_path):
     """The installed command: by default the Hub's 128 commits an hour, the coordinator's budget with it, both in
     simulation.json and in the summary; ``--commit-quota off`` lifts it (and says that)."""
-    for name, extra, quota, budget in (("default", [], 128, 128), ("off", ["--commit-quota", "off"], None, 10**9),
-                                       ("64", ["--commit-quota", "64"], 64, 64)):
+    for name, extra, quota, budget in (("default", [], 128, 128), ("off", ["--commit-quota", "off"], None, 10**9)):
         out = tmp_path / name
         r = simulate_cmd(tmp_path, "--output", str(out), *extra)
         assert r.returncode == 0, r.stderr[-2000:]
