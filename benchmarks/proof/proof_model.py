@@ -313,6 +313,9 @@ def recount(res: dict) -> None:
         row["false_alarms"] = count([[tuple(x) for x in f] for f in row["deficits"]])
     for row in res["attacks"]:
         row["caught"] = count([[tuple(x) for x in f] for f in row["deficits"]])
+        # a forged round whose checked completion is the honest one has the honest deficits, all 0 (a float32
+        # worker and verifier in one process), so no tolerance fails it: the rounds caught are rounds that differ
+        row["caught_of_differing"] = row["caught"]["wide"]
 
 
 def _sets(a: dict) -> str:
