@@ -158,8 +158,6 @@ def deficits(b: Bench, model, prompts, completions, seed: int) -> list[list[tupl
 def settings() -> dict:
     """The tolerances read off, by label: absolute ones, relative ones, and the product's two (``wide``,
     ``strict``)."""
-    import torch
-
     from hubgrpo.proof.verify import Tolerance, run_tolerance
 
     out = {f"{a}": Tolerance(a) for a in ABSOLUTE}
@@ -203,8 +201,11 @@ def honest(b: Bench, rounds: int, per_call: int, worker: str, checker: str, thre
         tokens += sum(map(len, completions))
     found = grouped(found, checked)
     return {"worker": worker, "verifier": checker, "worker_threads": threads, "rounds": len(found),
-            "worker_kernels": (" ".join(f"{k}={v}" for k, v in ENV.items()) + f" ({child['capability']})")
-            if child else "this process's", "tokens": tokens, "seconds": time.perf_counter() - t0,
+            "worker_kernels": (" ".join(f"{k}={v}" for k, v in ENV.items()) + f" (torch CPU capability "
+                               f"{child['capability']}; against this process's kernels, a float32 matrix product "
+                               f"differs by up to {child['probe']['matmul']:.1e}, a softmax by "
+                               f"{child['probe']['softmax']:.1e})") if child else "this process's",
+            "tokens": tokens, "seconds": time.perf_counter() - t0,
             "largest_deficit": max((f[0][0] for f in found if f), default=0.0),
             "largest_ratio": max((d / m for f in found for d, m in f if m), default=0.0),
             "false_alarms": count(found), "deficits_above_0": sum(map(bool, found)), "deficits": found}
