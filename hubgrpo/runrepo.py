@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hubgrpo import layout
 from hubgrpo.config import Config, loads
+from hubgrpo.config.legacy import with_former_defaults
 from hubgrpo.errors import InvalidPath, NotFound
 from hubgrpo.layout import RunState
 from hubgrpo.store.base import Store
@@ -37,7 +38,8 @@ def read_config(store: Store, revision: str | None = None) -> Config:
             f"{store.location} has no {layout.CONFIG_FILE}: it is not a hubgrpo run repo",
             hint="create it with `hubgrpo init CONFIG --repo REPO`",
         ) from None
-    return loads(text, source=f"{store.location}/{layout.CONFIG_FILE}", expand=False)
+    # a key added since with another default than it behaved as then keeps its run's behaviour
+    return loads(with_former_defaults(text), source=f"{store.location}/{layout.CONFIG_FILE}", expand=False)
 
 
 def read_state(store: Store, revision: str | None = None) -> RunState:

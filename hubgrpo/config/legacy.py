@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 # old dotted key → new dotted key
 MOVED: dict[str, str] = {
     "params.steps_per_round": "rounds.steps",
@@ -77,3 +79,29 @@ def migrate(raw: Any) -> tuple[Any, list[str]]:
 def _has(raw: dict, dotted: str) -> bool:
     section, key = dotted.split(".")
     return isinstance(raw.get(section), dict) and key in raw[section]
+
+
+# keys whose default changed since run repos stored configs: a stored config is a full dump of its Config, so one
+# that lacks such a key was written before the key existed, and its run behaved as this value (the default then)
+FORMER_DEFAULTS: dict[str, Any] = {"coordinator.verify_tolerance": "wide"}
+
+
+def with_former_defaults(text: str) -> str:
+    """A run repo's stored config (YAML text) with each ``FORMER_DEFAULTS`` key it lacks set to its former default,
+    so a run keeps behaving as it was created; the text unchanged when none is missing (or it is not a mapping)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text  # the loader names the problem
+    if not isinstance(raw, dict):
+        return text
+    changed = False
+    for key, value in FORMER_DEFAULTS.items():
+        *parents, last = key.split(".")
+        node: Any = raw
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last not in node:
+            node[last] = value
+            changed = True
+    return yaml.safe_dump(raw, sort_keys=False, allow_unicode=True) if changed else text

@@ -271,7 +271,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _strict_needs_float32(self):
+    def _verify_needs_replayable_workers(self):
         if self.coordinator.verify != "off" and not self.worker.keyed_sampling:
             raise ValueError(
                 f"coordinator.verify {self.coordinator.verify} replays rounds sampled with the lease's noise, and "

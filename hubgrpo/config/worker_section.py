@@ -39,7 +39,8 @@ class WorkerSection(_Section):
         True,
         description="Sample every token as the argmax of its warped scores plus Gumbel noise keyed by the lease's "
         "seed, the completion's index in the round and its position (hubgrpo.proof): the same distribution as "
-        "sampling, and a verifier holding the model can replay each choice; false: TRL's own random sampling.",
+        "sampling, and a verifier holding the model can replay each choice; false: TRL's own random sampling (a run "
+        "with coordinator.verify on refuses it).",
     )
     pipeline: bool = Field(
         False,

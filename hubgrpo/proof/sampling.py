@@ -31,25 +31,28 @@ from hubgrpo.proof.noise import gumbel
 
 # sampling options of a GenerationConfig this module cannot replay; each must be off (None, or its neutral value)
 UNSUPPORTED = {"min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None}
-# options for which ``generate`` builds a logits processor of its own, applied before the keyed one and not replayed
-# by the verifier; each must be off in the call's config and, where that leaves it unset (None), in the model's own
-# generation config, which ``generate`` fills such fields from (a model's generation_config.json can carry them)
+# options with which ``generate`` changes the scores before the keyed processor (a processor of its own), decodes
+# otherwise, or ends a completion elsewhere than its stop tokens and length, none of which the verifier replays; each
+# must be off in the call's config and, where that leaves it unset (None), in the model's own generation config,
+# which ``generate`` fills such fields from (a model's generation_config.json can carry them). Options that act on
+# encoder-decoder models or on an empty prompt only are left out.
 PROCESSED = {
     "repetition_penalty": 1.0,
-    "encoder_repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0,
     "bad_words_ids": None,
     "sequence_bias": None,
     "min_length": 0,
     "min_new_tokens": 0,
-    "forced_bos_token_id": None,
     "forced_eos_token_id": None,
     "suppress_tokens": None,
     "begin_suppress_tokens": None,
     "exponential_decay_length_penalty": None,
     "guidance_scale": 1.0,
     "watermarking_config": None,
+    "num_beams": 1,
+    "dola_layers": None,
+    "stop_strings": None,
+    "max_time": None,
 }
 
 
@@ -148,6 +151,17 @@ def greedy_config(config: GenerationConfig) -> GenerationConfig:
     return greedy
 
 
+def unkeyable(args: tuple, config: GenerationConfig | None, ids, processors) -> str:
+    """Why a ``generate`` call cannot be keyed ('' when it can)."""
+    if args:
+        return "positional arguments"
+    if config is None or ids is None:
+        return "no generation_config or input_ids keyword"
+    if not config.do_sample:
+        return "do_sample is false"
+    return "logits processors of the caller's own" if processors else ""
+
+
 def keyed_generate(original, sampling: KeyedSampling, defaults: GenerationConfig | None, *args, **kwargs):
     """``model.generate`` (``original``) with a sampling config replaced by keyed Gumbel-max decoding; ``defaults``:
     the model's own generation config (``check_processors``).
@@ -157,12 +171,12 @@ def keyed_generate(original, sampling: KeyedSampling, defaults: GenerationConfig
     ``ConfigError``, never a round of TRL's random sampling that the verifier would fail as forged."""
     config = kwargs.get("generation_config")
     ids = kwargs.get("input_ids")
-    if args or config is None or ids is None or not config.do_sample or kwargs.get("logits_processor"):
+    why = unkeyable(args, config, ids, kwargs.get("logits_processor"))
+    if why or config is None or ids is None:
         raise ConfigError(
-            "keyed sampling got a generate call it cannot key (positional arguments, no sampling generation_config "
-            "or input_ids, do_sample false, or logits processors of the caller's own)",
-            hint="leave TRL's generation settings (generation_kwargs) at their defaults, or set "
-            "worker.keyed_sampling: false (rounds then cannot be verified)",
+            f"keyed sampling got a generate call it cannot key: {why}",
+            hint="this TRL version generates otherwise than hubgrpo expects (pin the trl version hubgrpo requires), "
+            "or set worker.keyed_sampling: false (rounds then cannot be verified)",
         )
     check_processors(config, defaults)
     warp = Warp.of(config)

@@ -111,6 +111,12 @@ def test_simulate_runs_under_the_hubs_quota_by_default_and_says_so(tmp_path):
         assert f"peak {q['peak_commits_per_hour']} commits in a rolling virtual hour" in line
 
 
+def test_a_quota_on_the_command_line_is_a_count_or_off():
+    from hubgrpo.sim.store import parse_quota
+
+    assert parse_quota("64") == 64 and parse_quota("off") is None
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "many", "1e9", "12.5"])
 def test_simulate_refuses_a_quota_that_is_not_a_count_naming_it(tmp_path, value):
     r = simulate_cmd(tmp_path, "--commit-quota", value, "--output", str(tmp_path / "x"), timeout=120)

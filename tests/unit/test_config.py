@@ -156,3 +156,25 @@ def test_a_strictly_verified_run_refuses_bfloat16_workers_and_names_the_fix():
         loads(MINIMAL + "coordinator:\n  verify: sample\nworker:\n  dtype: bfloat16\n")
     wide = loads(MINIMAL + "coordinator:\n  verify: sample\n  verify_tolerance: wide\nworker:\n  dtype: bfloat16\n")
     assert wide.coordinator.verify_tolerance == "wide" and wide.worker.dtype == "bfloat16"
+
+
+def test_a_run_stored_before_the_tolerance_existed_keeps_the_wide_rule(tmp_path):
+    """A run repo's config is a full dump; one written before coordinator.verify_tolerance existed (verify on, a
+    bfloat16 fleet) was verified with the wide rule: read back, it keeps that rule instead of failing to load
+    under today's default (strict refuses bfloat16 workers). A config stored with the key keeps what it says."""
+    import yaml
+
+    from hubgrpo import layout, runrepo
+    from hubgrpo.store.local import LocalStore
+
+    store = LocalStore(tmp_path / "repo")
+    store.create()
+    cfg = loads(MINIMAL + "coordinator:\n  verify: sample\n  verify_tolerance: wide\nworker:\n  dtype: bfloat16\n")
+    old = yaml.safe_load(to_yaml(cfg, drop_secrets=True))
+    del old["coordinator"]["verify_tolerance"]
+    store.commit({layout.CONFIG_FILE: yaml.safe_dump(old).encode()}, message="a run stored by an older hubgrpo")
+    read = runrepo.read_config(store)
+    assert read.coordinator.verify_tolerance == "wide" and read.worker.dtype == "bfloat16"
+    strict = loads(MINIMAL + "coordinator:\n  verify: sample\n")
+    store.commit({layout.CONFIG_FILE: to_yaml(strict, drop_secrets=True).encode()}, message="today's hubgrpo")
+    assert runrepo.read_config(store).coordinator.verify_tolerance == "strict"

@@ -96,6 +96,8 @@ def test_a_keyed_round_refuses_what_the_verifier_would_not_replay():
     training mode would sample from scores the verifier does not compute: the round stops with a ConfigError
     naming the option instead of producing honest rounds that fail as forged; the same for a generate call the
     keyed wrapper cannot key."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
     from hubgrpo.errors import ConfigError
     from hubgrpo.proof.sampling import KeyedSampling, keyed_generate
 
@@ -112,8 +114,19 @@ def test_a_keyed_round_refuses_what_the_verifier_would_not_replay():
         engine.train_steps(rows, 1, seed=SEED)
     attention.attention_dropout = 0.0
     engine.train_steps(rows, 1, seed=SEED)  # both back to neutral: the round runs keyed
-    with pytest.raises(ConfigError, match="cannot key"):
-        keyed_generate(base.generate, KeyedSampling(SEED), None, input_ids=torch.ones(1, 3, dtype=torch.long))
+    ids = torch.ones(1, 3, dtype=torch.long)
+    with pytest.raises(ConfigError, match="cannot key: no generation_config"):
+        keyed_generate(base.generate, KeyedSampling(SEED), None, input_ids=ids)
+    greedy = GenerationConfig(do_sample=False, max_new_tokens=2)
+    with pytest.raises(ConfigError, match="cannot key: do_sample is false"):
+        keyed_generate(base.generate, KeyedSampling(SEED), None, input_ids=ids, generation_config=greedy)
+    sampling = GenerationConfig(do_sample=True, max_new_tokens=2)
+    with pytest.raises(ConfigError, match="cannot key: logits processors of the caller's own"):
+        keyed_generate(base.generate, KeyedSampling(SEED), None, input_ids=ids, generation_config=sampling,
+                       logits_processor=LogitsProcessorList([]) + [lambda i, s: s])
+    with pytest.raises(ConfigError, match="stop_strings"):  # where a completion ends is replayed too
+        keyed_generate(base.generate, KeyedSampling(SEED), GenerationConfig(stop_strings=["\n"]), input_ids=ids,
+                       generation_config=sampling)
 
 
 @pytest.mark.timeout(120)
