@@ -98,6 +98,11 @@ def meter(cuda: bool, deadline: float | None = None, keep: int = 1):
 
         def attach(self, trainer, length: int) -> None:
             """Time ``trainer._generate`` and force every completion to ``length`` tokens."""
+            from hubgrpo.proof import sampling
+
+            # a worker refuses min_new_tokens (the verifier does not replay it); here the replay (gpu_replay.py)
+            # masks the stop tokens alike, as a verifier told of the setting would: this benchmark allows it
+            sampling.PROCESSED.pop("min_new_tokens", None)
             trainer.generation_config.min_new_tokens = length
             if isinstance(getattr(trainer, "generation_kwargs", None), dict):  # TRL overrides the model's with it
                 trainer.generation_kwargs["min_new_tokens"] = length
