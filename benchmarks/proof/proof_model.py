@@ -349,7 +349,7 @@ def markdown(res: dict) -> str:
              "|---|---|---|---|---|---|---|---|" + "---|" * len(keys)]
     for h in res["honest"]:
         lines.append(f"| {h['worker']} | {h['verifier']} | {h['worker_threads']} | {h['rounds']} | {h['tokens']} | "
-                     f"{h['largest_deficit']:.4f} | {h['largest_ratio']:.4f} | {h['deficits_above_0']} | "
+                     f"{h['largest_deficit']:.2g} | {h['largest_ratio']:.2g} | {h['deficits_above_0']} | "
                      + " | ".join(str(h["false_alarms"][k]) for k in keys) + " |")
     lines += [f"\nWorker `{h['worker']}`: sampled in a child process with {h['worker_kernels']}, rounding as "
               "another CPU's kernels would (`benchmarks/proof/other_cpu.py`)." for h in res["honest"]
