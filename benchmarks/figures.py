@@ -43,7 +43,8 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
       "task-headroom-close-s1", "task-headroom-close-s2", "task-headroom", "task-headroom-s1", "task-headroom-s2",
       "task-headroom-lr-s1"]),
     ("proof", "Can a verifier show that the leased policy wrote a round's completions?",
-     ["proof-smollm2-other-cpu", "proof-smollm2-long-other-cpu", "proof-smollm2-long-s1", "proof-smollm2-long-2", "proof-smollm2-long", "proof-smollm2-long-bf16",
+     ["proof-smollm2-other-cpu", "proof-smollm2-long-other-cpu",
+      "proof-smollm2-long-other-cpu-s1", "proof-smollm2-long-s1", "proof-smollm2-long-2", "proof-smollm2-long", "proof-smollm2-long-bf16",
       "proof-smollm2-far", "proof-smollm2-bf16", "proof-smollm2", "proof-tiny"]),
 ]
 
