@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import (
@@ -56,14 +57,19 @@ PROCESSED = {
 }
 
 
+def effective(config: Any, defaults: Any, name: str) -> Any:
+    """A generation setting as ``generate`` uses it: the call's config's, or where that leaves it unset (None) the
+    model's own generation config's (``defaults``; ``generate`` fills the unset fields from it)."""
+    value = getattr(config, name, None)
+    return getattr(defaults, name, None) if value is None else value
+
+
 def check_processors(config: GenerationConfig, defaults: GenerationConfig | None) -> None:
     """``ConfigError`` when ``generate`` would change the scores before the keyed processor (``PROCESSED``): the
     worker would sample from scores the verifier does not compute, and its honest rounds would fail."""
     used = {}
     for key, neutral in PROCESSED.items():
-        value = getattr(config, key, None)
-        if value is None and defaults is not None:
-            value = getattr(defaults, key, None)
+        value = effective(config, defaults, key)
         if value not in (None, neutral) and value != [] and value != {}:
             used[key] = value
     if used:

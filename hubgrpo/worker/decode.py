@@ -27,22 +27,20 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from hubgrpo.proof.sampling import effective
+
 ROUND_TO = 64  # cache lengths are multiples of this: a handful of shapes, so few compilations
 KEPT = 3  # batch sizes whose caches are kept: a round's generation, held-out scoring's full and last batches
 
 
-def _inner(model: Any) -> Any:
+def inner_model(model: Any) -> Any:
     """The transformers model under PEFT's wrapper (the model itself without one)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def generation_field(config: Any, model: Any, name: str) -> Any:
-    """A generation setting as ``generate`` sees it: the call's config, or where that leaves it unset (None) the
-    model's own generation config (``generate`` fills those fields from it)."""
-    value = getattr(config, name, None)
-    if value is None:
-        value = getattr(getattr(_inner(model), "generation_config", None), name, None)
-    return value
+    """A generation setting as ``model.generate`` uses it (``hubgrpo.proof.sampling.effective``)."""
+    return effective(config, getattr(inner_model(model), "generation_config", None), name)
 
 
 class StaticCaches:
@@ -98,7 +96,7 @@ class StaticCaches:
 
 def static_caches(model: Any) -> StaticCaches | None:
     """The ``StaticCaches`` a model generates with (``compile_decoding``), or None."""
-    found = _inner(model).__dict__.get("generate")
+    found = inner_model(model).__dict__.get("generate")
     return found if isinstance(found, StaticCaches) else None
 
 
@@ -113,7 +111,7 @@ def compile_decoding(trainer: Any, longest: int = 0) -> StaticCaches:
     kwargs = getattr(trainer, "generation_kwargs", None)
     if isinstance(kwargs, dict):
         kwargs["cache_implementation"] = None
-    inner = _inner(trainer.accelerator.unwrap_model(trainer.model_wrapped))
+    inner = inner_model(trainer.accelerator.unwrap_model(trainer.model_wrapped))
     found = static_caches(inner)
     if found is not None:
         return found

@@ -19,6 +19,7 @@ from trl import GRPOTrainer
 
 from hubgrpo.errors import ConfigError
 from hubgrpo.proof.sampling import KeyedSampling, keyed_generate
+from hubgrpo.worker.decode import inner_model
 
 
 @dataclass
@@ -48,8 +49,7 @@ class KeyedGRPOTrainer(GRPOTrainer):
         model: Any = self.accelerator.unwrap_model(self.model_wrapped)
         _no_live_dropout(model)
         previous = model.__dict__.get("generate")  # a wrapper of a subclass's (prompt sharing), kept beneath
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under PEFT's wrapper
-        defaults = getattr(base, "generation_config", None)  # generate fills the call's unset fields from it
+        defaults = getattr(inner_model(model), "generation_config", None)  # fills the call's unset fields
         model.generate = functools.partial(keyed_generate, model.generate, self.keyed, defaults)
         first = self.keyed.next_index
         try:
