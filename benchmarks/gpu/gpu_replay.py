@@ -172,6 +172,9 @@ def noise_check(folder: Path, meta: dict) -> None:
 
     from hubgrpo.proof.noise import gumbel, hash_bits
 
+    if not torch.cuda.is_available():  # (scripts/gpu_check.sh --device cpu checks the benchmark on a CPU)
+        print("gpu_replay --noise: no CUDA device here, nothing to compare the CPU's noise with; skipped")
+        return
     rows = torch.arange(64, dtype=torch.int64)
     positions = torch.arange(64, dtype=torch.int64) * 7
     out: dict = {"device": torch.cuda.get_device_name(0), "vocab": 151936, "rows": 64}
