@@ -32,7 +32,7 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
     ("merge", "How long does a merge keep the next version waiting?", ["merge_latency-sweep"]),
     ("load", "How many workers does one coordinator serve?", ["coordinator_load-hub", "coordinator_load"]),
     ("round", "How fast is a worker's step, and what does coordination cost a round?",
-     ["sharing-demo-speed", "profile-step-live-io", "profile-step-peft-io", "profile-step", "overhead-addition-mixed",
+     ["sharing-demo-speed", "generate-options", "profile-step-live-io", "profile-step-peft-io", "profile-step", "overhead-addition-mixed",
       "overhead-demo-seq", "overhead-demo-nice5-r1", "overhead-demo-nice5-r2", "overhead-demo-nice0-r1",
       "overhead-demo-nice0-r2", "overhead-demo"]),
     ("soak", "What does a long run leave in the repo and on disks?", ["soak"]),

@@ -131,6 +131,8 @@ def quota_ratios(seeds: list[dict]) -> list[dict]:
                 per_seed[s["seed"]] = free["time_to_target_s"] / held["time_to_target_s"]
             elif held and free:
                 per_seed[s["seed"]] = None  # one of them did not reach the target
+        if not per_seed:
+            continue  # nothing ran with free commits to compare with
         ratios = [x for x in per_seed.values() if x is not None]
         out.append({"fleet": fleet, "workers": n, "quota": quota, "ratio_per_seed": per_seed,
                     "ratio_mean": statistics.mean(ratios) if ratios else None,
@@ -144,8 +146,14 @@ def quota_sentence(report: dict) -> str:
                         "virtual hour on the run repo (the coordinator's budget the same)" for q in quotas)
     rounds = report["args"].get("rounds", "repo")
     return (f"Commits: {said}; rounds {'off the commit path (hub.submissions)' if rounds == 'box' else 'one commit each'}"
-            ". " + (f"N = 1 from {report['args']['reference_from']} (recorded earlier, free commits)."
+            ". " + (f"N = 1 from {report['args']['reference_from']} (recorded earlier, {_single_quota(report)})."
                     if report["args"].get("reference_from") else f"N = 1 ran with quota {quotas[0]}."))
+
+
+def _single_quota(report: dict) -> str:
+    """How the recorded N = 1 reference held its commits (its row's quota)."""
+    quotas = {r.get("quota", "off") for s in report["seeds"] for r in s["rows"] if r["workers"] == 1}
+    return "free commits" if quotas == {"off"} else f"commit quota {' / '.join(sorted(map(str, quotas)))}"
 
 
 def ratio_markdown(report: dict) -> list[str]:

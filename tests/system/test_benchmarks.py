@@ -240,6 +240,32 @@ def test_gpu_bench_on_the_cpu(tmp_path):
         assert all(r[rule]["completions"] == 32 and r[rule]["failed_completions"] == 0 for r in rows), rows
 
 
+@pytest.mark.slow  # ~35 s: the GPU machine's script, run here on the CPU
+@pytest.mark.timeout(240)
+def test_the_gpu_script_runs_on_the_cpu_within_its_total(tmp_path):
+    """scripts/gpu_check.sh as a lent GPU machine runs it (its results into $OUT), on this CPU: the benchmark gets
+    what the total leaves, its own budget 70 s less, and the noise check is skipped, not failed, without CUDA."""
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_TOTAL_S": "200"}
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--quick", "--shapes", "smollm2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    given = next(line for line in proc.stdout.splitlines() if "the benchmark gets at most" in line)
+    bench = int(given.split("at most ")[1].split()[0])
+    assert 100 < bench <= 160, given
+    report = shaped(tmp_path / "gpu_bench.json")
+    assert report["settings"]["budget_s"] == bench - 70 and all(r["hubgrpo"]["ok"] for r in report["shapes"]), report
+    assert "no CUDA device here" in proc.stdout and (tmp_path / "gpu_check.log").is_file()
+
+
+@pytest.mark.slow  # ~15 s: a timing tool, CI's budget
+@pytest.mark.timeout(120)
+def test_generate_options_quick(tmp_path):
+    run("round/generate_options.py", tmp_path)
+    r = shaped(tmp_path / "generate-options.json")
+    assert [a["arm"] for a in r["arms"]] == ["rows 16", "rows 32", "rows 64", "merged", "bfloat16"], r["arms"]
+    assert all(a["s"] > 0 and a["tokens_per_s"] > 0 for a in r["arms"])
+
+
 @pytest.mark.slow  # ~30 s each: CI's budget (their behaviour has CI tests of its own)
 @pytest.mark.timeout(180)
 def test_restart_loss_quick(tmp_path):
