@@ -117,6 +117,12 @@ def worker(
     ),
     allow_reward: list[str] = typer.Option([], "--allow-reward", help=ALLOW_HELP),
     gpus: str = typer.Option(None, "--gpus", help=GPUS_HELP),
+    device: str = typer.Option(
+        None,
+        "--device",
+        help="torch device of this worker: cpu, cuda, cuda:1, mps (default: the run config's worker.device, auto). "
+        "With --gpus each worker gets its one GPU as cuda.",
+    ),
     pipeline: bool = typer.Option(
         None,
         "--pipeline/--no-pipeline",
@@ -144,6 +150,8 @@ def worker(
     from hubgrpo.errors import ConfigError
 
     chosen = _chosen_gpus(gpus)  # first: a bad --gpus is refused before anything is read
+    if chosen is not None and device is not None and not device.startswith("cuda"):
+        raise ConfigError(f"--gpus runs one worker per GPU, and --device {device} is no GPU", hint="drop --device")
     _logging(verbose)
     store = _store(repo)
     cfg, url = _run_of(store, coordinator, wait, preload=chosen is None)
@@ -156,6 +164,8 @@ def worker(
         from hubgrpo.config.recipe import pipeline_flag
 
         rest = pipeline_flag(pipeline)
+        if (device or cfg.worker.device).startswith("cuda:"):  # a child sees its one GPU as cuda:0 (gpus.py)
+            rest += ["--device", "cuda"]
         raise typer.Exit(
             _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose, rest)
         )
@@ -171,6 +181,7 @@ def worker(
         name=name,
         max_rounds=max_rounds,
         threads=threads,
+        device=device,
         upload_via=upload_via,
         allow_code=allow_reward,
         sleep=orphan_aware_sleep,

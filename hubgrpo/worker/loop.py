@@ -81,6 +81,7 @@ class Worker:
         sleep=time.sleep,
         progress: bool = True,
         threads: int | None = None,
+        device: str | None = None,
         upload_via: str | None = None,
         allow_code: list[str] | None = None,
         pipeline: bool | None = None,
@@ -91,7 +92,8 @@ class Worker:
         coordinator``, else the store). ``allow_code``: the non-built-in reward functions (``module:function``,
         ``file.py:function``) of the run's config that this worker's owner allows to run; any other one stops
         the worker before it trains. ``pipeline``: deliver each round while the next one trains
-        (``hubgrpo.worker.pipeline``; ``hubgrpo worker --pipeline``); None: the run config's ``worker.pipeline``."""
+        (``hubgrpo.worker.pipeline``; ``hubgrpo worker --pipeline``); None: the run config's ``worker.pipeline``.
+        ``threads``, ``device``: this machine's, over the run config's ``worker.threads`` and ``worker.device``."""
         from hubgrpo.worker.delivery import upload_route
 
         self.store, self.client, self.name, self.user = store, client, layout.check_name(name), user
@@ -102,6 +104,8 @@ class Worker:
         check_allowed(self.cfg.rewards, allow_code or [])
         if threads:  # this machine's share of cores wins over the run config
             self.cfg.worker.threads = threads
+        if device:  # so does its device (checked when the engine loads the model)
+            self.cfg.worker.device = device
         self.engine = engine
         self.max_rounds, self.sleep, self.progress = max_rounds, sleep, progress
         self.workdir = Path(workdir or runrepo.cache_root() / "worker" / name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -157,6 +158,32 @@ def test_a_failed_child_leaves_the_others_running_and_fails_the_parent(tmp_path,
     assert [_name(c) for c in done] == ["box-gpu0"]  # it went on to the end after its sibling died
     assert "box-gpu1: exited with status 3; 1 still running" in r.stderr
     assert "1 of 2 workers failed: box-gpu1 (GPU 1): 3" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_run_that_names_one_gpu_gives_each_child_its_own_as_cuda(tmp_path):
+    """A run config with ``worker.device: cuda:1`` would name a GPU that no child sees (each sees one, as cuda:0):
+    the children get ``--device cuda``; ``--device cpu`` with ``--gpus`` is refused before anything runs."""
+    from hubgrpo import layout
+    from hubgrpo.cli.embedded import ensure_repo
+    from hubgrpo.config import load_config
+    from hubgrpo.store.local import LocalStore
+
+    store = LocalStore(tmp_path / "repo")
+    ensure_repo(store, load_config(TINY, overrides=RUN_CFG))
+    text = re.sub(r"(\n  device: )\S+", r"\1cuda:1", store.read(layout.CONFIG_FILE).decode(), count=1)
+    assert "device: cuda:1" in text  # the run's config names a GPU (this CPU has none to build version 0 on)
+    store.commit({layout.CONFIG_FILE: text.encode()}, message="the run names GPU 1")
+    r = _worker(tmp_path, "fail1", "--repo", str(store.root), "--coordinator", "http://127.0.0.1:9",
+                "--name", "box", "--gpus", "all")
+    started = _children(tmp_path, started=True)
+    assert len(started) == 2, r.stderr
+    for child in started:
+        argv = child["argv"]
+        assert argv[argv.index("--device") + 1] == "cuda", argv
+    (tmp_path / "cpu").mkdir()
+    r = _worker(tmp_path / "cpu", "record", "--repo", str(store.root), "--gpus", "all", "--device", "cpu")
+    assert r.returncode == 2 and "--device cpu is no GPU" in r.stderr and "drop --device" in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(60)
