@@ -209,3 +209,36 @@ def path_s(r: dict) -> float:
     the next round, and its lease wait includes any wait for that delivery."""
     s = r.get("lease_s", 0.0) + r.get("download_s", 0.0)
     return s if r.get("pipelined") else s + r.get("upload_s", 0.0) + r.get("submit_s", 0.0)
+
+
+# Random models of real shapes (the GPU benchmarks and a profile on a GPU machine, which reaches no model hub)
+SHAPES = {  # (config class name, kwargs) of the real models
+    "smollm2-135m": ("LlamaConfig", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)),
+    "qwen2.5-0.5b": ("Qwen2Config", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)),
+}
+QUICK = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+
+def random_model(name: str, out: Path, quick: bool, vocab_size: int | None = None) -> str:
+    """A random model with the real model's shapes and the built-in tiny tokenizer; returns its folder.
+    ``vocab_size``: the embedding's rows (default: the tokenizer's; ids past it decode to nothing)."""
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    from hubgrpo.worker.models import tiny_dir
+
+    tok = PreTrainedTokenizerFast.from_pretrained(tiny_dir())
+    cls_name, shape = SHAPES[name]
+    config = getattr(transformers, cls_name)(
+        vocab_size=vocab_size or len(tok), max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=None, **(QUICK if quick else shape))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)

@@ -3,7 +3,9 @@
 #   bash scripts/gpu_check.sh --wheels       # on a machine where pip works: the wheels the GPU image lacks, into .whl/
 #   bash scripts/gpu_check.sh [BENCH ARGS]   # on the GPU machine: everything within GPU_CHECK_TOTAL_S (default
 #                                            # 480 s): installs and checks, the benchmark (at most what they
-#                                            # leave, less 40 s; GPU_CHECK_TIMEOUT_S caps it lower), the noise check
+#                                            # leave, less 40 s and the profile's GPU_CHECK_PROFILE_S;
+#                                            # GPU_CHECK_TIMEOUT_S caps it lower), a profile of one worker step
+#                                            # (benchmarks/round/profile_step.py on CUDA), the noise check
 # The GPU image has torch, transformers 5.17, accelerate, huggingface_hub and safetensors, but no trl, datasets or
 # pydantic: --wheels downloads them (~19 MB, pinned to the versions the benchmark was written against, with
 # transformers 5.24 and peft 0.21.2: the versions of the last GPU run) for CPython 3.12 on x86-64; git ignores
@@ -50,14 +52,26 @@ print('trl', trl.__version__, 'peft', peft.__version__, 'transformers', transfor
       datasets.__version__, 'huggingface_hub', h.__version__, 'accelerate', a.__version__)" \
     || { echo "gpu_check: an import failed: carry the wheels (bash scripts/gpu_check.sh --wheels, here)"; exit 3; }
   # the whole script within GPU_CHECK_TOTAL_S (default 480 s: the issue's 8 minutes): what the installs and checks
-  # above used, the noise check's 30 s and a 10-s kill margin come off the benchmark's time
-  left=$(( ${GPU_CHECK_TOTAL_S:-480} - SECONDS - 40 ))
+  # above used, the step profile's GPU_CHECK_PROFILE_S (default 75 s; 0: none), the noise check's 30 s and a 10-s
+  # kill margin come off the benchmark's time
+  total=${GPU_CHECK_TOTAL_S:-480}
+  left=$(( total - SECONDS - 40 - ${GPU_CHECK_PROFILE_S:-75} ))
   bench=$(( ${GPU_CHECK_TIMEOUT_S:-$left} < left ? ${GPU_CHECK_TIMEOUT_S:-$left} : left ))
   budget=()  # no part of the benchmark starts in its last 70 s (a round is never cut short): unless told otherwise
   [[ " $* " == *" --budget-s "* ]] || budget=(--budget-s $(( bench > 140 ? bench - 70 : bench / 2 )))
   echo "gpu_check: the benchmark gets at most ${bench} s ${budget[*]}"
   PYTHONUNBUFFERED=1 timeout -k 10 "$bench" "$PY" benchmarks/gpu/gpu_bench.py --results "$results" "${budget[@]}" "$@"
   status=$?
+  profile=$(( total - SECONDS - 40 ))  # one worker step taken apart, on a random model of SmolLM2's shapes
+  if [ "${GPU_CHECK_PROFILE_S:-75}" -gt 0 ] && [ "$profile" -ge 30 ]; then
+    # shellcheck disable=SC2086  # the arguments are words
+    PYTHONUNBUFFERED=1 timeout -k 5 "$profile" "$PY" benchmarks/round/profile_step.py --results "$results" \
+      --name profile-step-gpu ${GPU_CHECK_PROFILE_ARGS:---device cuda --shape smollm2-135m --rounds 2 --set \
+      params.per_device_train_batch_size=16 --set params.max_completion_length=128} \
+      || echo "gpu_check: the step profile failed or ran out of time"
+  else
+    echo "gpu_check: no time left for the step profile"
+  fi
   PYTHONUNBUFFERED=1 timeout 30 "$PY" benchmarks/gpu/gpu_replay.py --noise --results "$results" \
     || echo "gpu_check: the noise check failed"
   exit $status

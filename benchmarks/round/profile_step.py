@@ -2,7 +2,8 @@
 uses.
 
     .venv/bin/python benchmarks/round/profile_step.py [--config configs/demo.yaml] [--threads 1] [--rounds 4]
-        [--set KEY=VALUE …] [--name profile-step] [--quick] [--results DIR]
+        [--set KEY=VALUE …] [--device cpu|cuda] [--shape smollm2-135m|qwen2.5-0.5b] [--name profile-step]
+        [--quick] [--results DIR]
 
 A ``RoundEngine`` (what ``hubgrpo worker`` trains with) runs one warm-up round and ``--rounds`` measured rounds of
 the config's ``rounds.steps`` steps, on leases made here, with hooks that time each phase:
@@ -20,6 +21,10 @@ the config's ``rounds.steps`` steps, on leases made here, with hooks that time e
 Tokens per second for prefill, decode and training; the FLOP rate of each phase (2 FLOPs per weight of every
 linear layer per token forward, 4 for forward + backward of a frozen base with LoRA: the weights' gradients are
 not computed) against the peak this process measures for a large float32 matrix product on the same threads.
+On a GPU (``--device cuda``) every time taken waits for the device first (``torch.cuda.synchronize``), and the
+peak is a 4096³ matrix product in the model's dtype. ``--shape`` trains a random model of a real model's shapes
+(``benchmarks/common.py``'s ``random_model``, the tiny tokenizer): what a GPU machine that reaches no model hub
+can profile (``scripts/gpu_check.sh``).
 Writes ``benchmarks/round/results/<name>.{md,json}`` (``benchmarks/common.py``'s shape).
 """
 
@@ -35,7 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import options, results_dir, start, write  # noqa: E402
+from benchmarks.common import SHAPES, options, random_model, results_dir, start, write  # noqa: E402
+
+CPU_PEAK = "float32 1024³ matrix product, same threads"  # (results written before the peak named itself)
 PHASES = ("prefill", "decode", "generate_other", "reward", "forward", "backward", "optimizer", "step_other",
           "load", "save", "round_other")
 
@@ -43,7 +50,8 @@ PHASES = ("prefill", "decode", "generate_other", "reward", "forward", "backward"
 class Clock:
     """Phase seconds and token counts, filled by forward hooks on the causal LM and a trainer callback."""
 
-    def __init__(self):
+    def __init__(self, cuda: bool = False):
+        self.cuda = cuda
         self.s: dict[str, float] = defaultdict(float)
         self.n: dict[str, int] = defaultdict(int)
         self._t = 0.0
@@ -52,10 +60,18 @@ class Clock:
         self._step_start = None
         self._pre_opt = None
 
+    def now(self) -> float:
+        """Seconds, once the device has done what it was given (a GPU runs ahead of Python)."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     def pre_forward(self, module, args, kwargs):
         self._depth += 1
         if self._depth == 1:
-            self._t = time.perf_counter()
+            self._t = self.now()
 
     def post_forward(self, module, args, kwargs, output):
         import torch
@@ -63,13 +79,13 @@ class Clock:
         self._depth -= 1
         if self._depth:  # the body inside the causal LM's own call: counted there
             return
-        dt = time.perf_counter() - self._t
+        dt = self.now() - self._t
         ids = kwargs.get("input_ids", args[0] if args else None)
         shape = tuple(ids.shape) if ids is not None else tuple(kwargs["inputs_embeds"].shape[:2])
         if torch.is_grad_enabled():
             self.s["forward"] += dt
             self.n["train_tokens"] += shape[0] * shape[1]
-            self._fwd_end = time.perf_counter()
+            self._fwd_end = self.now()
         elif shape[1] > 1:
             self.s["prefill"] += dt
             self.n["prefill_tokens"] += shape[0] * shape[1]
@@ -83,18 +99,18 @@ def callback(clock: Clock):
 
     class Phases(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            clock._step_start = time.perf_counter()
+            clock._step_start = clock.now()
 
         def on_pre_optimizer_step(self, args, state, control, **kw):
-            clock._pre_opt = time.perf_counter()
+            clock._pre_opt = clock.now()
             if clock._fwd_end is not None:
                 clock.s["backward"] += clock._pre_opt - clock._fwd_end
 
         def on_optimizer_step(self, args, state, control, **kw):
-            clock.s["optimizer"] += time.perf_counter() - clock._pre_opt
+            clock.s["optimizer"] += clock.now() - clock._pre_opt
 
         def on_step_end(self, args, state, control, **kw):
-            clock.s["step_wall"] += time.perf_counter() - clock._step_start
+            clock.s["step_wall"] += clock.now() - clock._step_start
             clock.n["steps"] += 1
 
     return Phases()
@@ -111,9 +127,9 @@ def instrument(engine, clock: Clock) -> None:
     generate = engine.trainer._generate
 
     def counted(prompts):
-        t = time.perf_counter()
+        t = clock.now()
         out = generate(prompts)
-        clock.s["generate_wall"] += time.perf_counter() - t
+        clock.s["generate_wall"] += clock.now() - t
         clock.n["completion_tokens"] += sum(map(len, out[1]))
         clock.n["completions"] += len(out[1])
         return out
@@ -130,15 +146,25 @@ def linear_weights(engine) -> int:
                if isinstance(m, torch.nn.Linear) and "lora_" not in name)
 
 
-def peak_gflops(threads: int) -> float:
-    """float32 GFLOP/s of a 1024³ matrix product on ``threads`` threads (best of 5)."""
+def peak_gflops(threads: int, device: str = "cpu", dtype=None) -> tuple[float, str]:
+    """GFLOP/s of a large matrix product (best of 5) and what it was: float32 1024³ on ``threads`` CPU threads, or
+    4096³ in ``dtype`` on a GPU."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(5))
-    return 2 * 1024 ** 3 / best / 1e9
+    cuda = device.startswith("cuda")
+    n, dtype = (4096, dtype or torch.bfloat16) if cuda else (1024, torch.float32)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+
+    def product():
+        a @ b
+        if cuda:
+            torch.cuda.synchronize()
+
+    product()
+    best = min(_timed(product) for _ in range(5))
+    what = f"{str(dtype).removeprefix('torch.')} {n}³ matrix product, " + (device if cuda else "same threads")
+    return 2 * n ** 3 / best / 1e9, what
 
 
 def _timed(fn) -> float:
@@ -160,15 +186,16 @@ def measure(args) -> dict:
     from hubgrpo.config import load_config
     from hubgrpo.worker.engine import RoundEngine
 
-    cfg = load_config(ROOT / args.config, overrides=[*args.set, f"worker.threads={args.threads}",
-                                                     "worker.device=cpu"])
-    t0 = time.perf_counter()
-    engine = RoundEngine(cfg, worker="profile")
-    setup_s = time.perf_counter() - t0
-    steps = cfg.rounds.steps
-    prompts = max(1, cfg.params.per_device_train_batch_size // cfg.params.num_generations) * steps
-    clock = Clock()
     with tempfile.TemporaryDirectory() as tmp:
+        shape = [f"base_model={random_model(args.shape, Path(tmp) / 'model', args.quick)}"] if args.shape else []
+        cfg = load_config(ROOT / args.config, overrides=[*args.set, *shape, f"worker.threads={args.threads}",
+                                                         f"worker.device={args.device}"])
+        t0 = time.perf_counter()
+        engine = RoundEngine(cfg, worker="profile")
+        setup_s = time.perf_counter() - t0
+        steps = cfg.rounds.steps
+        prompts = max(1, cfg.params.per_device_train_batch_size // cfg.params.num_generations) * steps
+        clock = Clock(cuda=engine.device.startswith("cuda"))
         adapter = engine.init_adapter(Path(tmp) / "v0")
         engine.run_round(adapter, lease(steps, 0, prompts), Path(tmp) / "warm")  # warm-up: not counted
         instrument(engine, clock)
@@ -177,9 +204,11 @@ def measure(args) -> dict:
             sub = engine.run_round(adapter, lease(steps, i, prompts), Path(tmp) / f"r{i}")
             for key in ("load", "save", "total", "reward"):
                 totals[key] += sub.timings.get(key, 0.0)
+    peak, peak_what = peak_gflops(args.threads, engine.device, engine.model.dtype)
     return {"setup_s": setup_s, "steps_per_round": steps, "clock_s": dict(clock.s), "counts": dict(clock.n),
-            "round_s": dict(totals), "linear_weights": linear_weights(engine), "peak_gflops": peak_gflops(args.threads),
-            "config": args.config, "set": args.set}
+            "round_s": dict(totals), "linear_weights": linear_weights(engine), "peak_gflops": peak,
+            "peak": peak_what, "device": engine.device_name, "shape": args.shape, "config": args.config,
+            "set": args.set}
 
 
 def breakdown(m: dict) -> dict:
@@ -200,8 +229,9 @@ def rates(m: dict) -> dict:
     """Tokens per second and GFLOP/s of prefill, decode and training."""
     s, n, w = m["clock_s"], m["counts"], m["linear_weights"]
     out = {}
-    for phase, tokens, flops_per in (("prefill", n.get("prefill_tokens", 0), 2), ("decode", n.get("decode_slots", 0), 2),
-                                     ("training", n.get("train_tokens", 0), 4)):
+    parts = (("prefill", n.get("prefill_tokens", 0), 2), ("decode", n.get("decode_slots", 0), 2),
+             ("training", n.get("train_tokens", 0), 4))
+    for phase, tokens, flops_per in parts:
         sec = s.get("forward", 0) + s.get("backward", 0) if phase == "training" else s.get(phase, 0)
         gflops = flops_per * w * tokens / sec / 1e9 if sec else 0.0
         out[phase] = {"tokens": tokens, "seconds": sec, "tokens_per_s": tokens / sec if sec else 0.0,
@@ -214,8 +244,10 @@ def to_markdown(m: dict, per: dict, rt: dict) -> str:
     total = per["total"]
     lines = ["# One worker step, taken apart", "",
              f"`{m['config']}` {' '.join(m['set'])}; {m['threads']} thread(s); {m['rounds']} rounds of "
-             f"{m['steps_per_round']} step(s) after a warm-up. Peak: {m['peak_gflops']:.1f} GFLOP/s (float32 "
-             "1024³ matrix product, same threads).",
+             f"{m['steps_per_round']} step(s) after a warm-up"
+             + (f"; on {m['device']}" if m.get("device") else "")
+             + (f"; a random model of {m['shape']}'s shapes" if m.get("shape") else "")
+             + f". Peak: {m['peak_gflops']:.1f} GFLOP/s ({m.get('peak', CPU_PEAK)}).",
              "", "| phase | s per step | share |", "|---|---|---|"]
     lines += [f"| {k} | {per[k]:.3f} | {per[k] / total:.0%} |" for k in PHASES]
     lines += [f"| **total** | **{total:.3f}** | |", "", "| part | tokens | s | tokens/s | GFLOP/s | of peak |",
@@ -232,6 +264,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--device", default="cpu", help="cpu, cuda (a GPU: every time taken after a synchronize)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                    help="a random model of these real shapes instead of the config's (a machine without the model)")
     ap.add_argument("--name", default="profile-step")
     options(ap, __file__)
     args = ap.parse_args()
