@@ -12,7 +12,9 @@ from hubgrpo.config.section_base import _Section
 class WorkerSection(_Section):
     """The worker's own machine: device, precision, threads (a lease cannot change them)."""
 
-    device: str = Field("auto", description="auto (cuda if available), cpu, cuda, cuda:1, mps.")
+    device: str = Field(
+        "auto", description="auto (cuda if available), cpu, cuda, cuda:1, mps (`hubgrpo worker --device` overrides it)."
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="auto: bf16 on CUDA, fp32 on CPU; fp32 everywhere in a run that verifies rollouts strictly "
