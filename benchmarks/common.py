@@ -219,6 +219,7 @@ SHAPES = {  # (config class name, kwargs) of the real models
                                          num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)),
 }
 QUICK = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+VOCAB = {"smollm2-135m": 49152, "qwen2.5-0.5b": 151936}  # the real models' embedding rows
 
 
 def random_model(name: str, out: Path, quick: bool, vocab_size: int | None = None) -> str:

@@ -40,13 +40,13 @@ results=${OUT:-benchmarks/gpu/results}
 mkdir -p "$results"
 log=$results/gpu_check.log
 {
-  nvidia-smi || echo "gpu_check: no nvidia-smi"
+  timeout 20 nvidia-smi || echo "gpu_check: no nvidia-smi"
   if command -v cc >/dev/null; then cc --version | head -1; else echo "gpu_check: no C compiler (triton needs one)"; fi
   timeout 45 "$PY" -c "import os, sysconfig, torch
 print('Python.h', os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))
 f = torch.compile(lambda x: x * 2 + 1)
 print('torch.compile on cuda:', f(torch.ones(4, device='cuda')).tolist())" || echo "gpu_check: torch.compile failed"
-  "$PY" -c "import torch, trl, peft, transformers, datasets, pydantic, huggingface_hub as h, accelerate as a
+  timeout 60 "$PY" -c "import torch, trl, peft, transformers, datasets, pydantic, huggingface_hub as h, accelerate as a
 print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.version.cuda)
 print('trl', trl.__version__, 'peft', peft.__version__, 'transformers', transformers.__version__, 'datasets',
       datasets.__version__, 'huggingface_hub', h.__version__, 'accelerate', a.__version__)" \
@@ -58,22 +58,33 @@ print('trl', trl.__version__, 'peft', peft.__version__, 'transformers', transfor
   left=$(( total - SECONDS - 40 - ${GPU_CHECK_PROFILE_S:-75} ))
   bench=$(( ${GPU_CHECK_TIMEOUT_S:-$left} < left ? ${GPU_CHECK_TIMEOUT_S:-$left} : left ))
   budget=()  # no part of the benchmark starts in its last 70 s (a round is never cut short): unless told otherwise
-  [[ " $* " == *" --budget-s "* ]] || budget=(--budget-s $(( bench > 140 ? bench - 70 : bench / 2 )))
-  echo "gpu_check: the benchmark gets at most ${bench} s ${budget[*]}"
-  PYTHONUNBUFFERED=1 timeout -k 10 "$bench" "$PY" benchmarks/gpu/gpu_bench.py --results "$results" "${budget[@]}" "$@"
-  status=$?
+  [[ " $* " == *" --budget-s "* || " $* " == *" --budget-s="* ]] \
+    || budget=(--budget-s $(( bench > 140 ? bench - 70 : bench / 2 )))
+  if [ "$bench" -ge 1 ]; then  # (timeout 0 would mean no limit at all)
+    echo "gpu_check: the benchmark gets at most ${bench} s ${budget[*]}"
+    PYTHONUNBUFFERED=1 timeout -k 10 "$bench" "$PY" benchmarks/gpu/gpu_bench.py --results "$results" "${budget[@]}" "$@"
+    status=$?
+  else
+    echo "gpu_check: no time left for the benchmark (GPU_CHECK_TOTAL_S=$total, ${SECONDS} s used)"; status=124
+  fi
   profile=$(( total - SECONDS - 40 ))  # one worker step taken apart, on a random model of SmolLM2's shapes
   if [ "${GPU_CHECK_PROFILE_S:-75}" -gt 0 ] && [ "$profile" -ge 30 ]; then
-    # shellcheck disable=SC2086  # the arguments are words
+    set -f  # the arguments are words, never file patterns
+    read -ra profile_args <<< "${GPU_CHECK_PROFILE_ARGS:---device cuda --shape smollm2-135m --rounds 2 --set \
+params.per_device_train_batch_size=16 --set params.max_completion_length=128}"
+    set +f
     PYTHONUNBUFFERED=1 timeout -k 5 "$profile" "$PY" benchmarks/round/profile_step.py --results "$results" \
-      --name profile-step-gpu ${GPU_CHECK_PROFILE_ARGS:---device cuda --shape smollm2-135m --rounds 2 --set \
-      params.per_device_train_batch_size=16 --set params.max_completion_length=128} \
-      || echo "gpu_check: the step profile failed or ran out of time"
+      --name profile-step-gpu "${profile_args[@]}" || echo "gpu_check: the step profile failed or ran out of time"
   else
     echo "gpu_check: no time left for the step profile"
   fi
-  PYTHONUNBUFFERED=1 timeout 30 "$PY" benchmarks/gpu/gpu_replay.py --noise --results "$results" \
-    || echo "gpu_check: the noise check failed"
+  noise=$(( total - SECONDS - 5 < 30 ? total - SECONDS - 5 : 30 ))
+  if [ "$noise" -ge 5 ]; then
+    PYTHONUNBUFFERED=1 timeout "$noise" "$PY" benchmarks/gpu/gpu_replay.py --noise --results "$results" \
+      || echo "gpu_check: the noise check failed"
+  else
+    echo "gpu_check: no time left for the noise check"
+  fi
   exit $status
 } 2>&1 | tee "$log"
 exit "${PIPESTATUS[0]}"

@@ -1,7 +1,9 @@
-"""What three generation mechanisms the issue names would save a CPU worker: more completions per ``generate`` call
+"""What three generation mechanisms save on a plain ``generate`` call on this machine: more completions per call
 (what TRL's ``steps_per_generation`` does: one call for several steps), the LoRA adapter merged into the base
 weights while generating (PEFT's ``merge_adapter`` / ``unmerge_adapter``), and a bfloat16 base model (the adapter
-kept in float32).
+kept in float32). A worker's own generation also shares each prompt's prefill across its group and samples with
+the round's key (``hubgrpo.worker.sharing``, ``keyed``); neither is here, so the prompts weigh more than in a
+worker's step, and a larger call also has more distinct prompts (and padding) than one step's.
 
     .venv/bin/python benchmarks/round/generate_options.py [--config configs/demo.yaml] [--threads 1] [--repeats 5]
         [--name generate-options] [--quick] [--results DIR]
@@ -107,7 +109,7 @@ def measure(args) -> dict:
 def to_markdown(m: dict) -> str:
     base = m["arms"][0]
     lines = [
-        "# Generation options on this CPU",
+        "# Generation options on this CPU (plain `generate`: no prompt sharing, no keyed sampling)",
         "",
         f"`{m['config']}`, {m['threads']} thread(s); every completion {m['tokens']} tokens after prompts of "
         f"~{m['prompt_tokens']} tokens; median of {m['repeats']} calls after a warm-up.",

@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import SHAPES, options, random_model, results_dir, start, write  # noqa: E402
+from benchmarks.common import SHAPES, VOCAB, options, random_model, results_dir, start, write  # noqa: E402
 
 CPU_PEAK = "float32 1024³ matrix product, same threads"  # (results written before the peak named itself)
 PHASES = ("prefill", "decode", "generate_other", "reward", "forward", "backward", "optimizer", "step_other",
@@ -50,8 +50,9 @@ PHASES = ("prefill", "decode", "generate_other", "reward", "forward", "backward"
 class Clock:
     """Phase seconds and token counts, filled by forward hooks on the causal LM and a trainer callback."""
 
-    def __init__(self, cuda: bool = False):
-        self.cuda = cuda
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self.cuda = device.startswith("cuda")
         self.s: dict[str, float] = defaultdict(float)
         self.n: dict[str, int] = defaultdict(int)
         self._t = 0.0
@@ -65,7 +66,7 @@ class Clock:
         if self.cuda:
             import torch
 
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
     def pre_forward(self, module, args, kwargs):
@@ -159,7 +160,7 @@ def peak_gflops(threads: int, device: str = "cpu", dtype=None) -> tuple[float, s
     def product():
         a @ b
         if cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
 
     product()
     best = min(_timed(product) for _ in range(5))
@@ -187,7 +188,8 @@ def measure(args) -> dict:
     from hubgrpo.worker.engine import RoundEngine
 
     with tempfile.TemporaryDirectory() as tmp:
-        shape = [f"base_model={random_model(args.shape, Path(tmp) / 'model', args.quick)}"] if args.shape else []
+        vocab = None if args.quick else VOCAB.get(args.shape or "")  # the real LM head and softmax
+        shape = [f"base_model={random_model(args.shape, Path(tmp) / 'model', args.quick, vocab)}"] if args.shape else []
         cfg = load_config(ROOT / args.config, overrides=[*args.set, *shape, f"worker.threads={args.threads}",
                                                          f"worker.device={args.device}"])
         t0 = time.perf_counter()
@@ -195,7 +197,7 @@ def measure(args) -> dict:
         setup_s = time.perf_counter() - t0
         steps = cfg.rounds.steps
         prompts = max(1, cfg.params.per_device_train_batch_size // cfg.params.num_generations) * steps
-        clock = Clock(cuda=engine.device.startswith("cuda"))
+        clock = Clock(engine.device)
         adapter = engine.init_adapter(Path(tmp) / "v0")
         engine.run_round(adapter, lease(steps, 0, prompts), Path(tmp) / "warm")  # warm-up: not counted
         instrument(engine, clock)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 import typer
@@ -150,8 +151,7 @@ def worker(
     from hubgrpo.errors import ConfigError
 
     chosen = _chosen_gpus(gpus)  # first: a bad --gpus is refused before anything is read
-    if chosen is not None and device is not None and not device.startswith("cuda"):
-        raise ConfigError(f"--gpus runs one worker per GPU, and --device {device} is no GPU", hint="drop --device")
+    _check_device(device, chosen is not None)
     _logging(verbose)
     store = _store(repo)
     cfg, url = _run_of(store, coordinator, wait, preload=chosen is None)
@@ -164,8 +164,8 @@ def worker(
         from hubgrpo.config.recipe import pipeline_flag
 
         rest = pipeline_flag(pipeline)
-        if (device or cfg.worker.device).startswith("cuda:"):  # a child sees its one GPU as cuda:0 (gpus.py)
-            rest += ["--device", "cuda"]
+        if (device or cfg.worker.device) != "auto":  # each child sees its one GPU, as cuda:0 (gpus.py); the
+            rest += ["--device", "cuda"]  # run's cuda:1, cpu or mps would fail there or leave the GPU idle
         raise typer.Exit(
             _per_gpu(chosen, name, repo, url, max_rounds, threads, upload_via, allow_reward, verbose, rest)
         )
@@ -204,6 +204,24 @@ def _run_of(store, coordinator: str | None, wait: float, *, preload: bool):
     if preload:
         startup.preload()
     return startup.wait_for_run(store, coordinator, wait, token=os.environ.get("HF_TOKEN"), sleep=orphan_aware_sleep)
+
+
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d{1,3})?")
+
+
+def _check_device(device: str | None, per_gpu: bool) -> None:
+    """``--device``: a torch device this command knows; with ``--gpus`` only ``auto`` or ``cuda``."""
+    from hubgrpo.errors import ConfigError
+
+    if device is None:
+        return
+    if not DEVICE.fullmatch(device):
+        raise ConfigError(f"--device {device!r} is no device", hint="use auto, cpu, cuda, cuda:N or mps")
+    if per_gpu and device not in ("auto", "cuda"):
+        raise ConfigError(
+            f"--gpus runs one worker per GPU, each on its own, and --device {device} names another",
+            hint="drop --device (or give cuda)",
+        )
 
 
 def _chosen_gpus(spec: str | None) -> list[tuple[int, str]] | None:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -241,15 +242,18 @@ def test_gpu_bench_on_the_cpu(tmp_path):
 
 
 @pytest.mark.slow  # ~50 s: the GPU machine's script, run here on the CPU
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(360)
 def test_the_gpu_script_runs_on_the_cpu_within_its_total(tmp_path):
     """scripts/gpu_check.sh as a lent GPU machine runs it (its results into $OUT), on this CPU: the benchmark gets
     what the total leaves, its own budget 70 s less, a worker step is profiled on a random model of SmolLM2's
     shapes, and the noise check is skipped, not failed, without CUDA."""
     env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_TOTAL_S": "300", "GPU_CHECK_PROFILE_S": "60",
            "GPU_CHECK_PROFILE_ARGS": "--device cpu --quick --shape smollm2-135m"}
+    env.pop("GPU_CHECK_TIMEOUT_S", None)
+    t0 = time.monotonic()
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--quick", "--shapes", "smollm2"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=330)
+    assert time.monotonic() - t0 < 300
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     given = next(line for line in proc.stdout.splitlines() if "the benchmark gets at most" in line)
     bench = int(given.split("at most ")[1].split()[0])

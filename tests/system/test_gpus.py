@@ -24,7 +24,10 @@ from tests.support.chaos_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
-RUN_CFG = ["rounds.steps=1", "rounds.versions=1000", "merge.quorum=1", "params.per_device_train_batch_size=8"]
+# worker.device auto: the machine decides (cpu here, where the GPUs are faked); --gpus passes --device cuda to its
+# children over any other device the run names
+RUN_CFG = ["rounds.steps=1", "rounds.versions=1000", "merge.quorum=1", "params.per_device_train_batch_size=8",
+           "worker.device=auto"]
 
 # GPUS_TEST_MODE: record (then run the real worker), fail1 (the GPU-1 child exits 3 at once, the other exits 0
 # after a second), wait (record every forwarded signal, exit 128 + N on it)
@@ -163,7 +166,8 @@ def test_a_failed_child_leaves_the_others_running_and_fails_the_parent(tmp_path,
 @pytest.mark.timeout(120)
 def test_a_run_that_names_one_gpu_gives_each_child_its_own_as_cuda(tmp_path):
     """A run config with ``worker.device: cuda:1`` would name a GPU that no child sees (each sees one, as cuda:0):
-    the children get ``--device cuda``; ``--device cpu`` with ``--gpus`` is refused before anything runs."""
+    the children get ``--device cuda``; a ``--device`` other than auto or cuda with ``--gpus``, or no device at
+    all, is refused before anything runs."""
     from hubgrpo import layout
     from hubgrpo.cli.embedded import ensure_repo
     from hubgrpo.config import load_config
@@ -174,16 +178,19 @@ def test_a_run_that_names_one_gpu_gives_each_child_its_own_as_cuda(tmp_path):
     text = re.sub(r"(\n  device: )\S+", r"\1cuda:1", store.read(layout.CONFIG_FILE).decode(), count=1)
     assert "device: cuda:1" in text  # the run's config names a GPU (this CPU has none to build version 0 on)
     store.commit({layout.CONFIG_FILE: text.encode()}, message="the run names GPU 1")
-    r = _worker(tmp_path, "fail1", "--repo", str(store.root), "--coordinator", "http://127.0.0.1:9",
-                "--name", "box", "--gpus", "all")
-    started = _children(tmp_path, started=True)
-    assert len(started) == 2, r.stderr
-    for child in started:
-        argv = child["argv"]
-        assert argv[argv.index("--device") + 1] == "cuda", argv
-    (tmp_path / "cpu").mkdir()
-    r = _worker(tmp_path / "cpu", "record", "--repo", str(store.root), "--gpus", "all", "--device", "cpu")
-    assert r.returncode == 2 and "--device cpu is no GPU" in r.stderr and "drop --device" in r.stderr, r.stderr
+    for i, given in enumerate(([], ["--device", "cuda"])):  # the run's cuda:1, with or without --device cuda
+        (tmp_path / str(i)).mkdir()
+        _worker(tmp_path / str(i), "fail1", "--repo", str(store.root), "--coordinator", "http://127.0.0.1:9",
+                "--name", "box", "--gpus", "all", *given)
+        started = _children(tmp_path / str(i), started=True)
+        assert len(started) == 2, started
+        for child in started:
+            argv = child["argv"]
+            assert argv[argv.index("--device") + 1] == "cuda", argv
+    for device, message in (("cpu", "--device cpu names another"), ("cuda:1", "--device cuda:1 names another"),
+                            ("cuda:0,1", "--device 'cuda:0,1' is no device")):
+        r = _worker(tmp_path, "record", "--repo", str(store.root), "--gpus", "all", "--device", device)
+        assert r.returncode == 2 and message in r.stderr and "hint:" in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(60)
