@@ -26,6 +26,7 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
       "speedup-real-quota"]),
     ("scaleout", "How does the speed-up grow with N machines (simulated)?",
      ["scaleout-mixed-close", "scaleout-mixed-recheck-s1", "scaleout-mixed-fedasync", "scaleout-mixed-fedbuff-sqrt",
+      "scaleout-mixed-outer15-fair-n4", "scaleout-mixed-outer15-fair-n8",
       "scaleout-mixed-outer15-n4", "scaleout-mixed-outer15-n8",
       "scaleout-mixed", "scaleout-smollm2-shipped", "scaleout-smollm2-quota"]),
     ("simulator", "Does the simulator reproduce the real 2-machine runs?", ["scaleout-validate-replay6-validate"]),
