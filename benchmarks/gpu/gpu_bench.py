@@ -45,9 +45,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing (e.g. a bare GPU machine)
 
-from benchmarks.common import VOCAB, options, results_dir, start, write  # noqa: E402
+from benchmarks.common import VOCAB, options, random_model, results_dir, start, write  # noqa: E402
 from benchmarks.gpu.gpu_replay import agreement, agreement_lines, keyed_record, weights_sum  # noqa: E402
-from benchmarks.gpu.gpu_smoke import environment, lease, random_model, run_part  # noqa: E402
+from benchmarks.gpu.gpu_smoke import environment, lease, run_part  # noqa: E402
 
 SHAPE_NAMES = {"smollm2": "smollm2-135m", "qwen0.5b": "qwen2.5-0.5b"}  # --shapes: short name → common.SHAPES
 # GRPOConfig fields the TRL side takes from the config's params, as the worker's engine does

@@ -109,7 +109,7 @@ def replay(row: dict, tmp: Path, quick: bool = False) -> dict:
     """Rebuild ``row``'s random model here and replay its record under the wide and strict tolerances."""
     import torch
 
-    from benchmarks.gpu.gpu_smoke import random_model
+    from benchmarks.common import random_model
     from hubgrpo.proof.verify import STRICT, TOLERANCE, verify_completions
     from hubgrpo.worker.models import load_model
 
