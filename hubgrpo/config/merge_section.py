@@ -24,6 +24,13 @@ class MergeSection(_Section):
     outer_lr: float = Field(
         1.0, gt=0, le=OUTER_LR_MAX, description="Outer learning rate applied to the mean update (DiLoCo: 0.7)."
     )
+    fleet_outer_lr: float | None = Field(
+        None,
+        gt=0,
+        le=OUTER_LR_MAX,
+        description="The outer learning rate while two or more workers are live (distinct workers that leased or "
+        "renewed a lease within lease_timeout_s); one machine alone keeps outer_lr. None = outer_lr for any fleet.",
+    )
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="Outer momentum (DiLoCo: 0.9); 0 = none.")
     nesterov: bool = Field(False, description="Nesterov form of the outer momentum.")
     momentum_every: int = Field(
@@ -154,6 +161,11 @@ class MergeSection(_Section):
     def merge_method(self) -> MergeMethod:
         """The ``MergeMethod`` that ``method`` names (``hubgrpo.config.methods``)."""
         return BY_NAME[self.method]
+
+    def fleet_lr(self, live_workers: int) -> float:
+        """The outer learning rate while ``live_workers`` distinct workers hold leases: fleet_outer_lr from two on
+        (when set), else outer_lr."""
+        return self.fleet_outer_lr if self.fleet_outer_lr is not None and live_workers >= 2 else self.outer_lr
 
     def staleness_limit(self, live_workers: int) -> int:
         """The staleness admitted while ``live_workers`` distinct workers hold leases: max_staleness, raised to

@@ -138,13 +138,14 @@ def finish(c: Coordinator, plan: MergePlan, result) -> bool:
 
 def plan_merge(c: Coordinator) -> MergePlan | None:
     """Snapshot the pending submissions for a merge and mark the coordinator as merging; None if none is left."""
+    from hubgrpo.coordinator.leasing import live_workers
     from hubgrpo.merge import MergeOptions
 
     items, entries, discount, raw = _weighted_items(c)
     if not entries:
         return None
     m = c.cfg.merge
-    outer_lr = m.outer_lr * (discount if m.staleness_scaling == "absolute" else 1.0)
+    outer_lr = m.fleet_lr(live_workers(c)) * (discount if m.staleness_scaling == "absolute" else 1.0)
     if m.extra_rounds == "add":  # the rounds beyond the quorum each move the version by their share, at most one
         # per distinct worker: rounds piled up behind a stalled merge (one worker's several leases) do not add up
         outer_lr *= max(1.0, len({e.worker for e in entries}) / m.quorum)

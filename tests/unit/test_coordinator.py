@@ -100,6 +100,21 @@ def test_staleness_limit_grows_with_live_workers(tmp_path):
     assert "limit 2 with staleness_per_worker 1" in ei.value.message
 
 
+def test_the_fleet_outer_lr_applies_while_two_or_more_workers_are_live(tmp_path):
+    """merge.fleet_outer_lr: a version merged while the coordinator counts two live workers steps by it (the
+    ledger records the step); one machine alone, or a fleet gone quiet, steps by outer_lr."""
+    store, c, clock = _setup(tmp_path, **{"merge.quorum": 1, "merge.fleet_outer_lr": 1.5, "rounds.versions": 20})
+    alone = c.lease("w1")
+    c.submit(alone, push_submission(store, alone, tmp_path, seed=1))
+    c.lease("w2")
+    both = c.lease("w1")
+    c.submit(both, push_submission(store, both, tmp_path, seed=2))
+    clock.advance(c.cfg.coordinator.lease_timeout_s + 1)  # w2 has gone quiet: w1 is alone again
+    again = c.lease("w1")
+    c.submit(again, push_submission(store, again, tmp_path, seed=3))
+    assert [v.outer_lr for v in runrepo.read_state(store).versions[1:4]] == [1.0, 1.5, 1.0]
+
+
 def test_a_restarted_coordinator_keeps_its_fleet_count(tmp_path):
     """The workers' last contact is in state.json: a round pushed just before a restart, as stale as the fleet
     allowed, is admitted by the new coordinator (whose live leases have not come back yet)."""
@@ -172,6 +187,12 @@ def test_staleness_limit_bounds():
     assert MergeSection(max_staleness=4).staleness_limit(100) == 32  # the default follows the fleet, to max_lease_age
     with pytest.raises(ValueError):
         MergeSection(staleness_per_worker=float("nan"))
+    fleet = MergeSection(outer_lr=0.8, fleet_outer_lr=1.5)
+    assert [fleet.fleet_lr(n) for n in (0, 1, 2, 8)] == [0.8, 0.8, 1.5, 1.5]
+    assert MergeSection(outer_lr=0.8).fleet_lr(8) == 0.8  # None: outer_lr for any fleet
+    for bad in (0, -1, 11, float("nan")):
+        with pytest.raises(ValueError):
+            MergeSection(fleet_outer_lr=bad)
 
 
 def test_leases_carry_the_run_learning_rate_schedule(tmp_path):
