@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import TINY, hubgrpo, options, results_dir, sets, start, write  # noqa: E402
+from benchmarks.speedup.early_stop import reached, run_cli  # noqa: E402
 
 
 def first_at(curve: list[dict], key: str, target: float) -> dict | None:
@@ -127,14 +128,17 @@ class HubQuota:
 
 def run_workers(args, tmp: Path, seed: int, hub: HubQuota | None = None) -> dict:
     from hubgrpo import runrepo
+    from hubgrpo.config import load_config
     from hubgrpo.store.local import LocalStore
 
     repo = f"alice/speedup-s{seed}-{int(time.time())}" if hub else str(tmp / f"run-s{seed}")
     since = time.time()
     piped = [] if args.pipeline is None else ["--pipeline" if args.pipeline else "--no-pipeline"]
-    wall = hubgrpo("run", args.config, "--workers", "2", "--repo", repo, "--no-eval", *piped, *sets(
+    window = -(-5 // load_config(ROOT / args.config, overrides=[*args.set, *args.run_set]).rounds.steps)
+    stop = None if args.stop_after is None else (lambda: reached(since, window, args.target, args.stop_after))
+    wall, stopped = run_cli(["run", args.config, "--workers", "2", "--repo", repo, "--no-eval", *piped, *sets(
         [*args.set, *args.run_set, f"rounds.versions={args.versions}", f"params.seed={seed}",
-         f"project_name=speedup-s{seed}"]), env=hub.env() if hub else None)
+         f"project_name=speedup-s{seed}"])], ROOT, hub.env() if hub else None, stop)
     store = hub.store(repo) if hub else LocalStore(repo)
     state = runrepo.read_state(store)
     rounds = [r for f in sorted((runrepo.cache_root() / "worker").glob("*/rounds.jsonl"))
@@ -144,7 +148,7 @@ def run_workers(args, tmp: Path, seed: int, hub: HubQuota | None = None) -> dict
     curve = [{"version": v.version, "t": v.created_at - first_lease, "t_process": v.created_at - since,
               "reward": v.reward_mean, "samples": v.samples, "staleness": [m.staleness for m in v.merged]}
              for v in state.versions[1:]]
-    out = {"seed": seed, "repo": str(repo), "wall_s": wall, "startup_s": first_lease - since, "curve": curve,
+    out = {"seed": seed, "repo": str(repo), "wall_s": wall, "stopped": stopped, "startup_s": first_lease - since, "curve": curve,
            "rounds": rounds, "shas": runrepo.version_shas(store), "store": store}
     if hub:
         times = hub.commits(store)
@@ -272,7 +276,9 @@ def to_markdown(args, rows: list[dict]) -> str:
              f"{'; the run with ' + ', '.join(args.run_set) if args.run_set else ''}"
              f"{'; rounds pipelined (' + pipelined_by(args) + ')' if pipelined_by(args) else ''}"
              f"{'; train taken from ' + ', '.join(map(str, args.train_from)) if args.train_from else ''}; train {args.train_steps} "
-             f"steps; run {args.versions} versions; target training reward {args.target} (train: mean of 5 steps; "
+             f"steps; run {args.versions} versions"
+             f"{'' if getattr(args, 'stop_after', None) is None else f' (each ended {args.stop_after} rounds after its workers logged the target: early_stop.py)'}"
+             f"; target training reward {args.target} (train: mean of 5 steps; "
              f"run: the versions' merged rounds over as many samples); held-out: greedy on {args.eval} prompts. "
              f"Run repo: {quota_words(args, rows)}.",
              "", "| seed | train s to target (step) | run s to target (version) | speed-up | from process start: "
@@ -329,6 +335,9 @@ def main() -> None:
                          "--no-pipeline: in sequence; default: the config's worker.pipeline")
     ap.add_argument("--train-from", type=Path, action="append", default=[],
                     help="an earlier result JSON: reuse its train runs (repeat for several files)")
+    ap.add_argument("--stop-after", type=int, default=None,
+                    help="end each run this many rounds after the workers' round log reaches --target (default: "
+                         "run all --versions); benchmarks/speedup/early_stop.py")
     ap.add_argument("--name", default="speedup-real")
     ap.add_argument("--hub-quota", type=int, default=None,
                     help="the run repo on the Hub emulator with this many commits per rolling hour (the Hub: 128); "

@@ -383,6 +383,18 @@ def test_speedup_real_quick_then_the_simulator_replays_it(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_speedup_real_stops_a_run_after_its_target(tmp_path):
+    """``--stop-after 2``: the run is ended two rounds after its workers log the (quick) target, before its 12
+    versions; the report says so, and the speed-up is still read from the versions it made."""
+    run("speedup/speedup_real.py", tmp_path, "--stop-after", "2", timeout=240)
+    r = shaped(tmp_path / "speedup-real.json")
+    run_ = r["raw"][0]["run"]
+    assert run_["stopped"] and 1 <= len(run_["curve"]) < 12 and r["rows"][0]["speedup_train_reward"]
+    assert "ended 2 rounds after its workers logged the target" in (tmp_path / "speedup-real.md").read_text()
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_speedup_quota_quick(tmp_path):
     run("speedup/speedup_quota.py", tmp_path, timeout=540)
