@@ -138,6 +138,22 @@ def test_phase_walk_on_the_kept_real_runs(tmp_path):
     assert len(r["seeds"]) == 6 and sum(s["crossings"] for s in r["seeds"]) == 0
 
 
+@pytest.mark.timeout(90)
+def test_scaleout_pool_of_kept_seeds_gives_their_table(tmp_path):
+    """Two kept results of one rule (seed 0 at N = 4 and at N = 8, one shared N = 1) pool into one seed with both
+    rows, the N = 1 row once; results of another rule are refused."""
+    res = BENCH / "scaleout" / "results"
+    run("scaleout/pool.py", tmp_path, str(res / "scaleout-mixed-outer15-n4.json"),
+        str(res / "scaleout-mixed-outer15-n8.json"), "--name", "pooled", quick=False)
+    r = shaped(tmp_path / "pooled.json", quick=False)
+    assert [x["workers"] for x in r["seeds"][0]["rows"]] == [1, 4, 8]
+    assert {x["workers"]: round(x["speedup_mean"], 2) for x in r["summary"]} == {1: 1.0, 4: 4.48, 8: 7.69}
+    assert r["samples"][1]["per_seed"] == {"0": pytest.approx(512 / 592)}
+    with pytest.raises(AssertionError, match="differs from scaleout-mixed-outer15-n4 in rule"):
+        run("scaleout/pool.py", tmp_path, str(res / "scaleout-mixed-outer15-n4.json"),
+            str(res / "scaleout-mixed-fedasync.json"), "--name", "mixed", quick=False)
+
+
 @pytest.mark.timeout(60)
 def test_learning_pool_of_a_pooled_result_gives_its_table(tmp_path):
     kept = BENCH / "learning" / "results" / "learning-b4-tiny-pooled.json"
