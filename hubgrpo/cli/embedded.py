@@ -329,20 +329,34 @@ def _serve_and_watch(
         if cfg.coordinator.verify != "off"
         else None
     )
-    start = time.time()
+    start, flushed = time.time(), False
     try:
         status = _watch(client, procs, on_status, max_wall_s, log_dir)
         stop_workers(procs)
         if evaluator is not None and status["finished"]:
             _wait_for(evaluator, EVAL_WAIT_S)  # it scores the last versions, then exits
         coord.flush()  # held-out scores and refusals not in state.json yet
+        flushed = True
         status = client.status()
     finally:
         stop_workers(procs + [p for p in (evaluator, verifier) if p is not None])
+        if not flushed:  # Ctrl-C, SIGTERM, every worker gone: the versions made since the last checkpoint
+            _last_checkpoint(coord)
         app.close()
         coord.close()  # its version folder: what the next run of the project would delete anyway
     status["wall_s"] = time.time() - start
     return status
+
+
+def _last_checkpoint(coord) -> None:
+    """A stopped run (Ctrl-C, SIGTERM, a failure) commits what the coordinator holds and the repo does not yet: the
+    versions since the last checkpoint live only in the coordinator's folder, which closing it deletes. A failing
+    store is reported, not raised over the error that stopped the run; a second Ctrl-C ends the wait."""
+    try:
+        if coord.flush():
+            log.warning("stopped: a last checkpoint keeps version %d", coord.state.version)
+    except Exception as e:  # noqa: BLE001 - the run is stopping on another error already
+        log.error("stopped: the last checkpoint failed (%s); versions after the last one committed are lost", e)
 
 
 def _watch(client, procs: list, on_status, max_wall_s: float | None, log_dir: Path) -> dict:

@@ -177,10 +177,12 @@ def _alive(pid: int) -> bool:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_a_stopped_run_leaves_no_worker_behind(tmp_path, how):
-    """SIGTERM unwinds `hubgrpo run` like Ctrl-C (its workers and evaluator are stopped); after a SIGKILL of the run,
-    its orphaned workers and evaluator notice at their next call to the dead coordinator and exit."""
+    """SIGTERM unwinds `hubgrpo run` like Ctrl-C (its workers and evaluator are stopped) and commits a last
+    checkpoint: with checkpoints an hour apart, the versions made before the signal are in the run repo. After a
+    SIGKILL of the run, its orphaned workers and evaluator notice at their next call to the dead coordinator and
+    exit."""
     cmd = [sys.executable, "-m", "hubgrpo.cli", "run", str(TINY), "--workers", "2", "--repo", str(tmp_path / "run"),
-           "--set", "rounds.steps=2", "--set", "rounds.versions=50"]
+           "--set", "rounds.steps=2", "--set", "rounds.versions=50", "--set", "coordinator.checkpoint_every_s=3600"]
     run = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     workers: list[int] = []
@@ -188,10 +190,12 @@ def test_a_stopped_run_leaves_no_worker_behind(tmp_path, how):
         wait_for(lambda: len(_children(run.pid)) == 3, 60, "the 2 worker processes and the evaluator")
         workers = _children(run.pid)
         store = LocalStore(tmp_path / "run")
-        wait_for(lambda: len(submitted_ids(store)) >= 1, 120, "a first submission")
+        wait_for(lambda: len(submitted_ids(store)) >= 2, 120, "two submissions")
         run.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
         run.wait(timeout=60)
         assert wait_for(lambda: not any(_alive(p) for p in workers), 90, "the workers to exit")
+        if how == "sigterm":
+            assert runrepo.read_state(store).version >= 1, "the versions before SIGTERM were lost"
     finally:
         if run.poll() is None:
             run.kill()
