@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hubgrpo import runrepo
 from hubgrpo.config import Config, from_env, placeholders
@@ -24,6 +25,9 @@ from hubgrpo.coordinator.repo_init import init_repo
 from hubgrpo.errors import ConfigError, StoreError
 from hubgrpo.store.base import Store
 from hubgrpo.task.rewards import REWARD_ENV
+
+if TYPE_CHECKING:
+    from hubgrpo.coordinator.core import Coordinator
 
 log = logging.getLogger("hubgrpo.cli.embedded")
 
@@ -348,7 +352,7 @@ def _serve_and_watch(
     return status
 
 
-def _last_checkpoint(coord) -> None:
+def _last_checkpoint(coord: Coordinator) -> None:
     """A stopped run (Ctrl-C, SIGTERM, a failure) commits what the coordinator holds and the repo does not yet: the
     versions since the last checkpoint live only in the coordinator's folder, which closing it deletes. A failing
     store is reported, not raised over the error that stopped the run; a second Ctrl-C ends the wait."""

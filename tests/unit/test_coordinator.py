@@ -189,7 +189,8 @@ def test_staleness_limit_bounds():
         MergeSection(staleness_per_worker=float("nan"))
     fleet = MergeSection(outer_lr=0.8, fleet_outer_lr=1.5)
     assert [fleet.fleet_lr(n) for n in (0, 1, 2, 8)] == [0.8, 0.8, 1.5, 1.5]
-    assert MergeSection(outer_lr=0.8).fleet_lr(8) == 0.8  # None: outer_lr for any fleet
+    assert MergeSection(outer_lr=0.8, fleet_outer_lr=None).fleet_lr(8) == 0.8  # None: outer_lr for any fleet
+    assert [MergeSection().fleet_lr(n) for n in (1, 2)] == [1.0, 1.5]  # the default recipe
     for bad in (0, -1, 11, float("nan")):
         with pytest.raises(ValueError):
             MergeSection(fleet_outer_lr=bad)

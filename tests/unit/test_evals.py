@@ -57,7 +57,9 @@ def test_scores_wait_for_a_commit_then_reach_state_json_on_their_own(tmp_path):
 
 
 def test_eval_gate_starts_the_next_merge_from_the_best_version_once(tmp_path):
-    store, c, _ = _coordinator(tmp_path, **{"merge.method": "ffa", "merge.eval_gate": 0.1})
+    # (outer lr 1 for any fleet: the version is checked against the exact sum of its round)
+    store, c, _ = _coordinator(tmp_path, **{"merge.method": "ffa", "merge.eval_gate": 0.1,
+                                            "merge.fleet_outer_lr": "null"})
     for seed in (1, 2, 3):
         _merge(c, store, tmp_path, seed)
     for v, score in ((0, 0.2), (1, 0.6), (2, 0.55)):

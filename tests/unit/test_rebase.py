@@ -17,7 +17,9 @@ from tests.support.models_fixture import make_lease, tiny_cache, tiny_config  # 
 
 pytestmark = pytest.mark.timeout(240)
 SECRET = b"test-secret"
-FFA = {"merge.method": "ffa", "merge.rebase": "true", "merge.quorum": 1, "merge.max_staleness": 0}
+# outer lr 1 for any fleet (merge.fleet_outer_lr: null): these tests check a version against the exact sum of its rounds
+FFA = {"merge.method": "ffa", "merge.rebase": "true", "merge.quorum": 1, "merge.max_staleness": 0,
+       "merge.fleet_outer_lr": "null"}
 
 
 def _setup(tmp_path, **overrides):
