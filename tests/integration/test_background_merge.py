@@ -286,7 +286,8 @@ def test_ffa_rounds_are_folded_in_before_the_quorum_and_the_merge_equals_the_ful
     from hubgrpo import layout
     from hubgrpo.merge import MergeOptions, load_adapter_dir, merge
 
-    cfg = make_config(**{"merge.method": "ffa", "merge.quorum": 3, "rounds.versions": 10})
+    cfg = make_config(**{"merge.method": "ffa", "merge.quorum": 3, "rounds.versions": 10,
+                         "merge.fleet_outer_lr": "null"})  # outer lr 1: the reference merge below uses it
     store = LocalStore(tmp_path / "repo")
     init_repo(store, cfg, write_adapter(tmp_path / "v0", seed=0, b_scale=0.0))
     coord = Coordinator(store, b"fold-secret", workdir=tmp_path / "coord")
@@ -360,7 +361,8 @@ def test_rounds_beyond_the_quorum_are_averaged_or_each_add_their_step(tmp_path, 
     from tests.support.coord_helpers import local_coordinator
 
     store, c, _ = local_coordinator(tmp_path, **{"merge.method": "ffa", "merge.quorum": 1,
-                                                 "merge.extra_rounds": extra})
+                                                 "merge.extra_rounds": extra,
+                                                 "merge.fleet_outer_lr": "null"})  # the mean or sum at outer lr 1
     c.use_merge_thread()  # submit only admits: the three wait for one merge
     leases = [c.lease(f"w{i}") for i in range(3)]
     for i, lease in enumerate(leases):
