@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hubgrpo.cli.embedded import SPAWN_NICE, spawn_workers, stop_workers
+from hubgrpo.cli.children import SPAWN_NICE, spawn_workers, stop_workers
 
 
 def _worker_itself(pid: int) -> bool:
