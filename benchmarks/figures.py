@@ -21,6 +21,7 @@ START, END = "<!-- figures:start (python benchmarks/figures.py) -->", "<!-- figu
 QUESTIONS = [  # folder, the question, the current result(s) that answer it
     ("speedup", "How much sooner do 2 real machines reach a training target than one process?",
      ["speedup-real-addition-mixed-fleet15", "speedup-real-addition-mixed-amd", "speedup-real-addition-mixed-shipped", "speedup-real-addition-mixed-piped", "speedup-real-addition-mixed",
+      "speedup-real-demo-amd", "speedup-real-demo-fleet15",
       "speedup-real-demo-lr1e4-piped", "speedup-real-demo-lr1e4", "speedup-real-demo-piped-move", "speedup-real-demo-piped", "speedup-real-demo-nice",
       "speedup-real-demo-seq", "side-by-side-demo", "side-by-side-addition-mixed", "speedup-real-demo",
       "speedup-real-quota"]),
