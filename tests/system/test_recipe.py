@@ -118,11 +118,14 @@ def test_init_refuses_a_misspelt_reward_before_creating_anything(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_config_show_and_validate_name_the_recipe():
-    shown = cli("config", "show", "configs/demo.yaml")
+def test_config_show_and_validate_name_the_recipe(tmp_path):
+    (tmp_path / "c.yaml").write_text(MINIMAL)
+    shown = cli("config", "show", str(tmp_path / "c.yaml"))
     assert shown.returncode == 0 and shown.stdout.startswith("# recipe: ffa + rebase, quorum 1, 1-step rounds")
     assert shown.stdout.splitlines()[0].endswith("the default, measured best")
-    svd = cli("config", "show", "configs/demo.yaml", "--set", "merge.method=svd", "--set", "merge.rebase=false")
+    svd = cli("config", "show", str(tmp_path / "c.yaml"), "--set", "merge.method=svd", "--set", "merge.rebase=false")
     assert "differs from the default in merge.method ('svd'; default 'ffa'), merge.rebase" in svd.stdout
+    demo = cli("config", "show", "configs/demo.yaml")  # the demo keeps a fleet's step at 1 (its header says why)
+    assert demo.stdout.splitlines()[0].endswith("differs from the default in merge.fleet_outer_lr (None; default 1.5)")
     ok = cli("config", "validate", "configs/demo.yaml")
     assert ok.returncode == 0 and "recipe: ffa + rebase" in ok.stdout
