@@ -31,7 +31,9 @@ class MergeSection(_Section):
         description="The outer learning rate while two or more workers are live (distinct workers that leased or "
         "renewed a lease within lease_timeout_s); one machine alone keeps outer_lr. 1.5: a fleet's rounds reach the "
         "target sooner, with fewer samples (benchmarks/scaleout/results/scaleout-mixed-outer15, "
-        "benchmarks/speedup/results/speedup-real-addition-mixed-fleet15). None = outer_lr for any fleet.",
+        "benchmarks/speedup/results/speedup-real-addition-mixed-fleet15) but end a run of equal samples lower "
+        "(benchmarks/learning/results/learning-mixed-fleet15-pooled); too far at high learning rates "
+        "(configs/demo.yaml). None = outer_lr for any fleet.",
     )
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="Outer momentum (DiLoCo: 0.9); 0 = none.")
     nesterov: bool = Field(False, description="Nesterov form of the outer momentum.")
