@@ -35,6 +35,12 @@ class MergeSection(_Section):
         "(benchmarks/learning/results/learning-mixed-fleet15-pooled); too far at high learning rates "
         "(configs/demo.yaml). None = outer_lr for any fleet.",
     )
+    fleet_outer_lr_decays: bool = Field(
+        False,
+        description="True: the fleet's step above outer_lr follows the learning-rate schedule (rounds.lr_scale of "
+        "the version being merged), so it fades to outer_lr over the decay of a wsd run: the larger step on the "
+        "way to a target, outer_lr at the end. Being measured (benchmarks/LOG.md, 2026-12-07), not the default.",
+    )
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="Outer momentum (DiLoCo: 0.9); 0 = none.")
     nesterov: bool = Field(False, description="Nesterov form of the outer momentum.")
     momentum_every: int = Field(
@@ -166,10 +172,15 @@ class MergeSection(_Section):
         """The ``MergeMethod`` that ``method`` names (``hubgrpo.config.methods``)."""
         return BY_NAME[self.method]
 
-    def fleet_lr(self, live_workers: int) -> float:
+    def fleet_lr(self, live_workers: int, lr_scale: float = 1.0) -> float:
         """The outer learning rate while ``live_workers`` distinct workers hold leases: fleet_outer_lr from two on
-        (when set), else outer_lr."""
-        return self.fleet_outer_lr if self.fleet_outer_lr is not None and live_workers >= 2 else self.outer_lr
+        (when set), else outer_lr; with fleet_outer_lr_decays, its excess over outer_lr times ``lr_scale`` (the
+        schedule's learning rate at the version being merged, as a fraction of the peak)."""
+        if self.fleet_outer_lr is None or live_workers < 2:
+            return self.outer_lr
+        if not self.fleet_outer_lr_decays:
+            return self.fleet_outer_lr
+        return self.outer_lr + (self.fleet_outer_lr - self.outer_lr) * min(1.0, max(0.0, lr_scale))
 
     def staleness_limit(self, live_workers: int) -> int:
         """The staleness admitted while ``live_workers`` distinct workers hold leases: max_staleness, raised to

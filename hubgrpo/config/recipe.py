@@ -15,6 +15,7 @@ RECIPE_KEYS = (
     "merge.quorum",
     "merge.outer_lr",
     "merge.fleet_outer_lr",
+    "merge.fleet_outer_lr_decays",
     "merge.outer_momentum",
     "merge.max_staleness",
     "merge.staleness_per_worker",
@@ -90,7 +91,8 @@ def describe(cfg: Config) -> str:
     if m.outer_lr != 1 or m.outer_momentum:
         words.append(f"outer lr {m.outer_lr:g}, momentum {m.outer_momentum:g}{' (Nesterov)' if m.nesterov else ''}")
     if m.fleet_outer_lr is not None:
-        words.append(f"outer lr {m.fleet_outer_lr:g} while two or more workers are live")
+        fades = ", fading with the learning rate" if m.fleet_outer_lr_decays else ""
+        words.append(f"outer lr {m.fleet_outer_lr:g} while two or more workers are live{fades}")
     diff = differences(cfg)
     tail = (
         "the default, measured best"

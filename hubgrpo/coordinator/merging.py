@@ -145,7 +145,8 @@ def plan_merge(c: Coordinator) -> MergePlan | None:
     if not entries:
         return None
     m = c.cfg.merge
-    outer_lr = m.fleet_lr(live_workers(c)) * (discount if m.staleness_scaling == "absolute" else 1.0)
+    fleet = m.fleet_lr(live_workers(c), c.cfg.rounds.lr_scale(c.state.version + 1))
+    outer_lr = fleet * (discount if m.staleness_scaling == "absolute" else 1.0)
     if m.extra_rounds == "add":  # the rounds beyond the quorum each move the version by their share, at most one
         # per distinct worker: rounds piled up behind a stalled merge (one worker's several leases) do not add up
         outer_lr *= max(1.0, len({e.worker for e in entries}) / m.quorum)

@@ -115,6 +115,22 @@ def test_the_fleet_outer_lr_applies_while_two_or_more_workers_are_live(tmp_path)
     assert [v.outer_lr for v in runrepo.read_state(store).versions[1:4]] == [1.0, 1.5, 1.0]
 
 
+def test_a_fleet_step_that_decays_fades_with_the_learning_rate(tmp_path):
+    """merge.fleet_outer_lr_decays: the fleet's step above outer_lr follows the schedule's learning rate at the
+    version being merged: 1.5 before a wsd decay, back towards 1 over it."""
+    store, c, clock = _setup(tmp_path, **{"merge.quorum": 1, "merge.fleet_outer_lr": 1.5,
+                                          "merge.fleet_outer_lr_decays": True, "rounds.versions": 4,
+                                          "rounds.lr_schedule": "wsd", "rounds.lr_decay": 0.5})
+    c.lease("w2")  # a second live worker all along
+    for seed in (1, 2, 3, 4):
+        lease = c.lease("w1")
+        c.submit(lease, push_submission(store, lease, tmp_path, seed=seed))
+    steps = [v.outer_lr for v in runrepo.read_state(store).versions[1:5]]
+    scales = [c.cfg.rounds.lr_scale(v) for v in range(1, 5)]
+    assert scales[:2] == [1.0, 1.0] and scales[3] < scales[2] < 1.0  # stable, then the decay
+    assert steps == pytest.approx([1 + 0.5 * s for s in scales])
+
+
 def test_a_restarted_coordinator_keeps_its_fleet_count(tmp_path):
     """The workers' last contact is in state.json: a round pushed just before a restart, as stale as the fleet
     allowed, is admitted by the new coordinator (whose live leases have not come back yet)."""
