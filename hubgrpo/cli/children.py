@@ -1,6 +1,6 @@
-"""The processes a run on one machine starts beside its coordinator (``hubgrpo run``, ``hubgrpo coordinator
---workers``): workers, the evaluator, the verifier — each a ``python -m hubgrpo.cli`` child with its own torch
-threads, nicer than the coordinator, that stops when its run is gone."""
+"""The processes ``hubgrpo run`` starts beside its coordinator: workers, the evaluator, the verifier — each a
+``python -m hubgrpo.cli`` child with its own torch threads, nicer than the coordinator, that stops when its run
+is gone."""
 
 from __future__ import annotations
 
