@@ -32,7 +32,7 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
       "scaleout-mixed", "scaleout-smollm2-shipped", "scaleout-smollm2-quota"]),
     ("simulator", "Does the simulator reproduce the real 2-machine runs?", ["scaleout-validate-replay6-validate"]),
     ("learning", "Does a fleet learn as much per sample as one process?",
-     ["learning-mixed-fleet15-pooled", "learning-mixed-close-pooled", "learning-mixed-pooled", "learning-full-b4-pooled", "learning-b4-tiny-pooled"]),
+     ["learning-mixed-fleetdecay-pooled", "learning-mixed-fleet15-pooled", "learning-mixed-close-pooled", "learning-mixed-pooled", "learning-full-b4-pooled", "learning-b4-tiny-pooled"]),
     ("merge", "How long does a merge keep the next version waiting?", ["merge_latency-sweep"]),
     ("load", "How many workers does one coordinator serve?", ["coordinator_load-hub", "coordinator_load"]),
     ("round", "How fast is a worker's step, and what does coordination cost a round?",
