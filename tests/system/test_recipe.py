@@ -19,7 +19,7 @@ MINIMAL = "base_model: builtin:tiny\nproject_name: t\n"
 # the recipe of the measured runs (benchmarks/README.md: real N = 2 and the simulated SmolLM2 fleets): changing a
 # default means measuring the new recipe first, then this line
 MEASURED = {"merge.method": "ffa", "merge.rebase": True, "merge.quorum": 1, "merge.outer_lr": 1.0,
-            "merge.fleet_outer_lr": 1.5, "merge.fleet_outer_lr_decays": False,
+            "merge.fleet_outer_lr": 1.5, "merge.fleet_outer_lr_decays": True,
             "merge.outer_momentum": 0.0, "merge.max_staleness": 4,
             "merge.staleness_per_worker": 2.0,
             "rounds.steps": 1, "rounds.reset_optimizer": False, "rounds.lr_schedule": "wsd",
