@@ -58,7 +58,8 @@ def test_a_batch_without_whole_groups_is_refused_with_the_sizes_that_fit():
         loads(MINIMAL + "params: {per_device_train_batch_size: 7, num_generations: 4}\n")
     with pytest.raises(ConfigError, match=r"make the batch 4(?! or)"):
         loads(MINIMAL + "params: {per_device_train_batch_size: 2, num_generations: 4}\n")
-    cfg = loads(MINIMAL + "params: {per_device_train_batch_size: 6, num_generations: 4, gradient_accumulation_steps: 2}\n")
+    batch = "params: {per_device_train_batch_size: 6, num_generations: 4, gradient_accumulation_steps: 2}\n"
+    cfg = loads(MINIMAL + batch)
     assert cfg.params.per_device_train_batch_size == 6
 
 
