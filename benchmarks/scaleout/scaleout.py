@@ -91,7 +91,8 @@ RULES = {
     "lr_4_over_n": lambda n: [f"merge.outer_lr={min(1.0, 4 / n):.4g}"],
     # ... and the other way: every round applied half again as far (stale rounds still point the right way)
     "outer_1_5": lambda n: ["merge.outer_lr=1.5"],
-    # ... through the coordinator's own count of live workers (merge.fleet_outer_lr: 1.5 from two live workers on)
+    # ... through the coordinator's own count of live workers (merge.fleet_outer_lr: 1.5 from two live workers on;
+    # since 9060dcc fading with the schedule as the default does: add merge.fleet_outer_lr_decays=false to hold it)
     "fleet_outer_1_5": lambda n: ["merge.fleet_outer_lr=1.5"],
     # the config's merge with shorter rounds: a round sees the other machines' steps sooner (rebase) and versions
     # flow from the first seconds on

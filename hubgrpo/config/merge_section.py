@@ -31,17 +31,18 @@ class MergeSection(_Section):
         description="The outer learning rate while two or more workers are live (distinct workers that leased or "
         "renewed a lease within lease_timeout_s); one machine alone keeps outer_lr. 1.5: a fleet's rounds reach the "
         "target sooner, with fewer samples (benchmarks/scaleout/results/scaleout-mixed-outer15, "
-        "benchmarks/speedup/results/speedup-real-addition-mixed-fleet15); it fades at the end of a run "
+        "benchmarks/speedup/results/speedup-real-addition-mixed-fleet15); it follows the learning-rate schedule "
         "(fleet_outer_lr_decays); too far at high learning rates "
         "(configs/demo.yaml). None = outer_lr for any fleet.",
     )
     fleet_outer_lr_decays: bool = Field(
         True,
-        description="True: the fleet's step above outer_lr follows the learning-rate schedule (rounds.lr_scale of "
-        "the version being merged), so it fades to outer_lr over the decay of a wsd run: the larger step on the "
-        "way to a target, outer_lr at the end, where a fixed step lowers the score of a run of equal samples "
-        "(benchmarks/learning/results/learning-mixed-fleetdecay-pooled against learning-mixed-fleet15-pooled). "
-        "False: fleet_outer_lr to the last version.",
+        description="True: the fleet's step above outer_lr is scaled by the learning-rate schedule (rounds.lr_scale "
+        "of the version being merged): under wsd, fleet_outer_lr until the decay, then down towards outer_lr "
+        "(outer_lr + (fleet_outer_lr - outer_lr) × lr_final at the last version), where a fixed step lowers the "
+        "score of a run of equal samples (benchmarks/learning/results/learning-mixed-fleetdecay-pooled against "
+        "learning-mixed-fleet15-pooled); it rises with the rate over an lr_warmup and falls over the whole run "
+        "under cosine; constant: no change. False: fleet_outer_lr from the first version to the last.",
     )
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="Outer momentum (DiLoCo: 0.9); 0 = none.")
     nesterov: bool = Field(False, description="Nesterov form of the outer momentum.")

@@ -116,10 +116,9 @@ def test_the_fleet_outer_lr_applies_while_two_or_more_workers_are_live(tmp_path)
 
 
 def test_a_fleet_step_that_decays_fades_with_the_learning_rate(tmp_path):
-    """merge.fleet_outer_lr_decays: the fleet's step above outer_lr follows the schedule's learning rate at the
-    version being merged: 1.5 before a wsd decay, back towards 1 over it."""
-    store, c, clock = _setup(tmp_path, **{"merge.quorum": 1, "merge.fleet_outer_lr": 1.5,
-                                          "merge.fleet_outer_lr_decays": True, "rounds.versions": 4,
+    """merge.fleet_outer_lr_decays (the default): the fleet's step above outer_lr follows the schedule's learning
+    rate at the version being merged: 1.5 before a wsd decay, back towards 1 over it."""
+    store, c, clock = _setup(tmp_path, **{"merge.quorum": 1, "merge.fleet_outer_lr": 1.5, "rounds.versions": 4,
                                           "rounds.lr_schedule": "wsd", "rounds.lr_decay": 0.5})
     c.lease("w2")  # a second live worker all along
     for seed in (1, 2, 3, 4):
@@ -207,6 +206,10 @@ def test_staleness_limit_bounds():
     assert [fleet.fleet_lr(n) for n in (0, 1, 2, 8)] == [0.8, 0.8, 1.5, 1.5]
     assert MergeSection(outer_lr=0.8, fleet_outer_lr=None).fleet_lr(8) == 0.8  # None: outer_lr for any fleet
     assert [MergeSection().fleet_lr(n) for n in (1, 2)] == [1.0, 1.5]  # the default recipe
+    # the default fades with the schedule's rate (wsd's last version: lr_final 0.1), clamped to [0, 1]
+    assert [MergeSection().fleet_lr(2, s) for s in (0.1, 0.0, 2.0)] == pytest.approx([1.05, 1.0, 1.5])
+    assert MergeSection(fleet_outer_lr_decays=False).fleet_lr(2, 0.1) == 1.5  # false: 1.5 to the last version
+    assert MergeSection().fleet_lr(1, 0.1) == 1.0  # a machine alone: outer_lr whatever the schedule
     for bad in (0, -1, 11, float("nan")):
         with pytest.raises(ValueError):
             MergeSection(fleet_outer_lr=bad)
