@@ -26,7 +26,7 @@ QUESTIONS = [  # folder, the question, the current result(s) that answer it
       "speedup-real-demo-seq", "side-by-side-demo", "side-by-side-addition-mixed", "speedup-real-demo",
       "speedup-real-quota"]),
     ("scaleout", "How does the speed-up grow with N machines (simulated)?",
-     ["scaleout-mixed-outer15", "scaleout-mixed-fleet15-n2", "scaleout-mixed-fleet15-n2-s0", "scaleout-mixed-fleet15-n2-s1", "scaleout-mixed-fleet15-n2-s2", "scaleout-mixed-close", "scaleout-mixed-recheck-s1", "scaleout-mixed-fedasync", "scaleout-mixed-fedbuff-sqrt",
+     ["scaleout-mixed-outer15", "scaleout-mixed-fleet15-n2", "scaleout-mixed-default-full-n4-s1", "scaleout-mixed-fleet15-n2-s0", "scaleout-mixed-fleet15-n2-s1", "scaleout-mixed-fleet15-n2-s2", "scaleout-mixed-close", "scaleout-mixed-recheck-s1", "scaleout-mixed-fedasync", "scaleout-mixed-fedbuff-sqrt",
       "scaleout-mixed-outer15-fair-n4", "scaleout-mixed-outer15-fair-n8",
       "scaleout-mixed-outer15-n4", "scaleout-mixed-outer15-n8", "scaleout-mixed-outer15-s1", "scaleout-mixed-outer15-s2",
       "scaleout-mixed", "scaleout-smollm2-shipped", "scaleout-smollm2-quota"]),
