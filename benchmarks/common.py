@@ -46,7 +46,7 @@ def sets(overrides: list[str]) -> list[str]:
 
 
 # part of every cached run's stamp: bump it when a default changes what a run does (its cached results go stale)
-STAMP_EPOCH = 3
+STAMP_EPOCH = 4
 
 
 def _stamp(cmd: list) -> dict:

@@ -64,8 +64,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 def _wsd_curve(cfg: Config) -> str:
     """The card's words for a warmup-stable-decay rate over the run's versions."""
-    warmup, decay = cfg.rounds.wsd_steps(cfg.rounds.versions)
-    low = cfg.run_lr(cfg.rounds.versions)
+    warmup, decay = cfg.rounds.wsd_steps(cfg.rounds.schedule_span())
+    low = cfg.run_lr(cfg.rounds.schedule_span())
     rise = f"up from {low:g} over the first {warmup} versions, then " if warmup else ""
     return f" ({rise}constant, down to {low:g} over the last {decay} versions)"
 
@@ -81,7 +81,7 @@ def _settings(cfg: Config) -> list[dict]:
         f"`{_v(cfg, f'rewards.{i}.function', r.function)}` × {_v(cfg, f'rewards.{i}.weight', r.weight, 'g')}"
         for i, r in enumerate(cfg.rewards)
     )
-    last = cfg.run_lr(cfg.rounds.versions)
+    last = cfg.run_lr(cfg.rounds.schedule_span())
     lr_curve = {"constant": "", "cosine": f" (cosine to {last:g} over the run)", "wsd": _wsd_curve(cfg)}[
         cfg.rounds.lr_schedule
     ]

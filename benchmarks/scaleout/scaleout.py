@@ -56,9 +56,9 @@ MODES = {
                       # scored every 2nd version (a 64-prompt sampled score costs about four training steps); N
                       # machines every N-th: once per machine step on average, finer than N = 1's two steps
                       "eval": ["--eval-sampled", "1", "--eval-samples", "64", "--eval-every", "2"],
-                      # meant to make the learning rate's schedule (wsd) span the single machine's 200 versions,
-                      # but hubgrpo.sim.options.sim_config replaces rounds.versions (10**6 without --until-version):
-                      # every simulation keeps the peak rate (benchmarks/LOG.md, 2026-12-07, "Found: ...")
+                      # the learning rate's schedule (wsd) spans the single machine's 200 versions, as `hubgrpo
+                      # train --steps 200` spans its steps (rounds.schedule_versions; results measured before it
+                      # kept the peak rate: benchmarks/LOG.md, 2026-12-07, "Found: ...")
                       "every": lambda n: max(2, n), "set": ["worker.threads=1", "rounds.versions=200"]},
 }
 FLEETS = {"homog": ["--speeds", "1"], "hetero": ["--speeds", "spread:2", "--dropout", "0.1"]}
@@ -93,8 +93,7 @@ RULES = {
     # ... and the other way: every round applied half again as far (stale rounds still point the right way)
     "outer_1_5": lambda n: ["merge.outer_lr=1.5"],
     # ... through the coordinator's own count of live workers (merge.fleet_outer_lr: 1.5 from two live workers on;
-    # since 9060dcc fading with the schedule as the default does — in a simulation the schedule stays at its peak,
-    # see the mixed-sampled mode; add merge.fleet_outer_lr_decays=false to hold it)
+    # since 9060dcc fading with the schedule as the default does; add merge.fleet_outer_lr_decays=false to hold it)
     "fleet_outer_1_5": lambda n: ["merge.fleet_outer_lr=1.5"],
     # the config's merge with shorter rounds: a round sees the other machines' steps sooner (rebase) and versions
     # flow from the first seconds on

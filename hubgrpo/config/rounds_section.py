@@ -41,6 +41,12 @@ class RoundsSection(_Section):
         "machines started together deliver evenly spread instead of all at once.",
     )
     versions: int = Field(10, gt=0, description="Stop the run after this many merged global versions.")
+    schedule_versions: int | None = Field(
+        None,
+        gt=0,
+        description="The count of versions the learning-rate schedule (lr_schedule) spans; None = rounds.versions. "
+        "`hubgrpo simulate` sets it to the config's versions, as its own stop conditions replace them.",
+    )
     lr_schedule: Literal["constant", "cosine", "wsd"] = Field(
         "wsd",
         description="The learning rate over the whole run: cosine falls from params.learning_rate to "
@@ -88,22 +94,26 @@ class RoundsSection(_Section):
         warmup = math.ceil(self.lr_warmup * total)
         return warmup, min(total - warmup, math.ceil(self.lr_decay * total))
 
+    def schedule_span(self) -> int:
+        """The count of versions the learning-rate schedule spans: schedule_versions, else versions."""
+        return self.schedule_versions or self.versions
+
     def lr_scale(self, version: int) -> float:
         """The learning rate of a round leased on ``version`` as a fraction of params.learning_rate
         (``lr_schedule``; transformers' curves — cosine_with_min_lr, warmup_stable_decay —, version v of
         ``versions`` standing for step v of ``versions``)."""
         if self.lr_schedule == "constant":
             return 1.0
-        final = self.lr_final
+        final, span = self.lr_final, self.schedule_span()
         if self.lr_schedule == "wsd":
-            warmup, decay = self.wsd_steps(self.versions)
+            warmup, decay = self.wsd_steps(span)
             if version < warmup:
                 return final + (1 - final) * version / warmup
-            into_decay = version - (self.versions - decay)
+            into_decay = version - (span - decay)
             if into_decay < 0:
                 return 1.0
             progress = min(1.0, into_decay / max(1, decay))
         else:
-            progress = min(1.0, max(0.0, version / self.versions))
+            progress = min(1.0, max(0.0, version / span))
         cosine = 0.5 * (1 + math.cos(math.pi * progress))
         return final + (1 - final) * cosine

@@ -40,7 +40,8 @@ def sim_config(cfg: Config, opts: SimOptions, output: Path | None = None) -> Con
     with ``keep_budget``; else, under a quota, the quota's figure unless the config sets one; without a quota,
     lifted. Rounds go to an inbox (``hub.submissions`` set, whatever it names) in ``output``/inbox."""
     cfg = cfg.model_copy(deep=True)
-    cfg.rounds.versions = opts.until_version or 10**6
+    cfg.rounds.schedule_versions = cfg.rounds.schedule_span()  # the run's learning-rate schedule, kept
+    cfg.rounds.versions = opts.until_version or 10**6  # the simulation's own stop conditions end it
     cfg.log = "none"
     co = cfg.coordinator
     if opts.commit_quota is None and not opts.keep_budget:

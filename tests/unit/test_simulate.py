@@ -202,3 +202,16 @@ def test_a_run_until_a_reward_scores_only_every_kth_version_and_stops_at_a_score
     scored = [v["version"] for v in r["versions"] if v["eval_reward"] is not None]
     assert scored and all(v % 3 == 0 for v in scored)
     assert r["versions"][-1]["version"] == scored[-1] and scored[-1] >= 3
+
+
+def test_a_simulation_keeps_the_run_learning_rate_schedule(tmp_path):
+    """The simulation's own stop (until_version 12) neither stretches nor drops the run's schedule: wsd over the
+    config's 8 versions (decay over the last 3), so the fleet's step is 1.5 to version 5, falls, and stays at its
+    floor (1 + 0.5 × lr_final) past version 8, as in `hubgrpo run`."""
+    settings = {"rounds.lr_schedule": "wsd", "rounds.versions": 8, "merge.fleet_outer_lr": 1.5}
+    sim = simulate(tmp_path, "wsd", settings, until_version=12)
+    assert sim.coord.cfg.rounds.schedule_span() == 8 and sim.coord.cfg.rounds.versions == 12
+    steps = [v.outer_lr for v in sim.coord.state.versions[1:13]]
+    assert steps[:5] == [1.5] * 5
+    assert 1.5 > steps[5] > steps[6] > 1.05
+    assert steps[7:] == pytest.approx([1.05] * 5)
