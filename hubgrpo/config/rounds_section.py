@@ -101,7 +101,7 @@ class RoundsSection(_Section):
     def lr_scale(self, version: int) -> float:
         """The learning rate of a round leased on ``version`` as a fraction of params.learning_rate
         (``lr_schedule``; transformers' curves — cosine_with_min_lr, warmup_stable_decay —, version v of
-        ``versions`` standing for step v of ``versions``)."""
+        ``schedule_span()`` standing for step v of as many steps)."""
         if self.lr_schedule == "constant":
             return 1.0
         final, span = self.lr_final, self.schedule_span()
