@@ -61,6 +61,32 @@ def _stamp(cmd: list) -> dict:
     return {"command": [str(c) for c in cmd], "config_sha256": digest, "epoch": STAMP_EPOCH}
 
 
+def epoch_of(meta: dict) -> int | None:
+    """The ``STAMP_EPOCH`` a result was measured under: its meta's ``epoch``; for a result written before meta had
+    one, the latest epoch whose bump (the commit that wrote ``STAMP_EPOCH = E``) its commit contains, read from
+    git; None when neither says."""
+    if isinstance(meta.get("epoch"), int):
+        return meta["epoch"]
+    commit = str(meta.get("commit") or "").removesuffix("+dirty")
+    for epoch in range(STAMP_EPOCH, 0, -1):
+        bumps = subprocess.run(["git", "log", "--format=%H", "--reverse", "-S", f"STAMP_EPOCH = {epoch}", "--",
+                                "benchmarks/common.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+        if commit and bumps and subprocess.run(["git", "merge-base", "--is-ancestor", bumps[0], commit], cwd=ROOT,
+                                               capture_output=True).returncode == 0:
+            return epoch
+    return None
+
+
+def same_epoch(result: dict, source: str) -> None:
+    """Stop the benchmark when ``result`` (read from ``source``, to be compared with runs of this code) was
+    measured under another ``STAMP_EPOCH``: a default or the simulator has changed what a run does since."""
+    epoch = epoch_of(result.get("meta") or {})
+    if epoch != STAMP_EPOCH:
+        sys.exit(f"{source} was measured under benchmarks/common.py STAMP_EPOCH {epoch or 'unknown'}, this code "
+                 f"is at {STAMP_EPOCH}: a default or the simulator has changed what a run does since (bumped in "
+                 "benchmarks/LOG.md's entries), so its runs are not comparable with this one's; measure it again")
+
+
 def cached_run(out: Path, cmd: list, result_file: str) -> dict:
     """``hubgrpo CMD --output OUT`` (output silenced) unless ``out`` holds its result from the same command on
     the same config file contents (the runs are deterministic for a seed, so a long benchmark resumes); the result
@@ -135,7 +161,8 @@ def start(quick: bool = False) -> dict:
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
     return {"script": str(shown), "command": " ".join(["python", str(shown), *sys.argv[1:]]),
-            "commit": git_commit(), "date": utc(), "machine": machine(), "load": {"start": _load()},
+            "commit": git_commit(), "epoch": STAMP_EPOCH, "date": utc(), "machine": machine(),
+            "load": {"start": _load()},
             "quick": quick}
 
 

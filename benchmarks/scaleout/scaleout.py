@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import cached_run, options, results_dir, sets, simulate, start, write  # noqa: E402
+from benchmarks.common import cached_run, options, results_dir, same_epoch, sets, simulate, start, write  # noqa: E402
 
 MODES = {
     # config, virtual budget of the single worker (GRPO steps), held-out eval flags, extra overrides
@@ -227,6 +227,7 @@ def recorded_reference(args, seed: int) -> tuple[dict, float]:
     """The N = 1 row and final held-out reward of ``seed`` from an earlier result (``--reference-from``): the same
     simulation, not run again; its mode, ``--set`` and ``--single-set`` must be this run's."""
     old = json.loads(args.reference_from.read_text())
+    same_epoch(old, f"--reference-from {args.reference_from}")
     theirs = (old["args"]["mode"], old["args"]["set"], old["args"].get("single_set", []))
     if theirs != (args.mode, args.set, args.single_set):
         sys.exit(f"--reference-from {args.reference_from}: it ran (mode, --set, --single-set) {theirs}, this run "

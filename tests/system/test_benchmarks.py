@@ -195,6 +195,27 @@ def test_scaleout_quick_then_rescore_and_sim_quota_on_it(tmp_path):
     assert shaped(tmp_path / "combined.json")["summary"] == r["summary"]
 
 
+@pytest.mark.timeout(60)
+def test_scaleout_refuses_a_reference_measured_under_another_epoch(tmp_path):
+    """N = 1 recorded before the simulator kept the run's schedule (STAMP_EPOCH 4) is no reference for fleets of
+    today's code: the run stops before simulating anything, and says why."""
+    from benchmarks.common import STAMP_EPOCH, epoch_of, same_epoch
+
+    same_epoch({"meta": {"epoch": STAMP_EPOCH}}, "a result of this code")  # returns: the same epoch
+    assert epoch_of({"epoch": STAMP_EPOCH - 1}) == STAMP_EPOCH - 1
+    assert epoch_of({"commit": "0" * 40}) is None
+    with pytest.raises(SystemExit, match="STAMP_EPOCH"):
+        same_epoch({"meta": {"epoch": STAMP_EPOCH - 1}}, "an older result")
+    old = BENCH / "scaleout/results/scaleout-mixed-close.json"  # measured at 4758d47, at peak rate throughout
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "benchmarks/scaleout/scaleout.py", "--mode", "mixed-sampled", "--fleets",
+                           "hetero", "--workers", "2", "--seeds", "0", "--no-train", "--reference-from", str(old),
+                           "--work", str(tmp_path / "work"), "--results", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=50)
+    assert proc.returncode != 0 and "STAMP_EPOCH" in proc.stderr and "measure it again" in proc.stderr, proc.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
 @pytest.mark.timeout(120)
 def test_round_quick(tmp_path):
     run("round/round.py", tmp_path)
