@@ -68,10 +68,12 @@ def epoch_of(meta: dict) -> int | None:
     if isinstance(meta.get("epoch"), int):
         return meta["epoch"]
     commit = str(meta.get("commit") or "").removesuffix("+dirty")
+    if not commit:
+        return None
     for epoch in range(STAMP_EPOCH, 0, -1):
         bumps = subprocess.run(["git", "log", "--format=%H", "--reverse", "-S", f"STAMP_EPOCH = {epoch}", "--",
                                 "benchmarks/common.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-        if commit and bumps and subprocess.run(["git", "merge-base", "--is-ancestor", bumps[0], commit], cwd=ROOT,
+        if bumps and subprocess.run(["git", "merge-base", "--is-ancestor", bumps[0], commit], cwd=ROOT,
                                                capture_output=True).returncode == 0:
             return epoch
     return None
